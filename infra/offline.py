@@ -1,0 +1,75 @@
+"""Run the Pulumi program in-process under Pulumi's mocks: no cloud account, no Pulumi CLI,
+no network. The offline plan and the tests both use this to see every resource the
+program declares, with the exact inputs `pulumi up` would send."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from tpu_grpo.settings import PROJECT, Settings
+
+UNKNOWN = "(known after apply)"
+
+
+@dataclass
+class DeclaredResource:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records each declared resource; answers with its inputs plus the computed outputs."""
+
+    def __init__(self, computed: dict[str, Any] | None = None):
+        self.resources: list[DeclaredResource] = []
+        self.computed = computed or {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.resources.append(DeclaredResource(args.typ, args.name, dict(args.inputs)))
+        state = dict(args.inputs)
+        if args.typ == "gcp:compute/instance:Instance":
+            interfaces = [dict(i) for i in state.get("networkInterfaces", [])]
+            interfaces[0]["networkIp"] = self.computed.get("internal_ip", UNKNOWN)
+            interfaces[0]["accessConfigs"] = [{"natIp": self.computed.get("external_ip", UNKNOWN)}]
+            state["networkInterfaces"] = interfaces
+        return f"(id of {args.name})", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        raise NotImplementedError(f"the program calls {args.token}, which the offline run cannot answer")
+
+
+def config_for_pulumi(raw: dict[str, Any]) -> dict[str, str]:
+    """Stack-file values as the Pulumi engine hands them to a program: strings, objects as JSON."""
+    return {
+        name: value if isinstance(value, str) else json.dumps(value)
+        for name, value in raw.items()
+        if value is not None
+    }
+
+
+def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
+        mocks: RecordingMocks | None = None) -> tuple[Settings, list[DeclaredResource], dict[str, Any]]:
+    """Run the program on these stack values; return its settings, resources and outputs.
+
+    A bad setting raises SettingsError before any resource is declared.
+    """
+    from infra.program import declare, read_settings  # imports pulumi_gcp: seconds
+
+    mocks = mocks or RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(config_for_pulumi(raw_config))
+    result: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def program():
+        result["settings"] = settings = read_settings(lenient=lenient)
+        outputs = declare(settings)
+        return pulumi.Output.all(**outputs).apply(result.setdefault("outputs", {}).update)
+
+    program()
+    return result["settings"], mocks.resources, result["outputs"]

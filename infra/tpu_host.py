@@ -1,0 +1,171 @@
+"""The TPU host as a Pulumi ComponentResource: the tutorial's `gcloud compute instances
+create` (section 2), flag for flag, plus what a VM that outlives its reservation needs: a
+data disk GCE will not delete with it, SSH for one key from known ranges only, on a
+network of its own.
+
+The tutorial's flag values are the constants below; `gcloud_create_command` renders the
+same constants back as the command the tutorial types, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pulumi
+import pulumi_gcp as gcp
+
+from tpu_grpo.settings import PROJECT, Settings
+
+# The tutorial's flags (section 2), in its order.
+IMAGE_PROJECT = "ubuntu-os-accelerator-images"
+IMAGE_FAMILY = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+ON_HOST_MAINTENANCE = "TERMINATE"
+TERMINATION_ACTION = "DELETE"
+PROVISIONING_MODEL = "RESERVATION_BOUND"
+RESERVATION_AFFINITY = "SPECIFIC_RESERVATION"
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+
+# Beyond the tutorial.
+DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
+DATA_DEVICE_NAME = "data"
+DATA_DISK_DEVICE = f"/dev/disk/by-id/google-{DATA_DEVICE_NAME}"
+SUBNET_RANGE = "10.130.0.0/24"
+SCOPES = (  # Cloud Storage for checkpoints and models; logs and metrics for the ops agent
+    "https://www.googleapis.com/auth/devstorage.read_write",
+    "https://www.googleapis.com/auth/logging.write",
+    "https://www.googleapis.com/auth/monitoring.write",
+)
+
+
+def ssh_tag(settings: Settings) -> str:
+    return f"{settings.vm_name}-ssh"
+
+
+def labels(settings: Settings) -> dict[str, str]:
+    return {"app": PROJECT, "stack": settings.stack, **settings.labels}
+
+
+class TpuHost(pulumi.ComponentResource):
+    """A reservation-bound TPU VM with its data disk, network, firewall and outputs."""
+
+    def __init__(self, settings: Settings, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{PROJECT}:index:TpuHost", settings.vm_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        common = {"project": settings.project}
+        tags = labels(settings)
+
+        if settings.network:
+            network = settings.network
+            subnetwork = settings.subnetwork
+        else:
+            net = gcp.compute.Network(
+                f"{settings.vm_name}-net", name=f"{settings.vm_name}-net",
+                auto_create_subnetworks=False, **common, opts=child,
+            )
+            subnet = gcp.compute.Subnetwork(
+                f"{settings.vm_name}-subnet", name=f"{settings.vm_name}-subnet",
+                network=net.id, region=settings.region, ip_cidr_range=SUBNET_RANGE,
+                private_ip_google_access=True, **common, opts=child,
+            )
+            network, subnetwork = net.id, subnet.id
+
+        self.firewall = gcp.compute.Firewall(
+            f"{settings.vm_name}-ssh", name=f"{settings.vm_name}-ssh", network=network,
+            direction="INGRESS", allows=[{"protocol": "tcp", "ports": ["22"]}],
+            source_ranges=list(settings.ssh_source_ranges), target_tags=[ssh_tag(settings)],
+            **common, opts=child,
+        )
+        # Its own resource, attached but not auto-deleted: it survives the reservation's end.
+        self.data_disk = gcp.compute.Disk(
+            f"{settings.vm_name}-data", name=f"{settings.vm_name}-data", type=DISK_TYPE,
+            size=settings.data_disk_gb, zone=settings.zone, labels=tags, **common, opts=child,
+        )
+        self.instance = gcp.compute.Instance(
+            settings.vm_name,
+            name=settings.vm_name,
+            zone=settings.zone,
+            machine_type=settings.machine_type,
+            boot_disk={
+                "auto_delete": True,
+                "initialize_params": {
+                    "image": f"{IMAGE_PROJECT}/{IMAGE_FAMILY}",
+                    "size": settings.boot_disk_gb,
+                    "type": DISK_TYPE,
+                },
+            },
+            attached_disks=[{"source": self.data_disk.id, "device_name": DATA_DEVICE_NAME, "mode": "READ_WRITE"}],
+            scheduling={
+                "on_host_maintenance": ON_HOST_MAINTENANCE,
+                "instance_termination_action": TERMINATION_ACTION,
+                "provisioning_model": PROVISIONING_MODEL,
+            },
+            reservation_affinity={
+                "type": RESERVATION_AFFINITY,
+                "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]},
+            },
+            network_interfaces=[{"network": network, "subnetwork": subnetwork, "access_configs": [{}]}],
+            tags=[ssh_tag(settings)],
+            metadata={
+                "ssh-keys": f"{settings.ssh_user}:{settings.ssh_public_key}",
+                "enable-oslogin": "FALSE",  # OS Login would ignore the ssh-keys entry
+            },
+            service_account={"email": settings.service_account, "scopes": list(SCOPES)},
+            labels=tags,
+            deletion_protection=False,
+            allow_stopping_for_update=True,
+            **common,
+            opts=child,
+        )
+        interface = self.instance.network_interfaces[0]
+        machine = settings.machine
+        self.outputs = {
+            "name": self.instance.name,
+            "zone": settings.zone,
+            "project": settings.project,
+            "external_ip": interface.access_configs[0].nat_ip,
+            "internal_ip": interface.network_ip,
+            "ssh_user": settings.ssh_user,
+            "data_disk_device": DATA_DISK_DEVICE,
+            "machine_type": machine.machine_type,
+            "accelerator_type": machine.accelerator_type,
+            "chips": machine.chips,
+            "topology": machine.topology,
+        }
+        self.register_outputs(self.outputs)
+
+
+def gcloud_create_command(settings: Settings) -> list[str]:
+    """The `gcloud compute instances create` that makes the same VM: the tutorial's flags
+    first, in its order, then the flags for what this project adds."""
+    ssh_key = f"{settings.ssh_user}:{settings.ssh_public_key or '<' + settings.ssh_public_key_path + '>'}"
+    network = [f"--network={settings.network or settings.vm_name + '-net'}"]
+    if settings.subnetwork or not settings.network:
+        network.append(f"--subnet={settings.subnetwork or settings.vm_name + '-subnet'}")
+    service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
+    return [
+        "gcloud", "compute", "instances", "create", settings.vm_name,
+        f"--zone={settings.zone}", f"--project={settings.project}",
+        f"--machine-type={settings.machine_type}",
+        f"--image-project={IMAGE_PROJECT}",
+        f"--image-family={IMAGE_FAMILY}",
+        f"--boot-disk-size={settings.boot_disk_gb}GB",
+        f"--maintenance-policy={ON_HOST_MAINTENANCE}",
+        f"--instance-termination-action={TERMINATION_ACTION}",
+        f"--provisioning-model={PROVISIONING_MODEL}",
+        "--reservation-affinity=specific",
+        f"--reservation={settings.reservation}",
+        f"--boot-disk-type={DISK_TYPE}",
+        f"--disk=name={settings.vm_name}-data,device-name={DATA_DEVICE_NAME},mode=rw,auto-delete=no",
+        *network,
+        f"--tags={ssh_tag(settings)}",
+        f"--metadata=enable-oslogin=FALSE,ssh-keys={ssh_key}",
+        "--labels=" + ",".join(f"{k}={v}" for k, v in labels(settings).items()),
+        *service_account,
+        "--scopes=" + ",".join(SCOPES),
+    ]
+
+
+def render_command(argv: list[str]) -> str:
+    """A copy-pasteable multi-line shell command."""
+    head = " ".join(shlex.quote(a) for a in argv[:5])
+    return " \\\n    ".join([head, *(shlex.quote(a) for a in argv[5:])])

@@ -1,0 +1,132 @@
+"""The Invoke CLI as a user runs it: a real `invoke` process in a project folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+BIN = Path(sys.executable).parent
+
+
+def invoke(*args: str, cwd: Path, env: dict | None = None, python_flags: tuple[str, ...] = ()):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "GOOGLE_", "CLOUDSDK_"))}
+    base.update({"PATH": f"{BIN}:/usr/bin:/bin", "COLUMNS": "200", **(env or {})})
+    return subprocess.run(
+        [sys.executable, *python_flags, "-m", "invoke", "-r", str(ROOT), *args],
+        cwd=cwd, env=base, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.fixture
+def home(tmp_path):
+    """An empty home: no Google credentials, no Pulumi login."""
+    folder = tmp_path / "home"
+    folder.mkdir()
+    return {"HOME": str(folder)}
+
+
+def imported_modules(stderr: str) -> set[str]:
+    return {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("--list",), ("--help", "plan"), ("--help", "up")])
+def test_listing_and_help_do_not_import_pulumi(args):
+    result = invoke(*args, cwd=ROOT, python_flags=("-X", "importtime"))
+    assert result.returncode == 0, result.stderr
+    modules = imported_modules(result.stderr)
+    assert "invoke" in modules
+    assert not {m for m in modules if m.startswith("pulumi")}
+
+
+def test_every_task_has_help():
+    listing = invoke("--list", cwd=ROOT).stdout
+    tasks = [line.split()[0] for line in listing.splitlines()[2:] if line.strip() and line.startswith("  ") and not line.startswith("   ")]
+    assert {"plan", "settings", "up"} <= set(tasks)
+    for name in tasks:
+        result = invoke("--help", name, cwd=ROOT)
+        assert result.returncode == 0
+        assert "Docstring:\n  none" not in result.stdout
+
+
+def test_plan_shows_resources_gcloud_and_cost(stack_dir):
+    result = invoke("plan", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for resource in ("Instance", "Disk", "Firewall", "Network", "Subnetwork"):
+        assert resource in out
+    assert "Still to set" not in out
+    assert "gcloud compute instances create tpu-grpo \\\n    --zone=us-east5-b \\\n" in out
+    assert "--reservation=v6e-8-calendar" in out
+    assert "8 v6e chips × $2.70 per chip-hour on demand = $21.60 per hour" in out
+    assert "billed through its reservation" in out
+
+
+def test_plan_json_is_the_same_plan_as_data(stack_dir):
+    result = invoke("plan", "--json", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["pending"] == []
+    assert sorted(r["type"].split(":")[-1] for r in plan["resources"]) == [
+        "Disk", "Firewall", "Instance", "Network", "Subnetwork"]
+    assert plan["gcloud"][:5] == ["gcloud", "compute", "instances", "create", "tpu-grpo"]
+    assert plan["cost"]["usd_per_hour"] == 21.6
+    assert plan["outputs"]["accelerator_type"] == "v6e-8"
+
+
+def test_plan_of_the_committed_example_stack_lists_what_to_set(home):
+    result = invoke("plan", cwd=ROOT, env=home)
+    assert result.returncode == 0, result.stderr
+    assert "Still to set before `pulumi up`" in result.stdout
+    assert "pulumi config set gcp:project <your-project-id>" in result.stdout
+    assert "gcloud compute instances create tpu-grpo" in result.stdout
+
+
+def test_plan_with_a_bad_setting_is_one_line_and_nonzero(stack_dir):
+    path = stack_dir / "Pulumi.dev.yaml"
+    path.write_text(path.read_text().replace("us-east5-b", "us-east5"))
+    result = invoke("plan", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: gcp:zone='us-east5' is not a zone of the form region-letter; "
+        "fix: pulumi config set gcp:zone us-east5-b\n")
+    assert result.stdout == ""
+
+
+def test_up_without_a_cloud_account_says_what_is_missing(stack_dir, home):
+    result = invoke("up", cwd=stack_dir, env=home)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: `pulumi up` for stack 'dev' cannot start; missing:"
+    assert any("the Pulumi CLI" in line for line in lines)
+    assert any("gcloud auth application-default login" in line for line in lines)
+    assert not any("setting" in line for line in lines)
+    assert lines[-1].endswith("uv run invoke plan")
+
+
+def test_up_names_placeholders_too(home):
+    result = invoke("up", cwd=ROOT, env=home)
+    assert result.returncode == 2
+    assert "setting gcp:project='YOUR_PROJECT_ID' is still a placeholder" in result.stderr
+
+
+def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, home, tmp_path):
+    """With a Pulumi CLI and credentials present, `invoke up` hands over to `pulumi up`."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    calls = tmp_path / "calls"
+    stand_in = tools / "pulumi"  # records its argv, like the real CLI would receive it
+    stand_in.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexit 0\n")
+    stand_in.chmod(0o755)
+    credentials = tmp_path / "adc.json"
+    credentials.write_text("{}")
+    env = {**home, "PATH": f"{tools}:{BIN}:/usr/bin:/bin", "GOOGLE_APPLICATION_CREDENTIALS": str(credentials)}
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert calls.read_text().splitlines() == ["whoami", "stack select --create dev", "up --stack dev"]

@@ -1,0 +1,125 @@
+"""`invoke plan`: what `pulumi up` would create, worked out offline.
+
+Runs the real Pulumi program in-process under mocks (no cloud account, no Pulumi CLI, no
+network) and shows each resource with its inputs, the equivalent gcloud command, the
+settings still to fill in, and what the machine costs per hour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tpu_grpo import settings as settings_module
+from tpu_grpo.machines import V6E_USD_PER_CHIP_HOUR
+
+#: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
+TUTORIAL_RUN_MINUTES = 15
+HIDDEN_INPUTS = {"project", "name"}
+
+
+@dataclass
+class Cost:
+    machine_type: str
+    chips: int
+    usd_per_chip_hour: float
+    usd_per_hour: float
+    usd_per_tutorial_run: float
+    note: str
+
+
+@dataclass
+class Plan:
+    stack: str
+    pending: list[str]
+    resources: list[dict[str, Any]]
+    outputs: dict[str, Any]
+    gcloud: list[str]
+    cost: Cost
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build(stack: str | None = None) -> Plan:
+    """Run the program offline on the stack file; placeholders become `pending`, not errors."""
+    from infra import offline
+    from infra.tpu_host import gcloud_create_command
+
+    stack = stack or settings_module.stack_name()
+    raw = settings_module.read_stack_file(stack, settings_module.project_root())
+    settings, resources, outputs = offline.run(raw, stack, lenient=True)
+    machine = settings.machine
+    return Plan(
+        stack=stack,
+        pending=[str(error) for error in settings.pending],
+        resources=[asdict(r) for r in resources if not r.type.startswith(settings_module.PROJECT)],
+        outputs=outputs,
+        gcloud=gcloud_create_command(settings),
+        cost=Cost(
+            machine_type=machine.machine_type,
+            chips=machine.chips,
+            usd_per_chip_hour=V6E_USD_PER_CHIP_HOUR,
+            usd_per_hour=machine.usd_per_hour,
+            usd_per_tutorial_run=round(machine.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
+            note=(
+                "A reservation-bound VM is billed through its reservation: the reserved "
+                "chips cost the same whether or not the VM runs, until the reservation ends."
+            ),
+        ),
+    )
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [pair for key, item in value.items() for pair in _flatten(item, f"{prefix}{key}.")]
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        return [pair for i, item in enumerate(value) for pair in _flatten(item, f"{prefix}{i}.")]
+    return [(prefix.rstrip("."), value)]
+
+
+def _short(value: Any, width: int = 72) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # the engine hands numbers over as floats
+    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render(plan: Plan, console: Console) -> None:
+    from infra.tpu_host import render_command
+
+    console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
+    if plan.pending:
+        console.print(Panel(
+            "\n".join(f"[red]✗[/] {line}" for line in plan.pending),
+            title=f"Still to set before `pulumi up` ({len(plan.pending)})", border_style="red",
+        ))
+    table = Table(title=f"`pulumi up` would create {len(plan.resources)} resources",
+                  show_lines=True, title_justify="left")
+    table.add_column("resource", style="cyan", no_wrap=True)
+    table.add_column("inputs")
+    for resource in plan.resources:
+        kind = resource["type"].split(":")[-1]
+        inputs = [f"{k} = {_short(v)}" for k, v in sorted(_flatten(resource["inputs"]))
+                  if k.split(".")[0] not in HIDDEN_INPUTS]
+        table.add_row(f"{kind}\n{resource['name']}", "\n".join(inputs))
+    console.print(table)
+    outputs = Table(title="Stack outputs", title_justify="left", show_header=False)
+    for name, value in plan.outputs.items():
+        outputs.add_row(name, str(value))
+    console.print(outputs)
+    console.rule("The same VM with gcloud", align="left")
+    console.print(Text(render_command(plan.gcloud)), soft_wrap=True)
+    cost = plan.cost
+    console.print(Panel(Group(
+        f"{cost.machine_type}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} per chip-hour "
+        f"on demand = [bold]${cost.usd_per_hour:.2f} per hour[/]",
+        f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
+        f"${cost.usd_per_tutorial_run:.2f}",
+        cost.note,
+    ), title="Cost", title_align="left"))

@@ -1,0 +1,361 @@
+"""The one reader and validator of the stack settings (`Pulumi.<stack>.yaml`).
+
+The Pulumi program feeds `parse` what `pulumi.Config` returns; the Invoke side feeds it the
+same stack file read with pyyaml. Either way every value is checked here, before anything
+is declared in the cloud or sent to a host, and a bad one stops with one line that names
+the key, the value and the `pulumi config set` that fixes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from tpu_grpo.machines import MACHINES, Machine
+
+PROJECT = "tpu-grpo"
+DEFAULT_STACK = "dev"
+STACK_ENV = "TPU_GRPO_STACK"
+
+MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
+MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer state is tens of GB
+#: MaxText 0.2.3 model names this project knows how to train and export.
+MODELS = ("llama3.1-8b", "llama3.1-8b-Instruct")
+PUBLIC_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-([a-z])$")
+_UNIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]+$")
+_PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
+
+
+class SettingsError(ValueError):
+    """A bad setting: says which key, what was wrong with its value and how to fix it."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str):
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        shown = "(missing)" if value is None else repr(value)
+        super().__init__(f"{key}={shown} {problem}; fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One stack setting: its config key, its type and what it means (for docs and errors)."""
+
+    name: str
+    kind: type
+    help: str
+    example: str
+    required: bool = True
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split(":", 1)[0]
+
+    @property
+    def short(self) -> str:
+        """The name without its namespace: `zone`, `bootDiskGb`."""
+        return self.name.split(":", 1)[1]
+
+    def set_command(self, value: str | None = None) -> str:
+        value = value or self.example
+        if self.kind is list:
+            return f"pulumi config set --path '{self.name}[0]' {value}"
+        if self.kind is dict:
+            label, text = value.split("=", 1)
+            return f"pulumi config set --path '{self.name}.{label}' {text}"
+        return f"pulumi config set {self.name} {value}"
+
+
+KEYS: tuple[Key, ...] = (
+    Key("gcp:project", str, "Google Cloud project that holds the reservation", "<your-project-id>"),
+    Key("gcp:zone", str, "zone of the reservation (region-letter)", "us-east5-b"),
+    Key(f"{PROJECT}:reservation", str, "name of the v6e reservation the VM is bound to", "<your-reservation-name>"),
+    Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME)", "tpu-grpo"),
+    Key(f"{PROJECT}:machineType", str, "TPU machine type: " + ", ".join(MACHINES), "ct6e-standard-8t"),
+    Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB (at least {MIN_BOOT_DISK_GB})", "200"),
+    Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500"),
+    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu"),
+    Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub"),
+    Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32"),
+    Key(f"{PROJECT}:network", str, "existing VPC network to use (default: the stack makes its own)", "default", required=False),
+    Key(f"{PROJECT}:subnetwork", str, "subnetwork of that existing network (default: its auto subnet)", "default", required=False),
+    Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False),
+    Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False),
+    Key(f"{PROJECT}:model", str, "MaxText model to train: " + ", ".join(MODELS), "llama3.1-8b-Instruct"),
+    Key(f"{PROJECT}:exportModel", str, "MaxText model name used to convert back to Hugging Face", "llama3.1-8b"),
+    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50"),
+    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10"),
+    Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false"),
+    Key(f"{PROJECT}:lazyLoadTensors", bool, "lazy tensor loading in the Hugging Face conversion", "false"),
+)
+KEY = {key.name: key for key in KEYS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every stack setting, validated. `pending` lists what still blocks a real `pulumi up`
+    (placeholders, a missing key file) when parsed leniently for an offline plan."""
+
+    stack: str
+    project: str
+    zone: str
+    reservation: str
+    vm_name: str
+    machine_type: str
+    boot_disk_gb: int
+    data_disk_gb: int
+    ssh_user: str
+    ssh_public_key_path: str
+    ssh_public_key: str
+    ssh_source_ranges: tuple[str, ...]
+    network: str | None
+    subnetwork: str | None
+    service_account: str | None
+    labels: dict[str, str]
+    model: str
+    export_model: str
+    batches: int
+    test_batches: int
+    use_pathways: bool
+    lazy_load_tensors: bool
+    pending: tuple[SettingsError, ...] = field(default=(), compare=False)
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    @property
+    def machine(self) -> Machine:
+        return MACHINES[self.machine_type]
+
+
+def _coerce(key: Key, value: Any) -> Any:
+    """Pulumi hands every value over as a string (objects as JSON); YAML gives native types."""
+    bad = SettingsError(key.name, value, f"is not a {key.kind.__name__}", key.set_command())
+    if key.kind is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if key.kind is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
+            return int(value)
+        raise bad
+    if key.kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise bad
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith(("[", "{")):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise bad from None
+        elif key.kind is list:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+        else:
+            value = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+    if not isinstance(value, key.kind):
+        raise bad
+    return value
+
+
+def _placeholders(value: Any) -> bool:
+    items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
+    return any(isinstance(item, str) and _PLACEHOLDER.search(item) for item in items)
+
+
+def read_public_key(path: str, root: Path) -> str:
+    """The key line of an OpenSSH public key file, checked to really be one."""
+    key = KEY[f"{PROJECT}:sshPublicKeyPath"]
+    file = Path(os.path.expanduser(path))
+    file = file if file.is_absolute() else root / file
+    if not file.is_file():
+        raise SettingsError(
+            key.name, path, "is not a file",
+            f"ssh-keygen -t ed25519 -f {path.removesuffix('.pub')}, or {key.set_command('PATH.pub')}",
+        )
+    text = file.read_text(errors="replace").strip()
+    if "PRIVATE KEY" in text:
+        raise SettingsError(key.name, path, "is a private key", f"{key.set_command(path + '.pub')} (the .pub file)")
+    parts = text.split()
+    not_public = SettingsError(key.name, path, "is not an OpenSSH public key", key.set_command("PATH.pub"))
+    if len(text.splitlines()) != 1 or len(parts) < 2 or parts[0] not in PUBLIC_KEY_TYPES:
+        raise not_public
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise not_public from None
+    length = int.from_bytes(blob[:4], "big")
+    if blob[4 : 4 + length].decode(errors="replace") != parts[0]:
+        raise not_public
+    return " ".join(parts)
+
+
+def _problem(key: Key, value: Any) -> str | None:
+    """What is wrong with one coerced, non-placeholder value, or None."""
+    short = key.short
+    if short == "project" and not _PROJECT_ID.match(value):
+        return "is not a Google Cloud project id"
+    if short == "zone" and not _ZONE.match(value):
+        return "is not a zone of the form region-letter"
+    if short in ("reservation", "vmName", "network", "subnetwork") and not _GCE_NAME.match(value):
+        return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
+    if short == "machineType" and value not in MACHINES:
+        return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
+    if short == "bootDiskGb" and value < MIN_BOOT_DISK_GB:
+        return f"is under the tutorial's {MIN_BOOT_DISK_GB} GB boot disk"
+    if short == "dataDiskGb" and value < MIN_DATA_DISK_GB:
+        return f"is under {MIN_DATA_DISK_GB} GB: one GRPO checkpoint of an 8B model with its optimizer state is tens of GB"
+    if short == "sshUser" and not _UNIX_USER.match(value):
+        return "is not a Linux user name"
+    if short == "sshSourceRanges":
+        if not value:
+            return "is empty: nobody could reach port 22"
+        for cidr in value:
+            try:
+                ipaddress.ip_network(str(cidr), strict=True)
+            except ValueError as error:
+                return f"holds {cidr!r}, not a CIDR range ({error})"
+    if short == "serviceAccount" and not _EMAIL.match(value):
+        return "is not a service account email"
+    if short == "labels":
+        for label, text in value.items():
+            if not (_LABEL.match(str(label)) and _LABEL_VALUE.match(str(text))):
+                return f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)"
+    if short in ("model", "exportModel") and value not in MODELS:
+        return "is not a known model (" + ", ".join(MODELS) + ")"
+    if short in ("batches", "testBatches") and value < 1:
+        return "must be at least 1"
+    return None
+
+
+def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> Settings:
+    """Validate raw config values (`{"gcp:zone": "us-east5-b", ...}`) into Settings.
+
+    With `lenient`, placeholders and a missing public key file do not stop the parse: they
+    are kept in `Settings.pending` so an offline plan can show what is still to set.
+    """
+    for name in raw:
+        if name.startswith(f"{PROJECT}:") and name not in KEY:
+            raise SettingsError(name, raw[name], "is not a setting of this project",
+                                f"pulumi config rm {name} (settings: `invoke settings`)")
+    pending: list[SettingsError] = []
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        value = raw.get(key.name)
+        if value is None or value == "":
+            if key.required:
+                raise SettingsError(key.name, None, "is not set", key.set_command())
+            values[key.short] = {} if key.kind is dict else None
+            continue
+        value = values[key.short] = _coerce(key, value)
+        if _placeholders(value):
+            error = SettingsError(key.name, value, "is still a placeholder", key.set_command())
+            if not lenient:
+                raise error
+            pending.append(error)
+            continue
+        problem = _problem(key, value)
+        if problem:
+            raise SettingsError(key.name, value, problem, key.set_command())
+    if values["subnetwork"] and not values["network"]:
+        raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
+                            KEY[f"{PROJECT}:network"].set_command())
+    try:
+        public_key = read_public_key(values["sshPublicKeyPath"], root)
+    except SettingsError as error:
+        if not (lenient and error.problem == "is not a file"):
+            raise
+        pending.append(error)
+        public_key = ""
+    return Settings(
+        stack=stack,
+        project=values["project"],
+        zone=values["zone"],
+        reservation=values["reservation"],
+        vm_name=values["vmName"],
+        machine_type=values["machineType"],
+        boot_disk_gb=values["bootDiskGb"],
+        data_disk_gb=values["dataDiskGb"],
+        ssh_user=values["sshUser"],
+        ssh_public_key_path=values["sshPublicKeyPath"],
+        ssh_public_key=public_key,
+        ssh_source_ranges=tuple(values["sshSourceRanges"]),
+        network=values["network"],
+        subnetwork=values["subnetwork"],
+        service_account=values["serviceAccount"],
+        labels=values["labels"],
+        model=values["model"],
+        export_model=values["exportModel"],
+        batches=values["batches"],
+        test_batches=values["testBatches"],
+        use_pathways=values["usePathways"],
+        lazy_load_tensors=values["lazyLoadTensors"],
+        pending=tuple(pending),
+    )
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The folder holding Pulumi.yaml: this one or the nearest above, as Pulumi finds it."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "Pulumi.yaml").is_file():
+            return folder
+    raise SettingsError("Pulumi.yaml", None, f"is not in {here} or above", "run this from the tpu-grpo checkout")
+
+
+def stack_name() -> str:
+    return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
+def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
+    """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
+                            f"pulumi stack init {stack} && pulumi config set ... (or {STACK_ENV}={DEFAULT_STACK})")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        raise SettingsError(path.name, stack, f"is not valid YAML ({where})", f"fix {path.name} at {where}") from None
+    config = document.get("config") or {}
+    if not isinstance(config, dict):
+        raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")
+    return config
+
+
+def load(stack: str | None = None, root: Path | None = None, *, lenient: bool = False) -> Settings:
+    """The Invoke side's settings: the same stack file `pulumi up` reads, validated the same way."""
+    stack = stack or stack_name()
+    root = root or project_root()
+    return parse(read_stack_file(stack, root), stack, root, lenient=lenient)
