@@ -8,6 +8,7 @@ tasks that need them, so `invoke --list` stays instant.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from invoke import Exit, task
 
@@ -22,9 +23,11 @@ def _console():
     return Console(highlight=False)
 
 
-def _settings(stack: str | None, *, lenient: bool = False):
+@contextmanager
+def _one_line_errors():
+    """A bad setting ends the task with its one-line message and exit code 2, no traceback."""
     try:
-        return settings_module.load(stack, lenient=lenient)
+        yield
     except settings_module.SettingsError as error:
         raise Exit(f"error: {error}", code=2) from None
 
@@ -34,10 +37,8 @@ def plan(c, stack=None, json_=False):
     """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
     from tpu_grpo import plan as plan_module
 
-    try:
+    with _one_line_errors():
         result = plan_module.build(stack)
-    except settings_module.SettingsError as error:
-        raise Exit(f"error: {error}", code=2) from None
     if json_:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -47,10 +48,8 @@ def plan(c, stack=None, json_=False):
 @task(help={"stack": STACK_HELP, "json": "print the settings as JSON"})
 def settings(c, stack=None, json_=False):
     """List every stack setting with its value and meaning."""
-    try:
+    with _one_line_errors():
         values = settings_module.read_stack_file(stack or settings_module.stack_name(), settings_module.project_root())
-    except settings_module.SettingsError as error:
-        raise Exit(f"error: {error}", code=2) from None
     if json_:
         print(json.dumps({key.name: values.get(key.name) for key in settings_module.KEYS}, indent=2))
         return
@@ -68,7 +67,8 @@ def up(c, stack=None):
     """Create or update the TPU VM with `pulumi up`, after checking everything it needs."""
     from tpu_grpo import stack as stack_module
 
-    chosen = _settings(stack, lenient=True)
+    with _one_line_errors():
+        chosen = settings_module.load(stack, lenient=True)
     missing = stack_module.missing_for_up(chosen)
     if missing:
         lines = "\n".join(f"  - {item}" for item in missing)

@@ -52,7 +52,7 @@ class TpuHost(pulumi.ComponentResource):
         super().__init__(f"{PROJECT}:index:TpuHost", settings.vm_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         common = {"project": settings.project}
-        tags = labels(settings)
+        resource_labels = labels(settings)
 
         if settings.network:
             network = settings.network
@@ -78,7 +78,7 @@ class TpuHost(pulumi.ComponentResource):
         # Its own resource, attached but not auto-deleted: it survives the reservation's end.
         self.data_disk = gcp.compute.Disk(
             f"{settings.vm_name}-data", name=f"{settings.vm_name}-data", type=DISK_TYPE,
-            size=settings.data_disk_gb, zone=settings.zone, labels=tags, **common, opts=child,
+            size=settings.data_disk_gb, zone=settings.zone, labels=resource_labels, **common, opts=child,
         )
         self.instance = gcp.compute.Instance(
             settings.vm_name,
@@ -110,7 +110,7 @@ class TpuHost(pulumi.ComponentResource):
                 "enable-oslogin": "FALSE",  # OS Login would ignore the ssh-keys entry
             },
             service_account={"email": settings.service_account, "scopes": list(SCOPES)},
-            labels=tags,
+            labels=resource_labels,
             deletion_protection=False,
             allow_stopping_for_update=True,
             **common,

@@ -25,7 +25,7 @@ BAD = [
     ("tpu-grpo:vmName", "-tpu", "Compute Engine name", "pulumi config set tpu-grpo:vmName"),
     ("tpu-grpo:machineType", "ct5lp-hightpu-8t", "known TPU machine type", "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
     ("tpu-grpo:bootDiskGb", "100", "under the tutorial's 200 GB", "pulumi config set tpu-grpo:bootDiskGb 200"),
-    ("tpu-grpo:bootDiskGb", "big", "is not a int", "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:bootDiskGb", "big", "is not a whole number", "pulumi config set tpu-grpo:bootDiskGb 200"),
     ("tpu-grpo:dataDiskGb", "50", "under 100 GB", "pulumi config set tpu-grpo:dataDiskGb 500"),
     ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
     ("tpu-grpo:sshSourceRanges", ["203.0.113.7/24"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
@@ -36,8 +36,8 @@ BAD = [
     ("tpu-grpo:labels", {"Team": "ML"}, "not a label", "pulumi config set --path 'tpu-grpo:labels.team'"),
     ("tpu-grpo:model", "llama2-7b", "not a known model", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
     ("tpu-grpo:batches", "0", "at least 1", "pulumi config set tpu-grpo:batches 50"),
-    ("tpu-grpo:batches", "abc", "is not a int", "pulumi config set tpu-grpo:batches 50"),
-    ("tpu-grpo:usePathways", "maybe", "is not a bool", "pulumi config set tpu-grpo:usePathways false"),
+    ("tpu-grpo:batches", "abc", "is not a whole number", "pulumi config set tpu-grpo:batches 50"),
+    ("tpu-grpo:usePathways", "maybe", "is not true or false", "pulumi config set tpu-grpo:usePathways false"),
 ]
 
 

@@ -47,6 +47,7 @@ _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]+$")
 _PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
+_KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
 class SettingsError(ValueError):
@@ -152,7 +153,7 @@ class Settings:
 
 def _coerce(key: Key, value: Any) -> Any:
     """Pulumi hands every value over as a string (objects as JSON); YAML gives native types."""
-    bad = SettingsError(key.name, value, f"is not a {key.kind.__name__}", key.set_command())
+    bad = SettingsError(key.name, value, f"is not {_KIND_NAMES[key.kind]}", key.set_command())
     if key.kind is str:
         if not isinstance(value, str):
             raise bad
@@ -296,31 +297,9 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
             raise
         pending.append(error)
         public_key = ""
-    return Settings(
-        stack=stack,
-        project=values["project"],
-        zone=values["zone"],
-        reservation=values["reservation"],
-        vm_name=values["vmName"],
-        machine_type=values["machineType"],
-        boot_disk_gb=values["bootDiskGb"],
-        data_disk_gb=values["dataDiskGb"],
-        ssh_user=values["sshUser"],
-        ssh_public_key_path=values["sshPublicKeyPath"],
-        ssh_public_key=public_key,
-        ssh_source_ranges=tuple(values["sshSourceRanges"]),
-        network=values["network"],
-        subnetwork=values["subnetwork"],
-        service_account=values["serviceAccount"],
-        labels=values["labels"],
-        model=values["model"],
-        export_model=values["exportModel"],
-        batches=values["batches"],
-        test_batches=values["testBatches"],
-        use_pathways=values["usePathways"],
-        lazy_load_tensors=values["lazyLoadTensors"],
-        pending=tuple(pending),
-    )
+    values["sshSourceRanges"] = tuple(values["sshSourceRanges"])
+    fields = {re.sub("([A-Z])", r"_\1", short).lower(): value for short, value in values.items()}
+    return Settings(stack=stack, ssh_public_key=public_key, pending=tuple(pending), **fields)
 
 
 def project_root(start: Path | None = None) -> Path:

@@ -39,5 +39,7 @@ def missing_for_up(settings: Settings) -> list[str]:
 
 def up(stack: str) -> int:
     """Select (or create) the stack and run `pulumi up` on it, attached to this terminal."""
-    subprocess.run(["pulumi", "stack", "select", "--create", stack], check=True)
+    selected = subprocess.run(["pulumi", "stack", "select", "--create", stack])
+    if selected.returncode != 0:
+        return selected.returncode
     return subprocess.run(["pulumi", "up", "--stack", stack]).returncode
