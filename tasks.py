@@ -77,4 +77,7 @@ def up(c, stack=None):
             f"See what it would create, offline and with none of these: uv run invoke plan",
             code=2,
         )
-    raise Exit(code=stack_module.up(chosen.stack))
+    code, explanations = stack_module.up(chosen.stack)
+    if explanations:
+        raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
+    raise Exit(code=code)

@@ -116,17 +116,73 @@ def test_up_names_placeholders_too(home):
     assert "setting gcp:project='YOUR_PROJECT_ID' is still a placeholder" in result.stderr
 
 
-def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, home, tmp_path):
-    """With a Pulumi CLI and credentials present, `invoke up` hands over to `pulumi up`."""
+@pytest.fixture
+def pulumi_cli(tmp_path, home):
+    """A stand-in `pulumi` on PATH that records its argv and, for `up`, writes the engine
+    event log it is given and exits with $PULUMI_EXIT; plus Google credentials."""
     tools = tmp_path / "bin"
     tools.mkdir()
     calls = tmp_path / "calls"
-    stand_in = tools / "pulumi"  # records its argv, like the real CLI would receive it
-    stand_in.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexit 0\n")
+    stand_in = tools / "pulumi"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        '[ "$1" = up ] || exit 0\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --event-log ] && cp "$EVENTS" "$2"; shift; done\n'
+        'exit "${PULUMI_EXIT:-0}"\n'
+    )
     stand_in.chmod(0o755)
     credentials = tmp_path / "adc.json"
     credentials.write_text("{}")
-    env = {**home, "PATH": f"{tools}:{BIN}:/usr/bin:/bin", "GOOGLE_APPLICATION_CREDENTIALS": str(credentials)}
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    env = {**home, "PATH": f"{tools}:{BIN}:/usr/bin:/bin", "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
+           "EVENTS": str(events)}
+    return env, calls, events
+
+
+def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
+    """With a Pulumi CLI and credentials present, `invoke up` hands over to `pulumi up`."""
+    env, calls, _ = pulumi_cli
     result = invoke("up", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
-    assert calls.read_text().splitlines() == ["whoami", "stack select --create dev", "up --stack dev"]
+    lines = calls.read_text().splitlines()
+    assert lines[:2] == ["whoami", "stack select --create dev"]
+    assert lines[2].startswith("up --stack dev --event-log /")
+
+
+def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
+    env, _, events = pulumi_cli
+    error = ("error: creating Instance: googleapi: Error 400: Reservation v6e-8-calendar does not have "
+             "sufficient capacity for the requested resources.")
+    events.write_text("\n".join([
+        json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": "warming up", "severity": "info"}}),
+        json.dumps({"sequence": 2, "timestamp": 2, "diagnosticEvent": {"message": error, "severity": "error"}}),
+        '{"sequence": 3, "timest',  # cut short, as when the CLI is killed
+    ]))
+    result = invoke("up", cwd=stack_dir, env={**env, "PULUMI_EXIT": "255"})
+    assert result.returncode == 255
+    assert result.stderr.startswith("what went wrong: the reservation has no free chips")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pulumi_cli):
+    env, _, _ = pulumi_cli
+    result = invoke("up", cwd=stack_dir, env={**env, "PULUMI_EXIT": "3"})
+    assert result.returncode == 3
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("message, meaning", [
+    ("Error 400: Reservation r is incorrect for the requested resources", "another machine type or zone"),
+    ("Could not find the given reservation with the following name: r", "no reservation of that name"),
+    ("Invalid value: it requires reservation to be in READY state", "not active yet"),
+    ("The reservation must exist in the same project as the instance.", "another project"),
+    ("The zone 'projects/p/zones/us-east5-b' does not have enough resources (ZONE_RESOURCE_POOL_EXHAUSTED)", "no capacity outside reservations"),
+    ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
+])
+def test_known_compute_engine_errors_are_explained(message, meaning):
+    from tpu_grpo.stack import explain
+
+    [explanation] = explain([message, message])
+    assert meaning in explanation
