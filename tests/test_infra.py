@@ -4,13 +4,15 @@ the inputs `pulumi up` would send, plus the disks, firewall, network and outputs
 from __future__ import annotations
 
 import re
+import runpy
 import shlex
 
+import pulumi
 import pytest
 
 from infra import offline
 from infra.tpu_host import gcloud_create_command
-from tests.conftest import TUTORIAL
+from tests.conftest import ROOT, TUTORIAL
 
 
 def declared(stack_values, **overrides):
@@ -197,3 +199,36 @@ def test_gcloud_command_starts_with_the_tutorials_command_word_for_word(program)
         "--boot-disk-type=hyperdisk-balanced",
         "--disk=name=tpu-grpo-data,device-name=data,mode=rw,auto-delete=no",
     ]
+
+
+def run_entry_point(values: dict, mocks: offline.RecordingMocks) -> dict:
+    """Run `infra/__main__.py` itself, as `pulumi up` does, and collect the stack's exports."""
+    pulumi.runtime.set_mocks(mocks, project="tpu-grpo", stack="dev", preview=False)
+    pulumi.runtime.set_all_config(offline.config_for_pulumi(values))
+    exported: dict = {}
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_path(str(ROOT / "infra" / "__main__.py"), run_name="__main__")
+        return pulumi.Output.all(**pulumi.runtime.get_root_resource().outputs).apply(exported.update)
+
+    program()
+    return exported
+
+
+def test_entry_point_exports_the_outputs(stack_values):
+    mocks = offline.RecordingMocks()
+    exported = run_entry_point(stack_values, mocks)
+    assert exported["accelerator_type"] == "v6e-8"
+    assert exported["data_disk_device"] == "/dev/disk/by-id/google-data"
+    assert set(exported) == set(declared(stack_values)[2])
+    assert "gcp:compute/instance:Instance" in {r.type for r in mocks.resources}
+
+
+def test_entry_point_stops_on_a_placeholder_with_one_line_and_no_resources(stack_values):
+    mocks = offline.RecordingMocks()
+    with pytest.raises(pulumi.RunError) as raised:
+        run_entry_point({**stack_values, "gcp:project": "YOUR_PROJECT_ID"}, mocks)
+    assert mocks.resources == []
+    assert str(raised.value) == ("gcp:project='YOUR_PROJECT_ID' is still a placeholder; "
+                                 "fix: pulumi config set gcp:project <your-project-id>")
