@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 from invoke import Exit, task
 
@@ -25,11 +26,23 @@ def _console():
 
 @contextmanager
 def _one_line_errors():
-    """A bad setting ends the task with its one-line message and exit code 2, no traceback."""
+    """Bad input (settings, hosts, playbook, --var) ends the task with one line and exit code 2, no traceback."""
+    from tpu_grpo.hosts import HostError
+    from tpu_grpo.provision import PlaybookError
+
     try:
         yield
-    except settings_module.SettingsError as error:
+    except (settings_module.SettingsError, HostError, PlaybookError) as error:
         raise Exit(f"error: {error}", code=2) from None
+
+
+HOST_HELP = {
+    "host": "USER@ADDRESS[:PORT] of a host (repeatable); default: the stack's VM from `invoke up`",
+    "identity": "private key for --host (default: your SSH agent and ~/.ssh keys)",
+    "stack": STACK_HELP,
+    "var": "KEY=VALUE overriding a playbook variable (repeatable); see `invoke plan`",
+    "playbook": "playbook to apply (default: playbooks/host.yml)",
+}
 
 
 @task(help={"stack": STACK_HELP, "json": "print the plan as JSON"})
@@ -81,3 +94,57 @@ def up(c, stack=None):
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     raise Exit(code=code)
+
+
+@task(iterable=["host", "var", "tags"], help={
+    **HOST_HELP, "check": "report what would change (and drift from the lock), change nothing",
+    "tags": "run only steps with these tags (repeatable or comma-separated)",
+    "locked": "install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
+    "lock": "the lock file (default: playbooks/host.lock.txt)", "json": "print the report as JSON"})
+def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
+              lock=None, playbook=None, json_=False):
+    """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
+    from tpu_grpo import hosts, provision as engine
+
+    with _one_line_errors():
+        book = engine.load(playbook)
+        values = engine.resolve(book, var, Path(lock or settings_module.project_root() / engine.LOCK) if locked else None)
+        chosen_tags = [tag for item in tags or [] for tag in item.split(",") if tag]
+        engine.selected(book, chosen_tags)
+        targets = hosts.resolve(host or [], identity, stack)
+    console = _console()
+    if json_:
+        report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags)
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        verb = "checking" if check else "provisioning"
+        console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
+                      + (" (locked)" if locked else ""))
+        with engine.LiveView(console, check) as view:
+            report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view)
+        engine.print_summary(report, console)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(iterable=["host", "var"], help={**HOST_HELP, "lock": "where to write the lock (default: playbooks/host.lock.txt)"})
+def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None):
+    """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
+    from tpu_grpo import hosts, provision as engine
+
+    with _one_line_errors():
+        book = engine.load(playbook)
+        values = engine.resolve(book, var)
+        targets = hosts.resolve(host or [], identity, stack)
+        notices = []
+        connection = hosts.connect(targets[0], notices)
+        try:
+            text = engine.freeze(connection, book, values, targets[0].name)
+        finally:
+            connection.close()
+    path = Path(lock or settings_module.project_root() / engine.LOCK)
+    path.write_text(text)
+    packages = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    for notice in notices:
+        print(f"note: {notice}")
+    print(f"wrote {path}: {packages} packages from {targets[0].name}")

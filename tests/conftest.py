@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -57,3 +62,83 @@ def stack_dir(tmp_path, stack_values) -> Path:
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": stack_values}))
     return tmp_path
+
+
+# ---------------------------------------------------------------- real SSH hosts (tests/sshd.py)
+
+TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory, key_pair):
+    """One real sshd on 127.0.0.1 for all host tests; root's home made traversable for Python 3.12."""
+    from tests import sshd as harness
+
+    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-sshd-"))  # pytest's tmp is 0700: sshd reads keys as the user
+    folder.chmod(0o755)
+    authorized = folder / "authorized_keys"
+    authorized.write_text(key_pair[1].read_text())
+    root_mode = os.stat("/root").st_mode & 0o777
+    fstab = Path("/etc/fstab").read_text() if Path("/etc/fstab").exists() else None
+    os.chmod("/root", 0o711)
+    server = harness.Sshd(folder / "loopback", authorized).start()
+    yield server
+    server.stop()
+    shutil.rmtree(folder)
+    os.chmod("/root", root_mode)
+    if fstab is not None:
+        Path("/etc/fstab").write_text(fstab)
+
+
+@dataclass
+class TestHost:
+    """A fresh host on the test sshd: its own user (home = the host's state) and its own data disk."""
+    sshd: object
+    user: object
+    disk: object
+    key: Path
+    state: Path
+
+    @property
+    def spec(self) -> str:
+        return f"{self.user.name}@{self.sshd.address}:{self.sshd.port}"
+
+    @property
+    def vars(self) -> list[str]:
+        """What this machine allows: no apt upgrade, uv from PyPI, a small real package for MaxText."""
+        return ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false",
+                f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
+
+    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+        """Run `invoke TASK --host ... --identity ...` for real, as a user would."""
+        argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), task, "--host", self.spec, "--identity", str(self.key)]
+        for item in self.vars if vars else []:
+            argv += ["--var", item]
+        env = {**os.environ, "TPU_GRPO_STATE": str(self.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200"}
+        return subprocess.run([*argv, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+    def run_as_user(self, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c", command],
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home)})
+
+
+@pytest.fixture
+def make_host(sshd, key_pair, tmp_path_factory):
+    """Factory of fresh hosts on the session's sshd; each is removed (user, mount, loop device) after the test."""
+    from tests import sshd as harness
+
+    made = []
+
+    def make() -> TestHost:
+        user = harness.make_user()
+        disk = harness.LoopDisk(tmp_path_factory.mktemp("disk") / "data.img").attach()
+        disk.mount = f"/mnt/tpu-grpo-test/{user.name}"
+        state = tmp_path_factory.mktemp("state")
+        (state / "known_hosts").write_text(sshd.known_hosts_line)
+        made.append(TestHost(sshd, user, disk, key_pair[0], state))
+        return made[-1]
+
+    yield make
+    for host in made:
+        host.disk.detach()
+        harness.remove_user(host.user)

@@ -24,6 +24,7 @@ from tpu_grpo.machines import MACHINES, Machine
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
 STACK_ENV = "TPU_GRPO_STACK"
+STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default: .tpu-grpo/)
 
 MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
 MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer state is tens of GB
@@ -313,6 +314,11 @@ def project_root(start: Path | None = None) -> Path:
 
 def stack_name() -> str:
     return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
+def state_dir() -> Path:
+    """The laptop-side state of this project (known_hosts, records): never committed."""
+    return Path(os.environ.get(STATE_ENV) or project_root() / ".tpu-grpo")
 
 
 def read_stack_file(stack: str, root: Path) -> dict[str, Any]:

@@ -1,0 +1,170 @@
+"""Real OpenSSH test hosts: an sshd the tests start themselves, users with passwordless sudo,
+loop devices as data disks, and network namespaces for several hosts (see test-harness.md).
+
+Every test user's login shell records each command line sshd hands it, so tests can assert
+what reached the host (one round trip, no secret) from the host's side.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+SUDOERS = Path("/etc/sudoers.d/tpu-grpo-tests")
+LOGIN_SHELL = Path("/usr/local/bin/tpu-grpo-test-shell")
+COMMAND_LOG_DIR = Path("/var/tmp/tpu-grpo-test-commands")
+
+
+def python312_bin() -> str:
+    """The folder of this machine's Python 3.12 (pyenv's), which uv finds on the hosts' PATH."""
+    found = sorted(glob.glob("/root/.pyenv/versions/3.12*/bin")) or (
+        [os.path.dirname(shutil.which("python3.12"))] if shutil.which("python3.12") else [])
+    if not found:
+        raise RuntimeError("no Python 3.12 on this machine: the test hosts need one for `uv python find 3.12`")
+    return found[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kwargs)
+
+
+def install_login_shell() -> None:
+    """A bash that appends every `-c` command line it is given to the user's command log."""
+    COMMAND_LOG_DIR.mkdir(mode=0o1777, exist_ok=True)
+    COMMAND_LOG_DIR.chmod(0o1777)
+    LOGIN_SHELL.write_text('#!/bin/bash\nif [ "$1" = "-c" ]; then printf "%s\\0" "$2" >> '
+                           f'{COMMAND_LOG_DIR}/"$(id -un)"; fi\nexec /bin/bash "$@"\n')
+    LOGIN_SHELL.chmod(0o755)
+
+
+@dataclass
+class TestUser:
+    name: str
+    home: Path
+
+    @property
+    def command_log(self) -> Path:
+        return COMMAND_LOG_DIR / self.name
+
+    def commands(self) -> list[str]:
+        """Every command line sshd ran for this user so far."""
+        if not self.command_log.exists():
+            return []
+        return [command for command in self.command_log.read_text().split("\0") if command]
+
+
+def make_user(prefix: str = "tg") -> TestUser:
+    """A fresh account: unlocked for key login (UsePAM no), passwordless sudo, the recording shell."""
+    install_login_shell()
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    sh("useradd", "--create-home", "--shell", str(LOGIN_SHELL), name)
+    sh("usermod", "-p", "*", name)
+    with SUDOERS.open("a") as sudoers:
+        sudoers.write(f"{name} ALL=(ALL) NOPASSWD:ALL\n")
+    SUDOERS.chmod(0o440)
+    return TestUser(name, Path(f"/home/{name}"))
+
+
+def remove_user(user: TestUser) -> None:
+    sh("pkill", "-KILL", "-u", user.name, check=False)
+    sh("userdel", "--remove", user.name, check=False)
+    if SUDOERS.exists():
+        SUDOERS.write_text("".join(line for line in SUDOERS.read_text().splitlines(True)
+                                   if not line.startswith(user.name + " ")))
+    user.command_log.unlink(missing_ok=True)
+
+
+@dataclass
+class LoopDisk:
+    """A file-backed block device standing in for the VM's data disk."""
+    image: Path
+    device: str = ""
+    mount: str = ""
+
+    def attach(self, size_mb: int = 64) -> "LoopDisk":
+        with self.image.open("wb") as image:
+            image.truncate(size_mb * 1024 * 1024)
+        self.device = sh("losetup", "--find", "--show", str(self.image)).stdout.strip()
+        return self
+
+    def detach(self) -> None:
+        if self.mount:
+            sh("umount", "--lazy", self.mount, check=False)
+        if self.device:
+            sh("losetup", "-d", self.device, check=False)
+        self.image.unlink(missing_ok=True)
+
+
+@dataclass
+class Sshd:
+    """One sshd in the foreground, on loopback or inside a network namespace."""
+    folder: Path
+    authorized_keys: Path
+    address: str = "127.0.0.1"
+    port: int = 0
+    netns: str | None = None
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "sshd.log"
+
+    @property
+    def host_key_pub(self) -> str:
+        return (self.folder / "ssh_host_ed25519_key.pub").read_text().split()[1]
+
+    @property
+    def known_hosts_line(self) -> str:
+        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        return f"{name} ssh-ed25519 {self.host_key_pub}\n"
+
+    def start(self) -> "Sshd":
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        Path("/run/sshd").mkdir(exist_ok=True)
+        key = self.folder / "ssh_host_ed25519_key"
+        if not key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        path = f"{python312_bin()}:/usr/local/bin:/usr/bin:/bin"
+        (self.folder / "sshd_config").write_text("\n".join([
+            f"Port {self.port}", f"ListenAddress {self.address}", f"HostKey {key}",
+            f"PidFile {self.folder}/sshd.pid", f"AuthorizedKeysFile {self.authorized_keys}",
+            "StrictModes no", "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "MaxStartups 100",
+            f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={path}", ""]))
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        self.process = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
+                                        stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
+        deadline = time.monotonic() + 10
+        while "Server listening" not in self.log.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not start: {self.log.read_text()}")
+            time.sleep(0.02)
+        return self
+
+    def accepted(self, user: str) -> int:
+        """How many SSH connections this sshd has accepted for the user."""
+        return self.log.read_text(errors="replace").count(f"Accepted publickey for {user} ")
+
+    def kill_sessions(self, user: str) -> None:
+        """Drop every live connection of the user, as a dead link would: its sshd and what runs under it."""
+        sh("pkill", "-KILL", "-u", user, check=False)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,69 @@
+"""`invoke provision` and `invoke freeze` against a real sshd: real apt, uv, venvs, mounts and files."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from tests.conftest import TEST_TOKEN
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts)")
+
+
+def statuses(result) -> dict[str, str]:
+    report = json.loads(result.stdout)
+    return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
+
+
+def assert_no_token(*texts: str) -> None:
+    for text in texts:
+        assert TEST_TOKEN not in text
+
+
+@pytest.fixture
+def converged(make_host):
+    """A host that one real `invoke provision` run has converged, and that run's output."""
+    host = make_host()
+    first = host.invoke("provision", "--json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    return host, first
+
+
+def test_first_run_makes_every_step_right(converged):
+    host, first = converged
+    assert statuses(first) == {
+        "apt update and upgrade": "skipped", "build tools": statuses(first)["build tools"],
+        "data disk": "changed", "caches on the data disk": "changed", "Hugging Face token": "changed",
+        "uv (installer)": "skipped", "uv (pip)": "changed", "Python": "ok", "venv": "changed",
+        "MaxText": "changed", "MaxText post-training extra deps": "skipped", "packages exactly as the lock": "skipped"}
+    assert statuses(first)["build tools"] in {"ok", "changed"}
+    home, mount = host.user.home, host.disk.mount
+    assert host.run_as_user("findmnt -rn -o SOURCE " + mount).stdout.strip() == host.disk.device
+    uuid = host.run_as_user(f"sudo -n blkid -o value -s UUID {host.disk.device}").stdout.strip()
+    assert f"UUID={uuid} {mount} ext4 discard,defaults,nofail 0 2" in open("/etc/fstab").read().splitlines()
+    assert os.stat(mount).st_uid == os.stat(home).st_uid
+    assert os.readlink(home / ".cache/uv") == f"{mount}/cache/uv"
+    assert os.readlink(home / ".cache/huggingface") == f"{mount}/cache/huggingface"
+    token = home / ".cache/huggingface/token"
+    assert token.read_text() == TEST_TOKEN and stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert os.path.realpath(token).startswith(mount)
+    assert host.run_as_user("~/.local/bin/uv --version").stdout.split()[1] == "0.13.9"
+    venv_python = host.run_as_user("~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'")
+    assert venv_python.stdout.strip() == "(3, 12) 1.16.0"
+    assert_no_token(first.stdout, first.stderr, host.sshd.log.read_text(), *host.user.commands())
+
+
+def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(converged):
+    host, _ = converged
+    connections, commands = host.sshd.accepted(host.user.name), len(host.user.commands())
+    again = host.invoke("provision", "--json")
+    assert again.returncode == 0, again.stderr
+    assert set(statuses(again).values()) == {"ok", "skipped"}
+    assert host.sshd.accepted(host.user.name) == connections + 1
+    assert len(host.user.commands()) == commands + 1  # every check in one command
+    text = host.invoke("provision")
+    assert "0 changed, 0 failed" in text.stdout and text.returncode == 0
+    assert_no_token(again.stdout, text.stdout, text.stderr, *host.user.commands())

@@ -1,0 +1,150 @@
+"""Where the hosts are (stack outputs or `--host`) and SSH connections that are safe and notice failure.
+
+Host keys are checked against a project-local known_hosts: the first contact records the
+key (like `StrictHostKeyChecking=accept-new`) and says so; a changed key is refused. A dead
+link fails within seconds (keepalive plus TCP_USER_TIMEOUT) instead of hanging for minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_grpo import settings
+
+CONNECT_TIMEOUT_S = 5
+KEEPALIVE_S = 2
+TCP_USER_TIMEOUT_MS = 5000
+_HOST_SPEC = re.compile(r"^(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
+
+
+class HostError(Exception):
+    """A host that cannot be named, reached or trusted; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class Host:
+    user: str
+    address: str
+    port: int = 22
+    identity: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.user}@{self.address}" + ("" if self.port == 22 else f":{self.port}")
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH and paramiko file this host's key under."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+def parse(spec: str, identity: str | None = None) -> Host:
+    """`USER@ADDR[:PORT]` -> Host, or a one-line HostError."""
+    match = _HOST_SPEC.match(spec.strip())
+    if not match or not 0 < int(match["port"] or 22) < 65536:
+        raise HostError(f"--host {spec!r} is not USER@ADDRESS[:PORT]; fix: e.g. --host ubuntu@203.0.113.7")
+    key = None
+    if identity:
+        key = Path(identity).expanduser()
+        if not key.is_file():
+            raise HostError(f"--identity {identity!r} is not a file; fix: give the private key whose .pub is on the VM")
+    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), key)
+
+
+def from_stack(stack: str | None = None) -> list[Host]:
+    """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
+    chosen = settings.load(stack, lenient=True)
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        raise HostError(f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
+                        "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`")
+    done = subprocess.run([pulumi, "stack", "output", "--json", "--stack", chosen.stack],
+                          capture_output=True, text=True, cwd=settings.project_root())
+    outputs = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+    if not outputs.get("external_ip"):
+        raise HostError(f"stack '{chosen.stack}' has no VM (no external_ip output); "
+                        "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")
+    identity = Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
+    return [Host(outputs.get("ssh_user") or chosen.ssh_user, outputs["external_ip"], 22,
+                 identity if identity.is_file() else None)]
+
+
+def resolve(specs: list[str], identity: str | None, stack: str | None) -> list[Host]:
+    """Hosts from `--host` flags when given, else from the stack's outputs."""
+    if specs:
+        hosts = [parse(spec, identity) for spec in specs]
+        if len({host.name for host in hosts}) != len(hosts):
+            raise HostError(f"--host names the same host twice ({', '.join(specs)}); fix: give each host once")
+        return hosts
+    return from_stack(stack)
+
+
+def known_hosts_path() -> Path:
+    return settings.state_dir() / "known_hosts"
+
+
+def fingerprint(key) -> str:
+    import base64
+    import hashlib
+
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class _RecordNewKey:
+    """paramiko policy: trust and record a host seen for the first time (accept-new), and say so."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path, notices: list[str]):
+        self.path, self.notices = path, notices
+
+    def missing_host_key(self, client, hostname, key):
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as known:
+                known.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.notices.append(f"{hostname}: first contact, recorded host key {key.get_name()} "
+                            f"{fingerprint(key)} in {self.path}")
+
+
+def connect(host: Host, notices: list[str] | None = None):
+    """An open Fabric connection with a verified host key, or a one-line HostError."""
+    import fabric
+    import paramiko
+    from paramiko.config import SSHConfig
+
+    known_hosts = known_hosts_path()
+    config = fabric.Config(ssh_config=SSHConfig(), overrides={"run": {"in_stream": False}})
+    connect_kwargs = {"banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": 15}
+    if host.identity:
+        connect_kwargs.update(key_filename=str(host.identity), look_for_keys=False, allow_agent=False)
+    connection = fabric.Connection(host.address, user=host.user, port=host.port, config=config,
+                                   connect_timeout=CONNECT_TIMEOUT_S, connect_kwargs=connect_kwargs)
+    connection.client.get_host_keys().clear()
+    if known_hosts.is_file():
+        connection.client.load_host_keys(str(known_hosts))
+    connection.client.set_missing_host_key_policy(_RecordNewKey(known_hosts, notices if notices is not None else []))
+    try:
+        connection.open()
+    except paramiko.BadHostKeyException as error:
+        raise HostError(
+            f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
+            f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
+            f"ssh-keygen -R '{host.known_hosts_name}' -f {known_hosts}") from None
+    except paramiko.AuthenticationException:
+        raise HostError(f"{host.name}: the key was refused; fix: pass --identity with the private key "
+                        "whose public key the VM has (sshPublicKeyPath)") from None
+    except (OSError, paramiko.SSHException) as error:
+        raise HostError(f"{host.name}: cannot connect ({error or type(error).__name__}); "
+                        "fix: check the VM is running and its firewall admits your address") from None
+    connection.transport.set_keepalive(KEEPALIVE_S)
+    connection.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
+    return connection
