@@ -108,7 +108,7 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
 
     with _one_line_errors():
         book = engine.load(playbook)
-        values = engine.resolve(book, var, Path(lock or settings_module.project_root() / engine.LOCK) if locked else None)
+        values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None)
         chosen_tags = [tag for item in tags or [] for tag in item.split(",") if tag]
         engine.selected(book, chosen_tags)
         targets = hosts.resolve(host or [], identity, stack)
@@ -142,7 +142,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
             text = engine.freeze(connection, book, values, targets[0].name)
         finally:
             connection.close()
-    path = Path(lock or settings_module.project_root() / engine.LOCK)
+    path = Path(lock or engine.LOCK)
     path.write_text(text)
     packages = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     for notice in notices:

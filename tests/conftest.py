@@ -78,16 +78,11 @@ def sshd(tmp_path_factory, key_pair):
     folder.chmod(0o755)
     authorized = folder / "authorized_keys"
     authorized.write_text(key_pair[1].read_text())
-    root_mode = os.stat("/root").st_mode & 0o777
-    fstab = Path("/etc/fstab").read_text() if Path("/etc/fstab").exists() else None
-    os.chmod("/root", 0o711)
-    server = harness.Sshd(folder / "loopback", authorized).start()
-    yield server
-    server.stop()
+    with harness.root_home_traversable():
+        server = harness.Sshd(folder / "loopback", authorized).start()
+        yield server
+        server.stop()
     shutil.rmtree(folder)
-    os.chmod("/root", root_mode)
-    if fstab is not None:
-        Path("/etc/fstab").write_text(fstab)
 
 
 @dataclass
@@ -119,7 +114,8 @@ class TestHost:
 
     def run_as_user(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run(["/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c", command],
-                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home)})
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home),
+                                   "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
 
 
 @pytest.fixture
@@ -141,4 +137,5 @@ def make_host(sshd, key_pair, tmp_path_factory):
     yield make
     for host in made:
         host.disk.detach()
+        harness.forget_mount(host.disk.mount)
         harness.remove_user(host.user)

@@ -7,6 +7,7 @@ what reached the host (one round trip, no secret) from the host's side.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,36 @@ def python312_bin() -> str:
     if not found:
         raise RuntimeError("no Python 3.12 on this machine: the test hosts need one for `uv python find 3.12`")
     return found[-1]
+
+
+@contextmanager
+def root_home_traversable():
+    """chmod 711 /root while any test process needs pyenv's Python 3.12; the last one out restores the mode."""
+    state = Path("/run/tpu-grpo-tests-root-home")
+    with state.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        users, mode = (state.read_text().split() if state.exists() else ("0", oct(os.stat("/root").st_mode & 0o777)))
+        state.write_text(f"{int(users) + 1} {mode}")
+        os.chmod("/root", 0o711)
+    try:
+        yield
+    finally:
+        with state.with_suffix(".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            users, mode = state.read_text().split()
+            if int(users) <= 1:
+                os.chmod("/root", int(mode, 8))
+                state.unlink()
+            else:
+                state.write_text(f"{int(users) - 1} {mode}")
+
+
+def forget_mount(mount: str) -> None:
+    """Remove the fstab line the data disk step wrote for a test mount, and the mount point."""
+    fstab = Path("/etc/fstab")
+    if fstab.exists():
+        fstab.write_text("".join(line for line in fstab.read_text().splitlines(True) if f" {mount} " not in line))
+    shutil.rmtree(mount, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -24,3 +24,12 @@ def test_example_stack_sets_every_required_key():
 
     config = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     assert {key.name for key in KEYS if key.required} <= set(config)
+
+
+def test_readme_documents_provisioning_and_every_playbook_variable():
+    from tpu_grpo import provision
+
+    readme = (ROOT / "README.md").read_text()
+    for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
+        assert text in readme
+    assert all(f"`{name}`" in readme for name in provision.load().vars)

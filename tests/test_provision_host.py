@@ -67,3 +67,54 @@ def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(conve
     text = host.invoke("provision")
     assert "0 changed, 0 failed" in text.stdout and text.returncode == 0
     assert_no_token(again.stdout, text.stdout, text.stderr, *host.user.commands())
+
+
+def host_state(host) -> str:
+    """Everything provisioning could touch on a test host: its home tree, fstab, mounts, the disk's file system."""
+    tree = host.run_as_user("cd && find . -printf '%p %y %s %m %T@ %l\\n' | sort").stdout
+    disk = host.run_as_user(f"sudo -n blkid -p {host.disk.device}; echo $?").stdout
+    return "\n".join([tree, open("/etc/fstab").read(), open("/proc/self/mounts").read(), disk])
+
+
+def test_check_mode_reports_what_would_change_and_changes_nothing(make_host):
+    host = make_host()
+    before = host_state(host)
+    checked = host.invoke("provision", "--check", "--json")
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads(checked.stdout)
+    assert report["check_mode"] is True
+    would = {step["step"] for step in report["hosts"][0]["steps"] if step["status"] == "changed"}
+    assert {"data disk", "caches on the data disk", "Hugging Face token", "uv (pip)", "venv", "MaxText"} <= would
+    assert all(step["note"] == "would change" for step in report["hosts"][0]["steps"] if step["status"] == "changed")
+    assert host_state(host) == before
+    assert len(host.user.commands()) == 1  # the one round trip of checks, nothing else
+    text = host.invoke("provision", "--check")
+    assert "would change" in text.stdout and "data disk" in text.stdout and host_state(host) == before
+
+
+def test_freeze_then_locked_rebuild_reports_and_repairs_drift(converged, tmp_path):
+    host, _ = converged
+    lock = tmp_path / "host.lock.txt"
+    frozen = host.invoke("freeze", "--lock", str(lock), vars=False)
+    assert frozen.returncode == 0, frozen.stderr
+    assert f"wrote {lock}" in frozen.stdout
+    text = lock.read_text()
+    assert "# python: 3.12." in text and "# uv: 0.13.9\n" in text and "\nsix==1.16.0\n" in text
+    drifted = host.run_as_user("~/.local/bin/uv pip install --quiet --python ~/maxtext_venv six==1.17.0")
+    assert drifted.returncode == 0, drifted.stderr
+
+    checked = host.invoke("provision", "--check", "--locked", "--lock", str(lock), "--json")
+    assert checked.returncode == 0, checked.stderr
+    steps = {step["step"]: step for step in json.loads(checked.stdout)["hosts"][0]["steps"]}
+    assert steps["packages exactly as the lock"]["status"] == "changed"
+    assert steps["packages exactly as the lock"]["output"] == "six: host 1.17.0, lock 1.16.0"
+    assert steps["MaxText"]["status"] == "skipped"
+    assert "six: host 1.17.0, lock 1.16.0" in host.invoke("provision", "--check", "--locked", "--lock", str(lock)).stdout
+    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.17.0"
+
+    synced = host.invoke("provision", "--locked", "--lock", str(lock), "--json")
+    assert synced.returncode == 0, synced.stdout
+    assert statuses(synced)["packages exactly as the lock"] == "changed"
+    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+    again = host.invoke("provision", "--locked", "--lock", str(lock), "--json")
+    assert set(statuses(again).values()) == {"ok", "skipped"}

@@ -186,3 +186,32 @@ def test_known_compute_engine_errors_are_explained(message, meaning):
 
     [explanation] = explain([message, message])
     assert meaning in explanation
+
+
+def test_plan_lists_the_provisioning_steps(stack_dir):
+    text = invoke("plan", cwd=stack_dir).stdout
+    assert "`invoke provision`: playbooks/host.yml with its default variables" in text
+    assert "uv python install 3.12" in text and "7. uv (pip): skipped (when: uv_source == pip)" in text
+    steps = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["provision"]
+    assert [step["step"] for step in steps if step["runs"]][:3] == ["apt update and upgrade", "build tools", "data disk"]
+    token = next(step for step in steps if step["step"] == "Hugging Face token")
+    assert token["command"] == "copy hf_token to ~/.cache/huggingface/token (mode 600, over SFTP)"
+
+
+def test_provision_without_host_or_pulumi_says_how_to_name_one(stack_dir, home):
+    result = invoke("provision", cwd=stack_dir, env=home)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no --host given and no pulumi CLI to read stack 'dev' outputs; fix: pass --host")
+
+
+def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_path):
+    """The host comes from `pulumi stack output`: its IP and SSH user (nothing listens there, so it cannot connect)."""
+    env, calls, _ = pulumi_cli
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"external_ip": "127.0.0.1", "ssh_user": "tpuuser"}))
+    stand_in = Path(env["PATH"].split(":")[0]) / "pulumi"
+    stand_in.write_text(stand_in.read_text().replace('[ "$1" = up ]', f'[ "$1" = stack ] && cat {outputs}\n[ "$1" = up ]'))
+    result = invoke("provision", "--json", cwd=stack_dir, env={**env, "TPU_GRPO_STATE": str(tmp_path / "state")})
+    assert result.returncode == 1
+    assert "stack output --json --stack dev" in calls.read_text()
+    assert json.loads(result.stdout)["hosts"][0]["error"].startswith("tpuuser@127.0.0.1: cannot connect")

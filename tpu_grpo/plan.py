@@ -7,6 +7,7 @@ settings still to fill in, and what the machine costs per hour.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ class Plan:
     outputs: dict[str, Any]
     gcloud: list[str]
     cost: Cost
+    provision: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +52,7 @@ def build(stack: str | None = None) -> Plan:
     """Run the program offline on the stack file; placeholders become `pending`, not errors."""
     from infra import offline
     from infra.tpu_host import gcloud_create_command
+    from tpu_grpo import provision
 
     stack = stack or settings_module.stack_name()
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
@@ -72,7 +75,18 @@ def build(stack: str | None = None) -> Plan:
                 "chips cost the same whether or not the VM runs, until the reservation ends."
             ),
         ),
+        provision=provision_steps(provision),
     )
+
+
+def provision_steps(provision) -> list[dict[str, Any]]:
+    """The playbook's steps with its default variables: what `invoke provision` checks, and what it may run."""
+    book = provision.load()
+    values = provision.resolve(book)
+    return [{"step": step.name, "runs": provision.applies(step, values), "when": list(step.when),
+             "as": "root" if step.become else "ssh user", "tags": list(step.tags),
+             "command": provision.render(step.run, values).strip() if step.run else f"copy {step.secret['source']} "
+                        f"to ~/{step.secret['dest']} (mode 600, over SFTP)"} for step in book.steps]
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -115,6 +129,14 @@ def render(plan: Plan, console: Console) -> None:
     console.print(outputs)
     console.rule("The same VM with gcloud", align="left")
     console.print(Text(render_command(plan.gcloud)), soft_wrap=True)
+    console.rule("`invoke provision`: playbooks/host.yml with its default variables", align="left")
+    console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
+    for number, step in enumerate(plan.provision, 1):
+        if not step["runs"]:
+            console.print(f"[dim]{number:2}. {step['step']}: skipped (when: {', '.join(step['when'])})[/]")
+            continue
+        console.print(f"[bold]{number:2}. {step['step']}[/] [dim](as {step['as']})[/]")
+        console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
     cost = plan.cost
     console.print(Panel(Group(
         f"{cost.machine_type}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} per chip-hour "

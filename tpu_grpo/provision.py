@@ -26,8 +26,9 @@ import yaml
 from tpu_grpo import hosts as hosts_module
 from tpu_grpo import settings
 
-PLAYBOOK = Path("playbooks") / "host.yml"
-LOCK = Path("playbooks") / "host.lock.txt"
+PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
+PLAYBOOK = PLAYBOOKS / "host.yml"
+LOCK = PLAYBOOKS / "host.lock.txt"
 STEP_KEYS = {"name", "tags", "when", "become", "network", "progress", "check", "run", "secret"}
 VAR_KEYS = {"default", "help", "pattern", "choices"}
 PLAYBOOK_KEYS = {"prelude", "vars", "steps"}
@@ -121,7 +122,7 @@ SECRET_SOURCES = {"hf_token": "the Hugging Face token (env HF_TOKEN, or the loca
 
 def load(path: Path | None = None) -> Playbook:
     """Read and validate a playbook; any problem is a PlaybookError naming the file, line and step."""
-    path = Path(path or settings.project_root() / PLAYBOOK)
+    path = Path(path or PLAYBOOK)
     try:
         document = yaml.load(path.read_text(), Loader=_LineLoader)
     except OSError as error:
@@ -592,7 +593,7 @@ class LiveView:
                 self.running[host] = (*self.running[host][:2], payload)
             elif kind == "done":
                 self.running.pop(host, None)
-                self.console.print(_step_line(host, payload, self.check_mode))
+                self.console.print(_step_line(host, payload, self.check_mode), soft_wrap=True)
 
 
 def _step_line(host: str, result: StepResult, check_mode: bool) -> str:
@@ -608,7 +609,7 @@ def print_summary(report: Report, console) -> None:
 
     for host in report.hosts:
         for notice in host.notices:
-            console.print(f"note: {escape(notice)}")
+            console.print(f"note: {escape(notice)}", soft_wrap=True)
         for result in host.steps:
             if result.status == "failed" or (report.check_mode and result.output):
                 heading = f"{host.host}: '{result.step}'" + (f" exit code {result.exit_code}" if result.exit_code else "")

@@ -1,0 +1,270 @@
+"""The playbook engine without a host: validation, variables, the tutorial's command lines, the
+one-round-trip check script (run by a real bash), the extra-deps check (run by a real Python)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import tpu_host
+from tests.conftest import ROOT, TUTORIAL
+from tpu_grpo import provision
+from tpu_grpo.provision import PlaybookError
+
+BOOK = provision.load()
+DEFAULTS = provision.resolve(BOOK)
+
+
+def step(name: str) -> provision.Step:
+    return next(step for step in BOOK.steps if step.name == name)
+
+
+def rendered_run(name: str, values: dict = DEFAULTS) -> str:
+    return provision.render(step(name).run, values).strip()
+
+
+# ---------------------------------------------------------------- the tutorial's section 3, exactly
+
+TUTORIAL_LINES = {
+    # step: (the tutorial's line, what the default variables render, why they differ)
+    "apt update and upgrade": ("sudo apt update && sudo apt upgrade -y --fix-missing",
+                               "apt-get -o DPkg::Lock::Timeout=900 -o Dpkg::Options::=--force-confdef "
+                               "-o Dpkg::Options::=--force-confold upgrade -y --fix-missing"),  # no dialogs, waits for the lock
+    "build tools": ("sudo apt install -y build-essential cmake ninja-build",
+                    "apt-get -o DPkg::Lock::Timeout=900 install -y build-essential cmake ninja-build"),
+    "uv (installer)": ("curl -LsSf https://astral.sh/uv/install.sh | sh",
+                       "curl -LsSf https://astral.sh/uv/0.13.9/install.sh | sh"),  # pinned
+    "Python": ("uv python install 3.12", "uv python install 3.12"),
+    "venv": ("uv venv --python 3.12 --seed maxtext_venv",
+             "UV_VENV_CLEAR=1 uv venv --python 3.12 --seed ~/maxtext_venv"),  # runs only when the venv is wrong
+    "MaxText": ('UV_TORCH_BACKEND=cpu uv pip install "maxtext[tpu-post-train]==0.2.3" --resolution=lowest',
+                'UV_TORCH_BACKEND=cpu uv pip install "maxtext[tpu-post-train]==0.2.3" --resolution=lowest'),
+    "MaxText post-training extra deps": ("install_tpu_post_train_extra_deps", "install_tpu_post_train_extra_deps"),
+}
+
+
+@pytest.mark.parametrize("name", TUTORIAL_LINES)
+def test_default_variables_render_the_tutorials_commands(name):
+    tutorial_line, ours = TUTORIAL_LINES[name]
+    assert tutorial_line in TUTORIAL.read_text()
+    assert ours in rendered_run(name).splitlines()
+
+
+def test_the_venv_is_activated_as_in_the_tutorial_before_installing():
+    for name in ("MaxText", "MaxText post-training extra deps"):
+        assert rendered_run(name).splitlines()[0] == "source ~/maxtext_venv/bin/activate"
+    assert "source maxtext_venv/bin/activate" in TUTORIAL.read_text()
+
+
+def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
+    assert [s.name for s in BOOK.steps] == [
+        "apt update and upgrade", "build tools", "data disk", "caches on the data disk", "Hugging Face token",
+        "uv (installer)", "uv (pip)", "Python", "venv", "MaxText", "MaxText post-training extra deps",
+        "packages exactly as the lock"]
+
+
+def test_defaults_are_the_tutorials_and_the_infra_data_disk():
+    assert {name: DEFAULTS[name] for name in ("apt_upgrade", "uv_source", "python_version", "venv", "maxtext_spec",
+                                              "extra_deps")} == {
+        "apt_upgrade": True, "uv_source": "installer", "python_version": "3.12", "venv": "~/maxtext_venv",
+        "maxtext_spec": "maxtext[tpu-post-train]==0.2.3", "extra_deps": True}
+    assert DEFAULTS["data_device"] == tpu_host.DATA_DISK_DEVICE
+
+
+def test_apt_never_asks_and_waits_for_the_dpkg_lock():
+    for name in ("apt update and upgrade", "build tools"):
+        script = rendered_run(name)
+        assert "export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a" in script
+        assert all("DPkg::Lock::Timeout=900" in line for line in script.splitlines() if line.startswith("apt-get"))
+        assert "waiting up to 900 s for the dpkg lock" in script
+        assert step(name).become and step(name).network
+
+
+def test_when_conditions_pick_the_steps():
+    chosen = provision.resolve(BOOK, ["uv_source=pip", "apt_upgrade=false", "extra_deps=false", "data_device="])
+    runs = {s.name for s in BOOK.steps if provision.applies(s, chosen)}
+    assert runs == {"build tools", "Hugging Face token", "uv (pip)", "Python", "venv", "MaxText"}
+    assert {s.name for s in BOOK.steps if provision.applies(s, DEFAULTS)} == {
+        s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock"}
+
+
+def test_tags_select_steps_and_an_unknown_tag_is_refused():
+    assert [s.name for s in provision.selected(BOOK, ["uv"])] == ["uv (installer)", "uv (pip)"]
+    with pytest.raises(PlaybookError, match=r"--tags 'gpu' matches no step; fix: one of apt, disk"):
+        provision.selected(BOOK, ["gpu"])
+
+
+# ---------------------------------------------------------------- bad input: one line naming where and the fix
+
+BAD_OVERRIDES = [
+    ("apt_upgrade=yes", "--var apt_upgrade: apt_upgrade='yes' is not a boolean; fix: apt_upgrade=true or apt_upgrade=false"),
+    ("apt_lock_timeout=soon", "--var apt_lock_timeout: apt_lock_timeout='soon' is not a whole number; fix: e.g. apt_lock_timeout=900"),
+    ("uv_source=brew", "--var uv_source: uv_source='brew' is not one of installer, pip; fix: uv_source=installer"),
+    ("python_version=3.12; rm -rf ~", "--var python_version: python_version='3.12; rm -rf ~' does not match"),
+    ("maxtext_spec=maxtext", "--var maxtext_spec: maxtext_spec='maxtext' does not match"),
+    ("venv=$(reboot)", "--var venv: venv='$(reboot)' does not match"),
+    ("colour=blue", "--var 'colour=blue': unknown variable 'colour'; fix: one of apt_upgrade,"),
+    ("apt_upgrade", "--var 'apt_upgrade': not KEY=VALUE; fix: one of apt_upgrade,"),
+    ("locked=true", "--var 'locked=true': unknown variable 'locked'"),
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_OVERRIDES)
+def test_bad_var_is_one_clear_line(override, message):
+    with pytest.raises(PlaybookError) as error:
+        provision.resolve(BOOK, [override])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def write_book(tmp_path, text: str) -> Path:
+    path = tmp_path / "book.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GOOD_STEP = "  - name: hello\n    check: test -f ~/hello\n    run: touch ~/hello\n"
+BAD_BOOKS = [
+    ("vars: {}\nsteps:\n  - name: hello\n    check: test -f x\n    run: touch x\n    sudo: true\n",
+     ":3: step 'hello': unknown key 'sudo'; fix: use only become, check, name, network, progress, run, secret, tags, when"),
+    ("steps:\n  - name: hello\n    run: touch x\n", ":2: step 'hello': 'check' is missing; fix: give a bash test"),
+    ("steps:\n  - check: true\n    run: touch x\n", ":2: step 1 has no name; fix: add 'name: ...'"),
+    ("steps:\n  - name: hello\n    check: test -f {{ place }}\n    run: touch x\n",
+     ":2: step 'hello': unknown variable '{{ place }}'; fix: declare it under 'vars:'"),
+    ("steps:\n  - name: hello\n    when: [tuesday]\n    check: 'true'\n    run: 'true'\n",
+     ":2: step 'hello': condition 'tuesday' is not 'VAR', 'not VAR' or 'VAR == VALUE'"),
+    ("steps:\n  - name: hello\n    become: yes please\n    check: 'true'\n    run: 'true'\n",
+     ":2: step 'hello': become='yes please' is not true or false"),
+    ("steps:\n  - name: hello\n    check: 'true'\n    run: [oops\n", ":5: not valid YAML"),
+    ("vars:\n  home: /root\nsteps:\n" + GOOD_STEP, ":2: variable 'home' needs a mapping with 'default'"),
+    ("vars:\n  port: {default: 22, range: 1-9}\nsteps:\n" + GOOD_STEP,
+     ":2: variable 'port': unknown key 'range'; fix: use only choices, default, help, pattern"),
+    ("steps:\n  - name: token\n    secret: {source: hf_token, dest: /etc/token}\n",
+     ":2: step 'token': secret dest '/etc/token' must be a plain path under the home directory"),
+    ("hosts: all\nsteps:\n" + GOOD_STEP, ":1: unknown key 'hosts'; fix: use only prelude, steps, vars"),
+    ("steps: []\n", ": no steps; fix: add a list under 'steps:'"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_BOOKS)
+def test_bad_playbook_names_file_line_and_step(tmp_path, text, message):
+    path = write_book(tmp_path, text)
+    with pytest.raises(PlaybookError) as error:
+        provision.load(path)
+    assert str(error.value).startswith(f"{path}{message}") and "\n" not in str(error.value)
+
+
+def test_bad_var_through_the_cli_exits_2_before_connecting():
+    done = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", "nobody@192.0.2.1",
+                           "--var", "uv_source=brew"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("error: --var uv_source: uv_source='brew' is not one of installer, pip; "
+                                   "fix: uv_source=installer")
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--host", "203.0.113.7"], "error: --host '203.0.113.7' is not USER@ADDRESS[:PORT]"),
+    (["--host", "ubuntu@203.0.113.7", "--identity", "/no/such/key"], "error: --identity '/no/such/key' is not a file"),
+    (["--host", "ubuntu@203.0.113.7", "--tags", "gpu"], "error: --tags 'gpu' matches no step"),
+    (["--host", "ubuntu@203.0.113.7", "--locked", "--lock", "/no/such.lock"], "error: /no/such.lock: no lock file"),
+])
+def test_bad_hosts_tags_and_locks_are_one_line(argv, message):
+    done = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(message) and done.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------- the round trip and the checks, run for real
+
+
+def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
+    book = provision.load(write_book(tmp_path, """\
+        steps:
+          - name: passes
+            check: echo fine
+            run: 'true'
+          - name: fails with output
+            check: echo "it's not there" >&2; exit 3
+            run: 'true'
+          - name: skipped
+            when: [never]
+            check: exit 9
+            run: 'true'
+        vars:
+          never: {default: false}
+        """))
+    values = provision.resolve(book)
+    planned = [provision._Planned(book, s, values, {}) for s in book.steps]
+    done = subprocess.run(["bash", "-c", provision.gather_script(planned)], capture_output=True, text=True, cwd=tmp_path)
+    assert provision.parse_gathered(done.stdout) == {0: (0, "fine"), 1: (3, "it's not there")}
+
+
+def test_lock_lines_are_checked_before_they_reach_a_command(tmp_path):
+    lock = tmp_path / "host.lock.txt"
+    lock.write_text("# python: 3.12.1\n# uv: 0.13.9\nsix==1.16.0\nvllm @ git+https://github.com/vllm-project/vllm@2131b597\n")
+    parsed = provision.read_lock(lock)
+    assert (parsed.python, parsed.uv) == ("3.12.1", "0.13.9")
+    values = provision.resolve(BOOK, [], lock)
+    assert values["locked"] and values["python_version"] == "3.12.1" and values["uv_version"] == "0.13.9"
+    lock.write_text("six==1.16.0\nevil; rm -rf ~\n")
+    with pytest.raises(PlaybookError, match=r"host.lock.txt:2: 'evil; rm -rf ~' is not 'name==version'"):
+        provision.read_lock(lock)
+
+
+EXTRA_DEPS = """\
+google-tunix @ https://github.com/google/tunix/archive/683256db1a0919b5cfd46cee52cebc96331494fb.zip
+tpu-inference @ https://github.com/vllm-project/tpu-inference/archive/4d08971683a64fd796a1b9fd0bb71128188882d5.zip
+vllm @ git+https://github.com/vllm-project/vllm@2131b597b18d051dced4c4a605d362fa37f46ed1
+"""  # dependencies/extra_deps/post_train_github_deps.txt of the maxtext 0.2.3 wheel
+
+
+def fake_installed(site: Path, name: str, url: str) -> None:
+    info = site / f"{name.replace('-', '_')}-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": url}))
+
+
+def test_extra_deps_check_reads_the_pinned_commits_from_the_installed_maxtext(tmp_path):
+    folder = tmp_path / "venv"
+    venv.create(folder)
+    site = next(folder.glob("lib/python*/site-packages"))
+    (site / "dependencies" / "extra_deps").mkdir(parents=True)
+    (site / "dependencies" / "__init__.py").write_text("")
+    (site / "dependencies" / "extra_deps" / "__init__.py").write_text("")
+    (site / "dependencies" / "extra_deps" / "post_train_github_deps.txt").write_text(EXTRA_DEPS)
+    check = provision.render(step("MaxText post-training extra deps").check, {**DEFAULTS, "venv": str(folder)})
+    first = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert first.returncode == 1 and "google-tunix is not installed at commit 683256db" in first.stderr
+    for line in EXTRA_DEPS.splitlines():
+        name, url = line.split(" @ ")
+        fake_installed(site, name, url)
+    assert subprocess.run(["bash", "-c", check], capture_output=True, text=True).returncode == 0
+    (site / "vllm-0.0.0.dist-info" / "direct_url.json").write_text(json.dumps({"url": "git+https://x/vllm@0000"}))
+    stale = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert stale.returncode == 1 and "vllm is not installed at commit 2131b597" in stale.stderr
+
+
+def test_the_local_token_comes_from_env_then_the_hf_token_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert provision.local_secret("hf_token") is None
+    (tmp_path / "token").write_text("hf_fromfile\n")
+    assert provision.local_secret("hf_token") == "hf_fromfile"
+    monkeypatch.setenv("HF_TOKEN", "hf_fromenv")
+    assert provision.local_secret("hf_token") == "hf_fromenv"
+
+
+def test_every_variable_has_help_and_a_valid_default():
+    document = yaml.safe_load(provision.PLAYBOOK.read_text())
+    for name, spec in document["vars"].items():
+        assert spec.get("help"), name
+        assert provision.resolve(BOOK, [f"{name}={str(spec['default']).lower()}"])[name] == spec["default"]
