@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -118,3 +119,53 @@ def test_freeze_then_locked_rebuild_reports_and_repairs_drift(converged, tmp_pat
     assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
     again = host.invoke("provision", "--locked", "--lock", str(lock), "--json")
     assert set(statuses(again).values()) == {"ok", "skipped"}
+
+
+STOPPING_BOOK = """\
+steps:
+  - name: first
+    check: test -f ~/first
+    run: touch ~/first
+  - name: second
+    check: test -f ~/second
+    run: |
+      echo "line one of the failure"
+      test -f ~/allowed || { echo "not allowed yet" >&2; exit 7; }
+      touch ~/second
+  - name: third
+    check: test -f ~/third
+    run: touch ~/third
+"""
+
+
+def test_a_failed_step_stops_the_host_shows_why_and_a_rerun_continues(make_host, tmp_path):
+    host = make_host()
+    book = tmp_path / "book.yml"
+    book.write_text(STOPPING_BOOK)
+    failed = host.invoke("provision", "--playbook", str(book), vars=False)
+    assert failed.returncode == 1
+    assert f"{host.spec}: 'second' failed with exit code 7\n" in failed.stdout
+    assert "    line one of the failure\n    not allowed yet\n" in failed.stdout
+    assert re.search(r"skipped +third  \(not run: 'second' failed\)", failed.stdout)
+    assert "1 changed, 1 failed, 1 skipped" in failed.stdout and "FAILED" in failed.stdout
+    assert not (host.user.home / "third").exists()
+    (host.user.home / "allowed").touch()
+    resumed = host.invoke("provision", "--playbook", str(book), "--json", vars=False)
+    assert resumed.returncode == 0
+    assert statuses(resumed) == {"first": "ok", "second": "changed", "third": "changed"}
+
+
+def test_network_steps_retry_with_backoff(make_host, tmp_path, monkeypatch):
+    from tpu_grpo import hosts, provision
+
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    book = tmp_path / "book.yml"
+    book.write_text("steps:\n  - name: flaky download\n    network: true\n    check: test -f ~/got\n    run: |\n"
+                    "      echo attempt >> ~/tries\n      [ $(wc -l < ~/tries) -ge 2 ] || exit 75\n      touch ~/got\n")
+    events = []
+    report = provision.apply(provision.load(book), {}, [hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)],
+                             retry_delays=(0.1, 0.1), on_event=lambda *event: events.append(event))
+    assert [(r.step, r.status) for r in report.hosts[0].steps] == [("flaky download", "changed")]
+    assert (host.user.home / "tries").read_text() == "attempt\nattempt\n"
+    assert ("output", host.spec, "flaky download", "attempt 2 of 3 in 0.1 s") in events

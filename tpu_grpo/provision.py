@@ -39,6 +39,7 @@ _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}")
 _CONDITION = re.compile(r"^(?:(?P<negate>not\s+)?(?P<flag>[A-Za-z_]\w*)|(?P<name>[A-Za-z_]\w*)\s*==\s*(?P<value>\S+))$")
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+| @ [A-Za-z0-9+:/._@#=&%~-]+)$")
 _MARK = "@@tpu-grpo-check"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
 
 
 class PlaybookError(Exception):
@@ -424,9 +425,9 @@ class _Stream:
         self.report, self.partial, self.lines = report, "", []
 
     def write(self, text: str) -> None:
-        self.partial += text
+        self.partial += _ANSI.sub("", text)
         *complete, self.partial = re.split(r"[\r\n]", self.partial)
-        for line in filter(None, complete):
+        for line in filter(None, (" ".join(line.split()) for line in complete)):
             self.lines = (self.lines + [line])[-OUTPUT_TAIL_LINES:]
             if self.report:
                 self.report(line)
@@ -514,6 +515,9 @@ def _apply_host(connection, report: HostReport, planned: list[_Planned], checks:
         changed_something = True
         notify("done", report.host, name, result)
         if result.status == "failed":
+            for rest in planned[planned.index(item) + 1:]:
+                report.steps.append(StepResult(rest.step.name, "skipped", note=f"not run: '{name}' failed"))
+                notify("done", report.host, rest.step.name, report.steps[-1])
             return
 
 
@@ -528,7 +532,9 @@ def _make_right(connection, item: _Planned, on_line: Callable[[str], None], retr
                 on_line(f"attempt {attempt + 1} of {len(attempts)} in {delay} s")
                 time.sleep(delay)
             stream = _Stream(on_line if item.step.progress else None)
-            result = connection.run(item.run, warn=True, hide=False, out_stream=stream, err_stream=stream)
+            # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
+            result = connection.run(item.run, warn=True, hide=False, pty=item.step.progress,
+                                    out_stream=stream, err_stream=stream)
             if result.exited == 0:
                 break
         else:
@@ -612,8 +618,10 @@ def print_summary(report: Report, console) -> None:
             console.print(f"note: {escape(notice)}", soft_wrap=True)
         for result in host.steps:
             if result.status == "failed" or (report.check_mode and result.output):
-                heading = f"{host.host}: '{result.step}'" + (f" exit code {result.exit_code}" if result.exit_code else "")
-                console.print(f"[bold]{escape(heading)}[/]: {escape(result.note)}")
+                verb = "would change" if report.check_mode else "failed"
+                heading = f"{host.host}: '{result.step}' {verb}" + (f" with exit code {result.exit_code}" if result.exit_code else "")
+                note = "" if result.note in {f"exit code {result.exit_code}", "would change"} else f": {result.note}"
+                console.print(f"[bold]{escape(heading)}[/]{escape(note)}", soft_wrap=True)
                 for line in result.output.splitlines()[-OUTPUT_TAIL_LINES:]:
                     console.print(f"    {escape(line)}", soft_wrap=True)
     for host in report.hosts:
