@@ -6,6 +6,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 
 import pytest
 
@@ -51,6 +52,7 @@ def test_first_run_makes_every_step_right(converged):
     token = home / ".cache/huggingface/token"
     assert token.read_text() == TEST_TOKEN and stat.S_IMODE(token.stat().st_mode) == 0o600
     assert os.path.realpath(token).startswith(mount)
+    assert f"Starting session: subsystem 'sftp' for {host.user.name} " in host.sshd.log.read_text()  # how the token went
     assert host.run_as_user("~/.local/bin/uv --version").stdout.split()[1] == "0.13.9"
     venv_python = host.run_as_user("~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'")
     assert venv_python.stdout.strip() == "(3, 12) 1.16.0"
@@ -60,10 +62,12 @@ def test_first_run_makes_every_step_right(converged):
 def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(converged):
     host, _ = converged
     connections, commands = host.sshd.accepted(host.user.name), len(host.user.commands())
+    sftp_sessions = host.sshd.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ")
     again = host.invoke("provision", "--json")
     assert again.returncode == 0, again.stderr
     assert set(statuses(again).values()) == {"ok", "skipped"}
     assert host.sshd.accepted(host.user.name) == connections + 1
+    assert host.sshd.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ") == sftp_sessions
     assert len(host.user.commands()) == commands + 1  # every check in one command
     text = host.invoke("provision")
     assert "0 changed, 0 failed" in text.stdout and text.returncode == 0
@@ -169,3 +173,26 @@ def test_network_steps_retry_with_backoff(make_host, tmp_path, monkeypatch):
     assert [(r.step, r.status) for r in report.hosts[0].steps] == [("flaky download", "changed")]
     assert (host.user.home / "tries").read_text() == "attempt\nattempt\n"
     assert ("output", host.spec, "flaky download", "attempt 2 of 3 in 0.1 s") in events
+
+
+def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
+    """A new boot disk (empty home, no mount, no fstab line) with the same data disk: nothing reformatted,
+    the uv cache it left is used instead of downloading again."""
+    from tests import sshd as harness
+
+    host, _ = converged
+    mount = host.disk.mount
+    (host.user.home / ".cache/uv").resolve().joinpath("marker").write_text("kept")
+    archives = sorted(os.listdir(f"{mount}/cache/uv/archive-v0"))
+    subprocess.run(["umount", mount], check=True)
+    harness.forget_mount(mount)
+    subprocess.run(["find", str(host.user.home), "-mindepth", "1", "-delete"], check=True)
+
+    rebuilt = host.invoke("provision", "--json")
+    assert rebuilt.returncode == 0, rebuilt.stdout
+    changed = {name for name, status in statuses(rebuilt).items() if status == "changed"}
+    assert {"data disk", "caches on the data disk", "venv", "MaxText"} <= changed
+    assert statuses(rebuilt)["Hugging Face token"] == "ok"  # it lives on the data disk too
+    assert (host.user.home / ".cache/uv/marker").read_text() == "kept"
+    assert sorted(os.listdir(f"{mount}/cache/uv/archive-v0")) == archives
+    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
