@@ -400,13 +400,14 @@ class _Planned:
 
 
 def gather_script(planned: list[_Planned]) -> str:
-    """One remote script running every check, printing each exit code and the end of its output."""
+    """One remote script running every check at once (they only read), printing each exit code and
+    the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix)."""
     lines = ['_check() { out=$(eval "$2" 2>&1 </dev/null); code=$?; '
              f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$(printf %s "$out" | tail -c 2000 | base64 -w0)"; }}']
     for item in planned:
         if not item.skip:
-            lines.append(f"_check {item.step.index} {shlex.quote(item.check)}")
-    return "\n".join(lines)
+            lines.append(f"_check {item.step.index} {shlex.quote(item.check)} &")
+    return "\n".join(lines + ["wait"])
 
 
 def parse_gathered(stdout: str) -> dict[int, tuple[int, str]]:
