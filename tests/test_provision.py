@@ -201,7 +201,7 @@ def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_pa
           never: {default: false}
         """))
     values = provision.resolve(book)
-    planned = [provision._Planned(book, s, values, {}) for s in book.steps]
+    planned = provision.plan(book, values)
     done = subprocess.run(["bash", "-c", provision.gather_script(planned)], capture_output=True, text=True, cwd=tmp_path)
     assert provision.parse_gathered(done.stdout) == {0: (0, "fine"), 1: (3, "it's not there")}
 

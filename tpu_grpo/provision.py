@@ -371,7 +371,7 @@ class Report:
 Event = Callable[[str, str, str, Any], None]  # (kind, host, step, payload): start | output | done
 
 
-class _Planned:
+class Planned:
     """One step as it will run on the hosts: its rendered scripts, or why it is skipped."""
 
     def __init__(self, book: Playbook, step: Step, values: dict, secrets: dict):
@@ -399,7 +399,14 @@ class _Planned:
         return ("sudo -n bash -c " if self.step.become else "bash -c ") + shlex.quote(body)
 
 
-def gather_script(planned: list[_Planned]) -> str:
+def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Planned]:
+    """Each selected step as it would run now: its exact check and run command lines, or why it is skipped."""
+    sources = {step.secret["source"] for step in book.steps if step.secret}
+    secrets = {source: local_secret(source) for source in sources}
+    return [Planned(book, step, values, secrets) for step in selected(book, tags)]
+
+
+def gather_script(planned: list[Planned]) -> str:
     """One remote script running every check at once (they only read), printing each exit code and
     the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix)."""
     lines = ['_check() { out=$(eval "$2" 2>&1 </dev/null); code=$?; '
@@ -445,8 +452,7 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
     from fabric.exceptions import GroupException
 
     notify = on_event or (lambda *args: None)
-    secrets = {source: local_secret(source) for source in {s.secret["source"] for s in book.steps if s.secret}}
-    planned = [_Planned(book, step, values, secrets) for step in selected(book, tags)]
+    planned = plan(book, values, tags)
     reports = {host.name: HostReport(host.name) for host in targets}
 
     def open_one(host):
@@ -483,7 +489,7 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
     return Report(str(book.path), check_mode, [reports[host.name] for host in targets])
 
 
-def _apply_host(connection, report: HostReport, planned: list[_Planned], checks: dict, check_mode: bool,
+def _apply_host(connection, report: HostReport, planned: list[Planned], checks: dict, check_mode: bool,
                 notify: Event, retry_delays: tuple) -> None:
     changed_something = False
     for item in planned:
@@ -522,7 +528,7 @@ def _apply_host(connection, report: HostReport, planned: list[_Planned], checks:
             return
 
 
-def _make_right(connection, item: _Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:
+def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:
     name = item.step.name
     if item.step.secret:
         _copy_secret(connection, item.step.secret["dest"], item.secret_value)
