@@ -112,11 +112,11 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
         chosen_tags = [tag for item in tags or [] for tag in item.split(",") if tag]
         engine.selected(book, chosen_tags)
         targets = hosts.resolve(host or [], identity, stack)
-    console = _console()
     if json_:
         report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags)
         print(json.dumps(report.to_json(), indent=2))
     else:
+        console = _console()
         verb = "checking" if check else "provisioning"
         console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
                       + (" (locked)" if locked else ""))

@@ -101,8 +101,9 @@ class TestHost:
     @property
     def vars(self) -> list[str]:
         """What this machine allows: no apt upgrade, uv from PyPI, a small real package for MaxText."""
-        return ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false",
-                f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
+        from tests.sshd import TEST_VARS
+
+        return [*TEST_VARS, f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
 
     def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
         """Run `invoke TASK --host ... --identity ...` for real, as a user would."""

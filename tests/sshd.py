@@ -23,6 +23,9 @@ SSHD = "/usr/sbin/sshd"
 SUDOERS = Path("/etc/sudoers.d/tpu-grpo-tests")
 LOGIN_SHELL = Path("/usr/local/bin/tpu-grpo-test-shell")
 COMMAND_LOG_DIR = Path("/var/tmp/tpu-grpo-test-commands")
+#: playbooks/host.yml variables for what this machine allows: no apt upgrade, uv from PyPI, and a
+#: small real package in place of MaxText (whose install needs the PyTorch index and GitHub).
+TEST_VARS = ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false"]
 
 
 def python312_bin() -> str:

@@ -268,3 +268,17 @@ def test_every_variable_has_help_and_a_valid_default():
     for name, spec in document["vars"].items():
         assert spec.get("help"), name
         assert provision.resolve(BOOK, [f"{name}={str(spec['default']).lower()}"])[name] == spec["default"]
+
+
+def test_maxtext_check_reads_the_installed_version_from_its_dist_info(tmp_path):
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    check = provision.render(step("MaxText").check, {**DEFAULTS, "venv": str(tmp_path / "venv")})
+    missing = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stdout == "maxtext (none) installed, 0.2.3 wanted\n"
+    (site / "maxtext-0.2.2.dist-info").mkdir()
+    (site / "maxtext_vllm-0.2.3.dist-info").mkdir()  # another package whose name only starts alike
+    older = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert older.returncode == 1 and older.stdout == "maxtext 0.2.2 installed, 0.2.3 wanted\n"
+    (site / "maxtext-0.2.2.dist-info").rename(site / "maxtext-0.2.3.dist-info")
+    assert subprocess.run(["bash", "-c", check], capture_output=True, text=True).returncode == 0

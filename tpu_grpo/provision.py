@@ -308,7 +308,7 @@ def read_lock(path: Path) -> Lock:
 def freeze(connection, book: Playbook, values: dict, source: str) -> str:
     """The host's exact environment as a lock: Python, uv and every package of the venv."""
     venv = values["venv"]
-    script = (f'{book.prelude.rstrip()}\n'
+    script = (f'{render(book.prelude, values).rstrip()}\n'
               f'{venv}/bin/python -c "import sys; print(sys.version.split()[0])"\n'
               f'uv --version | cut -d" " -f2\n'
               f'uv pip freeze --python {venv}')
@@ -375,7 +375,7 @@ class Planned:
     """One step as it will run on the hosts: its rendered scripts, or why it is skipped."""
 
     def __init__(self, book: Playbook, step: Step, values: dict, secrets: dict):
-        self.step = step
+        self.step, self.values = step, values
         self.skip = ""
         self.secret_value = None
         if not applies(step, values):
@@ -391,11 +391,11 @@ class Planned:
             self.check, self.run = check, ""
         else:
             self.check = self._shell(book, render(step.check, values))
-            self.run = self._shell(book, render(step.run, values))
+            self.run = self._shell(book, render(step.run, values)) + " 2>&1"  # one stream, in the order written
 
     def _shell(self, book: Playbook, script: str) -> str:
         """The command line that runs a step's script: bash, as root through sudo when `become`."""
-        body = f"{book.prelude.rstrip()}\ncd\n{script}"
+        body = f"{render(book.prelude, self.values).rstrip()}\ncd\n{script}"
         return ("sudo -n bash -c " if self.step.become else "bash -c ") + shlex.quote(body)
 
 
@@ -444,6 +444,23 @@ class _Stream:
         pass
 
 
+class ConnectionLost(Exception):
+    """The SSH connection dropped under a command (Fabric reports that as exit code -1)."""
+
+
+def _run(connection, command: str, **kwargs):
+    """connection.run, but a dropped connection raises ConnectionLost instead of passing for exit
+    code -1, and is never reopened silently by Fabric (without keepalive) on the next call."""
+    if not connection.is_connected:
+        raise ConnectionLost("the connection had dropped")
+    result = connection.run(command, **kwargs)
+    if result.exited == -1:  # no exit status: the transport died, or a signal killed the command
+        connection.transport.join(1)  # the transport thread drops its channels just before it ends
+        if not connection.is_connected:
+            raise ConnectionLost("the connection dropped while the command ran")
+    return result
+
+
 def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, check_mode: bool = False,
           tags: list[str] | None = None, on_event: Event | None = None,
           retry_delays: tuple = RETRY_DELAYS_S) -> Report:
@@ -473,6 +490,9 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
         threads = []
         for host, connection in opened:
             result = gathered[connection]
+            if not isinstance(result, BaseException) and result.exited == -1:
+                connection.transport.join(1)
+                result = ConnectionLost("no exit status") if not connection.is_connected else result
             if isinstance(result, BaseException):
                 reports[host.name].error = f"{host.name}: connection lost while checking ({result or type(result).__name__})"
                 continue
@@ -500,7 +520,7 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
             continue
         code, output = checks.get(item.step.index, (1, "the check did not run"))
         if code != 0 and changed_something:  # an earlier step may have put this one in place (or let its check work)
-            code = connection.run(item.check, warn=True, hide=True).exited
+            code = _run(connection, item.check, warn=True, hide=True).exited
         if code == 0:
             report.steps.append(StepResult(name, "ok"))
             notify("done", report.host, name, report.steps[-1])
@@ -540,14 +560,14 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
                 time.sleep(delay)
             stream = _Stream(on_line if item.step.progress else None)
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
-            result = connection.run(item.run, warn=True, hide=False, pty=item.step.progress,
-                                    out_stream=stream, err_stream=stream)
+            result = _run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
+                          out_stream=stream, err_stream=stream)
             if result.exited == 0:
                 break
         else:
             return StepResult(name, "failed", note=f"exit code {result.exited}", exit_code=result.exited,
                               output="\n".join(stream.lines + [stream.partial] if stream.partial else stream.lines))
-    verify = connection.run(item.check, warn=True, hide=True)
+    verify = _run(connection, item.check, warn=True, hide=True)
     if verify.exited != 0:
         tail = (verify.stdout + verify.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:]
         return StepResult(name, "failed", note="it ran, but its check still fails", exit_code=verify.exited,
@@ -559,7 +579,7 @@ def _copy_secret(connection, dest: str, value: str) -> None:
     """Write the secret through SFTP into a 0600 file, then rename: never on a command line or in a log."""
     parent = os.path.dirname(dest)
     if parent:
-        connection.run(f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
+        _run(connection, f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
     sftp = connection.sftp()
     partial = f"{dest}.partial"
     with sftp.open(partial, "w") as handle:

@@ -1,0 +1,458 @@
+"""A no-op `invoke provision` against ansible-core doing the same checks, on one real sshd.
+
+    uv run python -m benchmarks.provision_noop [--runs N] [--json] [--no-bytecode-cache]   (as root)
+
+In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests' `sshd` and
+`make_host` fixtures: a fresh user with passwordless sudo, a loop device as the data disk):
+
+1. converge the host once with the real CLI, `invoke provision`, with the tests' variables;
+2. time N no-op re-provisions with the real CLI (a subprocess; the whole process's wall time),
+   each of which must report only ok/skipped;
+3. install ansible-core into a throwaway venv in a temp folder (never the project's
+   dependencies), generate from playbooks/host.yml a playbook with one `ansible.builtin.shell`
+   task per step the engine would not skip, running exactly the engine's rendered check
+   command line (`changed_when: false`), check that it succeeds (rc 0, failed=0, changed=0),
+   then time N runs with ansible's defaults (fact gathering on, OpenSSH with ControlMaster/
+   ControlPersist) and host keys checked against a known_hosts file. ansible's default
+   ControlPersist keeps an SSH master alive for 60 s between runs, so it is timed twice:
+   "cold" (a fresh master each run, like tpu-grpo's fresh connection; the goal is judged on
+   this one) and "warm" (each run reuses the previous run's master);
+4. both tools' local Python runs with a bytecode cache (in the temp folder), as on a user's
+   machine; this machine's PYTHONDONTWRITEBYTECODE=1 would recompile fabric/ansible every run
+   (`--no-bytecode-cache` keeps it);
+5. print median seconds, the ratio to tpu-grpo's median (the baseline), and the SSH
+   connections each tool opened per run (from the sshd log's "Accepted publickey for USER");
+6. remove everything it made, even on failure: user, mount, loop device, the /etc/fstab line
+   the data disk step added, the sshd, the mode of /root, the temp folder (with the ansible venv
+   and its SSH masters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_RATIO = 20.0  # the issue's goal: ansible-core at least this many times slower than tpu-grpo
+MADE_UP_TOKEN = "hf_" + "BenchMadeUpToken" + "q8Wd3Kx1Nv"  # never a real token
+MOUNT_BASE = Path("/mnt/tpu-grpo-bench")
+_RECAP = re.compile(r"^\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def say(message: str) -> None:
+    print(f"[provision_noop] {message}", file=sys.stderr, flush=True)
+
+
+def sh(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
+
+
+class BenchError(Exception):
+    """A benchmark that cannot be measured fairly: a run failed or did not report a no-op."""
+
+
+# ---------------------------------------------------------------- the test host (as in tests/conftest.py)
+
+
+@dataclass
+class Host:
+    sshd: object
+    user: object
+    disk: object
+    key: Path
+    state: Path
+    folder: Path
+    bytecode_cache: bool = True  # see python_env
+
+    @property
+    def spec(self) -> str:
+        return f"{self.user.name}@{self.sshd.address}:{self.sshd.port}"
+
+    @property
+    def vars(self) -> list[str]:
+        """The tests' variables: what this machine allows."""
+        from tests.sshd import TEST_VARS
+
+        return [*TEST_VARS, f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
+
+
+def _guarded(what: str, action, *args) -> None:
+    """A cleanup action that reports its failure instead of stopping the cleanups after it."""
+    try:
+        action(*args)
+    except Exception as error:  # noqa: BLE001 - keep cleaning up
+        say(f"cleanup: {what} failed: {error}")
+
+
+def make_host(stack: contextlib.ExitStack) -> Host:
+    """sshd on 127.0.0.1, a fresh user and a loop-device data disk; every undo registered on `stack`."""
+    from tests import sshd as harness
+
+    harness.python312_bin()  # fails early, with its message, on a machine without Python 3.12
+    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-bench-"))  # 0700 by default: sshd reads keys as the user
+    stack.callback(_guarded, f"remove {folder}", shutil.rmtree, folder)
+    folder.chmod(0o755)
+
+    keys = folder / "client"
+    keys.mkdir(mode=0o700)
+    key = keys / "id_ed25519"
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench@tpu-grpo", "-f", str(key))
+    authorized = folder / "authorized_keys"
+    authorized.write_text(Path(f"{key}.pub").read_text())
+
+    stack.enter_context(harness.root_home_traversable())
+
+    server = harness.Sshd(folder / "loopback", authorized)
+    stack.callback(_guarded, "stop sshd", server.stop)
+    server.start()
+    say(f"sshd on 127.0.0.1:{server.port} (log {server.log})")
+
+    disk = harness.LoopDisk(folder / "data.img")
+    stack.callback(_guarded, "detach the data disk", _detach, disk)
+    disk.attach()
+    user = harness.make_user("tgb")
+    stack.callback(_guarded, f"remove user {user.name}", harness.remove_user, user)  # runs before the detach
+    disk.mount = str(MOUNT_BASE / user.name)
+    stack.callback(_guarded, "remove the data disk's /etc/fstab line", harness.forget_mount, disk.mount)
+    say(f"user {user.name}, data disk {disk.device} for {disk.mount}")
+
+    state = folder / "state"
+    state.mkdir()
+    (state / "known_hosts").write_text(server.known_hosts_line)
+    return Host(server, user, disk, key, state, folder)
+
+
+def python_env(env: dict, bytecode_cache: bool) -> dict:
+    """The environment for a tool's local Python process: with a bytecode cache (__pycache__ next to
+    the sources, in each tool's own venv), as on a user's machine. This machine sets
+    PYTHONDONTWRITEBYTECODE=1 and uv installs without .pyc, so otherwise every run compiles fabric,
+    paramiko, invoke and rich (or ansible) from source again."""
+    if not bytecode_cache:
+        return env
+    return {name: value for name, value in env.items() if name != "PYTHONDONTWRITEBYTECODE"}
+
+
+def run_once(label: str, action, host: Host, problem) -> tuple[subprocess.CompletedProcess, float, int]:
+    """One run of a tool: (result, wall seconds, SSH connections it opened); `problem(result)` says
+    what is wrong with a run (None: nothing), and a wrong run stops the benchmark."""
+    before = host.sshd.accepted(host.user.name)
+    started = time.perf_counter()
+    result = action()
+    seconds = time.perf_counter() - started
+    why = problem(result)
+    if why is not None:
+        raise BenchError(f"{label}: {why}")
+    return result, seconds, host.sshd.accepted(host.user.name) - before
+
+
+def _detach(disk) -> None:
+    disk.detach()
+    if disk.mount:
+        for folder in (Path(disk.mount), MOUNT_BASE):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+# ---------------------------------------------------------------- tpu-grpo
+
+
+def invoke_provision(host: Host, timeout: int) -> subprocess.CompletedProcess:
+    """The real CLI, as a user runs it (and as TestHost.invoke does)."""
+    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", host.spec,
+            "--identity", str(host.key), "--json"]
+    for item in host.vars:
+        argv += ["--var", item]
+    env = python_env({**os.environ, "TPU_GRPO_STATE": str(host.state), "HF_TOKEN": MADE_UP_TOKEN, "COLUMNS": "200"},
+                     host.bytecode_cache)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def statuses(result: subprocess.CompletedProcess) -> dict[str, str]:
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return {}
+    return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
+
+
+def converge_problem(result: subprocess.CompletedProcess) -> str | None:
+    if result.returncode == 0:
+        return None
+    return (f"`invoke provision` exited {result.returncode}: {statuses(result) or 'no JSON report'}\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+
+def noop_problem(result: subprocess.CompletedProcess) -> str | None:
+    found = statuses(result)
+    if result.returncode == 0 and found and set(found.values()) <= {"ok", "skipped"}:
+        return None
+    changed = {step: status for step, status in found.items() if status not in {"ok", "skipped"}}
+    return (f"not a no-op (exit {result.returncode}): {changed or 'no JSON report'}\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+
+@dataclass
+class Timing:
+    tool: str
+    seconds: list[float] = field(default_factory=list)
+    connections: list[int] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def time_tpu_grpo(host: Host, runs: int) -> Timing:
+    timing = Timing("tpu-grpo (invoke provision)")
+    for number in range(runs):
+        result, seconds, connections = run_once(f"tpu-grpo run {number + 1}",
+                                                lambda: invoke_provision(host, timeout=300), host, noop_problem)
+        found = statuses(result)
+        timing.seconds.append(seconds)
+        timing.connections.append(connections)
+        say(f"tpu-grpo run {number + 1}/{runs}: {seconds:.2f} s, "
+            f"{sum(s == 'ok' for s in found.values())} ok, {sum(s == 'skipped' for s in found.values())} skipped")
+    return timing
+
+
+# ---------------------------------------------------------------- ansible-core
+
+
+class _Unsafe(str):
+    """Emitted as `!unsafe`: ansible must not template the check scripts (they are already rendered)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value), style="|"))
+
+
+def engine_checks(host: Host) -> list[tuple[str, str]]:
+    """(step name, the exact check command line) for each step the engine would not skip.
+
+    `_Planned` is the engine's private per-step plan; it is the only place that renders the
+    check command line (prelude, `cd`, sudo for `become`, the secret's hash comparison)."""
+    from tpu_grpo import provision as engine
+
+    book = engine.load(ROOT / engine.PLAYBOOK)
+    values = engine.resolve(book, host.vars)
+    os.environ["HF_TOKEN"] = MADE_UP_TOKEN
+    planned = engine.plan(book, values)
+    return [(item.step.name, item.check) for item in planned if not item.skip]
+
+
+def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]]) -> tuple[Path, Path]:
+    known_hosts = folder / "known_hosts"
+    known_hosts.write_text(host.sshd.known_hosts_line)
+    ssh_args = (f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
+                "-o IdentitiesOnly=yes")  # only --identity, as tpu-grpo (look_for_keys=False, no agent)
+    inventory = folder / "inventory.yml"
+    bench = {"ansible_host": host.sshd.address, "ansible_port": host.sshd.port, "ansible_user": host.user.name,
+             "ansible_ssh_private_key_file": str(host.key), "ansible_ssh_common_args": ssh_args}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"bench": bench}}}, sort_keys=False, width=1000))
+    tasks = [{"name": name,
+              # the engine evaluates every check in bash (gather_script's `eval`); the non-secret ones
+              # are `bash -c ...`/`sudo -n bash -c ...` command lines themselves
+              "ansible.builtin.shell": {"cmd": _Unsafe(command), "executable": "/bin/bash"},
+              "changed_when": False}
+             for name, command in checks]
+    playbook = folder / "host-checks.yml"
+    playbook.write_text("# generated by benchmarks/provision_noop.py from playbooks/host.yml: checks only\n"
+                        + yaml.dump([{"name": "tpu-grpo host.yml checks", "hosts": "bench", "tasks": tasks}],
+                                    Dumper=_Dumper, sort_keys=False, width=1000))
+    return inventory, playbook
+
+
+def install_ansible(folder: Path, spec: str) -> tuple[Path, str]:
+    """ansible-core in a throwaway venv under `folder` (Python 3.12: recent ansible-core needs it)."""
+    from tests.sshd import python312_bin
+
+    venv = folder / "venv"
+    sh("uv", "venv", "-q", "--python", str(Path(python312_bin()) / "python3.12"), str(venv))
+    sh("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), spec)
+    version = sh(str(venv / "bin" / "python"), "-c",
+                 "import ansible.release; print(ansible.release.__version__)").stdout.strip()
+    return venv, version
+
+
+@dataclass
+class Ansible:
+    venv: Path
+    folder: Path
+    inventory: Path
+    playbook: Path
+    tasks: int
+    bytecode_cache: bool = True
+    masters: list[Path] = field(default_factory=list)
+
+    def env(self, control_dir: Path) -> dict:
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("ANSIBLE_") and name not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+        return python_env({**env, "LC_ALL": "C.UTF-8", "ANSIBLE_HOME": str(self.folder / "ansible-home"),
+                           "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_NOCOLOR": "1",
+                           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir)}, self.bytecode_cache)
+
+    def run(self, control_dir: Path) -> subprocess.CompletedProcess:
+        self.masters.append(control_dir)
+        return subprocess.run([str(self.venv / "bin" / "ansible-playbook"), "-i", str(self.inventory),
+                               str(self.playbook)], capture_output=True, text=True,
+                              env=self.env(control_dir), cwd=self.folder, timeout=600)
+
+    def problem(self, result: subprocess.CompletedProcess) -> str | None:
+        """None when ansible-playbook passed every check: exit 0 and ok=tasks+1 changed=0 unreachable=0 failed=0."""
+        recap = _RECAP.findall(result.stdout)
+        wanted = (str(self.tasks + 1), "0", "0", "0")  # + "Gathering Facts"
+        if result.returncode == 0 and recap == [wanted]:
+            return None
+        failed, task = [], None
+        for line in result.stdout.splitlines():
+            task = line[6:line.rindex("]")] if line.startswith("TASK [") and "]" in line else task
+            failed += [task] if line.startswith("fatal: ") else []
+        return (f"ansible-playbook exit {result.returncode}, recap ok/changed/unreachable/failed {recap}, "
+                f"wanted {list(wanted)}{', failed task ' + repr(failed[-1]) if failed else ''}\n"
+                f"{result.stdout[-3000:]}{result.stderr[-2000:]}")
+
+    def close_masters(self, control_dir: Path) -> None:
+        """End the ControlPersist SSH masters ansible left in `control_dir`."""
+        if not control_dir.is_dir():
+            return
+        for socket_path in control_dir.iterdir():
+            subprocess.run(["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "bench"],
+                           capture_output=True, timeout=10)
+
+    def close_all(self) -> None:
+        for control_dir in dict.fromkeys(self.masters):
+            self.close_masters(control_dir)
+
+
+def time_ansible(host: Host, ansible: Ansible, label: str, runs: int, warm: bool) -> Timing:
+    timing = Timing(label)
+    shared = ansible.folder / "cp-warm"
+    if warm:  # one untimed run leaves the master that the timed runs reuse
+        run_once("ansible warm-up", lambda: ansible.run(shared), host, ansible.problem)
+    for number in range(runs):
+        control_dir = shared if warm else ansible.folder / f"cp-cold-{number}"
+        result, seconds, connections = run_once(f"{label} run {number + 1}", lambda: ansible.run(control_dir),
+                                                host, ansible.problem)
+        timing.connections.append(connections)
+        timing.seconds.append(seconds)
+        if not warm:
+            ansible.close_masters(control_dir)
+        say(f"{label} run {number + 1}/{runs}: {seconds:.2f} s")
+    if warm:
+        ansible.close_masters(shared)
+    return timing
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _on_signal(number, _frame):
+    raise SystemExit(128 + number)  # unwinds through the cleanups
+
+
+def measure(runs: int, ansible_spec: str, bytecode_cache: bool) -> dict:
+    with contextlib.ExitStack() as stack:
+        host = make_host(stack)
+        host.bytecode_cache = bytecode_cache
+        say("converging the host once with `invoke provision` (installs uv, a venv, six)")
+        started = time.perf_counter()
+        first = run_once("converging run", lambda: invoke_provision(host, timeout=1800), host, converge_problem)[0]
+        say(f"converged in {time.perf_counter() - started:.1f} s: {statuses(first)}")
+
+        tpu_grpo = time_tpu_grpo(host, runs)
+
+        checks = engine_checks(host)
+        ansible_folder = host.folder / "ansible"
+        ansible_folder.mkdir()
+        say(f"installing {ansible_spec} into a throwaway venv in {ansible_folder}")
+        venv, version = install_ansible(ansible_folder, ansible_spec)
+        inventory, playbook = write_ansible_project(host, ansible_folder, checks)
+        ansible = Ansible(venv, ansible_folder, inventory, playbook, len(checks), host.bytecode_cache)
+        stack.callback(_guarded, "close ansible's SSH masters", ansible.close_all)
+        say(f"ansible-core {version}: {len(checks)} check tasks ({', '.join(name for name, _ in checks)}); "
+            "verifying one run")
+        run_once("ansible check run", lambda: ansible.run(ansible_folder / "cp-verify"), host, ansible.problem)
+        ansible.close_masters(ansible_folder / "cp-verify")
+
+        cold = time_ansible(host, ansible, f"ansible-core {version} (defaults, new SSH master each run)", runs, False)
+        warm = time_ansible(host, ansible, f"ansible-core {version} (defaults, master kept by ControlPersist)",
+                            runs, True)
+        rows = []
+        for timing in (tpu_grpo, cold, warm):
+            rows.append({"tool": timing.tool, "median_s": round(timing.median, 3),
+                         "runs_s": [round(seconds, 3) for seconds in timing.seconds],
+                         "ratio": round(timing.median / tpu_grpo.median, 2),
+                         "ssh_connections_per_run": timing.connections})
+        ratio = cold.median / tpu_grpo.median
+        return {"runs": runs, "ansible_core": version, "check_tasks": [name for name, _ in checks],
+                "python_bytecode_cache": bytecode_cache,
+                "tools": rows, "baseline": tpu_grpo.tool,
+                "goal": {"ansible_slower_by_at_least": GOAL_RATIO, "judged_on": cold.tool,
+                         "ratio": round(ratio, 2), "met": ratio >= GOAL_RATIO}}
+
+
+def print_table(result: dict) -> None:
+    rows = result["tools"]
+    width = max(len(row["tool"]) for row in rows)
+    print(f"no-op provisioning, {result['runs']} runs each, one sshd on 127.0.0.1, "
+          f"{len(result['check_tasks'])} checked steps, local Python bytecode cache "
+          f"{'on' if result['python_bytecode_cache'] else 'off (as this environment has it)'}")
+    print(f"{'tool':<{width}}  {'median s':>8}  {'ratio':>6}  ssh connections/run")
+    for row in rows:
+        connections = sorted(set(row["ssh_connections_per_run"]))
+        shown = str(connections[0]) if len(connections) == 1 else "/".join(map(str, row["ssh_connections_per_run"]))
+        print(f"{row['tool']:<{width}}  {row['median_s']:>8.2f}  {row['ratio']:>5.1f}x  {shown}")
+    goal = result["goal"]
+    print(f"goal (ansible >= {goal['ansible_slower_by_at_least']:.0f}x slower than tpu-grpo, new SSH master each run): "
+          f"{'met' if goal['met'] else 'NOT met'} ({goal['ratio']:.1f}x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.provision_noop", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="timed no-op runs per tool (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="keep the environment's PYTHONDONTWRITEBYTECODE: both tools recompile their "
+                             "Python each run (default: a bytecode cache, as on a user's machine)")
+    parser.add_argument("--ansible-spec", default="ansible-core", help="what to install (default: ansible-core)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if os.geteuid() != 0:
+        print("error: needs root (it adds a user, sudo rights, a loop device and a mount); "
+              "fix: run it as root", file=sys.stderr)
+        return 2
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, _on_signal)
+    try:
+        result = measure(args.runs, args.ansible_spec, not args.no_bytecode_cache)
+    except (BenchError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        detail = getattr(error, "stderr", None)
+        print(f"error: {error}" + (f"\n{detail}" if isinstance(detail, str) and detail else ""), file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

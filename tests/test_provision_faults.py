@@ -1,0 +1,407 @@
+"""Provisioning under faults, against real sshd processes: a connection killed in the middle of
+each step, a host cut off while another is provisioned beside it, and host keys that change.
+
+What must hold: the run names the host and step it lost, and the next run picks up from the
+host's real state and converges; one host's failure never stops the other's provisioning.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from tests import sshd as harness
+from tests.conftest import ROOT, TEST_TOKEN
+from tpu_grpo import hosts, provision
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts, namespaces)")
+
+# Every step of playbooks/host.yml that changes a fresh test host, and the program its `run`
+# starts there (how its command line begins, and words in it): the kill waits until that
+# program runs, so it lands in the middle of the step's work, not before the script starts.
+KILL_POINTS = {
+    "build tools": ("apt-get ", "install -y build-essential"),  # as root, under the user's sudo
+    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo
+    "caches on the data disk": ("cp ", "-a"),  # moving an existing cache onto the disk
+    "Hugging Face token": ("sshd: ", "@internal-sftp"),  # the SFTP session that carries the token
+    "uv (pip)": ("python3 ", "-m pip install --user"),
+    "venv": ("uv ", "venv --python"),
+    "MaxText": ("uv ", "pip install"),
+}
+# Steps whose work may still complete after the kill: sudo's command runs on as root (as it
+# would after a dead link), and the token's SFTP copy takes milliseconds. The rest must be redone.
+MAY_FINISH = {"build tools", "data disk", "Hugging Face token"}
+ALREADY_RIGHT = {"Python"}  # the test hosts find this machine's Python 3.12 on PATH
+CACHED_FILES = 1500  # an existing Hugging Face cache, so that moving it takes a while
+
+
+def statuses(report: dict, host: int = 0) -> dict[str, str]:
+    return {step["step"]: step["status"] for step in report["hosts"][host]["steps"]}
+
+
+def _uids_and_parent(pid: int) -> tuple[int, int, int]:
+    """(real uid, effective uid, parent pid) of a process."""
+    with open(f"/proc/{pid}/status") as handle:
+        fields = {key: value.split() for key, _, value in (line.partition(":") for line in handle)}
+    return int(fields["Uid"][0]), int(fields["Uid"][1]), int(fields["PPid"][0])
+
+
+def _runs_for(uid: int, pid: int) -> bool:
+    """Whether the process or an ancestor runs as the user (sudo keeps the user's real uid)."""
+    while pid > 1:
+        real, effective, pid = _uids_and_parent(pid)
+        if uid in (real, effective):
+            return True
+    return False
+
+
+def programs_running(user: str, prefix: str, words: str) -> list[tuple[int, int, str]]:
+    """(pid, effective uid, command line) of the programs run for the user, its sudo's included,
+    whose command line starts with `prefix` and holds `words`."""
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            if command.startswith(prefix) and words in command and _runs_for(uid, int(entry.name)):
+                found.append((int(entry.name), _uids_and_parent(int(entry.name))[1], command))
+        except (OSError, KeyError, IndexError, ValueError):  # the process ended while being read
+            continue
+    return found
+
+
+def wait_for_sudo_to_end(user: str, timeout_s: float = 120) -> None:
+    """A dead link leaves sudo's command running on the host; the next run comes once it has ended."""
+    uid = pwd.getpwnam(user).pw_uid
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = []
+        for entry in os.scandir("/proc"):
+            try:
+                if entry.name.isdigit() and _uids_and_parent(int(entry.name))[0] == uid:
+                    running.append(int(entry.name))
+            except (OSError, KeyError, IndexError, ValueError):
+                continue
+        if not running:
+            return
+        assert time.monotonic() < deadline, f"the user's processes {running} still run {timeout_s} s after the kill"
+        time.sleep(0.1)
+
+
+class KillWhileRunning:
+    """Drops the user's SSH connection server-side (the user's processes, its sshd included) as soon
+    as the step's program runs; a program of the user's own is stopped first, so it cannot finish
+    between being seen and being killed."""
+
+    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], wait_s: float = 60):
+        self.sshd, self.user, self.program, self.wait_s = sshd, user, program, wait_s
+        self.uid = pwd.getpwnam(user).pw_uid
+        self.landed_on: str | None = None
+        self.step_done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread.ident is not None:
+            self.thread.join()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline and not self.step_done.is_set():
+            found = programs_running(self.user, *self.program)
+            if found:
+                for pid, effective, _ in found:
+                    if effective == self.uid:
+                        os.kill(pid, signal.SIGSTOP)
+                self.sshd.kill_sessions(self.user)
+                self.landed_on = found[0][2]
+                return
+            time.sleep(0.001)
+
+
+@pytest.fixture
+def without_ninja():
+    """Removes ninja-build with real apt so that 'build tools' has work to do; puts it back if a test did not."""
+    harness.sh("apt-get", "remove", "-y", "ninja-build", env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    yield
+    installed = harness.sh("dpkg-query", "-W", "-f=${Status}", "ninja-build", check=False).stdout
+    if installed != "install ok installed":
+        harness.sh("dpkg", "--configure", "-a", check=False)
+        harness.sh("apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "ninja-build",
+                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def test_every_step_that_changes_a_fresh_host_has_a_kill_point():
+    """Guards KILL_POINTS: a step added to host.yml gets a connection kill of its own."""
+    book = provision.load()
+    values = provision.resolve(book, [*harness.TEST_VARS, "data_device=/dev/loop7", "data_mount=/mnt/data"])
+    runs = {step.name for step in book.steps if provision.applies(step, values)}
+    assert runs == set(KILL_POINTS) | ALREADY_RIGHT
+
+
+@pytest.mark.parametrize("step", list(KILL_POINTS))
+def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, make_host, monkeypatch, request):
+    """A link that dies mid-step must end that host's run naming the step, and leave a host the next run finishes."""
+    host = make_host()
+    if step == "build tools":
+        request.getfixturevalue("without_ninja")
+    if step == "caches on the data disk":
+        host.run_as_user(f"mkdir -p ~/.cache/huggingface/hub && cd ~/.cache/huggingface/hub && "
+                         f"for i in $(seq {CACHED_FILES}); do echo $i > f$i; done")
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
+    user = host.user.name
+    target = hosts.Host(user, "127.0.0.1", host.sshd.port, host.key)
+    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step])
+
+    def on_event(kind, _host, name, _payload):
+        if kind == "start" and name == step:
+            killer.start()
+        elif kind == "done" and name == step:
+            killer.step_done.set()
+
+    book = provision.load()
+    report = provision.apply(book, provision.resolve(book, host.vars), [target], on_event=on_event,
+                             retry_delays=(0.1,))
+    killer.join()
+    wait_for_sudo_to_end(user)
+
+    assert killer.landed_on, f"'{step}' never ran a program like {KILL_POINTS[step]}"
+    lost = report.hosts[0]
+    assert report.failed
+    assert lost.error == f"{target.name}: connection lost during '{step}'", lost
+    names = [result.step for result in lost.steps]
+    killed = lost.steps[names.index(step)]
+    assert killed.status == "failed" and "connection lost" in killed.note and "re-run" in killed.note, killed
+    assert {result.status for result in lost.steps[names.index(step) + 1:]} <= {"skipped"}  # nothing ran after it
+
+    again = host.invoke("provision", "--json")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    # The kill stopped the step's own program before it finished: the re-run had the step's work to do.
+    assert statuses(json.loads(again.stdout))[step] in ({"changed", "ok"} if step in MAY_FINISH else {"changed"})
+    third = host.invoke("provision", "--json")
+    assert third.returncode == 0, third.stderr
+    assert set(statuses(json.loads(third.stdout)).values()) == {"ok", "skipped"}
+    six = host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'")
+    assert six.stdout.strip() == "1.16.0", six.stderr
+    if step == "caches on the data disk":  # the interrupted move lost nothing
+        moved = Path(host.disk.mount) / "cache/huggingface/hub"
+        assert len(list(moved.iterdir())) == CACHED_FILES and (moved / f"f{CACHED_FILES}").read_text() == f"{CACHED_FILES}\n"
+
+
+def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, without_ninja, monkeypatch):
+    """After boot unattended-upgrades holds the dpkg lock for minutes: 'build tools' must wait, not fail."""
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    lock = os.open("/var/lib/dpkg/lock-frontend", os.O_RDWR)
+    fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dpkg's own kind of lock, as apt would hold it
+    threading.Timer(3, os.close, [lock]).start()
+    book = provision.load()
+    report = provision.apply(book, provision.resolve(book, host.vars), [hosts.Host(host.user.name, "127.0.0.1",
+                             host.sshd.port, host.key)], tags=["apt"], retry_delays=())
+    build_tools = next(result for result in report.hosts[0].steps if result.step == "build tools")
+    assert (build_tools.status, build_tools.seconds > 3) == ("changed", True), build_tools
+    assert harness.sh("dpkg-query", "-W", "-f=${Status}", "ninja-build").stdout == "install ok installed"
+
+
+# ---------------------------------------------------------------- host keys
+
+
+def other_ed25519_key() -> str:
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode().split()[1]
+
+
+def test_changed_host_key_is_refused_before_logging_in(make_host):
+    """A host offering a key other than the recorded one may be an impostor: no login, and the fix is named."""
+    host = make_host()
+    name = f"[127.0.0.1]:{host.sshd.port}"
+    known_hosts = host.state / "known_hosts"
+    known_hosts.write_text(f"{name} ssh-ed25519 {other_ed25519_key()}\n")
+    result = host.invoke("provision")
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert "host key changed" in output
+    assert f"ssh-keygen -R '{name}' -f {known_hosts}" in output
+    assert host.sshd.accepted(host.user.name) == 0
+    assert host.user.commands() == []
+
+
+def test_first_contact_records_the_host_key_and_says_so(make_host):
+    """accept-new: the first connection trusts and records the key, tells the user, and later runs use it."""
+    host = make_host()
+    known_hosts = host.state / "known_hosts"
+    known_hosts.unlink()
+    first = host.invoke("provision", "--check", "--json")
+    assert first.returncode == 0, first.stderr
+    notices = json.loads(first.stdout)["hosts"][0]["notices"]
+    assert len(notices) == 1 and "first contact" in notices[0] and host.sshd.known_hosts_line.split()[0] in notices[0]
+    assert known_hosts.read_text() == host.sshd.known_hosts_line
+    second = host.invoke("provision", "--check", "--json")
+    assert second.returncode == 0 and json.loads(second.stdout)["hosts"][0]["notices"] == []
+    assert known_hosts.read_text() == host.sshd.known_hosts_line
+
+
+# ---------------------------------------------------------------- two hosts in network namespaces
+
+
+@dataclass
+class Bridge:
+    """A bridge with one network namespace per host on veth links (test-harness.md), reaching the
+    package registries through this machine (forwarding and masquerade) as a real VM would."""
+    namespaces: tuple[str, ...]
+    name: str = "tgb0"
+    subnet: str = "10.231.0"
+    forwarding: str = ""
+
+    def address(self, namespace: str) -> str:
+        return f"{self.subnet}.{self.namespaces.index(namespace) + 2}"
+
+    @staticmethod
+    def veth(namespace: str) -> str:
+        return f"{namespace}-br"
+
+    def up(self) -> "Bridge":
+        self.down()  # whatever a killed earlier run left behind
+        self.forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+        harness.sh("ip", "link", "add", self.name, "type", "bridge")
+        harness.sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.name)
+        harness.sh("ip", "link", "set", self.name, "up")
+        harness.sh("nft", "-f", "-", input=f"table ip {self.name}_nat {{\n  chain postrouting {{\n"
+                   f"    type nat hook postrouting priority srcnat;\n"
+                   f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n')
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        for namespace in self.namespaces:
+            harness.sh("ip", "netns", "add", namespace)
+            harness.sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0",
+                       "netns", namespace)
+            harness.sh("ip", "link", "set", self.veth(namespace), "master", self.name, "up")
+            for command in (["addr", "add", f"{self.address(namespace)}/24", "dev", "eth0"],
+                            ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
+                            ["route", "add", "default", "via", f"{self.subnet}.1"]):
+                harness.sh("ip", "-n", namespace, *command)
+        return self
+
+    def cut(self, namespace: str) -> None:
+        """A partition: the namespace's link goes down, so nothing reaches it any more."""
+        harness.sh("ip", "link", "set", self.veth(namespace), "down")
+
+    def down(self) -> None:
+        for namespace in self.namespaces:
+            for pid in harness.sh("ip", "netns", "pids", namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            harness.sh("ip", "netns", "del", namespace, check=False)
+            harness.sh("ip", "link", "del", self.veth(namespace), check=False)
+        harness.sh("ip", "link", "del", self.name, check=False)
+        harness.sh("nft", "delete", "table", "ip", f"{self.name}_nat", check=False)
+        if self.forwarding:
+            Path("/proc/sys/net/ipv4/ip_forward").write_text(self.forwarding)
+            self.forwarding = ""
+
+
+@dataclass
+class NamespacedHost:
+    user: harness.TestUser
+    address: str
+    namespace: str
+    sshd: harness.Sshd
+
+    @property
+    def spec(self) -> str:
+        return f"{self.user.name}@{self.address}"
+
+
+@pytest.fixture
+def two_namespaced_hosts(sshd, key_pair):
+    """Hosts A and B: each its own namespace, sshd on port 22, host key and user; the data disk steps off.
+    (The session's `sshd` fixture makes root's home traversable, which the hosts' Python 3.12 needs.)"""
+    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-netns-"))
+    folder.chmod(0o755)  # sshd reads authorized_keys as the user
+    authorized = folder / "authorized_keys"
+    authorized.write_text(key_pair[1].read_text())
+    bridge = Bridge(("tgn-a", "tgn-b"))
+    made: list[NamespacedHost] = []
+    try:
+        bridge.up()
+        for namespace in bridge.namespaces:
+            address = bridge.address(namespace)
+            server = harness.Sshd(folder / namespace, authorized, address=address, port=22, netns=namespace)
+            made.append(NamespacedHost(harness.make_user("tgn"), address, namespace, server))
+            server.start()
+        state = folder / "state"
+        state.mkdir()
+        (state / "known_hosts").write_text("".join(host.sshd.known_hosts_line for host in made))
+        yield bridge, made, state
+    finally:
+        for host in made:
+            host.sshd.stop()
+        bridge.down()
+        for host in made:
+            harness.remove_user(host.user)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_namespaced_hosts, key_pair):
+    """Hosts are provisioned in parallel and independently: losing B must neither stop nor hide A."""
+    bridge, (a, b), state = two_namespaced_hosts
+    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", a.spec, "--host", b.spec,
+            "--identity", str(key_pair[0]), "--json"]
+    for item in [*harness.TEST_VARS, "data_device="]:  # the hosts share one file system: no data disk
+        argv += ["--var", item]
+    env = {**os.environ, "TPU_GRPO_STATE": str(state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200"}
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("pip install --user" in command for command in b.user.commands()):
+            assert run.poll() is None and time.monotonic() < deadline, "B never started installing uv"
+            time.sleep(0.01)
+        bridge.cut(b.namespace)  # B is in the middle of a step
+        cut_at, a_commands_at_cut = time.monotonic(), len(a.user.commands())
+        stdout, stderr = run.communicate(timeout=180)
+        after_cut_s = time.monotonic() - cut_at
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+    assert run.returncode != 0
+    report = json.loads(stdout)
+    assert report["failed"] is True
+    by_name = {entry["host"]: entry for entry in report["hosts"]}
+    assert set(by_name) == {a.spec, b.spec}
+    assert by_name[a.spec]["error"] is None and by_name[a.spec]["failed"] == 0, by_name[a.spec]
+    a_steps = statuses(report, list(by_name).index(a.spec))
+    assert [a_steps[name] for name in ("uv (pip)", "venv", "MaxText")] == ["changed"] * 3, a_steps
+    error = by_name[b.spec]["error"]
+    assert error and error.startswith(b.spec) and "connection lost" in error and "'uv (pip)'" in error, error
+    assert statuses(report, list(by_name).index(b.spec))["uv (pip)"] == "failed"
+    assert after_cut_s < 45  # a dead link is noticed in seconds (keepalive, TCP_USER_TIMEOUT), not minutes
+    six = subprocess.run(["/usr/sbin/runuser", "-u", a.user.name, "--", f"{a.user.home}/maxtext_venv/bin/python",
+                          "-c", "import six; print(six.__version__)"], capture_output=True, text=True)
+    assert six.stdout.strip() == "1.16.0", six.stderr
+    assert not (b.user.home / "maxtext_venv").exists()
+    # In parallel: B's steps had started while A still had steps to run.
+    assert len(a.user.commands()) > a_commands_at_cut
