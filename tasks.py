@@ -42,6 +42,7 @@ HOST_HELP = {
     "stack": STACK_HELP,
     "var": "KEY=VALUE overriding a playbook variable (repeatable); see `invoke plan`",
     "playbook": "playbook to apply (default: playbooks/host.yml)",
+    "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
 }
 
 
@@ -102,7 +103,7 @@ def up(c, stack=None):
     "locked": "install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
     "lock": "the lock file (default: playbooks/host.lock.txt)", "json": "print the report as JSON"})
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
-              lock=None, playbook=None, json_=False):
+              lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
     from tpu_grpo import hosts, provision as engine
 
@@ -112,8 +113,9 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
         chosen_tags = [tag for item in tags or [] for tag in item.split(",") if tag]
         engine.selected(book, chosen_tags)
         targets = hosts.resolve(host or [], identity, stack)
+        wait_s = hosts.wait_seconds(wait)
     if json_:
-        report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags)
+        report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, wait_s=wait_s)
         print(json.dumps(report.to_json(), indent=2))
     else:
         console = _console()
@@ -121,14 +123,15 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
         console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
                       + (" (locked)" if locked else ""))
         with engine.LiveView(console, check) as view:
-            report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view)
+            report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view,
+                                  wait_s=wait_s)
         engine.print_summary(report, console)
     if report.failed:
         raise Exit(code=1)
 
 
 @task(iterable=["host", "var"], help={**HOST_HELP, "lock": "where to write the lock (default: playbooks/host.lock.txt)"})
-def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None):
+def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
     from tpu_grpo import hosts, provision as engine
 
@@ -137,7 +140,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
         values = engine.resolve(book, var)
         targets = hosts.resolve(host or [], identity, stack)
         notices = []
-        connection = hosts.connect(targets[0], notices)
+        connection = hosts.connect(targets[0], notices, hosts.wait_seconds(wait))
         try:
             text = engine.freeze(connection, book, values, targets[0].name)
         finally:

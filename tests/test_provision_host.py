@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import stat
 import subprocess
+import threading
 
 import pytest
 
@@ -196,3 +198,25 @@ def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
     assert (host.user.home / ".cache/uv/marker").read_text() == "kept"
     assert sorted(os.listdir(f"{mount}/cache/uv/archive-v0")) == archives
     assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+
+
+def test_wait_retries_a_vm_that_still_refuses_ssh(make_host, tmp_path):
+    """Right after boot nothing listens yet: --wait keeps trying until sshd is up, then provisions."""
+    from tests import sshd as harness
+
+    host = make_host()
+    late = harness.Sshd(tmp_path / "late", host.sshd.authorized_keys, port=harness.free_port())
+    booting = dataclasses.replace(host, sshd=late)
+    refused = booting.invoke("provision", "--check", "--json")
+    assert refused.returncode == 1
+    assert "cannot connect" in json.loads(refused.stdout)["hosts"][0]["error"]
+    assert "--wait 120 if it has just booted" in json.loads(refused.stdout)["hosts"][0]["error"]
+    starter = threading.Timer(3, late.start)
+    starter.start()
+    try:
+        waited = booting.invoke("provision", "--check", "--json", "--wait", "30")
+    finally:
+        starter.join()
+        late.stop()
+    assert waited.returncode == 0, waited.stdout
+    assert late.accepted(host.user.name) == 1

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tpu_grpo import settings
 CONNECT_TIMEOUT_S = 5
 KEEPALIVE_S = 2
 TCP_USER_TIMEOUT_MS = 5000
+RETRY_CONNECT_S = 2
 _HOST_SPEC = re.compile(r"^(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
 
 
@@ -86,6 +88,15 @@ def resolve(specs: list[str], identity: str | None, stack: str | None) -> list[H
     return from_stack(stack)
 
 
+def wait_seconds(text: str | None) -> float:
+    """`--wait SECONDS` -> seconds, or a one-line HostError."""
+    if text is None:
+        return 0.0
+    if not re.fullmatch(r"\d{1,5}", str(text)):
+        raise HostError(f"--wait {text!r} is not a whole number of seconds; fix: e.g. --wait 120")
+    return float(text)
+
+
 def known_hosts_path() -> Path:
     return settings.state_dir() / "known_hosts"
 
@@ -115,10 +126,26 @@ class _RecordNewKey:
                             f"{fingerprint(key)} in {self.path}")
 
 
-def connect(host: Host, notices: list[str] | None = None):
-    """An open Fabric connection with a verified host key, or a one-line HostError."""
-    import fabric
+def connect(host: Host, notices: list[str] | None = None, wait_s: float = 0):
+    """An open Fabric connection with a verified host key, or a one-line HostError.
+
+    A VM that has just booted refuses SSH until sshd runs and the guest agent has made the
+    user from the metadata key: with `wait_s`, such refusals are retried until it has passed.
+    A changed host key is never retried."""
     import paramiko
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _open(host, notices if notices is not None else [])
+        except (paramiko.AuthenticationException, OSError, paramiko.SSHException) as error:
+            if isinstance(error, paramiko.BadHostKeyException) or time.monotonic() + RETRY_CONNECT_S > deadline:
+                raise _explained(host, error) from None
+            time.sleep(RETRY_CONNECT_S)
+
+
+def _open(host: Host, notices: list[str]):
+    import fabric
     from paramiko.config import SSHConfig
 
     known_hosts = known_hosts_path()
@@ -131,20 +158,23 @@ def connect(host: Host, notices: list[str] | None = None):
     connection.client.get_host_keys().clear()
     if known_hosts.is_file():
         connection.client.load_host_keys(str(known_hosts))
-    connection.client.set_missing_host_key_policy(_RecordNewKey(known_hosts, notices if notices is not None else []))
-    try:
-        connection.open()
-    except paramiko.BadHostKeyException as error:
-        raise HostError(
-            f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
-            f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
-            f"ssh-keygen -R '{host.known_hosts_name}' -f {known_hosts}") from None
-    except paramiko.AuthenticationException:
-        raise HostError(f"{host.name}: the key was refused; fix: pass --identity with the private key "
-                        "whose public key the VM has (sshPublicKeyPath)") from None
-    except (OSError, paramiko.SSHException) as error:
-        raise HostError(f"{host.name}: cannot connect ({error or type(error).__name__}); "
-                        "fix: check the VM is running and its firewall admits your address") from None
+    connection.client.set_missing_host_key_policy(_RecordNewKey(known_hosts, notices))
+    connection.open()
     connection.transport.set_keepalive(KEEPALIVE_S)
     connection.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
     return connection
+
+
+def _explained(host: Host, error: Exception) -> HostError:
+    import paramiko
+
+    if isinstance(error, paramiko.BadHostKeyException):
+        return HostError(
+            f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
+            f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
+            f"ssh-keygen -R '{host.known_hosts_name}' -f {known_hosts_path()}")
+    if isinstance(error, paramiko.AuthenticationException):
+        return HostError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
+                         "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted")
+    return HostError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: check the VM is "
+                     "running and its firewall admits your address, or --wait 120 if it has just booted")

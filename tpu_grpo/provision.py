@@ -463,7 +463,7 @@ def _run(connection, command: str, **kwargs):
 
 def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, check_mode: bool = False,
           tags: list[str] | None = None, on_event: Event | None = None,
-          retry_delays: tuple = RETRY_DELAYS_S) -> Report:
+          retry_delays: tuple = RETRY_DELAYS_S, wait_s: float = 0) -> Report:
     """Apply the playbook to every host in parallel: one connection and one round trip of checks per host."""
     from fabric import ThreadingGroup
     from fabric.exceptions import GroupException
@@ -474,7 +474,7 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
 
     def open_one(host):
         try:
-            return host, hosts_module.connect(host, reports[host.name].notices)
+            return host, hosts_module.connect(host, reports[host.name].notices, wait_s)
         except hosts_module.HostError as error:
             reports[host.name].error = str(error)
             return host, None
