@@ -220,3 +220,14 @@ def test_wait_retries_a_vm_that_still_refuses_ssh(make_host, tmp_path):
         late.stop()
     assert waited.returncode == 0, waited.stdout
     assert late.accepted(host.user.name) == 1
+
+
+def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
+    """A VM made by hand with the tutorial has no data disk: the step says so and how to skip it."""
+    host = make_host()
+    result = host.invoke("provision", "--tags", "disk", "--var", "data_device=/dev/disk/by-id/google-none")
+    assert result.returncode == 1
+    assert ("/dev/disk/by-id/google-none is not a disk: this VM has no data disk (made by hand?); "
+            "fix: --var data_device= to keep the caches on the boot disk") in result.stdout
+    skipped = host.invoke("provision", "--tags", "disk", "--var", "data_device=", "--json")
+    assert skipped.returncode == 0 and set(statuses(skipped).values()) == {"skipped"}
