@@ -348,7 +348,7 @@ def time_ansible(host: Host, ansible: Ansible, label: str, runs: int, warm: bool
         run_once("ansible warm-up", lambda: ansible.run(shared), host, ansible.problem)
     for number in range(runs):
         control_dir = shared if warm else ansible.folder / f"cp-cold-{number}"
-        result, seconds, connections = run_once(f"{label} run {number + 1}", lambda: ansible.run(control_dir),
+        result, seconds, connections = run_once(f"{label} run {number + 1}", lambda where=control_dir: ansible.run(where),
                                                 host, ansible.problem)
         timing.connections.append(connections)
         timing.seconds.append(seconds)

@@ -24,7 +24,6 @@ from typing import Any, Callable
 import yaml
 
 from tpu_grpo import hosts as hosts_module
-from tpu_grpo import settings
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
 PLAYBOOK = PLAYBOOKS / "host.yml"
@@ -520,7 +519,11 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
             continue
         code, output = checks.get(item.step.index, (1, "the check did not run"))
         if code != 0 and changed_something:  # an earlier step may have put this one in place (or let its check work)
-            code = _run(connection, item.check, warn=True, hide=True).exited
+            try:
+                code = _run(connection, item.check, warn=True, hide=True).exited
+            except Exception as error:  # noqa: BLE001 - as below
+                report.error = f"{report.host}: connection lost before '{name}' ({error or type(error).__name__})"
+                return
         if code == 0:
             report.steps.append(StepResult(name, "ok"))
             notify("done", report.host, name, report.steps[-1])
@@ -532,7 +535,8 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
         notify("start", report.host, name, None)
         started = time.monotonic()
         try:
-            result = _make_right(connection, item, lambda line: notify("output", report.host, name, line), retry_delays)
+            result = _make_right(connection, item, lambda line, step=name: notify("output", report.host, step, line),
+                                 retry_delays)
         except Exception as error:  # noqa: BLE001 - a lost connection ends this host, whatever paramiko raises
             result = StepResult(name, "failed", note=f"connection lost ({error or type(error).__name__}); "
                                                      "re-run to continue from this step")
