@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -231,3 +232,26 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
             "fix: --var data_device= to keep the caches on the boot disk") in result.stdout
     skipped = host.invoke("provision", "--tags", "disk", "--var", "data_device=", "--json")
     assert skipped.returncode == 0 and set(statuses(skipped).values()) == {"skipped"}
+
+
+def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
+    """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
+    from tpu_grpo import hosts, provision
+
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    book = tmp_path / "book.yml"
+    book.write_text("steps:\n  - name: download\n    progress: true\n    check: test -f ~/done\n    run: |\n"
+                    "      printf '\\033[1mstarting\\033[0m\\n'\n"
+                    "      for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
+                    "      echo; touch ~/done\n")
+    seen = []
+    target = hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)
+    report = provision.apply(provision.load(book), {}, [target],
+                             on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
+    assert report.hosts[0].steps[0].status == "changed"
+    lines = [payload for _, kind, payload in seen if kind == "output"]
+    assert lines == ["starting", "got 1 of 3", "got 2 of 3", "got 3 of 3"]
+    first_line_at = next(at for at, kind, _ in seen if kind == "output")
+    done_at = next(at for at, kind, _ in seen if kind == "done")
+    assert done_at - first_line_at > 0.8  # streamed during the step, not replayed after it
