@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -105,13 +106,21 @@ class TestHost:
 
         return [*TEST_VARS, f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
 
-    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-        """Run `invoke TASK --host ... --identity ...` for real, as a user would."""
+    def argv(self, task: str, *args: str, vars: bool = True) -> list[str]:
         argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), task, "--host", self.spec, "--identity", str(self.key)]
         for item in self.vars if vars else []:
             argv += ["--var", item]
-        env = {**os.environ, "TPU_GRPO_STATE": str(self.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200"}
-        return subprocess.run([*argv, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+        return [*argv, *args]
+
+    def env(self, extra: dict | None = None) -> dict:
+        return {**os.environ, "TPU_GRPO_STATE": str(self.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200",
+                **(extra or {})}
+
+    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600,
+               env: dict | None = None) -> subprocess.CompletedProcess:
+        """Run `invoke TASK --host ... --identity ...` for real, as a user would."""
+        return subprocess.run(self.argv(task, *args, vars=vars), capture_output=True, text=True, env=self.env(env),
+                              cwd=ROOT, timeout=timeout)
 
     def run_as_user(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run(["/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c", command],
@@ -140,3 +149,74 @@ def make_host(sshd, key_pair, tmp_path_factory):
         host.disk.detach()
         harness.forget_mount(host.disk.mount)
         harness.remove_user(host.user)
+
+
+# ---------------------------------------------------------------- workload hosts (tests/standin)
+
+FIXTURES = SHARED / "fixtures" / "maxtext-0.2.3"
+SHM_DIRS = ("/dev/shm/llama3.1-8b-Instruct", "/dev/shm/llama3.1-8b")
+
+
+@dataclass
+class WorkloadHost:
+    """A test host ready for MaxText jobs: ~/maxtext_venv holds the stand-in maxtext and jax
+    (tests/standin), the token is in its file, and ~/.standin.json sets the stand-in's pace."""
+    host: TestHost
+
+    def control(self, **values) -> None:
+        control = {"fixtures": str(self.host.user.home / "fixtures"), "line_delay_s": 0.0, **values}
+        (self.host.user.home / ".standin.json").write_text(json.dumps(control))
+
+    def records(self) -> list[dict]:
+        path = self.host.user.home / ".standin/records.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def invoke(self, task: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+        return self.host.invoke(task, *args, vars=False, timeout=timeout, env=env)
+
+    def chain(self, *tasks: tuple[str, ...]) -> subprocess.CompletedProcess:
+        """Several tasks in one `invoke` command line, as the README's quick start runs them."""
+        argv = self.host.argv(*tasks[0], vars=False)
+        for task, *args in tasks[1:]:
+            argv += [task, "--host", self.host.spec, "--identity", str(self.host.key), *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=self.host.env(), cwd=ROOT, timeout=600)
+
+    def popen(self, task: str, *args: str) -> subprocess.Popen:
+        """`invoke TASK` started in the background, as a user's terminal would run it."""
+        return subprocess.Popen(self.host.argv(task, *args, vars=False), env=self.host.env(), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def processes(self) -> list[str]:
+        """The user's processes still alive (command lines), sshd's own aside."""
+        result = subprocess.run(["ps", "-u", self.host.user.name, "-o", "args="], capture_output=True, text=True)
+        return [line for line in result.stdout.splitlines() if line.strip() and not line.startswith("sshd")]
+
+
+def prepare_workload(host: TestHost) -> WorkloadHost:
+    """Give a test host the stand-in MaxText: a Python 3.12 venv at ~/maxtext_venv whose .pth adds
+    tests/standin, the fixtures the stand-in replays, and the token in its file."""
+    from tests import sshd as harness
+
+    home, user = host.user.home, host.user.name
+    standin = home / "standin"
+    shutil.copytree(ROOT / "tests" / "standin", standin, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(FIXTURES, home / "fixtures")
+    (home / ".cache/huggingface").mkdir(parents=True)
+    (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
+    subprocess.run(["chown", "-R", f"{user}:", str(home)], check=True)
+    subprocess.run(["chmod", "-R", "u+w", str(home / "fixtures")], check=True)
+    python = f"{harness.python312_bin()}/python3.12"
+    made = host.run_as_user(f"{python} -m venv --without-pip ~/maxtext_venv && "
+                            f"echo {standin} > $(ls -d ~/maxtext_venv/lib/python3.12/site-packages)/standin.pth")
+    assert made.returncode == 0, made.stderr
+    workload = WorkloadHost(host)
+    workload.control()
+    return workload
+
+
+@pytest.fixture
+def workload_host(make_host):
+    """One fresh test host with the stand-in MaxText in its venv; /dev/shm cleaned afterwards."""
+    yield prepare_workload(make_host())
+    for folder in SHM_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)

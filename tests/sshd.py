@@ -11,6 +11,7 @@ import fcntl
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -203,3 +204,64 @@ class Sshd:
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+@dataclass
+class Bridge:
+    """A bridge with one network namespace per host on veth links (test-harness.md), reaching the
+    package registries through this machine (forwarding and masquerade) as a real VM would."""
+    namespaces: tuple[str, ...]
+    name: str = "tgb0"
+    subnet: str = "10.231.0"
+    forwarding: str = ""
+
+    def address(self, namespace: str) -> str:
+        return f"{self.subnet}.{self.namespaces.index(namespace) + 2}"
+
+    @staticmethod
+    def veth(namespace: str) -> str:
+        return f"{namespace}-br"
+
+    def up(self) -> "Bridge":
+        self.down()  # whatever a killed earlier run left behind
+        self.forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+        sh("ip", "link", "add", self.name, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.name)
+        sh("ip", "link", "set", self.name, "up")
+        sh("nft", "-f", "-", input=f"table ip {self.name}_nat {{\n  chain postrouting {{\n"
+                   f"    type nat hook postrouting priority srcnat;\n"
+                   f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n')
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        for namespace in self.namespaces:
+            sh("ip", "netns", "add", namespace)
+            sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0",
+                       "netns", namespace)
+            sh("ip", "link", "set", self.veth(namespace), "master", self.name, "up")
+            for command in (["addr", "add", f"{self.address(namespace)}/24", "dev", "eth0"],
+                            ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
+                            ["route", "add", "default", "via", f"{self.subnet}.1"]):
+                sh("ip", "-n", namespace, *command)
+        return self
+
+    def cut(self, namespace: str) -> None:
+        """A partition: the namespace's link goes down, so nothing reaches it any more."""
+        sh("ip", "link", "set", self.veth(namespace), "down")
+
+    def mend(self, namespace: str) -> None:
+        """The link comes back, as after a network blip."""
+        sh("ip", "link", "set", self.veth(namespace), "up")
+
+    def down(self) -> None:
+        for namespace in self.namespaces:
+            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            sh("ip", "netns", "del", namespace, check=False)
+            sh("ip", "link", "del", self.veth(namespace), check=False)
+        sh("ip", "link", "del", self.name, check=False)
+        sh("nft", "delete", "table", "ip", f"{self.name}_nat", check=False)
+        if self.forwarding:
+            Path("/proc/sys/net/ipv4/ip_forward").write_text(self.forwarding)
+            self.forwarding = ""

@@ -266,63 +266,6 @@ def test_first_contact_records_the_host_key_and_says_so(make_host):
 
 
 @dataclass
-class Bridge:
-    """A bridge with one network namespace per host on veth links (test-harness.md), reaching the
-    package registries through this machine (forwarding and masquerade) as a real VM would."""
-    namespaces: tuple[str, ...]
-    name: str = "tgb0"
-    subnet: str = "10.231.0"
-    forwarding: str = ""
-
-    def address(self, namespace: str) -> str:
-        return f"{self.subnet}.{self.namespaces.index(namespace) + 2}"
-
-    @staticmethod
-    def veth(namespace: str) -> str:
-        return f"{namespace}-br"
-
-    def up(self) -> "Bridge":
-        self.down()  # whatever a killed earlier run left behind
-        self.forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
-        harness.sh("ip", "link", "add", self.name, "type", "bridge")
-        harness.sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.name)
-        harness.sh("ip", "link", "set", self.name, "up")
-        harness.sh("nft", "-f", "-", input=f"table ip {self.name}_nat {{\n  chain postrouting {{\n"
-                   f"    type nat hook postrouting priority srcnat;\n"
-                   f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n')
-        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
-        for namespace in self.namespaces:
-            harness.sh("ip", "netns", "add", namespace)
-            harness.sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0",
-                       "netns", namespace)
-            harness.sh("ip", "link", "set", self.veth(namespace), "master", self.name, "up")
-            for command in (["addr", "add", f"{self.address(namespace)}/24", "dev", "eth0"],
-                            ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
-                            ["route", "add", "default", "via", f"{self.subnet}.1"]):
-                harness.sh("ip", "-n", namespace, *command)
-        return self
-
-    def cut(self, namespace: str) -> None:
-        """A partition: the namespace's link goes down, so nothing reaches it any more."""
-        harness.sh("ip", "link", "set", self.veth(namespace), "down")
-
-    def down(self) -> None:
-        for namespace in self.namespaces:
-            for pid in harness.sh("ip", "netns", "pids", namespace, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            harness.sh("ip", "netns", "del", namespace, check=False)
-            harness.sh("ip", "link", "del", self.veth(namespace), check=False)
-        harness.sh("ip", "link", "del", self.name, check=False)
-        harness.sh("nft", "delete", "table", "ip", f"{self.name}_nat", check=False)
-        if self.forwarding:
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(self.forwarding)
-            self.forwarding = ""
-
-
-@dataclass
 class NamespacedHost:
     user: harness.TestUser
     address: str
@@ -342,7 +285,7 @@ def two_namespaced_hosts(sshd, key_pair):
     folder.chmod(0o755)  # sshd reads authorized_keys as the user
     authorized = folder / "authorized_keys"
     authorized.write_text(key_pair[1].read_text())
-    bridge = Bridge(("tgn-a", "tgn-b"))
+    bridge = harness.Bridge(("tgn-a", "tgn-b"))
     made: list[NamespacedHost] = []
     try:
         bridge.up()

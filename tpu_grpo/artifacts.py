@@ -1,0 +1,255 @@
+"""Trained models that survive the VM: MaxText exports to /dev/shm, which a restart empties and
+`pulumi destroy` takes with the disks, so a model is copied to the data disk with SHA256SUMS and
+fetched to the laptop over SFTP, resumably, every file checked against those sums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+SUMS = "SHA256SUMS"
+CHUNK = 1 << 20
+MISSING_EXIT = 3
+
+#: Lists every regular file below the current folder except SHA256SUMS, sorted, and hashes it.
+_HASH_ALL = (f"find . -type f ! -path ./{SUMS} -printf '%P\\0' | LC_ALL=C sort -z "
+             "| xargs -0 -r sha256sum --")
+
+
+class ArtifactError(Exception):
+    """A model that cannot be saved, listed or fetched; one line naming the bad value and the fix."""
+
+
+@dataclass
+class FetchResult:
+    local_dir: Path
+    files: list[str] = field(default_factory=list)
+    bytes_total: int = 0
+    bytes_transferred: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"local_dir": str(self.local_dir), "files": self.files, "bytes_total": self.bytes_total,
+                "bytes_transferred": self.bytes_transferred, "skipped": self.skipped}
+
+
+def shell_path(path: str) -> str:
+    """`path` quoted for bash, a leading `~/` left expandable; trailing slashes dropped."""
+    path = path.rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return "~/" + shlex.quote(rest) if rest else "~"
+    return shlex.quote(path)
+
+
+def save_script(source: str, dest: str) -> str:
+    """Bash that copies folder `source` to `dest` via `dest.partial`, with verified SHA256SUMS;
+    a no-op when `dest` already holds files that match its SHA256SUMS."""
+    return f"""set -euo pipefail
+src={shell_path(source)}
+dest={shell_path(dest)}
+part="$dest.partial"
+if [ -f "$dest/{SUMS}" ] && (cd "$dest" && sha256sum -c --quiet {SUMS} >/dev/null 2>&1); then
+  echo "already saved: $dest (checksums verified)"; exit 0
+fi
+if [ ! -d "$src" ] || [ -z "$(find "$src/" -type f -print -quit)" ]; then
+  echo "nothing to save: $src is missing or has no files; fix: export the model there first" >&2
+  exit {MISSING_EXIT}
+fi
+mkdir -p "$(dirname "$dest")"
+rm -rf "$part"
+mkdir "$part"
+cp -a "$src/." "$part/" || {{
+  echo "copying $src to $part failed; fix: free space on its disk (df -h), then run again" >&2; exit 1; }}
+chmod -R u+w "$part"
+(cd "$part" && {_HASH_ALL} > {SUMS} && sha256sum -c --quiet {SUMS})
+rm -rf "$dest"
+mv "$part" "$dest"
+sync -f "$dest"
+echo "saved: $src -> $dest ($(wc -l < "$dest/{SUMS}") files, checksums verified)"
+"""
+
+
+def _run(connection, script: str):
+    return connection.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False)
+
+
+def _where(connection) -> str:
+    return f"{connection.user}@{connection.host}"
+
+
+def _relative(name: str, origin: str) -> str:
+    """A manifest path that stays inside its folder, or ArtifactError."""
+    name = name.removeprefix("./")
+    parts = PurePosixPath(name).parts
+    if not name or name.startswith("/") or ".." in parts or name == SUMS:
+        raise ArtifactError(f"{origin} lists {name!r}, not a file inside the folder; fix: save the model again")
+    return name
+
+
+def parse_sums(text: str, origin: str) -> dict[str, str]:
+    """`sha256sum` output -> relative path -> digest."""
+    sums = {}
+    for line in text.splitlines():
+        digest, name = line[:64], line[66:]
+        if len(line) < 67 or line[64:66] not in ("  ", " *") or not all(c in "0123456789abcdef" for c in digest):
+            raise ArtifactError(f"{origin} has a line that is not `SHA256  PATH`: {line[:100]!r}; "
+                                "fix: save the model again")
+        sums[_relative(name, origin)] = digest
+    return sums
+
+
+def _manifest(connection, folder: str) -> tuple[str, dict[str, tuple[int, str]]]:
+    """The folder's absolute path and its files (path -> (size, sha256)), in one round trip."""
+    script = f"""set -euo pipefail
+cd {shell_path(folder)} 2>/dev/null && [ -n "$(find . -type f ! -path ./{SUMS} -print -quit)" ] || exit {MISSING_EXIT}
+pwd -P
+if [ -f {SUMS} ]; then cat {SUMS}; else {_HASH_ALL}; fi
+echo --sizes
+find . -type f ! -path ./{SUMS} -printf '%s %P\\n'
+"""
+    where = f"{_where(connection)}:{folder}"
+    result = _run(connection, script)
+    if result.exited == MISSING_EXIT:
+        raise ArtifactError(f"{where} is missing or has no files; fix: save the model there first "
+                            "(or name the right folder)")
+    if result.exited != 0:
+        raise ArtifactError(f"{where}: listing the files failed ({result.stderr.strip()[-300:]}); "
+                            "fix: check the folder on the host is readable")
+    absolute, _, rest = result.stdout.partition("\n")
+    sums_text, _, sizes_text = rest.partition("--sizes\n")
+    sizes = {name: int(size) for size, _, name in (line.partition(" ") for line in sizes_text.splitlines())}
+    manifest = {}
+    for name, digest in parse_sums(sums_text, f"{where}/{SUMS}").items():
+        if name not in sizes:
+            raise ArtifactError(f"{where}/{name} is listed in {SUMS} but missing; fix: save the model again")
+        manifest[name] = (sizes[name], digest)
+    if not manifest:
+        raise ArtifactError(f"{where}/{SUMS} lists no files; fix: save the model again")
+    return absolute, manifest
+
+
+def remote_manifest(connection, folder: str) -> dict[str, tuple[int, str]]:
+    """Relative path -> (size, sha256) of every file in the host's `folder`: from its SHA256SUMS,
+    or hashed on the spot when it has none."""
+    return _manifest(connection, folder)[1]
+
+
+def check_destination(local_dir: Path) -> Path:
+    """Create `local_dir` and prove it takes files, or ArtifactError: run this before connecting."""
+    local_dir = Path(local_dir).expanduser()
+    try:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=local_dir):
+            pass
+    except OSError as error:
+        raise ArtifactError(f"{local_dir} is not writable ({error.strerror or error}); "
+                            "fix: --to a folder you can write") from None
+    return local_dir
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while block := source.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(sftp, remote: str, part: Path, size: int, progress: Callable[[int], None]) -> tuple[int, str]:
+    """Append the rest of `remote` to `part`, from the part's size; returns (bytes read, the part's sha256).
+    `progress` gets the part's size after each block."""
+    digest = hashlib.sha256()
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    if have:
+        with part.open("rb") as prefix:
+            while block := prefix.read(CHUNK):
+                digest.update(block)
+    read = 0
+    with part.open("ab") as sink, sftp.open(remote, "rb") as source:
+        source.seek(have)
+        source.prefetch(size)
+        while have + read < size and (block := source.read(min(CHUNK, size - have - read))):
+            sink.write(block)
+            digest.update(block)
+            read += len(block)
+            progress(have + read)
+        sink.flush()
+        os.fsync(sink.fileno())
+    return read, digest.hexdigest()
+
+
+def _fetch_file(connection, sftp, remote: str, target: Path, digest: str, size: int,
+                progress: Callable[[int], None]) -> int:
+    """Download one file via its `.part`, verify it and move it into place; returns the bytes read."""
+    import paramiko
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    read = 0
+    for _ in range(2):
+        try:
+            count, got = _download(sftp, remote, part, size, progress)
+        except (OSError, EOFError, paramiko.SSHException) as error:
+            raise ArtifactError(f"{_where(connection)}:{remote}: download stopped ({error}); "
+                                "fix: run the same fetch again, it resumes") from None
+        read += count
+        if got == digest:
+            os.replace(part, target)
+            return read
+        part.unlink()
+    raise ArtifactError(f"{_where(connection)}:{remote}: sha256 {got} after downloading twice, {SUMS} says "
+                        f"{digest}; fix: check the host copy with sha256sum -c {SUMS} in its folder, "
+                        "save it again, then fetch")
+
+
+def _silent(done: int, total: int, name: str) -> None:
+    pass
+
+
+def fetch(connection, remote_dir: str, local_dir: Path,
+          on_progress: Callable[[int, int, str], None] | None = None) -> FetchResult:
+    """Download every file of the host's `remote_dir` into `local_dir`, checked against its sums.
+
+    A file already here with the right sum is skipped; an interrupted one resumes from its
+    `.part`; a `.part` that does not add up is fetched once more from zero."""
+    local_dir = check_destination(local_dir)
+    absolute, manifest = _manifest(connection, remote_dir)
+    result = FetchResult(local_dir, sorted(manifest), sum(size for size, _ in manifest.values()))
+    report = on_progress or _silent
+    done = 0
+    sftp = connection.sftp()
+    for name in result.files:
+        size, digest = manifest[name]
+        target = local_dir / name
+        if target.is_file() and target.stat().st_size == size and sha256_file(target) == digest:
+            result.skipped.append(name)
+        else:
+            result.bytes_transferred += _fetch_file(
+                connection, sftp, f"{absolute}/{name}", target, digest, size,
+                lambda position, base=done, name=name: report(base + position, result.bytes_total, name))
+        done += size
+        report(done, result.bytes_total, name)
+    sums = local_dir / (SUMS + ".tmp")
+    sums.write_text("".join(f"{manifest[name][1]}  {name}\n" for name in result.files))
+    os.replace(sums, local_dir / SUMS)
+    return result
+
+
+def verify_local(local_dir: Path) -> bool:
+    """True when `local_dir` has a SHA256SUMS listing files that are all present and match it."""
+    sums_path = Path(local_dir) / SUMS
+    try:
+        sums = parse_sums(sums_path.read_text(), str(sums_path))
+        return bool(sums) and all(sha256_file(Path(local_dir) / name) == digest for name, digest in sums.items())
+    except (OSError, ValueError, ArtifactError):
+        return False
