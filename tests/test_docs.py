@@ -33,3 +33,16 @@ def test_readme_documents_provisioning_and_every_playbook_variable():
     for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
         assert text in readme
     assert all(f"`{name}`" in readme for name in provision.load().vars)
+
+
+def test_readme_walks_a_newcomer_through_every_task():
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    tree = ast.parse((ROOT / "tasks.py").read_text())
+    tasks = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+             and any("task" in ast.unparse(decorator) for decorator in node.decorator_list)]
+    assert {"pipeline", "fetch", "down", "metrics", "cancel"} <= set(tasks)
+    assert all(f"invoke {name}" in readme for name in tasks), [t for t in tasks if f"invoke {t}" not in readme]
+    assert "uv run invoke up provision --wait 120 pipeline --batches 50 fetch" in readme
+    assert "pulumi destroy" in readme and "`HF_TOKEN`, not `hf_access_token=`" in readme

@@ -43,6 +43,7 @@ class Plan:
     gcloud: list[str]
     cost: Cost
     provision: list[dict[str, Any]]
+    jobs: list[dict[str, str]]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +77,16 @@ def build(stack: str | None = None) -> Plan:
             ),
         ),
         provision=provision_steps(provision),
+        jobs=job_scripts(stack),
     )
+
+
+def job_scripts(stack: str) -> list[dict[str, str]]:
+    """The remote script of each MaxText step with the stack's settings (run name: the start time)."""
+    from tpu_grpo import maxtext, pipeline
+
+    run = pipeline.build_run(stack)
+    return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
 
 
 def provision_steps(provision) -> list[dict[str, Any]]:
@@ -137,6 +147,9 @@ def render(plan: Plan, console: Console) -> None:
             continue
         console.print(f"[bold]{number:2}. {step['step']}[/] [dim](as {step['as']})[/]")
         console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
+    console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
+    for job in plan.jobs:
+        console.print(Text(job["script"]), soft_wrap=True)
     cost = plan.cost
     console.print(Panel(Group(
         f"{cost.machine_type}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} per chip-hour "

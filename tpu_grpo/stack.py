@@ -101,3 +101,8 @@ def up(stack: str) -> tuple[int, list[str]]:
         event_log = Path(folder) / "events.jsonl"
         code = subprocess.run(["pulumi", "up", "--stack", stack, "--event-log", str(event_log)]).returncode
         return code, explain(error_messages(event_log)) if code else []
+
+
+def destroy(stack: str) -> int:
+    """`pulumi destroy` on the stack, attached to this terminal (it asks before deleting)."""
+    return subprocess.run(["pulumi", "destroy", "--stack", stack]).returncode

@@ -1,0 +1,172 @@
+"""The three MaxText command lines against the tutorial, run for real in bash on both sides."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from tests import tutorial
+from tests.conftest import TEST_TOKEN
+from tests.test_tasks import invoke
+from tpu_grpo import maxtext
+from tpu_grpo.machines import MACHINES
+
+RUN = maxtext.Run(model="llama3.1-8b-Instruct", export_model="llama3.1-8b", batches=50, test_batches=10,
+                  use_pathways=False, lazy_load_tensors=False, machine=MACHINES["ct6e-standard-8t"],
+                  run_name="2026-12-02-22-10-00")
+#: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
+OURS_ONLY = {"PYTHONUNBUFFERED"}
+
+
+def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
+    """Each of our scripts run in bash on a home with a venv and the token file, `python3` recording."""
+    home = folder / "home"
+    (home / "maxtext_venv/bin").mkdir(parents=True)
+    (home / "maxtext_venv/bin/activate").write_text("")
+    (home / ".cache/huggingface").mkdir(parents=True)
+    (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
+    tools, record = folder / "bin", folder / "ours.jsonl"
+    tools.mkdir()
+    (tools / "python3").write_text("#!/usr/bin/python3\nimport json, os, sys\n"
+                                   f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
+                                   "'env': dict(os.environ)}) + '\\n')\n")
+    (tools / "python3").chmod(0o755)
+    for step in maxtext.STEPS:
+        subprocess.run(["bash", "-c", maxtext.script(run, step)], check=True, cwd=home,
+                       env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)})
+    found = {}
+    for line in record.read_text().splitlines():
+        call = json.loads(line)
+        found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
+    return found
+
+
+def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
+    """argv equal element by element (the tutorial's hf_access_token= aside), and every variable
+    the tutorial exports equal character for character; nothing else of ours but OURS_ONLY."""
+    names = tutorial.exported_names()
+    assert list(ours) == list(theirs) == list(tutorial.MODULES)
+    for module in tutorial.MODULES:
+        expected = [arg for arg in theirs[module]["argv"] if not arg.startswith("hf_access_token=")]
+        assert ours[module]["argv"] == expected, module
+        for name in names:
+            if name in theirs[module]["env"]:
+                assert ours[module]["env"].get(name) == theirs[module]["env"][name], (module, name)
+    token_args = [arg for arg in theirs[tutorial.MODULES[0]]["argv"] if arg.startswith("hf_access_token=")]
+    assert token_args == [f"hf_access_token={TEST_TOKEN}"]  # the one difference: the token moves to HF_TOKEN
+    assert ours[tutorial.MODULES[0]]["env"]["HF_TOKEN"] == TEST_TOKEN
+
+
+def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
+    theirs = tutorial.calls(tmp_path, TEST_TOKEN, RUN.run_name)
+    ours = run_ours(tmp_path, RUN)
+    assert_same_as_tutorial(ours, theirs)
+    tutorial_only = {n for n in tutorial.exported_names()}
+    for module in tutorial.MODULES:
+        extra = set(ours[module]["env"]) - set(theirs[module]["env"]) - {"PWD", "SHLVL", "_", "OLDPWD"}
+        assert extra <= OURS_ONLY, (module, extra - OURS_ONLY)
+        assert tutorial_only & set(theirs[module]["env"]) <= set(ours[module]["env"])
+
+
+def test_the_token_is_never_on_a_command_line():
+    for step in maxtext.STEPS:
+        text = maxtext.script(RUN, step)
+        assert "hf_access_token" not in text and TEST_TOKEN not in text
+        assert "HF_TOKEN=$(cat ~/.cache/huggingface/token); export HF_TOKEN" in text
+
+
+def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
+    sets = maxtext.parse_sets(["rl.num_generations=4", "num_test_batches=2", "export:weight_dtype=float32",
+                               "learning_rate=1e-6 * 2"], "train")
+    run = maxtext.Run(**{**RUN.__dict__, "sets": sets})
+    ours = run_ours(tmp_path, run)
+    train = ours[tutorial.MODULES[1]]["argv"]
+    assert train[-2:] == ["rl.num_generations=4", "learning_rate=1e-6 * 2"]
+    assert "num_test_batches=2" in train and "num_test_batches=10" not in train
+    assert ours[tutorial.MODULES[2]]["argv"][-1] == "weight_dtype=float32"
+    assert ours[tutorial.MODULES[0]]["argv"] == run_ours(tmp_path / "plain", RUN)[tutorial.MODULES[0]]["argv"]
+
+
+def test_exporting_an_earlier_step_changes_only_its_path(tmp_path):
+    ours = run_ours(tmp_path, maxtext.Run(**{**RUN.__dict__, "step": 25}))
+    assert ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"] == (
+        "/dev/shm/llama3.1-8b-Instruct/post-train//2026-12-02-22-10-00/checkpoints/actor/25/model_params")
+    assert maxtext.paths(maxtext.Run(**{**RUN.__dict__, "step": 25}))["post_train"] == (
+        ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"])
+
+
+def test_paths_are_the_scripts_paths_expanded(tmp_path):
+    ours = run_ours(tmp_path, RUN)
+    env = ours[tutorial.MODULES[2]]["env"]
+    paths = maxtext.paths(RUN)
+    assert paths["checkpoint"] == env["MAXTEXT_CKPT_PATH"]
+    assert paths["post_train"] == env["POST_TRAIN_PATH"]
+    assert paths["hf_export"] == env["HF_EXPORT"]
+
+
+def test_default_run_name_is_the_tutorials_timestamp():
+    assert maxtext.timestamp_run_name(0) == "1970-01-01-00-00-00"
+
+
+@pytest.mark.parametrize("item, message", [
+    ("novalue", "--set 'novalue' is not KEY=VALUE; fix: e.g. --set rl.num_generations=4"),
+    ("=3", "--set '=3' is not KEY=VALUE"),
+    ("bad key=1", "--set 'bad key=1' is not KEY=VALUE"),
+    ("num_batches=3", "--set 'num_batches=3' sets num_batches, which comes from --batches; fix: use that instead"),
+    ("hf_access_token=x", "comes from the host's token file"),
+    ("deploy:x=1", "--set 'deploy:x=1' names step 'deploy'; fix: one of convert, train, export"),
+])
+def test_bad_set_is_refused(item, message):
+    with pytest.raises(maxtext.CommandError) as error:
+        maxtext.parse_sets([item], "train")
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("train", "--batches", "0"), "error: --batches '0' is not a whole number of at least 1; fix: e.g. --batches 50"),
+    (("train", "--batches", "-1"), "error: --batches '-1' is not a whole number of at least 1"),
+    (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number of at least 1"),
+    (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number of at least 1"),
+    (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
+    (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a run name"),
+    (("export", "--step", "x"), "error: --step 'x' is not a whole number of at least 1"),
+    (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
+])
+def test_bad_flags_are_one_line_errors_before_any_connection(args, message, stack_dir):
+    """The host named here does not exist: a connection attempt would fail differently."""
+    result = invoke(*args, "--host", "nobody@192.0.2.1", cwd=stack_dir)
+    assert result.returncode != 0
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_model_is_refused(stack_dir):
+    config = yaml.safe_load((stack_dir / "Pulumi.dev.yaml").read_text())
+    config["config"]["tpu-grpo:model"] = "llama9-70b"
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump(config))
+    result = invoke("train", "--dry-run", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: tpu-grpo:model='llama9-70b' is not a known model (llama3.1-8b, "
+                                    "llama3.1-8b-Instruct); fix: pulumi config set tpu-grpo:model")
+
+
+def test_dry_run_prints_each_steps_script_without_connecting(stack_dir):
+    result = invoke("pipeline", "--dry-run", "--batches", "7", "--run-name", "r1", "--host", "nobody@192.0.2.1",
+                    cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    run = maxtext.Run(**{**RUN.__dict__, "batches": 7, "run_name": "r1"})
+    for step in maxtext.STEPS:
+        assert maxtext.script(run, step) in result.stdout
+    assert "# save: copy /dev/shm/llama3.1-8b-Instruct/hf-trained/ to ~/tpu-grpo/models/r1" in result.stdout
+
+
+def test_plan_includes_the_scripts(stack_dir):
+    result = invoke("plan", "--json", cwd=stack_dir)
+    plan = json.loads(result.stdout)
+    assert [job["step"] for job in plan["jobs"]] == list(maxtext.STEPS)
+    assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
+    assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
+

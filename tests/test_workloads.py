@@ -1,0 +1,342 @@
+"""convert, train, export and pipeline for real over SSH, against a test host whose venv holds
+the stand-in MaxText (tests/standin): it replays the real recorded logs and writes the real
+output tree, so jobs, locks, follow, progress, save, fetch and metrics all run for real."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import sshd as harness
+from tests import tutorial
+from tests.conftest import FIXTURES, SHM_DIRS, TEST_TOKEN
+from tests.test_maxtext import assert_same_as_tutorial
+
+FAST = ("--need-gb", "0.001,0.001")  # the test host's disks are small; the preflight is tested on its own
+
+
+def job_dirs(host) -> list[Path]:
+    root = host.host.user.home / "tpu-grpo/jobs"
+    return sorted(root.iterdir()) if root.exists() else []
+
+
+def scan_for_token(*texts: str, folders: tuple[Path, ...] = ()) -> None:
+    for text in texts:
+        assert TEST_TOKEN not in text
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert TEST_TOKEN.encode() not in path.read_bytes(), path
+
+
+def command_lines() -> list[bytes]:
+    """Every process's /proc/PID/cmdline on this machine (the test hosts' processes included)."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(path.read_bytes())
+        except OSError:  # the process ended meanwhile
+            continue
+    return found
+
+
+def wait_for(condition, timeout_s: float = 60, what: str = "the condition"):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp_path):
+    host = workload_host
+    result = host.invoke("pipeline", "--batches", "50", *FAST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+
+    # Progress and evals come from MaxText's own log lines, as they happen.
+    assert "train: GRPO step 13/50" in out and "train: GRPO step 50/50" in out
+    assert "train: pre eval: accuracy 0% (0/4)" in out
+    assert "train: intermediate eval (step 25): accuracy 0% (0/4)" in out
+    assert "train: post eval: accuracy 0% (0/4)" in out
+    records = host.records()
+    assert [record["module"] for record in records] == list(tutorial.MODULES)
+
+    # Each step got the tutorial's argv and environment, character for character.
+    run_name = next(arg for arg in records[1]["argv"] if arg.startswith("run_name=")).removeprefix("run_name=")
+    assert len(run_name) == 19 and run_name[4] == "-"  # YYYY-MM-DD-HH-MM-SS
+    theirs = tutorial.calls(tmp_path, TEST_TOKEN, run_name)
+    for record in records[1:]:  # the job's TPU_NAME is the host's hostname, as the tutorial's $(hostname)
+        assert record["env"]["TPU_NAME"] == os.uname().nodename
+    assert_same_as_tutorial({r["module"]: r for r in records}, theirs)
+    # Detached: each step runs in a session of its own, led by its job's wrapper (the `pid` file).
+    pids = [int((folder / "pid").read_text()) for folder in job_dirs(host)]
+    assert [(record["sid"], record["pgid"]) for record in records] == [(pid, pid) for pid in pids]
+
+    # Job folders hold the command that ran, the log, the pid and the exit code.
+    dirs = job_dirs(host)
+    assert [d.name.rsplit("-", 1)[-1] for d in dirs] == ["convert", "train", "export"]
+    for folder in dirs:
+        assert (folder / "exit_code").read_text().strip() == "0"
+        assert "python3 -m maxtext." in (folder / "command.sh").read_text()
+    train_log = (dirs[1] / "log").read_bytes()
+    assert train_log.count(b"] Train step ") == 4 and b"Train step 50 training loss" in train_log
+
+    # Saved on the data disk with checksums; the whole log also came back to the laptop.
+    saved = host.host.user.home / "tpu-grpo/models" / run_name
+    for name in os.listdir(FIXTURES / "hf-export"):
+        assert sha256(saved / name) == sha256(FIXTURES / "hf-export" / name)
+    assert (host.host.state / "logs" / f"{dirs[1].name}.log").read_bytes() == train_log
+
+    # A re-run finds everything done and starts nothing.
+    again = host.invoke("pipeline", "--batches", "50", *FAST)
+    assert again.returncode == 0, again.stderr
+    assert all(f"{step}: done (done before)" in again.stdout for step in ("convert", "train", "export", "save"))
+    assert len(host.records()) == 3 and len(job_dirs(host)) == 3
+
+    status = json.loads(host.invoke("status", "--json").stdout)
+    assert [(job["step"], job["state"], job["exit_code"]) for job in status["jobs"]] == [
+        ("convert", "finished", 0), ("train", "finished", 0), ("export", "finished", 0)]
+    assert status["progress"]["step"] == 50 and status["progress"]["run"] == run_name
+
+    # down refuses while the model is only on the VM ...
+    refused = host.invoke("down")
+    assert refused.returncode == 1
+    assert f"run {run_name}: saved on the data disk only; fix: uv run invoke fetch --run {run_name}" in refused.stderr
+
+    # ... fetch brings it with checksums ...
+    target = tmp_path / "model"
+    fetched = host.invoke("fetch", "--run", run_name, "--to", str(target), "--json")
+    assert fetched.returncode == 0, fetched.stderr
+    for name in os.listdir(FIXTURES / "hf-export"):
+        assert sha256(target / name) == sha256(FIXTURES / "hf-export" / name)
+    header = (target / "model.safetensors").read_bytes()
+    size = struct.unpack("<Q", header[:8])[0]
+    assert "model.embed_tokens.weight" in json.loads(header[8:8 + size])
+
+    # ... and then down hands over to `pulumi destroy`.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > {tmp_path}/pulumi-args\n")
+    (tools / "pulumi").chmod(0o755)
+    done = host.invoke("down", env={"PATH": f"{tools}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "pulumi-args").read_text().strip() == "destroy --stack dev"
+
+    metrics = host.invoke("metrics", "--run", run_name, "--out", str(tmp_path / "m.png"))
+    assert metrics.returncode == 0, metrics.stderr
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    scan_for_token(out, result.stderr, again.stdout, refused.stderr, fetched.stdout,
+                   folders=(host.host.user.home / "tpu-grpo", host.host.state))
+
+
+def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_host):
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    host.control(hold_s=120)
+    started = host.invoke("train", "--batches", "4", "--detach")
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.split("started train job ")[1].split()[0]
+    wait_for(lambda: len(host.records()) == 2, what="the training to start")
+    # While MaxText runs, no process on the host has the token on its command line.
+    cmdlines = command_lines()
+    assert any(b"maxtext.trainers.post_train.rl.train_rl" in line for line in cmdlines)
+    assert not [line for line in cmdlines if TEST_TOKEN.encode() in line]
+
+    for args in (("train", "--batches", "4"), ("convert",)):
+        refused = host.invoke(*args)
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == (f"error: the TPU is busy with job {job}; fix: wait for it "
+                                          "(uv run invoke logs --follow) or stop it (uv run invoke cancel)")
+    assert len(host.records()) == 2
+
+    cancelled = host.invoke("cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"cancelled job {job}" in cancelled.stdout
+    wait_for(lambda: not [p for p in host.processes() if "maxtext" in p or "run.sh" in p], 10, "no job process")
+    status = json.loads(host.invoke("status", "--json").stdout)
+    assert status["jobs"][-1]["state"] == "cancelled" and status["jobs"][-1]["exit_code"] == 143
+
+    host.control()  # the lock went with the job: the TPU takes a new one
+    again = host.invoke("train", "--batches", "4")
+    assert again.returncode == 0, again.stderr
+
+
+def test_ctrl_c_detaches_and_the_job_goes_on(workload_host):
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    host.control(line_delay_s=0.004)  # about 6 s of log
+    train = host.popen("train", "--batches", "8")
+    wait_for(lambda: len(host.records()) == 2, what="the training to start")
+    time.sleep(0.5)
+    train.send_signal(signal.SIGINT)
+    out, err = train.communicate(timeout=30)
+    assert train.returncode == 130, err
+    assert "detached: job " in out and "reattach: uv run invoke logs" in out
+    status = json.loads(host.invoke("status", "--json").stdout)
+    assert status["jobs"][-1]["state"] == "running"
+
+    follow = host.invoke("logs", "--follow")
+    assert follow.returncode == 0, follow.stderr
+    assert "train: GRPO step 8/8" in follow.stdout
+    log = (job_dirs(host)[-1] / "log").read_bytes()
+    job = job_dirs(host)[-1].name
+    assert (host.host.state / "logs" / f"{job}.log").read_bytes() == log
+
+
+def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
+    host = workload_host
+    host.control(exit_code={"train_rl": 3})
+    failed = host.invoke("pipeline", "--batches", "4", *FAST)
+    assert failed.returncode == 1
+    assert "error: train failed (job " in failed.stderr and ", exit 3); last lines of its log:" in failed.stderr
+    assert "Post RL Training" in failed.stderr
+    host.control()
+    resumed = host.invoke("pipeline", "--batches", "4", *FAST)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "convert: done (done before)" in resumed.stdout
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+        "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
+
+
+def test_killing_the_pipeline_during_training_then_rerunning_skips_convert(workload_host):
+    host = workload_host
+    host.control(line_delay_s=0.004)
+    pipeline = host.popen("pipeline", "--batches", "8", *FAST)
+    wait_for(lambda: len(host.records()) == 2, what="the training to start")
+    pipeline.kill()
+    pipeline.communicate()
+    rerun = host.invoke("pipeline", "--batches", "8", *FAST)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "convert: done (done before)" in rerun.stdout
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl", "to_huggingface"]
+    assert "train: GRPO step 8/8" in rerun.stdout
+
+
+def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host):
+    host = workload_host
+    chained = host.chain(("convert",), ("train", "--batches", "4"))  # a finished step lets the next one run
+    assert chained.returncode == 0, chained.stderr
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl"]
+    missing = host.invoke("export", "--step", "3")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().endswith("has no checkpoint at step 3; it has: 1, 2, 4; fix: --step 4")
+    assert len(host.records()) == 2 and len(job_dirs(host)) == 2
+    earlier = host.invoke("export", "--step", "2")
+    assert earlier.returncode == 0, earlier.stderr
+    assert host.records()[-1]["env"]["POST_TRAIN_PATH"].endswith("/checkpoints/actor/2/model_params")
+
+
+def test_preflight_names_what_is_missing_and_starts_nothing(workload_host):
+    host = workload_host
+    (host.host.user.home / ".cache/huggingface/token").unlink()
+    host.control(device_count=4)
+    result = host.invoke("pipeline", "--batches", "4", "--need-gb", "100000,0.001")
+    assert result.returncode == 1
+    message = result.stderr.strip()
+    assert message.startswith("error: preflight failed: no Hugging Face token on the host; fix: HF_TOKEN=... ")
+    assert "/dev/shm has " in message and "a run needs 100000" in message
+    assert "JAX sees 4 TPU chips, ct6e-standard-8t has 8" in message
+    assert host.records() == [] and job_dirs(host) == []
+
+
+def test_fetch_to_an_unwritable_folder_connects_to_nothing(workload_host, tmp_path):
+    host = workload_host
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    accepted = host.host.sshd.accepted(host.host.user.name)
+    result = host.invoke("fetch", "--to", str(blocker / "model"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "fix: --to a folder you can write" in result.stderr
+    assert host.host.sshd.accepted(host.host.user.name) == accepted
+
+
+@pytest.fixture
+def namespaced_workload_host(sshd, key_pair, tmp_path_factory):
+    """A workload host behind its own network namespace, whose link a test can cut and mend."""
+    from tests.conftest import TestHost, prepare_workload
+
+    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-netns-"))
+    folder.chmod(0o755)
+    authorized = folder / "authorized_keys"
+    authorized.write_text(key_pair[1].read_text())
+    bridge = harness.Bridge(("tgw-a",), name="tgw0", subnet="10.232.0")
+    user = None
+    try:
+        bridge.up()
+        server = harness.Sshd(folder / "a", authorized, address=bridge.address("tgw-a"), port=22, netns="tgw-a")
+        user = harness.make_user("tgw")
+        server.start()
+        state = tmp_path_factory.mktemp("state")
+        (state / "known_hosts").write_text(server.known_hosts_line)
+        yield bridge, prepare_workload(TestHost(server, user, None, key_pair[0], state))
+    finally:
+        bridge.down()
+        if user:
+            harness.remove_user(user)
+        shutil.rmtree(folder, ignore_errors=True)
+        for shm in SHM_DIRS:
+            shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_cut_link_mid_training_loses_no_line_and_keeps_the_exit_code(namespaced_workload_host):
+    bridge, host = namespaced_workload_host
+    assert host.invoke("convert").returncode == 0
+    host.control(line_delay_s=0.01, exit_code={"train_rl": 5})  # about 15 s of log
+    train = host.popen("train", "--batches", "8")
+    try:
+        wait_for(lambda: len(host.records()) == 2, what="the training to start")
+        time.sleep(2)
+        bridge.cut("tgw-a")
+        job = job_dirs(host)[-1]
+        size_at_cut = (job / "log").stat().st_size
+        time.sleep(8)  # the follow notices the dead link (keepalive, TCP_USER_TIMEOUT) meanwhile
+        assert train.poll() is None, "the follow gave up instead of reconnecting"
+        grown = (job / "log").stat().st_size
+        assert grown > size_at_cut  # the job went on without its SSH connection
+        bridge.mend("tgw-a")
+        out, err = train.communicate(timeout=120)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 5, err
+    assert "connection lost; reconnecting to resume at byte " in out
+    assert "train: GRPO step 8/8" in out
+    log = (job / "log").read_bytes()
+    assert (host.host.state / "logs" / f"{job.name}.log").read_bytes() == log  # no gap, no duplicate
+    assert log.count(b"Starting RL training...") == 1
+
+
+def test_save_keeps_events_and_checkpoint_so_metrics_outlive_dev_shm(workload_host, tmp_path):
+    host = workload_host
+    result = host.invoke("pipeline", "--batches", "4", "--keep-checkpoint", *FAST)
+    assert result.returncode == 0, result.stderr
+    run_name = host.records()[1]["env"]["RUN_NAME"]
+    archive = host.host.user.home / "tpu-grpo/runs" / run_name
+    checkpoint = archive / "checkpoints/actor/4"
+    assert (checkpoint / "SHA256SUMS").is_file() and (checkpoint / "model_params").is_dir()
+    check = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=checkpoint, capture_output=True)
+    assert check.returncode == 0, check.stdout
+
+    for folder in SHM_DIRS:  # what a VM restart does to /dev/shm
+        shutil.rmtree(folder, ignore_errors=True)
+    metrics = host.invoke("metrics", "--run", run_name, "--json", "--out", str(tmp_path / "m.png"))
+    assert metrics.returncode == 0, metrics.stderr
+    found = json.loads(metrics.stdout)
+    assert found["run"] == run_name and found["rows"][0]["step"] == 1
+    assert [e["stage"] for e in found["evals"]] == ["pre", "intermediate", "intermediate", "post"]  # from the log
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

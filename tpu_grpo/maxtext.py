@@ -1,0 +1,217 @@
+"""The tutorial's three MaxText command lines (sections 4, 5 and 6) and their environment.
+
+Each step is one bash script: the tutorial's `export`s, cumulative as in its one shell
+session, then `python3 -m MODULE key=value ...` rendered from one mapping of overrides per
+step, which `--set KEY=VALUE` extends or overrides. The one deliberate difference: the
+Hugging Face token is read from the host's token file into `HF_TOKEN` (which MaxText
+0.2.3 reads itself), never passed as `hf_access_token=` on the command line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from tpu_grpo.machines import Machine
+
+STEPS = ("convert", "train", "export")
+MODULES = {
+    "convert": "maxtext.checkpoint_conversion.to_maxtext",
+    "train": "maxtext.trainers.post_train.rl.train_rl",
+    "export": "maxtext.checkpoint_conversion.to_huggingface",
+}
+#: Where provisioning puts MaxText (playbooks/host.yml's `venv`) and the token (its token step).
+VENV = "~/maxtext_venv"
+TOKEN_FILE = "~/.cache/huggingface/token"
+#: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
+OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
+              "hf_access_token": "the host's token file (invoke provision --tags token)",
+              "load_parameters_path": "--step (export) or the converted checkpoint (train)",
+              "base_output_directory": "the tutorial's /dev/shm paths"}
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_SET_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+class CommandError(ValueError):
+    """Bad input for a command line; one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the three command lines are made of: the stack's settings and this run's flags."""
+
+    model: str
+    export_model: str
+    batches: int
+    test_batches: int
+    use_pathways: bool
+    lazy_load_tensors: bool
+    machine: Machine
+    run_name: str
+    sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
+    step: int | None = None  # the checkpoint to export (default: the last, num_batches)
+
+    @property
+    def export_step(self) -> int:
+        return self.step or self.batches
+
+    def inputs(self, step: str) -> dict:
+        """What a step's result depends on: equal inputs mean a done step can be reused."""
+        common = {"model": self.model, "use_pathways": self.use_pathways, "convert_set": dict(self.sets.get("convert", {}))}
+        if step == "convert":
+            return {**common, "lazy_load_tensors": self.lazy_load_tensors}
+        trained = {**common, "run_name": self.run_name, "batches": self.batches, "test_batches": self.test_batches,
+                   "machine": self.machine.machine_type, "train_set": dict(self.sets.get("train", {}))}
+        if step == "train":
+            return trained
+        return {**trained, "export_model": self.export_model, "step": self.export_step,
+                "export_set": dict(self.sets.get("export", {}))}
+
+
+def timestamp_run_name(now: float | None = None) -> str:
+    """The tutorial's `RUN_NAME=$(date +%Y-%m-%d-%H-%M-%S)`, taken on the laptop in UTC (the VM's clock zone)."""
+    return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(now))
+
+
+def check_run_name(name: str) -> str:
+    if not _RUN_NAME.match(name):
+        raise CommandError(f"--run-name {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 100); "
+                           "fix: e.g. --run-name gsm8k-50")
+    return name
+
+
+def check_count(flag: str, text: object) -> int:
+    """`--batches 50` -> 50; 0, negatives and non-numbers are refused."""
+    value = str(text).strip()
+    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+        raise CommandError(f"{flag} {text!r} is not a whole number of at least 1; fix: e.g. {flag} 50")
+    return int(value)
+
+
+def parse_sets(items: list[str] | None, default_step: str) -> dict[str, dict[str, str]]:
+    """`--set KEY=VALUE` or `--set STEP:KEY=VALUE` -> {step: {key: value}}; the step defaults to the task's own."""
+    sets: dict[str, dict[str, str]] = {}
+    for item in items or []:
+        step, _, assignment = item.rpartition(":") if re.match(r"^[a-z]+:", item) else ("", "", item)
+        key, equals, value = assignment.partition("=")
+        step = step or default_step
+        if step not in STEPS:
+            raise CommandError(f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, e.g. --set train:learning_rate=1e-6")
+        if not equals or not _SET_KEY.match(key):
+            raise CommandError(f"--set {item!r} is not KEY=VALUE; fix: e.g. --set rl.num_generations=4")
+        if key in OWNED_KEYS:
+            raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
+        sets.setdefault(step, {})[key] = value
+    return sets
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def environment(run: Run, step: str) -> list[tuple[str, str]]:
+    """The tutorial's exports up to this step, in its order, as (name, shell text of the value)."""
+    machine = run.machine.tpu_env()
+    convert = [
+        ("MODEL_NAME", _q(run.model)),
+        ("MODEL_CHECKPOINT_DIRECTORY", "/dev/shm/$MODEL_NAME/mt-format/"),
+        ("USE_PATHWAYS", "1" if run.use_pathways else "0"),
+        ("LAZY_LOAD_TENSORS", "True" if run.lazy_load_tensors else "False"),
+    ]
+    train = [
+        ("BASE_OUTPUT_DIRECTORY", "/dev/shm/$MODEL_NAME/post-train/"),
+        ("RUN_NAME", _q(run.run_name)),
+        ("CHIPS_PER_VM", machine["CHIPS_PER_VM"]),
+        ("NUM_BATCHES", str(run.batches)),
+        ("MAXTEXT_CKPT_PATH", "$MODEL_CHECKPOINT_DIRECTORY/0/items"),
+        ("TPU_ACCELERATOR_TYPE", machine["TPU_ACCELERATOR_TYPE"]),
+        ("TPU_WORKER_ID", "0"),
+        ("TPU_NAME", "$(hostname)"),
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_TOPOLOGY", machine["TPU_TOPOLOGY"]),
+        ("TPU_CHIPS_PER_HOST_BOUNDS", machine["TPU_CHIPS_PER_HOST_BOUNDS"]),
+        ("TPU_HOST_BOUNDS", machine["TPU_HOST_BOUNDS"]),
+    ]
+    step_dir = "$NUM_BATCHES" if run.export_step == run.batches else str(run.export_step)
+    export = [
+        ("HF_EXPORT", "/dev/shm/$MODEL_NAME/hf-trained/"),
+        ("HF_MODEL_NAME", _q(run.export_model)),
+        ("POST_TRAIN_PATH", f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/{step_dir}/model_params"),
+    ]
+    return {"convert": convert, "train": convert + train, "export": convert + train + export}[step]
+
+
+def overrides(run: Run, step: str) -> dict[str, str]:
+    """The step's `key=value` arguments (values as shell text), with the step's `--set`s applied last."""
+    zarr = "$((1 - USE_PATHWAYS))"
+    mapping = {
+        "convert": {
+            "model_name": '"${MODEL_NAME?}"',
+            "base_output_directory": '"${MODEL_CHECKPOINT_DIRECTORY?}"',
+            "scan_layers": "True",
+            "use_multimodal": "False",
+            "hardware": "cpu",
+            "skip_jax_distributed_system": "true",
+            "checkpoint_storage_use_zarr3": zarr,
+            "checkpoint_storage_use_ocdbt": zarr,
+            "--lazy_load_tensors": '"${LAZY_LOAD_TENSORS?}"',
+        },
+        "train": {
+            "model_name": '"${MODEL_NAME?}"',
+            "load_parameters_path": '"${MAXTEXT_CKPT_PATH?}"',
+            "run_name": '"${RUN_NAME?}"',
+            "base_output_directory": '"${BASE_OUTPUT_DIRECTORY?}"',
+            "chips_per_vm": '"${CHIPS_PER_VM?}"',
+            "num_batches": '"${NUM_BATCHES?}"',
+            "num_test_batches": str(run.test_batches),
+            "rollout_data_parallelism": "1",
+            "rollout_tensor_parallelism": "-1",
+        },
+        "export": {
+            "model_name": '"${HF_MODEL_NAME?}"',
+            "load_parameters_path": '"${POST_TRAIN_PATH?}"',
+            "base_output_directory": '"${HF_EXPORT?}"',
+            "scan_layers": "True",
+            "use_multimodal": "False",
+            "weight_dtype": "bfloat16",
+        },
+    }[step]
+    mapping.update({key: _q(value) for key, value in run.sets.get(step, {}).items()})
+    return mapping
+
+
+def script(run: Run, step: str) -> str:
+    """The whole remote script of one step: what `--dry-run` prints and what the job runs."""
+    lines = [
+        f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
+        "set -eo pipefail",
+        f"source {VENV}/bin/activate",
+        "set -u",
+        f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
+        "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
+        f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN",
+        "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
+    ]
+    for name, value in environment(run, step):
+        lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
+    arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
+    lines.append(f"python3 -m {MODULES[step]} \\")
+    lines.append(" \\\n".join(arguments))
+    return "\n".join(lines) + "\n"
+
+
+def paths(run: Run) -> dict[str, str]:
+    """The tutorial's paths as the host will see them (its exports expanded), for records and checks."""
+    values: dict[str, str] = {}
+    for name, value in environment(run, "export"):
+        if not value.startswith("$("):
+            values[name] = string.Template(shlex.split(value)[0] if value.startswith("'") else value).substitute(values)
+    return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}",
+            "checkpoints": f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}/checkpoints/actor",
+            "post_train": values["POST_TRAIN_PATH"], "hf_export": values["HF_EXPORT"],
+            "shm_model": f"/dev/shm/{run.model}"}

@@ -1,0 +1,311 @@
+"""convert -> train -> export -> save on one host, each step a detached job that is recorded
+when it succeeds, so a re-run skips what is done (a converted checkpoint serves every run)
+and resumes after a failure or a killed laptop. A preflight checks the host first, in one
+round trip, so a missing token or a full disk fails in seconds, not after an hour of TPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shlex
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+from tpu_grpo import artifacts, jobs, maxtext, settings
+from tpu_grpo.progress import total_steps
+
+PIPELINE = ("convert", "train", "export", "save")
+MODELS = f"{jobs.ROOT}/models"
+PIPELINES = f"{jobs.ROOT}/pipelines"
+RUNS = f"{jobs.ROOT}/runs"
+#: Free space a run of an 8B model needs (GB): /dev/shm holds the converted checkpoint, the
+#: training checkpoint (parameters and Adam state) and the export; the data disk the saved model.
+NEED_GB = {"shm": 120.0, "data": 20.0}
+LOG_TAIL_LINES = 15
+
+
+class PipelineError(Exception):
+    """A step that failed or cannot start; one line (and the log's last lines) with the fix."""
+
+
+@dataclass
+class Step:
+    name: str
+    state: str  # done | skipped | ran | failed
+    job: str | None = None
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    run: str
+    host: str
+    steps: list[Step] = field(default_factory=list)
+    saved: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def record_key(run: maxtext.Run, step: str) -> str:
+    """The done-record's name: equal inputs give the same key, so an equal step is found and reused."""
+    digest = hashlib.sha256(json.dumps(run.inputs(step), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{step}-{run.run_name}-{digest}" if step == "train" else f"{step}-{digest}"
+
+
+def saved_dir(run_name: str) -> str:
+    return f"{MODELS}/{run_name}"
+
+
+def output_test(run: maxtext.Run, step: str) -> str:
+    """A bash test that holds when the step's result is on the host and belongs to these inputs."""
+    paths = maxtext.paths(run)
+    record = f"{jobs.DONE}/{record_key(run, step)}"
+    if step == "convert":
+        return f"[ -f {record} ] && [ -d {paths['checkpoint']} ]"
+    if step == "train":
+        return f"[ -f {record} ] && [ -d {paths['post_train']} ]"
+    if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
+        return (f"[ -f {record} ] && [ \"$(ls -t {jobs.DONE}/export-* | head -1)\" = {record} ] "
+                f"&& [ -f {paths['hf_export']}config.json ]")
+    return f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ]"
+
+
+def probe_script(run: maxtext.Run) -> str:
+    """One round trip: which steps are done, and which pipelines ran before with these inputs."""
+    lines = [f"if {output_test(run, step)}; then echo done {step}; fi" for step in PIPELINE]
+    lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $f; "
+                 f"base64 -w0 {PIPELINES}/$f; echo; done")
+    return "\n".join(lines)
+
+
+def pipeline_inputs(run: maxtext.Run) -> dict:
+    """A pipeline's identity, run name aside: the same flags resume the same run."""
+    inputs = run.inputs("export")
+    inputs.pop("run_name")
+    return inputs
+
+
+def probe(connection, run: maxtext.Run) -> tuple[set[str], list[dict]]:
+    result = jobs._run(connection, probe_script(run))
+    done, pipelines = set(), []
+    lines = result.stdout.splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("done "):
+            done.add(line.split()[1])
+        if line.startswith("pipeline ") and number + 1 < len(lines):
+            try:
+                pipelines.append(json.loads(base64.b64decode(lines[number + 1])))
+            except ValueError:
+                continue
+    return done, pipelines
+
+
+def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
+    """Every check in one script; each failing one prints `fail: what; fix: how`."""
+    venv = maxtext.VENV
+    shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
+    tpu = (f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
+           f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
+           f'has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), '
+           f'or check the machine type"') if check_tpu else ""
+    return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
+version=$({venv}/bin/python -c "import importlib.metadata as m; print(m.version('maxtext'))" 2>/dev/null || echo none)
+[ "$version" = 0.2.3 ] || echo "fail: MaxText in {venv} is $version, not 0.2.3; fix: uv run invoke provision"
+[ -s {maxtext.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
+free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
+[ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
+mkdir -p {jobs.ROOT}
+free=$(df -Pk {jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
+[ "$free" -ge {data_kb} ] || echo "fail: the data disk ({jobs.ROOT}) has $((free / 1048576)) GB free, a saved model needs {need_gb['data']:g}; fix: remove old models in {MODELS} or grow dataDiskGb"
+{tpu}
+"""
+
+
+def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
+    result = jobs._run(connection, preflight_script(run, need_gb, check_tpu))
+    failures = [line.removeprefix("fail: ") for line in result.stdout.splitlines() if line.startswith("fail: ")]
+    if failures:
+        raise PipelineError("preflight failed: " + " | ".join(failures))
+
+
+def parse_need_gb(text: str | None) -> dict[str, float]:
+    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}."""
+    if text is None:
+        return dict(NEED_GB)
+    parts = str(text).split(",")
+    try:
+        shm, data = (float(part) for part in parts)
+        if shm < 0 or data < 0:
+            raise ValueError
+    except ValueError:
+        raise PipelineError(f"--need-gb {text!r} is not SHM_GB,DATA_GB; fix: e.g. --need-gb 120,20") from None
+    return {"shm": shm, "data": data}
+
+
+def job_meta(run: maxtext.Run, step: str) -> dict:
+    meta = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
+            "paths": maxtext.paths(run)}
+    if step == "train":
+        iterations = int(float(run.sets.get("train", {}).get("rl.num_iterations", 1)))
+        meta["total_steps"] = total_steps(run.batches, iterations)
+    return meta
+
+
+def start_step(connection, run: maxtext.Run, step: str) -> str:
+    """Start one MaxText step as a detached job (refused when the TPU is busy); returns the job id."""
+    job_id = jobs.new_id(step)
+    jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step))
+    return job_id
+
+
+def running_jobs(connection, run: maxtext.Run) -> dict[str, jobs.Job]:
+    """This run's steps that have a job running now (a pipeline re-run attaches to them)."""
+    keys = {record_key(run, step): step for step in maxtext.STEPS}
+    return {keys[job.meta.get("key")]: job for job in jobs.list_jobs(connection)
+            if job.state == "running" and job.meta.get("key") in keys}
+
+
+def failure(connection, job_id: str, step: str, code: int) -> PipelineError:
+    tail = jobs.read_log(connection, job_id).decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    return PipelineError(f"{step} failed (job {job_id}, exit {code}); last lines of its log:\n"
+                         + "\n".join(f"  {line}" for line in tail)
+                         + "\nfix the cause, then run the same command again: finished steps are skipped")
+
+
+def run_archive(run_name: str) -> str:
+    """Where save keeps what else of a run must outlive /dev/shm: its TensorBoard events, and
+    its last checkpoint when asked for."""
+    return f"{RUNS}/{run_name}"
+
+
+def _copy(connection, source: str, destination: str) -> None:
+    result = jobs._run(connection, artifacts.save_script(source, destination))
+    if result.exited != 0:
+        raise PipelineError(f"save to {destination} failed: {(result.stderr or result.stdout).strip()}")
+
+
+def save(connection, run: maxtext.Run, keep_checkpoint: bool = False) -> str:
+    """Copy from /dev/shm to the data disk, each folder with checksums: the exported model,
+    the run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint
+    of the exported step (to train on from it); returns where the model is."""
+    paths = maxtext.paths(run)
+    destination = saved_dir(run.run_name)
+    _copy(connection, paths["hf_export"], destination)
+    _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard")
+    if keep_checkpoint:
+        _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
+              f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
+    return destination
+
+
+def write_record(connection, run: maxtext.Run, finished: bool) -> None:
+    record = {"run": run.run_name, "inputs": pipeline_inputs(run), "finished": finished}
+    encoded = shlex.quote(json.dumps(record))
+    jobs._run(connection, f"mkdir -p {PIPELINES} && printf '%s' {encoded} > {PIPELINES}/{run.run_name}.json")
+
+
+def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
+    """The newest earlier pipeline with the same inputs: its run is the one to continue."""
+    wanted = json.loads(json.dumps(pipeline_inputs(run)))
+    for record in pipelines:
+        if record.get("inputs") == wanted:
+            return record["run"]
+    return None
+
+
+def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: bool, need_gb: dict[str, float],
+                 follow: Callable[[str, str], int], on_step: Callable[[Step], None] = lambda step: None,
+                 keep_checkpoint: bool = False) -> Outcome:
+    """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code."""
+    done, pipelines = probe(session.connection, run)
+    if not run_name_given:
+        earlier = resumable_run(pipelines, run)
+        if earlier and earlier != run.run_name:
+            run = replace(run, run_name=earlier)
+            done, _ = probe(session.connection, run)
+    if keep_checkpoint:  # save again: what it saved before is verified and kept, the checkpoint added
+        done.discard("save")
+    outcome = Outcome(run.run_name, session.host.name)
+    last_done = max((PIPELINE.index(step) for step in done), default=-1)
+    attach = running_jobs(session.connection, run)
+    if last_done < len(PIPELINE) - 1 and not attach:
+        preflight(session.connection, run, need_gb, check_tpu=last_done < PIPELINE.index("export"))
+    write_record(session.connection, run, finished=False)
+    for number, step in enumerate(PIPELINE):
+        if number <= last_done:
+            outcome.steps.append(Step(step, "done" if step in done else "skipped",
+                                      detail="done before" if step in done else "a later step is done"))
+        elif step == "save":
+            outcome.saved = save(session.connection, run, keep_checkpoint)
+            outcome.steps.append(Step(step, "ran", detail=outcome.saved))
+        else:
+            job = attach.get(step)
+            job_id = job.id if job else start_step(session.connection, run, step)
+            code = follow(job_id, step)
+            outcome.steps.append(Step(step, "ran" if code == 0 else "failed", job_id, code,
+                                      "attached to the running job" if job else ""))
+            if code != 0:
+                on_step(outcome.steps[-1])
+                raise failure(session.connection, job_id, step, code)
+        on_step(outcome.steps[-1])
+    write_record(session.connection, run, finished=True)
+    return outcome
+
+
+def build_run(stack: str | None, *, batches=None, run_name: str | None = None, sets: list[str] | None = None,
+              default_step: str = "train", step=None) -> maxtext.Run:
+    """A Run from the stack's settings and the task's flags, every flag validated before any connection."""
+    chosen = settings.load(stack, lenient=True)
+    return maxtext.Run(
+        model=chosen.model, export_model=chosen.export_model,
+        batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
+        test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
+        lazy_load_tensors=chosen.lazy_load_tensors, machine=chosen.machine,
+        run_name=maxtext.check_run_name(run_name) if run_name else maxtext.timestamp_run_name(),
+        sets=maxtext.parse_sets(sets, default_step),
+        step=maxtext.check_count("--step", step) if step is not None else None)
+
+
+def trained_runs(connection) -> list[dict]:
+    """The runs whose training finished, oldest first, with the inputs they were trained with."""
+    return [job.meta for job in jobs.list_jobs(connection) if job.step == "train" and job.exit_code == 0]
+
+
+def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Run:
+    """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for."""
+    trained = trained_runs(connection)
+    if run_name_given:
+        trained = [meta for meta in trained if meta["run"] == run.run_name]
+    if not trained:
+        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        raise PipelineError(f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
+                            "(or name a trained run: uv run invoke status)")
+    inputs = trained[-1]["inputs"]
+    run = replace(run, run_name=trained[-1]["run"], batches=inputs["batches"], test_batches=inputs["test_batches"],
+                  sets={**run.sets, "train": inputs.get("train_set", {})})
+    folder = maxtext.paths(run)["checkpoints"]
+    result = jobs._run(connection, f"ls -1 {folder} 2>/dev/null | grep -E '^[0-9]+$' | sort -n")
+    steps = [int(line) for line in result.stdout.split()]
+    if run.export_step not in steps:
+        raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "
+                            f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
+                            f"fix: --step {steps[-1] if steps else 'N'}")
+    return run
+
+
+def require_converted(connection, run: maxtext.Run) -> None:
+    checkpoint = maxtext.paths(run)["checkpoint"]
+    if jobs._run(connection, f"[ -d {checkpoint} ]").exited != 0:
+        raise PipelineError(f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
+                            "(or uv run invoke pipeline, which converts first)")
+
+
+def start_checked(connection, run: maxtext.Run, step: str) -> str:
+    """Start one step on its own, after checking its input is there (nothing starts otherwise)."""
+    if step == "train":
+        require_converted(connection, run)
+    return start_step(connection, run, step)

@@ -1,0 +1,142 @@
+"""Results that are never lost: which runs on the host are not yet on this laptop (what
+`invoke down` guards), fetching a saved model with checksums, and a run's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from tpu_grpo import artifacts, jobs, pipeline, settings
+
+
+def destination(run: str | None, to: str | None) -> Path:
+    """Where fetch writes, checked writable before anything connects."""
+    if run is not None:
+        from tpu_grpo.maxtext import check_run_name
+
+        check_run_name(run)
+    return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
+
+
+def _fetched_record(run: str) -> Path:
+    return settings.state_dir() / "fetched" / f"{run}.json"
+
+
+def runs_on_host(connection) -> dict[str, str]:
+    """Every run with a trained model on the host -> where it is ('saved' on the data disk, or 'shm')."""
+    result = jobs._run(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
+                                   f"ls -1 {jobs.DONE} 2>/dev/null | grep '^train-' | sed 's/^/trained /'")
+    runs: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        kind, _, name = line.partition(" ")
+        if kind == "saved" and not name.endswith(".partial"):
+            runs[name] = "saved"
+        elif kind == "trained":
+            runs.setdefault(name.removeprefix("train-").rsplit("-", 1)[0], "shm")
+    return runs
+
+
+def is_fetched(run: str) -> bool:
+    record = _fetched_record(run)
+    if not record.is_file():
+        return False
+    return artifacts.verify_local(Path(json.loads(record.read_text())["dir"]))
+
+
+def unfetched(session: jobs.Session) -> list[str]:
+    """A line for each run whose model would die with the VM, with the command that saves it."""
+    lines = []
+    for run, where in sorted(runs_on_host(session.connection).items()):
+        if is_fetched(run):
+            continue
+        if where == "saved":
+            lines.append(f"run {run}: saved on the data disk only; fix: uv run invoke fetch --run {run}")
+        else:
+            lines.append(f"run {run}: trained, only in /dev/shm; fix: uv run invoke pipeline --run-name {run} "
+                         f"(exports and saves it), then uv run invoke fetch --run {run}")
+    return lines
+
+
+def newest_saved(connection) -> str:
+    result = jobs._run(connection, f"ls -1t {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | head -1")
+    name = result.stdout.strip()
+    if not name:
+        raise artifacts.ArtifactError("no saved model on this host yet; fix: uv run invoke pipeline --batches 50 "
+                                      "(it exports and saves the model)")
+    return name
+
+
+def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Console, quiet: bool = False):
+    """Download the run's saved model into `folder` (models/RUN unless --to), with a progress bar."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+
+    connection = session.connection
+    run = run or newest_saved(connection)
+    target = folder / run if folder == settings.project_root() / "models" else folder
+    artifacts.check_destination(target)
+    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=console, disable=quiet) as bar:
+        task = bar.add_task(f"fetch {run}", total=None)
+        result = artifacts.fetch(connection, pipeline.saved_dir(run), target,
+                                 lambda done, total, name: bar.update(task, completed=done, total=total))
+    record = _fetched_record(run)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve())}))
+    if not quiet:
+        console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
+                      f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
+    return result
+
+
+def _train_job(connection, run: str | None) -> jobs.Job:
+    trained = [job for job in jobs.list_jobs(connection) if job.step == "train" and job.state != "running"
+               and (run is None or job.run == run)]
+    if not trained:
+        which = f"run {run!r}" if run else "any run"
+        raise jobs.JobError(f"no training of {which} on this host; fix: name a run from uv run invoke status")
+    return trained[-1]
+
+
+def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
+    """The run's TensorBoard folder and its event files: in /dev/shm while the run is there,
+    else the copy `save` made on the data disk."""
+    from tpu_grpo import metrics
+
+    shm = f"{job.meta['paths']['run']}/tensorboard"
+    archived = f"{pipeline.run_archive(job.run)}/tensorboard"
+    for folder in (shm, archived):
+        remote = jobs._run(connection, f"cd {folder} 2>/dev/null && pwd").stdout.strip()
+        if remote:
+            names = [name for name in sftp.listdir(remote) if name.startswith("events.")]
+            if names:
+                return remote, names
+    raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {shm} (/dev/shm does not survive a "
+                               f"restart) nor in {archived} (the pipeline's save copies them there); "
+                               "fix: point --events at a copy")
+
+
+def metrics_of(session: jobs.Session | None, run: str | None, events: Path | None, out: Path | None):
+    """Load a run's metrics (the host's TensorBoard events and train log, copied to the laptop first,
+    or a local events folder) and write its plot; returns (metrics, png path)."""
+    from tpu_grpo import metrics
+
+    if events is not None:
+        found = metrics.load(events, run=run)
+    else:
+        connection = session.connection
+        job = _train_job(connection, run)
+        local = settings.state_dir() / "runs" / job.run
+        board = local / "tensorboard"
+        board.mkdir(parents=True, exist_ok=True)
+        sftp = connection.sftp()
+        remote, names = _events_folder(connection, sftp, job)
+        for name in names:
+            sftp.get(f"{remote}/{name}", str(board / name))
+        (local / "train.log").write_bytes(jobs.read_log(connection, job.id))
+        found = metrics.load(board, local / "train.log", run=job.run)
+    path = out or settings.state_dir() / "runs" / found.run / "metrics.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return found, metrics.plot(found, path)

@@ -1,0 +1,144 @@
+"""Following a job in the terminal: a progress bar fed by MaxText's own log lines, the
+lines a person wants (evals, errors) printed above it, and the whole log kept on the laptop.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tpu_grpo import jobs, settings
+from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep
+
+#: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
+SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")
+
+
+def local_log(job_id: str) -> Path:
+    folder = settings.state_dir() / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{job_id}.log"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA …"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"ETA {minutes}m{secs:02d}s"
+
+
+class JobView:
+    """Turns the job's log bytes into lines: saved to the local copy, shown when they matter,
+    and counted into the progress bar (GRPO step N of the total, eval accuracy, elapsed, ETA)."""
+
+    def __init__(self, console: Console, job_id: str, step: str, total_steps: int | None, verbose: bool = False):
+        self.console, self.job_id, self.step, self.verbose = console, job_id, step, verbose
+        self.tracker = Tracker(total_steps or 0)
+        self.partial = b""
+        self.lines = 0
+        self.path = local_log(job_id)
+        self.file = self.path.open("wb")
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"),
+                                 console=console, transient=False)
+        self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
+
+    def __enter__(self) -> "JobView":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.partial:
+            self._line(self.partial.decode(errors="replace"))
+        self.progress.stop()
+        self.file.close()
+
+    def feed(self, data: bytes) -> None:
+        self.file.write(data)
+        self.file.flush()
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        for raw in complete:
+            self._line(raw.decode(errors="replace"))
+
+    def note(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]{message}[/]")
+
+    def _line(self, line: str) -> None:
+        self.lines += 1
+        event = self.tracker.feed(line)
+        now = time.monotonic()
+        if isinstance(event, TrainStep):
+            eta = _eta(self.tracker.eta_seconds(now))
+            self.progress.update(self.task, completed=event.step, eta=eta)
+            if not self.console.is_terminal:
+                self.console.print(f"{self.step}: GRPO step {event.step}/{self.tracker.total_steps} "
+                                   f"loss {event.loss:g} {eta}")
+        elif isinstance(event, Eval):
+            where = f" (step {event.step})" if event.step is not None else ""
+            self.progress.update(self.task, accuracy=f"eval {event.accuracy:g}%")
+            self.progress.console.print(f"{self.step}: {event.stage} eval{where}: accuracy {event.accuracy:g}% "
+                                        f"({event.correct}/{event.total}), format {event.format_accuracy:g}%")
+        elif isinstance(event, (Started, Completed)):
+            self.progress.console.print(f"{self.step}: {line.split('] ', 1)[-1].strip()}")
+        elif self.verbose or SHOWN.search(line):
+            self.progress.console.print(line, markup=False, highlight=False)
+
+
+def follow(session: jobs.Session, job: str, step: str, console: Console, total_steps: int | None = None,
+           verbose: bool = False) -> int:
+    """Follow the job to its end with a progress view; returns its exit code."""
+    with JobView(console, job, step, total_steps, verbose) as view:
+        code = jobs.follow(session, job, view.feed, on_reconnect=view.note)
+    verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
+    console.print(f"{step} {verdict}: job {job}, {view.lines} log lines (saved in {view.path})")
+    return code
+
+
+PROGRESS_LINES = "Train step|Pre RL Training|Intermediate Eval|Post RL Training|Starting RL|Completed Successfully"
+
+
+def progress_of(connection, found: list[jobs.Job]) -> dict | None:
+    """Where the running (else newest) training stands, read from its log's progress lines."""
+    trains = [job for job in found if job.step == "train"]
+    if not trains:
+        return None
+    job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
+    result = connection.run(f"grep -aE '{PROGRESS_LINES}' {jobs.JOBS}/{job.id}/log", hide=True, warn=True,
+                            in_stream=False)
+    tracker = Tracker(job.meta.get("total_steps") or 0)
+    for line in result.stdout.splitlines():
+        tracker.feed(line)
+    return {"job": job.id, "run": job.run, **tracker.summary()}
+
+
+def _duration(job: jobs.Job) -> str:
+    seconds = int((job.finished or time.time()) - job.started)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def print_status(console: Console, host: str, found: list[jobs.Job], progress: dict | None) -> None:
+    from rich.table import Table
+
+    if not found:
+        console.print(f"{host}: no jobs yet (start one: uv run invoke pipeline --batches 50)")
+        return
+    table = Table(title=f"jobs on {host}", title_justify="left")
+    for column in ("job", "step", "run", "state", "exit", "started (UTC)", "took"):
+        table.add_column(column)
+    colours = {"running": "yellow", "finished": "green", "cancelled": "magenta", "lost": "red"}
+    for job in found:
+        state = job.state if job.state != "finished" or job.exit_code == 0 else "failed"
+        colour = colours.get(job.state, "white") if state != "failed" else "red"
+        table.add_row(job.id, job.step, job.run, f"[{colour}]{state}[/]",
+                      "" if job.exit_code is None else str(job.exit_code),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job.started)), _duration(job))
+    console.print(table)
+    if progress:
+        evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
+        console.print(f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
+                      + (f"; eval accuracy: {evals}" if evals else ""))
