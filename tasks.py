@@ -212,7 +212,7 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose):
     console = _console()
     console.print(f"started {step} job {job} (run {run.run_name}) on {session.host.name}")
     if detach:
-        console.print(f"follow it: uv run invoke logs {job} --follow")
+        console.print(f"follow it: uv run invoke logs --job {job} --follow")
         return
     meta = pipeline.job_meta(run, step)
     _exit_on_failure(_follow(session, job, step, meta.get("total_steps"), verbose))
@@ -228,7 +228,7 @@ def _follow(session, job, step, total_steps, verbose) -> int:
             return watch.follow(session, job, step, console, total_steps, verbose)
     except KeyboardInterrupt:
         console.print(f"\ndetached: job {job} keeps running on {session.host.name}; "
-                      f"reattach: uv run invoke logs {job} --follow; stop it: uv run invoke cancel {job}")
+                      f"reattach: uv run invoke logs --job {job} --follow; stop it: uv run invoke cancel --job {job}")
         return 130
 
 

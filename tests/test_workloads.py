@@ -240,6 +240,21 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host):
     assert earlier.returncode == 0, earlier.stderr
     assert host.records()[-1]["env"]["POST_TRAIN_PATH"].endswith("/checkpoints/actor/2/model_params")
 
+    # The trained model is only in /dev/shm: down refuses and names the command that saves it,
+    # which finishes this run (no second training) when run as given.
+    run_name = host.records()[1]["env"]["RUN_NAME"]
+    refused = host.invoke("down")
+    assert refused.returncode == 1
+    fix = (f"run {run_name}: trained, only in /dev/shm; fix: uv run invoke pipeline --run-name {run_name} "
+           f"--batches 4 (exports and saves it), then uv run invoke fetch --run {run_name}")
+    assert fix in refused.stderr
+    finished = host.invoke(*fix.split("fix: uv run invoke ")[1].split(" (")[0].split(), *FAST)
+    assert finished.returncode == 0, finished.stderr
+    assert "train: done (done before)" in finished.stdout
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+        "to_maxtext", "train_rl", "to_huggingface", "to_huggingface"]
+    assert (host.host.user.home / "tpu-grpo/models" / run_name / "SHA256SUMS").is_file()
+
 
 def test_preflight_names_what_is_missing_and_starts_nothing(workload_host):
     host = workload_host

@@ -217,7 +217,7 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
             connection = session.connection
         except hosts.HostError as error:
             raise JobError(f"lost the host while following job {job_id} ({error}); the job goes on on the "
-                           f"host: uv run invoke logs {job_id} --follow") from None
+                           f"host: uv run invoke logs --job {job_id} --follow") from None
         try:
             if _stream(connection, job_id, position, on_bytes):
                 on_bytes(_rest(connection, job_id, position))

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
 from pathlib import Path
 
 from rich.console import Console
@@ -25,18 +27,28 @@ def _fetched_record(run: str) -> Path:
     return settings.state_dir() / "fetched" / f"{run}.json"
 
 
-def runs_on_host(connection) -> dict[str, str]:
-    """Every run with a trained model on the host -> where it is ('saved' on the data disk, or 'shm')."""
+def runs_on_host(connection) -> dict[str, dict | None]:
+    """Every run with a trained model on the host -> None when saved on the data disk, else the
+    training's record (its inputs): the model is then only in /dev/shm."""
     result = jobs._run(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
-                                   f"ls -1 {jobs.DONE} 2>/dev/null | grep '^train-' | sed 's/^/trained /'")
-    runs: dict[str, str] = {}
+                                   f"for f in {jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); "
+                                   "done; true")
+    runs: dict[str, dict | None] = {}
     for line in result.stdout.splitlines():
-        kind, _, name = line.partition(" ")
-        if kind == "saved" and not name.endswith(".partial"):
-            runs[name] = "saved"
+        kind, _, rest = line.partition(" ")
+        if kind == "saved" and not rest.endswith(".partial"):
+            runs[rest] = None
         elif kind == "trained":
-            runs.setdefault(name.removeprefix("train-").rsplit("-", 1)[0], "shm")
+            meta = json.loads(base64.b64decode(rest))
+            runs.setdefault(meta["run"], meta)
     return runs
+
+
+def finish_command(meta: dict) -> str:
+    """The pipeline command that exports and saves a trained run: its name and the flags it was trained with."""
+    inputs = meta["inputs"]
+    sets = "".join(f" --set train:{key}={shlex.quote(str(value))}" for key, value in inputs.get("train_set", {}).items())
+    return f"uv run invoke pipeline --run-name {meta['run']} --batches {inputs['batches']}{sets}"
 
 
 def is_fetched(run: str) -> bool:
@@ -49,13 +61,13 @@ def is_fetched(run: str) -> bool:
 def unfetched(session: jobs.Session) -> list[str]:
     """A line for each run whose model would die with the VM, with the command that saves it."""
     lines = []
-    for run, where in sorted(runs_on_host(session.connection).items()):
+    for run, trained in sorted(runs_on_host(session.connection).items()):
         if is_fetched(run):
             continue
-        if where == "saved":
+        if trained is None:
             lines.append(f"run {run}: saved on the data disk only; fix: uv run invoke fetch --run {run}")
         else:
-            lines.append(f"run {run}: trained, only in /dev/shm; fix: uv run invoke pipeline --run-name {run} "
+            lines.append(f"run {run}: trained, only in /dev/shm; fix: {finish_command(trained)} "
                          f"(exports and saves it), then uv run invoke fetch --run {run}")
     return lines
 
