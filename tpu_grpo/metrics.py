@@ -14,12 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
 from tpu_grpo.progress import Eval, parse_lines
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from rich.table import Table
 
 #: The series a person wants, by row field, with MaxText 0.2.3's scalar tags (confirmed in a run).
 SERIES: dict[str, str] = {
@@ -163,6 +162,8 @@ def eval_caption(evals: list[Eval]) -> str:
 
 def table(metrics: Metrics) -> Table:
     """One row per train step: reward, loss, KL, completion length."""
+    from rich.table import Table
+
     result = Table(title=f"GRPO run {metrics.run}", caption=eval_caption(metrics.evals))
     result.add_column("step", justify="right")
     for name in SERIES:
