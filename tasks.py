@@ -18,10 +18,11 @@ from tpu_grpo import settings as settings_module
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
 
-def _console():
+def _console(stderr: bool = False):
+    """The terminal; with `--json` the human lines go to stderr, so stdout holds only the JSON."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, stderr=stderr)
 
 
 def _exit_on_failure(code: int) -> None:
@@ -193,6 +194,9 @@ def _session(host, identity, stack, wait):
     from tpu_grpo import hosts, jobs
 
     targets = hosts.resolve(host or [], identity, stack)
+    if len(targets) > 1:  # a v6e-8 is one host; a multi-host slice's jobs would need all workers at once
+        raise hosts.HostError(f"MaxText jobs run on one host, got {len(targets)} "
+                              f"({', '.join(target.name for target in targets)}); fix: pass one --host")
     return jobs.Session(targets[0], hosts.wait_seconds(wait))
 
 
@@ -218,11 +222,11 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose):
     _exit_on_failure(_follow(session, job, step, meta.get("total_steps"), verbose))
 
 
-def _follow(session, job, step, total_steps, verbose) -> int:
+def _follow(session, job, step, total_steps, verbose, console=None) -> int:
     """Follow to the end; Ctrl-C detaches (the job goes on) and says how to come back."""
     from tpu_grpo import watch
 
-    console = _console()
+    console = console or _console()
     try:
         with _one_line_errors():
             return watch.follow(session, job, step, console, total_steps, verbose)
@@ -291,13 +295,13 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
               f"on the data disk, with SHA256SUMS; the run's TensorBoard events"
               f"{' and last checkpoint' if keep_checkpoint else ''} to {pipeline_module.run_archive(run.run_name)}")
         return
-    console = _console()
+    console = _console(stderr=json_)
     with _one_line_errors():
         session = _session(host, identity, stack, wait)
         total = pipeline_module.job_meta(run, "train").get("total_steps")
 
         def follow(job, step):
-            code = _follow(session, job, step, total if step == "train" else None, verbose)
+            code = _follow(session, job, step, total if step == "train" else None, verbose, console)
             if code == 130:
                 raise Exit(code=130)
             return code
@@ -380,7 +384,7 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
     with _one_line_errors():
         destination = results.destination(run, to)
         session = _session(host, identity, stack, wait)
-        result = results.fetch_run(session, run, destination, _console(), quiet=json_)
+        result = results.fetch_run(session, run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 

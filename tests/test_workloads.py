@@ -121,6 +121,9 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     target = tmp_path / "model"
     fetched = host.invoke("fetch", "--run", run_name, "--to", str(target), "--json")
     assert fetched.returncode == 0, fetched.stderr
+    report = json.loads(fetched.stdout)  # progress went to stderr
+    assert report["files"] == sorted(os.listdir(FIXTURES / "hf-export"))
+    assert report["bytes_transferred"] == report["bytes_total"] > 0
     for name in os.listdir(FIXTURES / "hf-export"):
         assert sha256(target / name) == sha256(FIXTURES / "hf-export" / name)
     header = (target / "model.safetensors").read_bytes()
@@ -206,9 +209,13 @@ def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
     assert "error: train failed (job " in failed.stderr and ", exit 3); last lines of its log:" in failed.stderr
     assert "Post RL Training" in failed.stderr
     host.control()
-    resumed = host.invoke("pipeline", "--batches", "4", *FAST)
+    resumed = host.invoke("pipeline", "--batches", "4", "--json", *FAST)
     assert resumed.returncode == 0, resumed.stderr
-    assert "convert: done (done before)" in resumed.stdout
+    assert "convert: done (done before)" in resumed.stderr  # with --json, stdout is the JSON alone
+    outcome = json.loads(resumed.stdout)
+    assert [(step["name"], step["state"], step["exit_code"]) for step in outcome["steps"]] == [
+        ("convert", "done", None), ("train", "ran", 0), ("export", "ran", 0), ("save", "ran", None)]
+    assert outcome["saved"] == f"~/tpu-grpo/models/{outcome['run']}"
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
         "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
 
@@ -355,3 +362,15 @@ def test_save_keeps_events_and_checkpoint_so_metrics_outlive_dev_shm(workload_ho
     assert found["run"] == run_name and found["rows"][0]["step"] == 1
     assert [e["stage"] for e in found["evals"]] == ["pre", "intermediate", "intermediate", "post"]  # from the log
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
+    host = workload_host
+    train = host.invoke("train", "--batches", "4")
+    assert train.returncode == 1
+    assert train.stderr.strip() == ("error: no converted checkpoint at /dev/shm/llama3.1-8b-Instruct/mt-format//0/items; "
+                                    "fix: uv run invoke convert (or uv run invoke pipeline, which converts first)")
+    export = host.invoke("export")
+    assert export.returncode == 1
+    assert export.stderr.strip().startswith("error: no finished training for any run on this host; fix: ")
+    assert host.records() == [] and job_dirs(host) == []

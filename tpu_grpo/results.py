@@ -81,7 +81,7 @@ def newest_saved(connection) -> str:
     return name
 
 
-def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Console, quiet: bool = False):
+def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Console):
     """Download the run's saved model into `folder` (models/RUN unless --to), with a progress bar."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
 
@@ -90,16 +90,15 @@ def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Con
     target = folder / run if folder == settings.project_root() / "models" else folder
     artifacts.check_destination(target)
     with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=console, disable=quiet) as bar:
+                  console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
         result = artifacts.fetch(connection, pipeline.saved_dir(run), target,
                                  lambda done, total, name: bar.update(task, completed=done, total=total))
     record = _fetched_record(run)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve())}))
-    if not quiet:
-        console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
-                      f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
+    console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
+                  f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
     return result
 
 
