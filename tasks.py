@@ -200,7 +200,7 @@ def _session(host, identity, stack, wait):
     return jobs.Session(targets[0], hosts.wait_seconds(wait))
 
 
-def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose):
+def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
     from tpu_grpo import maxtext, pipeline
 
@@ -211,7 +211,7 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose):
         session = _session(host, identity, stack, wait)
         connection = session.connection
         if step == "export":
-            run = pipeline.for_export(connection, run, run_name_given=run.run_name != "")
+            run = pipeline.for_export(connection, run, run_name_given)
         job = pipeline.start_checked(connection, run, step)
     console = _console()
     console.print(f"started {step} job {job} (run {run.run_name}) on {session.host.name}")
@@ -262,17 +262,13 @@ def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, 
 def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
            detach=False, verbose=False, wait=None):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
-    from dataclasses import replace
-
     from tpu_grpo import pipeline
 
     with _one_line_errors():
         run = pipeline.build_run(stack, run_name=run_name, sets=set_, default_step="export", step=step)
     if dry_run and not run_name:
         print("# run name: the newest trained run on the host, known once connected")
-    if not run_name and not dry_run:
-        run = replace(run, run_name="")
-    _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose)
+    _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
 @task(iterable=["host", "set_"], help=_help(
