@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tpu_grpo import hosts
+
 SUMS = "SHA256SUMS"
 CHUNK = 1 << 20
 MISSING_EXIT = 3
@@ -76,10 +78,6 @@ echo "saved: $src -> $dest ($(wc -l < "$dest/{SUMS}") files, checksums verified)
 """
 
 
-def _run(connection, script: str):
-    return connection.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False)
-
-
 def _where(connection) -> str:
     return f"{connection.user}@{connection.host}"
 
@@ -115,7 +113,7 @@ echo --sizes
 find . -type f ! -path ./{SUMS} -printf '%s %P\\n'
 """
     where = f"{_where(connection)}:{folder}"
-    result = _run(connection, script)
+    result = hosts.run_script(connection, script)
     if result.exited == MISSING_EXIT:
         raise ArtifactError(f"{where} is missing or has no files; fix: save the model there first "
                             "(or name the right folder)")

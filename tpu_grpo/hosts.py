@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -163,6 +164,11 @@ def _open(host: Host, notices: list[str]):
     connection.transport.set_keepalive(KEEPALIVE_S)
     connection.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
     return connection
+
+
+def run_script(connection, script: str):
+    """Run a bash script on the host and return its result, whatever its exit code (the caller judges it)."""
+    return connection.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False)
 
 
 def _explained(host: Host, error: Exception) -> HostError:

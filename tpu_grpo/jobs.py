@@ -69,10 +69,6 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _run(connection, script: str):
-    return connection.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False)
-
-
 def start(connection, job_id: str, command: str, meta: dict, record: str = "") -> int:
     """Start `command` detached as job `job_id`; returns its process group. Refuses when a job runs."""
     script = f"""set -euo pipefail
@@ -89,7 +85,7 @@ setsid bash "$dir/run.sh" "$dir" {shlex.quote(record)} < /dev/null > /dev/null 2
 for _ in $(seq 100); do [ -s "$dir/pid" ] && break; sleep 0.05; done
 cat "$dir/pid"
 """
-    result = _run(connection, script)
+    result = hosts.run_script(connection, script)
     if result.exited == BUSY_EXIT:
         running = result.stdout.split()[1] if len(result.stdout.split()) > 1 else "another job"
         raise JobBusy(f"the TPU is busy with job {running}; fix: wait for it (uv run invoke logs --follow) "
@@ -129,7 +125,7 @@ def parse_jobs(text: str) -> list[Job]:
 
 def list_jobs(connection) -> list[Job]:
     """Every job on the host, oldest first."""
-    result = _run(connection, _LIST)
+    result = hosts.run_script(connection, _LIST)
     if result.exited != 0:
         raise JobError(f"cannot list the jobs on the host: {result.stderr.strip()}")
     return parse_jobs(result.stdout)
@@ -173,7 +169,7 @@ if ls /dev/vfio/* > /dev/null 2>&1; then
 fi
 sudo rm -f /tmp/libtpu_lockfile
 """
-    result = _run(connection, script)
+    result = hosts.run_script(connection, script)
     if result.exited != 0:
         raise JobError(f"cancel of job {job.id} failed (exit {result.exited}): {result.stderr.strip()}")
 

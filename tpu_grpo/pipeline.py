@@ -13,7 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, jobs, maxtext, settings
+from tpu_grpo import artifacts, hosts, jobs, maxtext, settings
 from tpu_grpo.progress import total_steps
 
 PIPELINE = ("convert", "train", "export", "save")
@@ -77,8 +77,7 @@ def output_test(run: maxtext.Run, step: str) -> str:
 def probe_script(run: maxtext.Run) -> str:
     """One round trip: which steps are done, and which pipelines ran before with these inputs."""
     lines = [f"if {output_test(run, step)}; then echo done {step}; fi" for step in PIPELINE]
-    lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $f; "
-                 f"base64 -w0 {PIPELINES}/$f; echo; done")
+    lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $(base64 -w0 {PIPELINES}/$f); done")
     return "\n".join(lines)
 
 
@@ -90,16 +89,16 @@ def pipeline_inputs(run: maxtext.Run) -> dict:
 
 
 def probe(connection, run: maxtext.Run) -> tuple[set[str], list[dict]]:
-    result = jobs._run(connection, probe_script(run))
+    result = hosts.run_script(connection, probe_script(run))
     done, pipelines = set(), []
-    lines = result.stdout.splitlines()
-    for number, line in enumerate(lines):
-        if line.startswith("done "):
-            done.add(line.split()[1])
-        if line.startswith("pipeline ") and number + 1 < len(lines):
+    for line in result.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "done":
+            done.add(rest)
+        elif kind == "pipeline":
             try:
-                pipelines.append(json.loads(base64.b64decode(lines[number + 1])))
-            except ValueError:
+                pipelines.append(json.loads(base64.b64decode(rest)))
+            except ValueError:  # a record cut short (a disk full while writing): not resumable
                 continue
     return done, pipelines
 
@@ -126,7 +125,7 @@ free=$(df -Pk {jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
 
 
 def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
-    result = jobs._run(connection, preflight_script(run, need_gb, check_tpu))
+    result = hosts.run_script(connection, preflight_script(run, need_gb, check_tpu))
     failures = [line.removeprefix("fail: ") for line in result.stdout.splitlines() if line.startswith("fail: ")]
     if failures:
         raise PipelineError("preflight failed: " + " | ".join(failures))
@@ -183,7 +182,7 @@ def run_archive(run_name: str) -> str:
 
 
 def _copy(connection, source: str, destination: str) -> None:
-    result = jobs._run(connection, artifacts.save_script(source, destination))
+    result = hosts.run_script(connection, artifacts.save_script(source, destination))
     if result.exited != 0:
         raise PipelineError(f"save to {destination} failed: {(result.stderr or result.stdout).strip()}")
 
@@ -205,7 +204,7 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False) -> str:
 def write_record(connection, run: maxtext.Run, finished: bool) -> None:
     record = {"run": run.run_name, "inputs": pipeline_inputs(run), "finished": finished}
     encoded = shlex.quote(json.dumps(record))
-    jobs._run(connection, f"mkdir -p {PIPELINES} && printf '%s' {encoded} > {PIPELINES}/{run.run_name}.json")
+    hosts.run_script(connection, f"mkdir -p {PIPELINES} && printf '%s' {encoded} > {PIPELINES}/{run.run_name}.json")
 
 
 def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
@@ -288,7 +287,7 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
     run = replace(run, run_name=trained[-1]["run"], batches=inputs["batches"], test_batches=inputs["test_batches"],
                   sets={**run.sets, "train": inputs.get("train_set", {})})
     folder = maxtext.paths(run)["checkpoints"]
-    result = jobs._run(connection, f"ls -1 {folder} 2>/dev/null | grep -E '^[0-9]+$' | sort -n")
+    result = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null | grep -E '^[0-9]+$' | sort -n")
     steps = [int(line) for line in result.stdout.split()]
     if run.export_step not in steps:
         raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "
@@ -299,7 +298,7 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
 
 def require_converted(connection, run: maxtext.Run) -> None:
     checkpoint = maxtext.paths(run)["checkpoint"]
-    if jobs._run(connection, f"[ -d {checkpoint} ]").exited != 0:
+    if hosts.run_script(connection, f"[ -d {checkpoint} ]").exited != 0:
         raise PipelineError(f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
                             "(or uv run invoke pipeline, which converts first)")
 

@@ -11,15 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo import artifacts, jobs, pipeline, settings
+from tpu_grpo import artifacts, hosts, jobs, maxtext, pipeline, settings
 
 
 def destination(run: str | None, to: str | None) -> Path:
     """Where fetch writes, checked writable before anything connects."""
     if run is not None:
-        from tpu_grpo.maxtext import check_run_name
-
-        check_run_name(run)
+        maxtext.check_run_name(run)
     return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
 
 
@@ -30,7 +28,7 @@ def _fetched_record(run: str) -> Path:
 def runs_on_host(connection) -> dict[str, dict | None]:
     """Every run with a trained model on the host -> None when saved on the data disk, else the
     training's record (its inputs): the model is then only in /dev/shm."""
-    result = jobs._run(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
+    result = hosts.run_script(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
                                    f"for f in {jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); "
                                    "done; true")
     runs: dict[str, dict | None] = {}
@@ -73,7 +71,7 @@ def unfetched(session: jobs.Session) -> list[str]:
 
 
 def newest_saved(connection) -> str:
-    result = jobs._run(connection, f"ls -1t {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | head -1")
+    result = hosts.run_script(connection, f"ls -1t {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | head -1")
     name = result.stdout.strip()
     if not name:
         raise artifacts.ArtifactError("no saved model on this host yet; fix: uv run invoke pipeline --batches 50 "
@@ -119,7 +117,7 @@ def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
     shm = f"{job.meta['paths']['run']}/tensorboard"
     archived = f"{pipeline.run_archive(job.run)}/tensorboard"
     for folder in (shm, archived):
-        remote = jobs._run(connection, f"cd {folder} 2>/dev/null && pwd").stdout.strip()
+        remote = hosts.run_script(connection, f"cd {folder} 2>/dev/null && pwd").stdout.strip()
         if remote:
             names = [name for name in sftp.listdir(remote) if name.startswith("events.")]
             if names:
