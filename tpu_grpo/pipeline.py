@@ -201,8 +201,9 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False) -> str:
     return destination
 
 
-def write_record(connection, run: maxtext.Run, finished: bool) -> None:
-    record = {"run": run.run_name, "inputs": pipeline_inputs(run), "finished": finished}
+def write_record(connection, run: maxtext.Run) -> None:
+    """Note that this run was started with these inputs: a re-run without --run-name continues it."""
+    record = {"run": run.run_name, "inputs": pipeline_inputs(run)}
     encoded = shlex.quote(json.dumps(record))
     hosts.run_script(connection, f"mkdir -p {PIPELINES} && printf '%s' {encoded} > {PIPELINES}/{run.run_name}.json")
 
@@ -233,7 +234,7 @@ def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: boo
     attach = running_jobs(session.connection, run)
     if last_done < len(PIPELINE) - 1 and not attach:
         preflight(session.connection, run, need_gb, check_tpu=last_done < PIPELINE.index("export"))
-    write_record(session.connection, run, finished=False)
+    write_record(session.connection, run)
     for number, step in enumerate(PIPELINE):
         if number <= last_done:
             outcome.steps.append(Step(step, "done" if step in done else "skipped",
@@ -251,7 +252,6 @@ def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: boo
                 on_step(outcome.steps[-1])
                 raise failure(session.connection, job_id, step, code)
         on_step(outcome.steps[-1])
-    write_record(session.connection, run, finished=True)
     return outcome
 
 
