@@ -8,12 +8,18 @@ tasks that need them, so `invoke --list` stays instant.
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Exit, task
 
-from tpu_grpo import settings as settings_module
+# Invoke turns off Python's bytecode cache for whatever its tasks import (see its --write-pyc), so
+# Fabric, paramiko and tpu_grpo would be compiled from source on every run. Python's own setting
+# (PYTHONDONTWRITEBYTECODE, -B) still decides.
+sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
+
+from tpu_grpo import settings as settings_module  # noqa: E402 - after the line above, so it is cached too
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
@@ -34,22 +40,14 @@ def _exit_on_failure(code: int) -> None:
 
 @contextmanager
 def _one_line_errors():
-    """Bad input (settings, hosts, playbook, --var) ends the task with one line and exit code 2, no traceback."""
-    from tpu_grpo.artifacts import ArtifactError
-    from tpu_grpo.hosts import HostError
-    from tpu_grpo.jobs import JobError
-    from tpu_grpo.maxtext import CommandError
-    from tpu_grpo.metrics import MetricsError
-    from tpu_grpo.pipeline import PipelineError
-    from tpu_grpo.provision import PlaybookError
+    """Bad input (settings, hosts, playbook, --var) ends the task with one line and exit code 2 (a
+    failed pipeline step: 1), no traceback."""
+    from tpu_grpo.errors import UserError
 
     try:
         yield
-    except (settings_module.SettingsError, HostError, PlaybookError, CommandError, JobError, ArtifactError,
-            MetricsError) as error:
-        raise Exit(f"error: {error}", code=2) from None
-    except PipelineError as error:
-        raise Exit(f"error: {error}", code=1) from None
+    except UserError as error:
+        raise Exit(f"error: {error}", code=error.exit_code) from None
 
 
 HOST_HELP = {

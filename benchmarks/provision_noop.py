@@ -17,7 +17,7 @@ In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests'
    ControlPersist keeps an SSH master alive for 60 s between runs, so it is timed twice:
    "cold" (a fresh master each run, like tpu-grpo's fresh connection; the goal is judged on
    this one) and "warm" (each run reuses the previous run's master);
-4. both tools' local Python runs with a bytecode cache (in the temp folder), as on a user's
+4. both tools' local Python runs with a bytecode cache (__pycache__ in each tool's venv), as on a user's
    machine; this machine's PYTHONDONTWRITEBYTECODE=1 would recompile fabric/ansible every run
    (`--no-bytecode-cache` keeps it);
 5. print median seconds, the ratio to tpu-grpo's median (the baseline), and the SSH

@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -260,6 +261,22 @@ def test_first_contact_records_the_host_key_and_says_so(make_host):
     second = host.invoke("provision", "--check", "--json")
     assert second.returncode == 0 and json.loads(second.stdout)["hosts"][0]["notices"] == []
     assert known_hosts.read_text() == host.sshd.known_hosts_line
+
+
+def test_connections_ack_at_once_send_at_once_and_give_up_on_a_dead_link(make_host, monkeypatch):
+    """TCP under SSH: no Nagle delay (TCP_NODELAY), immediate ACKs (TCP_QUICKACK after each read; sshd
+    holds a small reply until it is ACKed, and Linux delays that ACK by 40 ms), TCP_USER_TIMEOUT."""
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    try:
+        sock = connection.transport.sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == hosts.TCP_USER_TIMEOUT_MS
+        assert isinstance(sock, hosts._QuickAckSocket)  # paramiko reads through its recv
+        assert connection.run("echo quick", hide=True).stdout == "quick\n"
+    finally:
+        connection.close()
 
 
 # ---------------------------------------------------------------- two hosts in network namespaces

@@ -45,6 +45,22 @@ def test_listing_and_help_do_not_import_pulumi(args):
     assert not {m for m in modules if m.startswith("pulumi")}
 
 
+@pytest.mark.parametrize("python_says", [{}, {"PYTHONDONTWRITEBYTECODE": "1"}])
+def test_tasks_keep_pythons_bytecode_setting_that_invoke_turns_off(tmp_path, python_says):
+    """Invoke stops Python caching bytecode for what tasks import, so Fabric, paramiko and tpu_grpo were
+    compiled from source on every run; tasks.py gives the choice back to Python (PYTHONDONTWRITEBYTECODE, -B)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(python_says, PYTHONPYCACHEPREFIX=str(tmp_path / "pyc"), COLUMNS="200")
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "settings", "--json"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = {path.name.split(".")[0] for path in (tmp_path / "pyc").rglob("*.pyc")} if (tmp_path / "pyc").exists() else set()
+    if python_says:
+        assert written == set()
+    else:
+        assert {"settings", "machines", "errors"} <= written  # imported by tasks.py and its task
+
+
 def test_every_task_has_help():
     listing = invoke("--list", cwd=ROOT).stdout
     tasks = [line.split()[0] for line in listing.splitlines()[2:] if line.strip() and line.startswith("  ") and not line.startswith("   ")]

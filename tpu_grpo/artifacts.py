@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tpu_grpo import hosts
+from tpu_grpo.errors import UserError
 
 SUMS = "SHA256SUMS"
 CHUNK = 1 << 20
@@ -24,7 +25,7 @@ _HASH_ALL = (f"find . -type f ! -path ./{SUMS} -printf '%P\\0' | LC_ALL=C sort -
              "| xargs -0 -r sha256sum --")
 
 
-class ArtifactError(Exception):
+class ArtifactError(UserError):
     """A model that cannot be saved, listed or fetched; one line naming the bad value and the fix."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from tpu_grpo import hosts
+from tpu_grpo.errors import UserError
 
 ROOT = "~/tpu-grpo"
 JOBS = f"{ROOT}/jobs"
@@ -37,7 +38,7 @@ echo "$code" > "$dir/exit_code.tmp" && mv "$dir/exit_code.tmp" "$dir/exit_code"
 """.format(done=DONE)
 
 
-class JobError(Exception):
+class JobError(UserError):
     """A job that cannot start, be found or be followed; one line with the fix."""
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from tpu_grpo.errors import UserError
 from tpu_grpo.machines import Machine
 
 STEPS = ("convert", "train", "export")
@@ -36,7 +37,7 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SET_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
-class CommandError(ValueError):
+class CommandError(UserError, ValueError):
     """Bad input for a command line; one line naming the value and the fix."""
 
 

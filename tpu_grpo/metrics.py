@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpu_grpo.errors import UserError
 from tpu_grpo.progress import Eval, parse_lines
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ EVENTS_GLOB = "events.out.tfevents.*"
 EVAL_PANEL = "eval accuracy"
 
 
-class MetricsError(Exception):
+class MetricsError(UserError):
     """A run's metrics cannot be read; the message names the folder and the fix."""
 
 

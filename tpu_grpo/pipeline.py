@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from tpu_grpo import artifacts, hosts, jobs, maxtext, settings
+from tpu_grpo.errors import UserError
 from tpu_grpo.progress import total_steps
 
 PIPELINE = ("convert", "train", "export", "save")
@@ -26,8 +27,10 @@ NEED_GB = {"shm": 120.0, "data": 20.0}
 LOG_TAIL_LINES = 15
 
 
-class PipelineError(Exception):
+class PipelineError(UserError):
     """A step that failed or cannot start; one line (and the log's last lines) with the fix."""
+
+    exit_code = 1
 
 
 @dataclass

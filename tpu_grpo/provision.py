@@ -24,6 +24,7 @@ from typing import Any, Callable
 import yaml
 
 from tpu_grpo import hosts as hosts_module
+from tpu_grpo.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
 PLAYBOOK = PLAYBOOKS / "host.yml"
@@ -41,7 +42,7 @@ _MARK = "@@tpu-grpo-check"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
 
 
-class PlaybookError(Exception):
+class PlaybookError(UserError):
     """A playbook, variable override or lock that cannot be used; one line naming where and the fix."""
 
 
@@ -409,7 +410,8 @@ def gather_script(planned: list[Planned]) -> str:
     """One remote script running every check at once (they only read), printing each exit code and
     the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix)."""
     lines = ['_check() { out=$(eval "$2" 2>&1 </dev/null); code=$?; '
-             f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$(printf %s "$out" | tail -c 2000 | base64 -w0)"; }}']
+             '[ -z "$out" ] || out=$(printf %s "$out" | tail -c 2000 | base64 -w0); '
+             f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}']
     for item in planned:
         if not item.skip:
             lines.append(f"_check {item.step.index} {shlex.quote(item.check)} &")

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
 
 PROJECT = "tpu-grpo"
@@ -51,7 +52,7 @@ _PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
 _KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError, ValueError):
     """A bad setting: says which key, what was wrong with its value and how to fix it."""
 
     def __init__(self, key: str, value: Any, problem: str, fix: str):

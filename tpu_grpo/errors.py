@@ -1,0 +1,9 @@
+"""The one kind of error that the command line shows as a single line, without a traceback."""
+
+
+class UserError(Exception):
+    """Bad input, or a state the user has to change: one line naming the value and the fix.
+
+    `invoke` prints it and exits with `exit_code`: 2 when nothing was done, 1 when a step failed."""
+
+    exit_code = 2
