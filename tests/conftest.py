@@ -135,9 +135,9 @@ def make_host(sshd, key_pair, tmp_path_factory):
 
     made = []
 
-    def make() -> TestHost:
+    def make(disk_mb: int = 64) -> TestHost:
         user = harness.make_user()
-        disk = harness.LoopDisk(tmp_path_factory.mktemp("disk") / "data.img").attach()
+        disk = harness.LoopDisk(tmp_path_factory.mktemp("disk") / "data.img").attach(disk_mb)
         disk.mount = f"/mnt/tpu-grpo-test/{user.name}"
         state = tmp_path_factory.mktemp("state")
         (state / "known_hosts").write_text(sshd.known_hosts_line)

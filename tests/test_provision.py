@@ -245,9 +245,14 @@ def test_extra_deps_check_reads_the_pinned_commits_from_the_installed_maxtext(tm
     check = provision.render(step("MaxText post-training extra deps").check, {**DEFAULTS, "venv": str(folder)})
     first = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
     assert first.returncode == 1 and "google-tunix is not installed at commit 683256db" in first.stderr
+    assert "vllm is not installed at commit 2131b597" in first.stderr  # every problem, not only the first
     for line in EXTRA_DEPS.splitlines():
         name, url = line.split(" @ ")
         fake_installed(site, name, url)
+    without_plugin = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
+    assert without_plugin.returncode == 1
+    assert without_plugin.stderr.strip() == "maxtext_vllm_adapter (MaxText's vLLM plugin) is not installed"
+    fake_installed(site, "maxtext_vllm_adapter", f"file://{site}/maxtext/integration/vllm")
     assert subprocess.run(["bash", "-c", check], capture_output=True, text=True).returncode == 0
     (site / "vllm-0.0.0.dist-info" / "direct_url.json").write_text(json.dumps({"url": "git+https://x/vllm@0000"}))
     stale = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
