@@ -279,6 +279,21 @@ def test_connections_ack_at_once_send_at_once_and_give_up_on_a_dead_link(make_ho
         connection.close()
 
 
+def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monkeypatch):
+    """macOS's Python has neither TCP_QUICKACK nor TCP_USER_TIMEOUT: a plain socket, keepalive alone."""
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    monkeypatch.delattr(socket, "TCP_QUICKACK")
+    monkeypatch.delattr(socket, "TCP_USER_TIMEOUT")
+    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    try:
+        assert type(connection.transport.sock) is socket.socket
+        assert connection.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert connection.run("echo plain", hide=True).stdout == "plain\n"
+    finally:
+        connection.close()
+
+
 # ---------------------------------------------------------------- two hosts in network namespaces
 
 
