@@ -128,6 +128,12 @@ class TestHost:
                                    "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
 
 
+def statuses(result) -> dict[str, str]:
+    """step -> ok / changed / failed / skipped, from a one-host `invoke provision --json`."""
+    report = json.loads(result.stdout)
+    return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
+
+
 @pytest.fixture
 def make_host(sshd, key_pair, tmp_path_factory):
     """Factory of fresh hosts on the session's sshd; each is removed (user, mount, loop device) after the test."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, statuses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts)")
 
@@ -120,10 +120,6 @@ def standin_host(make_host):
 
 def provision(host, *args: str, timeout: int = 900):
     return host.invoke("provision", "--var", f"maxtext_spec={SPEC}", "--var", "extra_deps=true", *args, timeout=timeout)
-
-
-def statuses(result) -> dict[str, str]:
-    return {step["step"]: step["status"] for step in json.loads(result.stdout)["hosts"][0]["steps"]}
 
 
 def steps(result) -> dict[str, dict]:

@@ -13,14 +13,9 @@ import time
 
 import pytest
 
-from tests.conftest import TEST_TOKEN
+from tests.conftest import TEST_TOKEN, statuses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts)")
-
-
-def statuses(result) -> dict[str, str]:
-    report = json.loads(result.stdout)
-    return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
 
 
 def assert_no_token(*texts: str) -> None:
