@@ -260,7 +260,7 @@ def _rest(connection, job_id: str, position: Follow) -> bytes:
 
 def _exit_code(connection, job_id: str) -> int:
     for _ in range(100):  # the wrapper writes the code just after the log's last byte
-        result = connection.run(f"cat {JOBS}/{job_id}/exit_code", hide=True, warn=True, in_stream=False)
+        result = hosts.run_script(connection, f"cat {JOBS}/{job_id}/exit_code")
         if result.exited == 0 and result.stdout.strip():
             return int(result.stdout.strip())
         time.sleep(0.1)

@@ -312,7 +312,7 @@ def freeze(connection, book: Playbook, values: dict, source: str) -> str:
               f'{venv}/bin/python -c "import sys; print(sys.version.split()[0])"\n'
               f'uv --version | cut -d" " -f2\n'
               f'uv pip freeze --python {venv}')
-    result = connection.run("bash -c " + shlex.quote(script), hide=True, warn=True)
+    result = hosts_module.run_script(connection, script)
     if result.exited != 0:
         raise PlaybookError(f"{source}: cannot read the venv {venv} (exit {result.exited}: "
                             f"{result.stderr.strip().splitlines()[-1:] or ''}); fix: run `uv run invoke provision` first")

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tpu_grpo import jobs, settings
+from tpu_grpo import hosts, jobs, settings
 from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
@@ -107,8 +107,7 @@ def progress_of(connection, found: list[jobs.Job]) -> dict | None:
     if not trains:
         return None
     job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
-    result = connection.run(f"grep -aE '{PROGRESS_LINES}' {jobs.JOBS}/{job.id}/log", hide=True, warn=True,
-                            in_stream=False)
+    result = hosts.run_script(connection, f"grep -aE '{PROGRESS_LINES}' {jobs.JOBS}/{job.id}/log")
     tracker = Tracker(job.meta.get("total_steps") or 0)
     for line in result.stdout.splitlines():
         tracker.feed(line)
