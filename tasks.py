@@ -7,6 +7,8 @@ tasks that need them, so `invoke --list` stays instant.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import sys
 from contextlib import contextmanager
@@ -19,7 +21,13 @@ from invoke import Exit, task
 # (PYTHONDONTWRITEBYTECODE, -B) still decides.
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
-from tpu_grpo import settings as settings_module  # noqa: E402 - after the line above, so it is cached too
+# At exit the interpreter garbage-collects every object Invoke, Fabric and paramiko made, most of them
+# in reference cycles (modules, classes, functions): 40 to 60 ms of every run, a sixth of a no-op
+# `invoke provision`. Frozen objects are left out of those collections and the OS takes their memory
+# back at once. Output is still flushed and the exit handlers registered after this one run before it.
+atexit.register(gc.freeze)
+
+from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
