@@ -294,6 +294,26 @@ def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monke
         connection.close()
 
 
+def test_a_commands_end_is_noticed_when_its_exit_status_arrives_not_at_the_next_poll(make_host, monkeypatch):
+    """Invoke's runner looks for a command's end every input_sleep (10 ms); ours wakes on paramiko's exit
+    status event. With the poll interval made an hour, only the event can end this run."""
+    host = make_host()
+    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
+    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    runner = type(connection._remote_runner())
+    monkeypatch.setattr(runner, "input_sleep", 3600)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(hosts.run_script(connection, "sleep 0.5; echo done; exit 3")),
+                              daemon=True)
+    try:
+        worker.start()
+        worker.join(120)
+        assert not worker.is_alive(), "the run waited for the poll, not for the exit status"
+        assert (results[0].exited, results[0].stdout) == (3, "done\n")
+    finally:
+        connection.close()
+
+
 # ---------------------------------------------------------------- two hosts in network namespaces
 
 

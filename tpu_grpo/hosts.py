@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from tpu_grpo import settings
@@ -131,19 +132,29 @@ class _RecordNewKey:
 def connect(host: Host, notices: list[str] | None = None, wait_s: float = 0):
     """An open Fabric connection with a verified host key, or a one-line HostError.
 
+    The TCP connection comes first and paramiko is imported after it, so that sshd does its part
+    of the start (fork, load its keys, send its banner; over a real network a round trip more)
+    while Python imports paramiko and Fabric, not after.
+
     A VM that has just booted refuses SSH until sshd runs and the guest agent has made the
     user from the metadata key: with `wait_s`, such refusals are retried until it has passed.
     A changed host key is never retried."""
-    import paramiko
-
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return _open(host, notices if notices is not None else [])
-        except (paramiko.AuthenticationException, OSError, paramiko.SSHException) as error:
+            return _open(host, _tcp_connect(host), notices if notices is not None else [])
+        except _connect_errors() as error:  # evaluated only when something was raised
+            import paramiko
+
             if isinstance(error, paramiko.BadHostKeyException) or time.monotonic() + RETRY_CONNECT_S > deadline:
                 raise _explained(host, error) from None
             time.sleep(RETRY_CONNECT_S)
+
+
+def _connect_errors() -> tuple[type[Exception], ...]:
+    import paramiko
+
+    return (paramiko.AuthenticationException, OSError, paramiko.SSHException)
 
 
 class _QuickAckSocket(socket.socket):
@@ -170,23 +181,38 @@ def _tcp_connect(host: Host) -> socket.socket:
     return sock
 
 
-def _open(host: Host, notices: list[str]):
-    import fabric
-    from paramiko.config import SSHConfig
+@cache
+def _prompt_remote_runner():
+    """Fabric's remote runner, noticing a command's end at once instead of within 10 ms."""
+    from fabric.runners import Remote
 
-    known_hosts = known_hosts_path()
-    config = fabric.Config(ssh_config=SSHConfig(), overrides={"run": {"in_stream": False}})
-    sock = _tcp_connect(host)
-    connect_kwargs = {"sock": sock, "banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": 15}
-    if host.identity:
-        connect_kwargs.update(key_filename=str(host.identity), look_for_keys=False, allow_agent=False)
-    connection = fabric.Connection(host.address, user=host.user, port=host.port, config=config,
-                                   connect_kwargs=connect_kwargs)
-    connection.client.get_host_keys().clear()
-    if known_hosts.is_file():
-        connection.client.load_host_keys(str(known_hosts))
-    connection.client.set_missing_host_key_policy(_RecordNewKey(known_hosts, notices))
+    class PromptRemote(Remote):
+        def wait(self) -> None:
+            # Invoke's Runner.wait sleeps input_sleep (10 ms) between looks; paramiko sets status_event
+            # when the exit status arrives or the channel closes. Dead reader threads are still polled.
+            while not (self.process_is_finished or self.has_dead_threads):
+                self.channel.status_event.wait(self.input_sleep)
+
+    return PromptRemote
+
+
+def _open(host: Host, sock: socket.socket, notices: list[str]):
     try:
+        import fabric
+        from paramiko.config import SSHConfig
+
+        known_hosts = known_hosts_path()
+        config = fabric.Config(ssh_config=SSHConfig(), overrides={"run": {"in_stream": False},
+                                                                  "runners": {"remote": _prompt_remote_runner()}})
+        connect_kwargs = {"sock": sock, "banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": 15}
+        if host.identity:
+            connect_kwargs.update(key_filename=str(host.identity), look_for_keys=False, allow_agent=False)
+        connection = fabric.Connection(host.address, user=host.user, port=host.port, config=config,
+                                       connect_kwargs=connect_kwargs)
+        connection.client.get_host_keys().clear()
+        if known_hosts.is_file():
+            connection.client.load_host_keys(str(known_hosts))
+        connection.client.set_missing_host_key_policy(_RecordNewKey(known_hosts, notices))
         connection.open()
     except BaseException:
         sock.close()
