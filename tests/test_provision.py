@@ -147,6 +147,8 @@ BAD_BOOKS = [
      ":2: variable 'port': unknown key 'range'; fix: use only choices, default, help, pattern"),
     ("steps:\n  - name: token\n    secret: {source: hf_token, dest: /etc/token}\n",
      ":2: step 'token': secret dest '/etc/token' must be a plain path under the home directory"),
+    ("steps:\n  - name: token\n    become: true\n    secret: {source: hf_token, dest: .token}\n",
+     ":2: step 'token': a secret is copied as the SSH user, into its home; fix: remove become"),
     ("hosts: all\nsteps:\n" + GOOD_STEP, ":1: unknown key 'hosts'; fix: use only prelude, steps, vars"),
     ("steps: []\n", ": no steps; fix: add a list under 'steps:'"),
 ]
@@ -188,9 +190,12 @@ def test_bad_hosts_tags_and_locks_are_one_line(argv, message):
 
 def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
     book = provision.load(write_book(tmp_path, """\
+        prelude: |
+          set -euo pipefail
+          greet() { echo "hello from $(id -un)"; }
         steps:
           - name: passes
-            check: echo fine
+            check: greet
             run: 'true'
           - name: fails with output
             check: echo "it's not there" >&2; exit 3
@@ -199,13 +204,30 @@ def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_pa
             when: [never]
             check: exit 9
             run: 'true'
+          - name: stops at its first failing line
+            check: |
+              echo first
+              false
+              echo not reached
+            run: 'true'
+          - name: as root
+            become: true
+            check: greet; [ "$(id -u)" = 0 ]
+            run: 'true'
+          - name: as root, failing
+            become: true
+            check: '[ "$(id -u)" != 0 ]'
+            run: 'true'
         vars:
           never: {default: false}
         """))
     values = provision.resolve(book)
     planned = provision.plan(book, values)
-    done = subprocess.run(["bash", "-c", provision.gather_script(planned)], capture_output=True, text=True, cwd=tmp_path)
-    assert provision.parse_gathered(done.stdout) == {0: (0, "fine"), 1: (3, "it's not there")}
+    script = provision.gather_script(planned)
+    assert script.count("sudo ") == 1  # one sudo for every `become` check: sudo costs as much as a check
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert provision.parse_gathered(done.stdout) == {0: (0, "hello from root"), 1: (3, "it's not there"),
+                                                      3: (1, "first"), 4: (0, "hello from root"), 5: (1, "")}
 
 
 def test_lock_lines_are_checked_before_they_reach_a_command(tmp_path):

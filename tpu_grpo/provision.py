@@ -187,6 +187,8 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
     if secret is not None:
         if raw.get("check") or raw.get("run"):
             raise PlaybookError(f"{where}: a secret step has no check or run (the engine compares hashes); fix: remove them")
+        if raw.get("become"):
+            raise PlaybookError(f"{where}: a secret is copied as the SSH user, into its home; fix: remove become")
         if not isinstance(secret, dict) or secret.get("source") not in SECRET_SOURCES or not secret.get("dest"):
             raise PlaybookError(f"{where}: secret needs source ({', '.join(SECRET_SOURCES)}) and dest; "
                                 "fix: secret: {source: hf_token, dest: .cache/huggingface/token}")
@@ -386,17 +388,20 @@ class Planned:
                 self.skip = f"no local {step.secret['source']}: set HF_TOKEN or log in with `hf auth login`"
             digest = hashlib.sha256((self.secret_value or "").encode()).hexdigest()
             dest = shlex.quote(step.secret["dest"])
-            check = (f'cd && [ "$(sha256sum < {dest} 2>/dev/null | cut -c1-64)" = {digest} ] '
-                     f'&& [ "$(stat -c %a {dest})" = 600 ]')
-            self.check, self.run = check, ""
+            self.check = self.check_script = (f'cd && [ "$(sha256sum < {dest} 2>/dev/null | cut -c1-64)" = {digest} ] '
+                                              f'&& [ "$(stat -c %a {dest})" = 600 ]')
+            self.run = ""
         else:
-            self.check = self._shell(book, render(step.check, values))
-            self.run = self._shell(book, render(step.run, values)) + " 2>&1"  # one stream, in the order written
+            self.check_script = self._script(book, step.check)
+            self.check = self._shell(self.check_script)
+            self.run = self._shell(self._script(book, step.run)) + " 2>&1"  # one stream, in the order written
 
-    def _shell(self, book: Playbook, script: str) -> str:
-        """The command line that runs a step's script: bash, as root through sudo when `become`."""
-        body = f"{render(book.prelude, self.values).rstrip()}\ncd\n{script}"
-        return ("sudo -n bash -c " if self.step.become else "bash -c ") + shlex.quote(body)
+    def _script(self, book: Playbook, text: str) -> str:
+        return f"{render(book.prelude, self.values).rstrip()}\ncd\n{render(text, self.values)}"
+
+    def _shell(self, script: str) -> str:
+        """The command line that runs a script: bash, as root through sudo when `become`."""
+        return ("sudo -n bash -c " if self.step.become else "bash -c ") + shlex.quote(script)
 
 
 def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Planned]:
@@ -406,16 +411,26 @@ def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Pl
     return [Planned(book, step, values, secrets) for step in selected(book, tags)]
 
 
+_CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
+                   '[ -z "$out" ] || out=$(printf %s "$out" | tail -c 2000 | base64 -w0); '
+                   f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}')
+
+
 def gather_script(planned: list[Planned]) -> str:
     """One remote script running every check at once (they only read), printing each exit code and
-    the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix)."""
-    lines = ['_check() { out=$(eval "$2" 2>&1 </dev/null); code=$?; '
-             '[ -z "$out" ] || out=$(printf %s "$out" | tail -c 2000 | base64 -w0); '
-             f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}']
-    for item in planned:
-        if not item.skip:
-            lines.append(f"_check {item.step.index} {shlex.quote(item.check)} &")
-    return "\n".join(lines + ["wait"])
+    the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix).
+
+    Each check's script runs in a subshell of this one (as its `bash -c` would, without starting
+    bash again); the `become` ones all under one sudo, which costs as much as a check."""
+    def background(items: list[Planned]) -> list[str]:
+        return [f"_check {item.step.index} {shlex.quote(item.check_script)} &" for item in items]
+
+    checked = [item for item in planned if not item.skip]
+    as_root = background([item for item in checked if item.step.become])
+    lines = [_CHECK_FUNCTION]
+    if as_root:  # first: sudo takes longer to start than the user's checks take to run
+        lines.append("sudo -n bash -c " + shlex.quote("\n".join([_CHECK_FUNCTION, *as_root, "wait"])) + " &")
+    return "\n".join(lines + background([item for item in checked if not item.step.become]) + ["wait"])
 
 
 def parse_gathered(stdout: str) -> dict[int, tuple[int, str]]:
@@ -466,9 +481,6 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
           tags: list[str] | None = None, on_event: Event | None = None,
           retry_delays: tuple = RETRY_DELAYS_S, wait_s: float = 0) -> Report:
     """Apply the playbook to every host in parallel: one connection and one round trip of checks per host."""
-    from fabric import ThreadingGroup
-    from fabric.exceptions import GroupException
-
     notify = on_event or (lambda *args: None)
     planned = plan(book, values, tags)
     reports = {host.name: HostReport(host.name) for host in targets}
@@ -482,6 +494,9 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
 
     with ThreadPoolExecutor(max(1, len(targets))) as pool:
         opened = [(host, connection) for host, connection in pool.map(open_one, targets) if connection]
+    from fabric import ThreadingGroup  # after connecting: hosts.connect overlaps this import with sshd's start
+    from fabric.exceptions import GroupException
+
     try:
         group = ThreadingGroup.from_connections([connection for _, connection in opened])
         try:
