@@ -6,17 +6,18 @@ In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests'
 `make_host` fixtures: a fresh user with passwordless sudo, a loop device as the data disk):
 
 1. converge the host once with the real CLI, `invoke provision`, with the tests' variables;
-2. time N no-op re-provisions with the real CLI (a subprocess; the whole process's wall time),
-   each of which must report only ok/skipped;
-3. install ansible-core into a throwaway venv in a temp folder (never the project's
+2. install ansible-core into a throwaway venv in a temp folder (never the project's
    dependencies), generate from playbooks/host.yml a playbook with one `ansible.builtin.shell`
    task per step the engine would not skip, running exactly the engine's rendered check
-   command line (`changed_when: false`), check that it succeeds (rc 0, failed=0, changed=0),
-   then time N runs with ansible's defaults (fact gathering on, OpenSSH with ControlMaster/
-   ControlPersist) and host keys checked against a known_hosts file. ansible's default
-   ControlPersist keeps an SSH master alive for 60 s between runs, so it is timed twice:
-   "cold" (a fresh master each run, like tpu-grpo's fresh connection; the goal is judged on
-   this one) and "warm" (each run reuses the previous run's master);
+   command line (`changed_when: false`), and check that it succeeds (rc 0, failed=0, changed=0);
+3. time N rounds; each round times, one after the other, a no-op re-provision with the real CLI
+   (a subprocess; the whole process's wall time; it must report only ok/skipped) and ansible
+   with its defaults (fact gathering on, OpenSSH with ControlMaster/ControlPersist, host keys
+   checked against a known_hosts file). ansible's default ControlPersist keeps an SSH master
+   alive for 60 s between runs, so it is timed twice a round: "cold" (a fresh master, like
+   tpu-grpo's fresh connection; the goal is judged on this one) and "warm" (the master of its
+   previous run). Rounds, rather than all of one tool's runs and then the other's, keep a
+   machine whose speed drifts (shared cores) from favouring either tool;
 4. both tools' local Python runs with a bytecode cache (__pycache__ in each tool's venv), as on a user's
    machine; this machine's PYTHONDONTWRITEBYTECODE=1 would recompile fabric/ansible every run
    (`--no-bytecode-cache` keeps it);
@@ -215,18 +216,9 @@ class Timing:
     def median(self) -> float:
         return statistics.median(self.seconds)
 
-
-def time_tpu_grpo(host: Host, runs: int) -> Timing:
-    timing = Timing("tpu-grpo (invoke provision)")
-    for number in range(runs):
-        result, seconds, connections = run_once(f"tpu-grpo run {number + 1}",
-                                                lambda: invoke_provision(host, timeout=300), host, noop_problem)
-        found = statuses(result)
-        timing.seconds.append(seconds)
-        timing.connections.append(connections)
-        say(f"tpu-grpo run {number + 1}/{runs}: {seconds:.2f} s, "
-            f"{sum(s == 'ok' for s in found.values())} ok, {sum(s == 'skipped' for s in found.values())} skipped")
-    return timing
+    def add(self, seconds: float, connections: int) -> None:
+        self.seconds.append(seconds)
+        self.connections.append(connections)
 
 
 # ---------------------------------------------------------------- ansible-core
@@ -341,23 +333,32 @@ class Ansible:
             self.close_masters(control_dir)
 
 
-def time_ansible(host: Host, ansible: Ansible, label: str, runs: int, warm: bool) -> Timing:
-    timing = Timing(label)
-    shared = ansible.folder / "cp-warm"
-    if warm:  # one untimed run leaves the master that the timed runs reuse
-        run_once("ansible warm-up", lambda: ansible.run(shared), host, ansible.problem)
-    for number in range(runs):
-        control_dir = shared if warm else ansible.folder / f"cp-cold-{number}"
-        result, seconds, connections = run_once(f"{label} run {number + 1}", lambda where=control_dir: ansible.run(where),
-                                                host, ansible.problem)
-        timing.connections.append(connections)
-        timing.seconds.append(seconds)
-        if not warm:
-            ansible.close_masters(control_dir)
-        say(f"{label} run {number + 1}/{runs}: {seconds:.2f} s")
-    if warm:
-        ansible.close_masters(shared)
-    return timing
+def time_rounds(host: Host, ansible: Ansible, version: str, runs: int) -> list[Timing]:
+    """N rounds, each timing one run of every tool in turn, so that a machine that speeds up or slows
+    down during the benchmark (shared cores) moves every tool's times alike, not only one tool's."""
+    tpu_grpo = Timing("tpu-grpo (invoke provision)")
+    cold = Timing(f"ansible-core {version} (defaults, new SSH master each run)")
+    warm = Timing(f"ansible-core {version} (defaults, master kept by ControlPersist)")
+    kept = ansible.folder / "cp-warm"
+    run_once("ansible warm-up", lambda: ansible.run(kept), host, ansible.problem)  # leaves the master `warm` reuses
+    for number in range(1, runs + 1):
+        result, seconds, connections = run_once(f"tpu-grpo run {number}", lambda: invoke_provision(host, timeout=300),
+                                                host, noop_problem)
+        tpu_grpo.add(seconds, connections)
+        found = statuses(result)
+
+        fresh = ansible.folder / f"cp-cold-{number}"
+        _, seconds, connections = run_once(f"{cold.tool} run {number}", lambda: ansible.run(fresh), host, ansible.problem)
+        cold.add(seconds, connections)
+        ansible.close_masters(fresh)
+
+        _, seconds, connections = run_once(f"{warm.tool} run {number}", lambda: ansible.run(kept), host, ansible.problem)
+        warm.add(seconds, connections)
+        say(f"round {number}/{runs}: tpu-grpo {tpu_grpo.seconds[-1]:.2f} s ({sum(s == 'ok' for s in found.values())} ok, "
+            f"{sum(s == 'skipped' for s in found.values())} skipped), ansible new master {cold.seconds[-1]:.2f} s, "
+            f"kept master {warm.seconds[-1]:.2f} s")
+    ansible.close_masters(kept)
+    return [tpu_grpo, cold, warm]
 
 
 # ---------------------------------------------------------------- the run
@@ -376,8 +377,6 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool) -> dict:
         first = run_once("converging run", lambda: invoke_provision(host, timeout=1800), host, converge_problem)[0]
         say(f"converged in {time.perf_counter() - started:.1f} s: {statuses(first)}")
 
-        tpu_grpo = time_tpu_grpo(host, runs)
-
         checks = engine_checks(host)
         ansible_folder = host.folder / "ansible"
         ansible_folder.mkdir()
@@ -391,9 +390,7 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool) -> dict:
         run_once("ansible check run", lambda: ansible.run(ansible_folder / "cp-verify"), host, ansible.problem)
         ansible.close_masters(ansible_folder / "cp-verify")
 
-        cold = time_ansible(host, ansible, f"ansible-core {version} (defaults, new SSH master each run)", runs, False)
-        warm = time_ansible(host, ansible, f"ansible-core {version} (defaults, master kept by ControlPersist)",
-                            runs, True)
+        tpu_grpo, cold, warm = time_rounds(host, ansible, version, runs)
         rows = []
         for timing in (tpu_grpo, cold, warm):
             rows.append({"tool": timing.tool, "median_s": round(timing.median, 3),
