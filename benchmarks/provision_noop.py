@@ -125,7 +125,7 @@ def make_host(stack: contextlib.ExitStack) -> Host:
     disk = harness.LoopDisk(folder / "data.img")
     stack.callback(_guarded, "detach the data disk", _detach, disk)
     disk.attach()
-    user = harness.make_user("tgb")
+    user = harness.make_user("tgb", record_commands=False)  # bash as on a VM, not the tests' recording shell
     stack.callback(_guarded, f"remove user {user.name}", harness.remove_user, user)  # runs before the detach
     disk.mount = str(MOUNT_BASE / user.name)
     stack.callback(_guarded, "remove the data disk's /etc/fstab line", harness.forget_mount, disk.mount)
@@ -423,7 +423,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.provision_noop", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="timed no-op runs per tool (default 5)")
+    parser.add_argument("--runs", type=int, default=5, help="rounds, each timing every tool once (default 5)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="keep the environment's PYTHONDONTWRITEBYTECODE: both tools recompile their "

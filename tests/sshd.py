@@ -103,11 +103,13 @@ class TestUser:
         return [command for command in self.command_log.read_text().split("\0") if command]
 
 
-def make_user(prefix: str = "tg") -> TestUser:
-    """A fresh account: unlocked for key login (UsePAM no), passwordless sudo, the recording shell."""
-    install_login_shell()
+def make_user(prefix: str = "tg", record_commands: bool = True) -> TestUser:
+    """A fresh account: unlocked for key login (UsePAM no), passwordless sudo, the recording shell
+    (or, without `record_commands`, plain bash as on a VM)."""
+    if record_commands:
+        install_login_shell()
     name = f"{prefix}{uuid.uuid4().hex[:8]}"
-    sh("useradd", "--create-home", "--shell", str(LOGIN_SHELL), name)
+    sh("useradd", "--create-home", "--shell", str(LOGIN_SHELL) if record_commands else "/bin/bash", name)
     sh("usermod", "-p", "*", name)
     with SUDOERS.open("a") as sudoers:
         sudoers.write(f"{name} ALL=(ALL) NOPASSWD:ALL\n")
