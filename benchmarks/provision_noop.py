@@ -238,8 +238,8 @@ _Dumper.add_representer(_Unsafe, lambda dumper, value: dumper.represent_scalar("
 def engine_checks(host: Host) -> list[tuple[str, str]]:
     """(step name, the exact check command line) for each step the engine would not skip.
 
-    `_Planned` is the engine's private per-step plan; it is the only place that renders the
-    check command line (prelude, `cd`, sudo for `become`, the secret's hash comparison)."""
+    `Planned` is the engine's per-step plan; it is the only place that renders the check command
+    line (prelude, `cd`, sudo for `become`, the secret's hash comparison)."""
     from tpu_grpo import provision as engine
 
     book = engine.load(ROOT / engine.PLAYBOOK)
@@ -259,8 +259,8 @@ def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]
              "ansible_ssh_private_key_file": str(host.key), "ansible_ssh_common_args": ssh_args}
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"bench": bench}}}, sort_keys=False, width=1000))
     tasks = [{"name": name,
-              # the engine evaluates every check in bash (gather_script's `eval`); the non-secret ones
-              # are `bash -c ...`/`sudo -n bash -c ...` command lines themselves
+              # the non-secret checks are `bash -c ...`/`sudo -n bash -c ...` command lines, as the
+              # engine runs them after a change; its one round trip runs the same scripts in subshells
               "ansible.builtin.shell": {"cmd": _Unsafe(command), "executable": "/bin/bash"},
               "changed_when": False}
              for name, command in checks]
