@@ -388,7 +388,7 @@ class Planned:
                 self.skip = f"no local {step.secret['source']}: set HF_TOKEN or log in with `hf auth login`"
             digest = hashlib.sha256((self.secret_value or "").encode()).hexdigest()
             dest = shlex.quote(step.secret["dest"])
-            self.check = self.check_script = (f'cd && [ "$(sha256sum < {dest} 2>/dev/null | cut -c1-64)" = {digest} ] '
+            self.check = self.check_script = (f'cd && [ "$(sha256sum < {dest} 2>/dev/null)" = "{digest}  -" ] '
                                               f'&& [ "$(stat -c %a {dest})" = 600 ]')
             self.run = ""
         else:
@@ -412,7 +412,7 @@ def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Pl
 
 
 _CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
-                   '[ -z "$out" ] || out=$(printf %s "$out" | tail -c 2000 | base64 -w0); '
+                   'if [ $code != 0 ] && [ -n "$out" ]; then out=$(printf %s "$out" | tail -c 2000 | base64 -w0); else out=; fi; '
                    f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}')
 
 
