@@ -417,8 +417,9 @@ _CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </de
 
 
 def gather_script(planned: list[Planned]) -> str:
-    """One remote script running every check at once (they only read), printing each exit code and
-    the end of its output on one line (a single write, shorter than PIPE_BUF, so lines never mix).
+    """One remote script running every check at once (they only read), printing each exit code and,
+    for a failing check, the end of its output (what `--check` shows) on one line (a single write,
+    shorter than PIPE_BUF, so lines never mix).
 
     Each check's script runs in a subshell of this one (as its `bash -c` would, without starting
     bash again); the `become` ones all under one sudo, which costs as much as a check."""
