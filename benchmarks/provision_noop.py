@@ -90,7 +90,7 @@ class Host:
 
     @property
     def known_hosts_line(self) -> str:
-        return f"[{self.sshd.address}]:{self.port} ssh-ed25519 {self.sshd.host_key_pub}\n"
+        return self.sshd.known_hosts_line_at(self.port)
 
     @property
     def vars(self) -> list[str]:

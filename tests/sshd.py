@@ -167,7 +167,11 @@ class Sshd:
 
     @property
     def known_hosts_line(self) -> str:
-        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        return self.known_hosts_line_at(self.port)
+
+    def known_hosts_line_at(self, port: int) -> str:
+        """This server's key as known_hosts records it for `port` (also a relay's in front of it)."""
+        name = self.address if port == 22 else f"[{self.address}]:{port}"
         return f"{name} ssh-ed25519 {self.host_key_pub}\n"
 
     def start(self) -> "Sshd":

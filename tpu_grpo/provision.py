@@ -393,15 +393,11 @@ class Planned:
             self.run = ""
         else:
             self.check_script = self._script(book, step.check)
-            self.check = self._shell(self.check_script)
-            self.run = self._shell(self._script(book, step.run)) + " 2>&1"  # one stream, in the order written
+            self.check = _bash(self.check_script, step.become)
+            self.run = _bash(self._script(book, step.run), step.become) + " 2>&1"  # one stream, in the order written
 
     def _script(self, book: Playbook, text: str) -> str:
         return f"{render(book.prelude, self.values).rstrip()}\ncd\n{render(text, self.values)}"
-
-    def _shell(self, script: str) -> str:
-        """The command line that runs a script: bash, as root through sudo when `become`."""
-        return ("sudo -n bash -c " if self.step.become else "bash -c ") + shlex.quote(script)
 
 
 def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Planned]:
@@ -409,6 +405,11 @@ def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Pl
     sources = {step.secret["source"] for step in book.steps if step.secret}
     secrets = {source: local_secret(source) for source in sources}
     return [Planned(book, step, values, secrets) for step in selected(book, tags)]
+
+
+def _bash(script: str, become: bool) -> str:
+    """The command line that runs a script: bash, as root through sudo when `become`."""
+    return ("sudo -n bash -c " if become else "bash -c ") + shlex.quote(script)
 
 
 _CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
@@ -430,7 +431,7 @@ def gather_script(planned: list[Planned]) -> str:
     as_root = background([item for item in checked if item.step.become])
     lines = [_CHECK_FUNCTION]
     if as_root:  # first: sudo takes longer to start than the user's checks take to run
-        lines.append("sudo -n bash -c " + shlex.quote("\n".join([_CHECK_FUNCTION, *as_root, "wait"])) + " &")
+        lines.append(_bash("\n".join([_CHECK_FUNCTION, *as_root, "wait"]), become=True) + " &")
     return "\n".join(lines + background([item for item in checked if not item.step.become]) + ["wait"])
 
 
