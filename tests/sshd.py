@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 import uuid
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +118,23 @@ def make_user(prefix: str = "tg", record_commands: bool = True) -> TestUser:
     return TestUser(name, Path(f"/home/{name}"))
 
 
-def remove_user(user: TestUser) -> None:
-    sh("pkill", "-KILL", "-u", user.name, check=False)
-    sh("userdel", "--remove", user.name, check=False)
+USERDEL_IN_USE, USERDEL_NO_SUCH_USER = 8, 6  # userdel's exit statuses (userdel(8))
+
+
+def remove_user(user: TestUser, wait_s: float = 10) -> None:
+    """Kill the user's processes and delete the user. pkill only sends the signals, so userdel
+    can still see a dying process and refuse: retry that for a while, and warn (with userdel's
+    own words) rather than leak the user silently."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        sh("pkill", "-KILL", "-u", user.name, check=False)
+        deleted = sh("userdel", "--remove", user.name, check=False)
+        if deleted.returncode != USERDEL_IN_USE or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if deleted.returncode not in (0, USERDEL_NO_SUCH_USER):
+        warnings.warn(f"test user {user.name} not removed: userdel exited {deleted.returncode}: "
+                      f"{deleted.stderr.strip()}", stacklevel=2)
     if SUDOERS.exists():
         SUDOERS.write_text("".join(line for line in SUDOERS.read_text().splitlines(True)
                                    if not line.startswith(user.name + " ")))
