@@ -21,6 +21,7 @@ from tests import sshd as harness
 from tests import tutorial
 from tests.conftest import FIXTURES, SHM_DIRS, TEST_TOKEN
 from tests.test_maxtext import assert_same_as_tutorial
+from tpu_grpo import jobs
 
 FAST = ("--need-gb", "0.001,0.001")  # the test host's disks are small; the preflight is tested on its own
 
@@ -59,6 +60,17 @@ def wait_for(condition, timeout_s: float = 60, what: str = "the condition"):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_job_ids_sort_by_start_time_even_within_one_second():
+    """A step that fails at once lets the next start in the same second; "export" < "train" must
+    not make the job list (and so "the newest job" of logs and status) put export first."""
+    second = 1796315554.0  # 2026-12-03 16:32:34 UTC
+    train, export, again = (jobs.new_id("train", second + 0.25), jobs.new_id("export", second + 0.7),
+                            jobs.new_id("export", second + 0.701))
+    assert (train, export, again) == ("20261203-163234.250-train", "20261203-163234.700-export",
+                                      "20261203-163234.701-export")
+    assert sorted([again, export, train]) == [train, export, again]
 
 
 def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp_path):
