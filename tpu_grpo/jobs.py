@@ -64,8 +64,8 @@ class Job:
 
 def new_id(step: str, now: float | None = None) -> str:
     """UTC start time to the millisecond, then the step: the ids sort by start time (the job
-    list's order, whose last is "the newest") even for jobs started within one second, and, as one TPU job
-    starts at a time and each start is a round trip, no two jobs of one host share an id."""
+    list's order, whose last is "the newest") even for jobs started within one second, and, as
+    one TPU job starts at a time and each start is a round trip, no two jobs of a host share an id."""
     now = time.time() if now is None else now
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}-{step}"
 
