@@ -10,24 +10,28 @@ In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests'
    dependencies), generate from playbooks/host.yml a playbook with one `ansible.builtin.shell`
    task per step the engine would not skip, running exactly the engine's rendered check
    command line (`changed_when: false`), and check that it succeeds (rc 0, failed=0, changed=0);
-3. time N rounds; each round times, one after the other, a no-op re-provision with the real CLI
-   (a subprocess; the whole process's wall time; it must report only ok/skipped) and ansible
+3. make a second venv for tpu-grpo in the temp folder, on the same Python as ansible's (the
+   project's locked dependencies, `uv sync --locked`), so that the two tools are compared on one
+   interpreter: the Python version alone moves a run by about 10 %;
+4. time N rounds; each round times, one after the other, a no-op re-provision with the real CLI
+   (a subprocess; the whole process's wall time; it must report only ok/skipped), on ansible's
+   Python and, when it differs, on this checkout's venv's, and ansible
    with its defaults (fact gathering on, OpenSSH with ControlMaster/ControlPersist, host keys
    checked against a known_hosts file). ansible's default ControlPersist keeps an SSH master
    alive for 60 s between runs, so it is timed twice a round: "cold" (a fresh master, like
    tpu-grpo's fresh connection; the goal is judged on this one) and "warm" (the master of its
    previous run). Rounds, rather than all of one tool's runs and then the other's, keep a
    machine whose speed drifts (shared cores) from favouring either tool;
-4. both tools' local Python runs with a bytecode cache (__pycache__ in each tool's venv), as on a user's
+5. both tools' local Python runs with a bytecode cache (__pycache__ in each tool's venv), as on a user's
    machine; this machine's PYTHONDONTWRITEBYTECODE=1 would recompile fabric/ansible every run
    (`--no-bytecode-cache` keeps it);
-5. print median seconds, the ratio to tpu-grpo's median (the baseline), and the SSH
+6. print median seconds, the ratio to the median of tpu-grpo on ansible's Python (the baseline), and the SSH
    connections each tool opened per run (from the sshd log's "Accepted publickey for USER");
-6. with --rtt-ms, both tools reach the sshd through a relay that delays each direction by half that
+7. with --rtt-ms, both tools reach the sshd through a relay that delays each direction by half that
    round-trip time (benchmarks/latency.py), as from a laptop to a VM; the goal is judged on loopback;
-7. remove everything it made, even on failure: user, mount, loop device, the /etc/fstab line
+8. remove everything it made, even on failure: user, mount, loop device, the /etc/fstab line
    the data disk step added, the sshd (and relay), the mode of /root, the temp folder (with the
-   ansible venv and its SSH masters).
+   venvs and ansible's SSH masters).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -188,9 +193,9 @@ def _detach(disk) -> None:
 # ---------------------------------------------------------------- tpu-grpo
 
 
-def invoke_provision(host: Host, timeout: int) -> subprocess.CompletedProcess:
-    """The real CLI, as a user runs it (and as TestHost.invoke does)."""
-    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", host.spec,
+def invoke_provision(host: Host, timeout: int, python: str = sys.executable) -> subprocess.CompletedProcess:
+    """The real CLI, as a user runs it (and as TestHost.invoke does), on `python` (a venv's)."""
+    argv = [str(python), "-m", "invoke", "-r", str(ROOT), "provision", "--host", host.spec,
             "--identity", str(host.key), "--json"]
     for item in host.vars:
         argv += ["--var", item]
@@ -288,12 +293,30 @@ def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]
     return inventory, playbook
 
 
-def install_ansible(folder: Path, spec: str) -> tuple[Path, str]:
-    """ansible-core in a throwaway venv under `folder` (Python 3.12: recent ansible-core needs it)."""
+def ansible_python() -> Path:
+    """The Python both tools are timed on: this machine's 3.12 (recent ansible-core needs >= 3.12)."""
     from tests.sshd import python312_bin
 
+    return Path(python312_bin()) / "python3.12"
+
+
+def python_version(python: str | Path) -> str:
+    return sh(str(python), "-c", "import platform; print(platform.python_version())").stdout.strip()
+
+
+def tpu_grpo_venv(folder: Path, python: Path) -> Path:
+    """A venv for tpu-grpo on `python`, with exactly the project's locked dependencies (and the
+    project itself, editable, as in .venv); returns its interpreter."""
+    venv = folder / "tpu-grpo-venv"
+    sh("uv", "sync", "-q", "--locked", "--no-dev", "--python", str(python), cwd=ROOT,
+       env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)})
+    return venv / "bin" / "python"
+
+
+def install_ansible(folder: Path, spec: str) -> tuple[Path, str]:
+    """ansible-core in a throwaway venv under `folder`, on ansible_python()."""
     venv = folder / "venv"
-    sh("uv", "venv", "-q", "--python", str(Path(python312_bin()) / "python3.12"), str(venv))
+    sh("uv", "venv", "-q", "--python", str(ansible_python()), str(venv))
     sh("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), spec)
     version = sh(str(venv / "bin" / "python"), "-c",
                  "import ansible.release; print(ansible.release.__version__)").stdout.strip()
@@ -350,18 +373,25 @@ class Ansible:
             self.close_masters(control_dir)
 
 
-def time_rounds(host: Host, ansible: Ansible, version: str, runs: int) -> list[Timing]:
+def time_rounds(host: Host, ansible: Ansible, version: str, runs: int,
+                tpu_grpo_pythons: dict[str, Path]) -> list[Timing]:
     """N rounds, each timing one run of every tool in turn, so that a machine that speeds up or slows
-    down during the benchmark (shared cores) moves every tool's times alike, not only one tool's."""
-    tpu_grpo = Timing("tpu-grpo (invoke provision)")
+    down during the benchmark (shared cores) moves every tool's times alike, not only one tool's.
+    `tpu_grpo_pythons`: the venvs' interpreters to time tpu-grpo on, by label (the first: the baseline)."""
+    tpu_grpo = {label: Timing(f"tpu-grpo (invoke provision, {label})") for label in tpu_grpo_pythons}
     cold = Timing(f"ansible-core {version} (defaults, new SSH master each run)")
     warm = Timing(f"ansible-core {version} (defaults, master kept by ControlPersist)")
     kept = ansible.folder / "cp-warm"
     run_once("ansible warm-up", lambda: ansible.run(kept), host, ansible.problem)  # leaves the master `warm` reuses
+    for label, python in tpu_grpo_pythons.items():  # writes the new venv's bytecode cache, as ansible's warm-up does
+        run_once(f"tpu-grpo warm-up ({label})", lambda: invoke_provision(host, timeout=300, python=python),
+                 host, noop_problem)
     for number in range(1, runs + 1):
-        result, seconds, connections = run_once(f"tpu-grpo run {number}", lambda: invoke_provision(host, timeout=300),
-                                                host, noop_problem)
-        tpu_grpo.add(seconds, connections)
+        for label, python in tpu_grpo_pythons.items():
+            result, seconds, connections = run_once(
+                f"tpu-grpo run {number} ({label})", lambda: invoke_provision(host, timeout=300, python=python),
+                host, noop_problem)
+            tpu_grpo[label].add(seconds, connections)
         found = statuses(result)
 
         fresh = ansible.folder / f"cp-cold-{number}"
@@ -371,11 +401,12 @@ def time_rounds(host: Host, ansible: Ansible, version: str, runs: int) -> list[T
 
         _, seconds, connections = run_once(f"{warm.tool} run {number}", lambda: ansible.run(kept), host, ansible.problem)
         warm.add(seconds, connections)
-        say(f"round {number}/{runs}: tpu-grpo {tpu_grpo.seconds[-1]:.2f} s ({sum(s == 'ok' for s in found.values())} ok, "
+        times = ", ".join(f"{timing.seconds[-1]:.2f} s ({label})" for label, timing in tpu_grpo.items())
+        say(f"round {number}/{runs}: tpu-grpo {times} ({sum(s == 'ok' for s in found.values())} ok, "
             f"{sum(s == 'skipped' for s in found.values())} skipped), ansible new master {cold.seconds[-1]:.2f} s, "
             f"kept master {warm.seconds[-1]:.2f} s")
     ansible.close_masters(kept)
-    return [tpu_grpo, cold, warm]
+    return [*tpu_grpo.values(), cold, warm]
 
 
 # ---------------------------------------------------------------- the run
@@ -399,6 +430,11 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool, rtt_ms: float = 
         ansible_folder.mkdir()
         say(f"installing {ansible_spec} into a throwaway venv in {ansible_folder}")
         venv, version = install_ansible(ansible_folder, ansible_spec)
+        shared_python = python_version(ansible_python())
+        say(f"installing tpu-grpo's locked dependencies into a throwaway venv on Python {shared_python}")
+        pythons = {f"Python {shared_python}, as ansible-core": tpu_grpo_venv(host.folder, ansible_python())}
+        if (own_python := platform.python_version()) != shared_python:
+            pythons[f"this checkout's venv, Python {own_python}"] = Path(sys.executable)
         inventory, playbook = write_ansible_project(host, ansible_folder, checks)
         ansible = Ansible(venv, ansible_folder, inventory, playbook, len(checks), host.bytecode_cache)
         stack.callback(_guarded, "close ansible's SSH masters", ansible.close_all)
@@ -407,16 +443,17 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool, rtt_ms: float = 
         run_once("ansible check run", lambda: ansible.run(ansible_folder / "cp-verify"), host, ansible.problem)
         ansible.close_masters(ansible_folder / "cp-verify")
 
-        tpu_grpo, cold, warm = time_rounds(host, ansible, version, runs)
+        *timings, cold, warm = time_rounds(host, ansible, version, runs, pythons)
+        tpu_grpo = timings[0]  # on ansible's Python: the baseline
         rows = []
-        for timing in (tpu_grpo, cold, warm):
+        for timing in (*timings, cold, warm):
             rows.append({"tool": timing.tool, "median_s": round(timing.median, 3),
                          "runs_s": [round(seconds, 3) for seconds in timing.seconds],
                          "ratio": round(timing.median / tpu_grpo.median, 2),
                          "ssh_connections_per_run": timing.connections})
         ratio = cold.median / tpu_grpo.median
         return {"runs": runs, "rtt_ms": rtt_ms, "ansible_core": version, "check_tasks": [name for name, _ in checks],
-                "python_bytecode_cache": bytecode_cache,
+                "python": shared_python, "python_bytecode_cache": bytecode_cache,
                 "tools": rows, "baseline": tpu_grpo.tool,
                 "goal": {"ansible_slower_by_at_least": GOAL_RATIO, "judged_on": cold.tool,
                          "ratio": round(ratio, 2), "met": None if rtt_ms else ratio >= GOAL_RATIO}}  # on loopback
@@ -435,7 +472,8 @@ def print_table(result: dict) -> None:
         shown = str(connections[0]) if len(connections) == 1 else "/".join(map(str, row["ssh_connections_per_run"]))
         print(f"{row['tool']:<{width}}  {row['median_s']:>8.2f}  {row['ratio']:>5.1f}x  {shown}")
     goal = result["goal"]
-    print(f"goal (ansible >= {goal['ansible_slower_by_at_least']:.0f}x slower than tpu-grpo, new SSH master each run): "
+    print(f"goal (ansible >= {goal['ansible_slower_by_at_least']:.0f}x slower than tpu-grpo, both on Python "
+          f"{result['python']}, new SSH master each run): "
           + (f"{'met' if goal['met'] else 'NOT met'} ({goal['ratio']:.1f}x)" if goal["met"] is not None
              else f"judged on loopback, without --rtt-ms ({goal['ratio']:.1f}x here)"))
 
