@@ -229,24 +229,44 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
     assert skipped.returncode == 0 and set(statuses(skipped).values()) == {"skipped"}
 
 
-def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
-    """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
+def _apply_progress_step(host, tmp_path, monkeypatch, script: str, check: str):
+    """Apply one `progress` step running `script` to the host: (its result, the events seen, timed)."""
     from tpu_grpo import hosts, provision
 
-    host = make_host()
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     book = tmp_path / "book.yml"
-    book.write_text("steps:\n  - name: download\n    progress: true\n    check: test -f ~/done\n    run: |\n"
-                    "      printf '\\033[1mstarting\\033[0m\\n'\n"
-                    "      for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
-                    "      echo; touch ~/done\n")
+    body = "".join(f"      {line}\n" for line in script.splitlines())
+    book.write_text(f"steps:\n  - name: the step\n    progress: true\n    check: {check}\n    run: |\n{body}")
     seen = []
     target = hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)
     report = provision.apply(provision.load(book), {}, [target],
                              on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
-    assert report.hosts[0].steps[0].status == "changed"
+    return report.hosts[0].steps[0], seen
+
+
+def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
+    """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
+    result, seen = _apply_progress_step(make_host(), tmp_path, monkeypatch, check="test -f ~/done", script=(
+        "printf '\\033[1mstarting\\033[0m\\n'\n"
+        "for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
+        "echo; touch ~/done"))
+    assert result.status == "changed"
     lines = [payload for _, kind, payload in seen if kind == "output"]
     assert lines == ["starting", "got 1 of 3", "got 2 of 3", "got 3 of 3"]
     first_line_at = next(at for at, kind, _ in seen if kind == "output")
     done_at = next(at for at, kind, _ in seen if kind == "done")
     assert done_at - first_line_at > 0.8  # streamed during the step, not replayed after it
+
+
+def test_a_failed_progress_step_shows_its_last_lines_as_the_terminal_does(make_host, tmp_path, monkeypatch):
+    """uv redraws a spinner with `\\r` and erases it before its error; the failure shows the error, not the frames."""
+    failed, seen = _apply_progress_step(make_host(), tmp_path, monkeypatch, check="'false'", script=(
+        "echo 'Using Python 3.12 environment at: maxtext_venv'\n"
+        "for frame in a b c d e f g h i j k l m n o p; do printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
+        "printf '\\033[2K\\033[1;31merror\\033[0m: No solution found\\n  cause: not in the registry\\n'\n"
+        "printf 'half a line'; exit 3"))
+    assert (failed.status, failed.exit_code) == ("failed", 3)
+    assert failed.output == ("Using Python 3.12 environment at: maxtext_venv\nerror: No solution found\n"
+                             "cause: not in the registry\nhalf a line")
+    frames = [payload for _, kind, payload in seen if kind == "output" and payload.endswith("Resolving dependencies...")]
+    assert len(frames) == 16  # every redraw still reached the live view

@@ -445,18 +445,33 @@ def parse_gathered(stdout: str) -> dict[int, tuple[int, str]]:
 
 
 class _Stream:
-    """A file-like sink for a running command: keeps the tail, reports each full line."""
+    """A file-like sink for a running command (under a terminal, for its progress bars): reports each
+    line as it is drawn, a bar's redraws after `\r` included, and keeps the last lines as the terminal
+    shows them at the end, so that a failed step's tail holds its messages, not spinner frames."""
 
     def __init__(self, report: Callable[[str], None] | None):
-        self.report, self.partial, self.lines = report, "", []
+        self.report, self.partial, self.drawn, self.lines = report, "", "", []
 
     def write(self, text: str) -> None:
-        self.partial += _ANSI.sub("", text)
-        *complete, self.partial = re.split(r"[\r\n]", self.partial)
-        for line in filter(None, (" ".join(line.split()) for line in complete)):
+        *pieces, self.partial = re.split(r"(\r|\n)", self.partial + text)
+        for segment, end in zip(pieces[::2], pieces[1::2]):
+            shown = " ".join(_ANSI.sub("", segment).split())
+            if shown and self.report:
+                self.report(shown)
+            if end == "\r":  # back to the start of the line: the next segment draws over this one
+                self.drawn = shown or self.drawn
+            else:
+                self._keep(shown or self.drawn)
+                self.drawn = ""
+
+    def _keep(self, line: str) -> None:
+        if line:
             self.lines = (self.lines + [line])[-OUTPUT_TAIL_LINES:]
-            if self.report:
-                self.report(line)
+
+    def tail(self) -> str:
+        """The last lines, with the one still being drawn."""
+        unfinished = " ".join(_ANSI.sub("", self.partial).split()) or self.drawn
+        return "\n".join((self.lines + [unfinished] if unfinished else self.lines)[-OUTPUT_TAIL_LINES:])
 
     def flush(self) -> None:
         pass
@@ -589,7 +604,7 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
                 break
         else:
             return StepResult(name, "failed", note=f"exit code {result.exited}", exit_code=result.exited,
-                              output="\n".join(stream.lines + [stream.partial] if stream.partial else stream.lines))
+                              output=stream.tail())
     verify = _run(connection, item.check, warn=True, hide=True)
     if verify.exited != 0:
         tail = (verify.stdout + verify.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:]
