@@ -157,20 +157,28 @@ def test_a_failed_step_stops_the_host_shows_why_and_a_rerun_continues(make_host,
     assert statuses(resumed) == {"first": "ok", "second": "changed", "third": "changed"}
 
 
-def test_network_steps_retry_with_backoff(make_host, tmp_path, monkeypatch):
-    from tpu_grpo import hosts, provision
-
+def test_network_steps_retry_with_backoff_after_a_network_error(make_host, tmp_path, monkeypatch):
     host = make_host()
-    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
-    book = tmp_path / "book.yml"
-    book.write_text("steps:\n  - name: flaky download\n    network: true\n    check: test -f ~/got\n    run: |\n"
-                    "      echo attempt >> ~/tries\n      [ $(wc -l < ~/tries) -ge 2 ] || exit 75\n      touch ~/got\n")
-    events = []
-    report = provision.apply(provision.load(book), {}, [hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)],
-                             retry_delays=(0.1, 0.1), on_event=lambda *event: events.append(event))
-    assert [(r.step, r.status) for r in report.hosts[0].steps] == [("flaky download", "changed")]
+    result, seen = _apply_one_step(host, tmp_path, monkeypatch, kind="network", check="test -f ~/got", script=(
+        "echo attempt >> ~/tries\n"
+        "[ $(wc -l < ~/tries) -ge 2 ] || { echo 'curl: (6) Could not resolve host: astral.sh' >&2; exit 6; }\n"
+        "touch ~/got"))
+    assert result.status == "changed"
     assert (host.user.home / "tries").read_text() == "attempt\nattempt\n"
-    assert ("output", host.spec, "flaky download", "attempt 2 of 3 in 0.1 s") in events
+    assert [payload for _, kind, payload in seen if kind == "output"] == [
+        "attempt 2 of 3 in 0.1 s, after: Could not resolve host"]
+
+
+def test_a_network_step_that_fails_for_another_reason_runs_once(make_host, tmp_path, monkeypatch):
+    """A requirement with no solution (or a failed build) fails the same way again: retrying only costs time."""
+    host = make_host()
+    result, seen = _apply_one_step(host, tmp_path, monkeypatch, kind="network", check="test -f ~/got", script=(
+        "echo attempt >> ~/tries\n"
+        "echo 'error: No solution found when resolving dependencies' >&2; exit 1"))
+    assert (result.status, result.exit_code) == ("failed", 1)
+    assert result.output == "error: No solution found when resolving dependencies"
+    assert (host.user.home / "tries").read_text() == "attempt\n"
+    assert not [payload for _, kind, payload in seen if kind == "output"]
 
 
 def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
@@ -229,24 +237,25 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
     assert skipped.returncode == 0 and set(statuses(skipped).values()) == {"skipped"}
 
 
-def _apply_progress_step(host, tmp_path, monkeypatch, script: str, check: str):
-    """Apply one `progress` step running `script` to the host: (its result, the events seen, timed)."""
+def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: str = "progress"):
+    """Apply one step (`kind`: progress or network) running `script` to the host, retrying after 0.1 s:
+    (its result, the events seen, timed)."""
     from tpu_grpo import hosts, provision
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     book = tmp_path / "book.yml"
     body = "".join(f"      {line}\n" for line in script.splitlines())
-    book.write_text(f"steps:\n  - name: the step\n    progress: true\n    check: {check}\n    run: |\n{body}")
+    book.write_text(f"steps:\n  - name: the step\n    {kind}: true\n    check: {check}\n    run: |\n{body}")
     seen = []
     target = hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)
-    report = provision.apply(provision.load(book), {}, [target],
+    report = provision.apply(provision.load(book), {}, [target], retry_delays=(0.1, 0.1),
                              on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
     return report.hosts[0].steps[0], seen
 
 
 def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
     """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
-    result, seen = _apply_progress_step(make_host(), tmp_path, monkeypatch, check="test -f ~/done", script=(
+    result, seen = _apply_one_step(make_host(), tmp_path, monkeypatch, check="test -f ~/done", script=(
         "printf '\\033[1mstarting\\033[0m\\n'\n"
         "for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
         "echo; touch ~/done"))
@@ -260,7 +269,7 @@ def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, mo
 
 def test_a_failed_progress_step_shows_its_last_lines_as_the_terminal_does(make_host, tmp_path, monkeypatch):
     """uv redraws a spinner with `\\r` and erases it before its error; the failure shows the error, not the frames."""
-    failed, seen = _apply_progress_step(make_host(), tmp_path, monkeypatch, check="'false'", script=(
+    failed, seen = _apply_one_step(make_host(), tmp_path, monkeypatch, check="'false'", script=(
         "echo 'Using Python 3.12 environment at: maxtext_venv'\n"
         "for frame in a b c d e f g h i j k l m n o p; do printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
         "printf '\\033[2K\\033[1;31merror\\033[0m: No solution found\\n  cause: not in the registry\\n'\n"

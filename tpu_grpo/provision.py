@@ -34,6 +34,16 @@ VAR_KEYS = {"default", "help", "pattern", "choices"}
 PLAYBOOK_KEYS = {"prelude", "vars", "steps"}
 BUILTINS = {"locked": False, "lock_requirements": ""}  # set by `--locked`, not by --var
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them
+# What apt, curl, uv, pip and git print when the network, not the request, failed: only such a failure
+# of a network step is retried. Anything else (no solution for a requirement, a failed build) would
+# fail the same way again, and the extra deps' build alone takes many minutes of reserved time.
+_TRANSIENT = re.compile(
+    r"temporary failure|could(n't| not) resolve (host|proxy)|name resolution|dns error|network is unreachable"
+    r"|no route to host|could not connect|unable to (connect|access)|failed to (fetch|connect|download(?! and build))"
+    r"|connection (refused|reset|timed out|closed|aborted)|timed out|read ?timeout|error sending request"
+    r"|ssl (connect )?error|tls handshake|hash sum mismatch|early eof|rpc failed|hung up unexpectedly"
+    r"|max retries exceeded|returned error: (429|5\d\d)|too many requests|internal server error|bad gateway"
+    r"|service unavailable|gateway time-?out", re.IGNORECASE)
 OUTPUT_TAIL_LINES = 15
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}")
 _CONDITION = re.compile(r"^(?:(?P<negate>not\s+)?(?P<flag>[A-Za-z_]\w*)|(?P<name>[A-Za-z_]\w*)\s*==\s*(?P<value>\S+))$")
@@ -591,18 +601,19 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
     if item.step.secret:
         _copy_secret(connection, item.step.secret["dest"], item.secret_value)
     else:
-        attempts = (0, *retry_delays) if item.step.network else (0,)
-        for attempt, delay in enumerate(attempts):
-            if delay:
-                on_line(f"attempt {attempt + 1} of {len(attempts)} in {delay} s")
-                time.sleep(delay)
+        attempts = 1 + len(retry_delays) if item.step.network else 1
+        for attempt in range(1, attempts + 1):
             stream = _Stream(on_line if item.step.progress else None)
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
             result = _run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
                           out_stream=stream, err_stream=stream)
-            if result.exited == 0:
+            transient = _TRANSIENT.search(stream.tail())
+            if result.exited == 0 or not transient or attempt == attempts:
                 break
-        else:
+            delay = retry_delays[attempt - 1]
+            on_line(f"attempt {attempt + 1} of {attempts} in {delay} s, after: {transient.group(0)}")
+            time.sleep(delay)
+        if result.exited != 0:
             return StepResult(name, "failed", note=f"exit code {result.exited}", exit_code=result.exited,
                               output=stream.tail())
     verify = _run(connection, item.check, warn=True, hide=True)
