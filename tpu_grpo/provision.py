@@ -454,6 +454,11 @@ def parse_gathered(stdout: str) -> dict[int, tuple[int, str]]:
     return found
 
 
+def _as_shown(text: str) -> str:
+    """A line of a command's output as a report shows it: no colours or cursor moves, spaces collapsed."""
+    return " ".join(_ANSI.sub("", text).split())
+
+
 class _Stream:
     """A file-like sink for a running command (under a terminal, for its progress bars): reports each
     line as it is drawn, a bar's redraws after `\r` included, and keeps the last lines as the terminal
@@ -465,7 +470,7 @@ class _Stream:
     def write(self, text: str) -> None:
         *pieces, self.partial = re.split(r"(\r|\n)", self.partial + text)
         for segment, end in zip(pieces[::2], pieces[1::2]):
-            shown = " ".join(_ANSI.sub("", segment).split())
+            shown = _as_shown(segment)
             if shown and self.report:
                 self.report(shown)
             if end == "\r":  # back to the start of the line: the next segment draws over this one
@@ -480,7 +485,7 @@ class _Stream:
 
     def tail(self) -> str:
         """The last lines, with the one still being drawn."""
-        unfinished = " ".join(_ANSI.sub("", self.partial).split()) or self.drawn
+        unfinished = _as_shown(self.partial) or self.drawn
         return "\n".join((self.lines + [unfinished] if unfinished else self.lines)[-OUTPUT_TAIL_LINES:])
 
     def flush(self) -> None:
@@ -607,8 +612,10 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
             result = _run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
                           out_stream=stream, err_stream=stream)
+            if result.exited == 0 or attempt == attempts:
+                break
             transient = _TRANSIENT.search(stream.tail())
-            if result.exited == 0 or not transient or attempt == attempts:
+            if not transient:
                 break
             delay = retry_delays[attempt - 1]
             on_line(f"attempt {attempt + 1} of {attempts} in {delay} s, after: {transient.group(0)}")
