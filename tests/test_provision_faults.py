@@ -7,13 +7,16 @@ host's real state and converges; one host's failure never stops the other's prov
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
 import pwd
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,7 +41,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts ne
 # program runs, so it lands in the middle of the step's work, not before the script starts.
 KILL_POINTS = {
     "build tools": ("apt-get ", "install -y build-essential"),  # as root, under the user's sudo
-    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo
+    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo; held at its exec (below)
     "caches on the data disk": ("cp ", "-a"),  # moving an existing cache onto the disk
     # The copy itself takes milliseconds, less than one scan of /proc on a busy machine, so for this
     # step the user's SSH session is stopped the moment the step starts: its mkdir and SFTP copy wait.
@@ -47,6 +50,10 @@ KILL_POINTS = {
     "venv": ("uv ", "venv --python"),
     "MaxText": ("uv ", "pip install"),
 }
+# mkfs.ext4 formats the test's small loop disk in about 15 ms, less than one scan of /proc on a busy
+# machine (a scan missed it once under load): for these steps the program is held at its exec until
+# the connection has been dropped, so the kill lands in it every time.
+HELD_AT_EXEC = {"data disk": "mkfs.ext4"}
 # Steps whose work may still complete after the kill: sudo's command runs on as root (as it
 # would after a dead link). The rest must be redone.
 MAY_FINISH = {"build tools", "data disk"}
@@ -110,26 +117,84 @@ def wait_for_sudo_to_end(user: str, timeout_s: float = 120) -> None:
         time.sleep(0.1)
 
 
+class ExecGate:
+    """Holds every exec of one program on this machine until it is let go (fanotify's
+    FAN_OPEN_EXEC_PERM): a program that runs for milliseconds is caught before it starts."""
+
+    _EVENT = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata: len, vers, reserved, metadata_len, mask, fd, pid
+    _FAN_CLASS_CONTENT, _FAN_CLOEXEC, _FAN_MARK_ADD, _FAN_OPEN_EXEC_PERM, _FAN_ALLOW = 0x4, 0x1, 0x1, 0x40000, 0x1
+
+    def __init__(self, program: str):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+        self.fd = libc.fanotify_init(self._FAN_CLASS_CONTENT | self._FAN_CLOEXEC, os.O_RDONLY | os.O_CLOEXEC)
+        path = shutil.which(program, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        if self.fd < 0 or libc.fanotify_mark(self.fd, self._FAN_MARK_ADD, self._FAN_OPEN_EXEC_PERM,
+                                             -100, path.encode()) < 0:  # -100: AT_FDCWD
+            error = ctypes.get_errno()
+            if self.fd >= 0:
+                os.close(self.fd)
+            raise OSError(error, f"fanotify on {path}: {os.strerror(error)}")
+
+    def held(self, timeout_s: float) -> list[tuple[int, int]]:
+        """(pid, event fd) of each exec now held, after waiting up to `timeout_s` for one."""
+        if not select.select([self.fd], [], [], timeout_s)[0]:
+            return []
+        data, offset, found = os.read(self.fd, 4096), 0, []
+        while offset < len(data):
+            length, _, _, _, _, event_fd, pid = self._EVENT.unpack_from(data, offset)
+            found.append((pid, event_fd))
+            offset += length
+        return found
+
+    def let_go(self, event_fd: int) -> None:
+        os.write(self.fd, struct.pack("=iI", event_fd, self._FAN_ALLOW))
+        os.close(event_fd)
+
+    def close(self) -> None:
+        os.close(self.fd)  # lets go of whatever is still held
+
+
 class KillWhileRunning:
     """Drops the user's SSH connection server-side (the user's processes, its sshd included) as soon
     as the step's program runs; a program of the user's own is stopped first, so it cannot finish
     between being seen and being killed. A program that already runs when the step starts (the
-    user's SSH session) is caught in `start` itself, before the step sends anything."""
+    user's SSH session) is caught in `start` itself, before the step sends anything. A program
+    `held_at_exec` is not looked for but held at its exec, from the step's start until the kill."""
 
-    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], wait_s: float = 60):
-        self.sshd, self.user, self.program, self.wait_s = sshd, user, program, wait_s
+    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], held_at_exec: str | None = None,
+                 wait_s: float = 60):
+        self.sshd, self.user, self.program, self.held_at_exec, self.wait_s = sshd, user, program, held_at_exec, wait_s
         self.uid = pwd.getpwnam(user).pw_uid
         self.landed_on: str | None = None
         self.step_done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self) -> None:
-        if not self._catch():
+        if self.held_at_exec:
+            gate = ExecGate(self.held_at_exec)  # made here, so that it holds nothing before the step runs
+            self.thread = threading.Thread(target=self._watch_execs, args=(gate,), daemon=True)
+            self.thread.start()
+        elif not self._catch():
             self.thread.start()
 
     def join(self) -> None:
         if self.thread.ident is not None:
             self.thread.join()
+
+    def _watch_execs(self, gate: ExecGate) -> None:
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while time.monotonic() < deadline and self.landed_on is None and not self.step_done.is_set():
+                for pid, event_fd in gate.held(0.05):
+                    try:
+                        if self.landed_on is None and _runs_for(self.uid, pid):
+                            self.sshd.kill_sessions(self.user)
+                            self.landed_on = f"{self.held_at_exec} (held at its exec, pid {pid})"
+                    finally:
+                        gate.let_go(event_fd)
+        finally:
+            gate.close()
 
     def _watch(self) -> None:
         deadline = time.monotonic() + self.wait_s
@@ -182,7 +247,7 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
     user = host.user.name
     target = hosts.Host(user, "127.0.0.1", host.sshd.port, host.key)
-    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step])
+    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step], HELD_AT_EXEC.get(step))
 
     def on_event(kind, _host, name, _payload):
         if kind == "start" and name == step:
