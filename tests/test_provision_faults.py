@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts ne
 # program runs, so it lands in the middle of the step's work, not before the script starts.
 KILL_POINTS = {
     "build tools": ("apt-get ", "install -y build-essential"),  # as root, under the user's sudo
-    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo; held at its exec (below)
+    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo; held at its exec (HELD_AT_EXEC)
     "caches on the data disk": ("cp ", "-a"),  # moving an existing cache onto the disk
     # The copy itself takes milliseconds, less than one scan of /proc on a busy machine, so for this
     # step the user's SSH session is stopped the moment the step starts: its mkdir and SFTP copy wait.
@@ -53,7 +53,7 @@ KILL_POINTS = {
 # mkfs.ext4 formats the test's small loop disk in about 15 ms, less than one scan of /proc on a busy
 # machine (a scan missed it once under load): for these steps the program is held at its exec until
 # the connection has been dropped, so the kill lands in it every time.
-HELD_AT_EXEC = {"data disk": "mkfs.ext4"}
+HELD_AT_EXEC = {"data disk"}
 # Steps whose work may still complete after the kill: sudo's command runs on as root (as it
 # would after a dead link). The rest must be redone.
 MAY_FINISH = {"build tools", "data disk"}
@@ -159,24 +159,24 @@ class KillWhileRunning:
     """Drops the user's SSH connection server-side (the user's processes, its sshd included) as soon
     as the step's program runs; a program of the user's own is stopped first, so it cannot finish
     between being seen and being killed. A program that already runs when the step starts (the
-    user's SSH session) is caught in `start` itself, before the step sends anything. A program
-    `held_at_exec` is not looked for but held at its exec, from the step's start until the kill."""
+    user's SSH session) is caught in `start` itself, before the step sends anything. With
+    `hold_at_exec`, the program is not looked for but held at its exec, from the step's start until the kill."""
 
-    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], held_at_exec: str | None = None,
+    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], hold_at_exec: bool = False,
                  wait_s: float = 60):
-        self.sshd, self.user, self.program, self.held_at_exec, self.wait_s = sshd, user, program, held_at_exec, wait_s
+        self.sshd, self.user, self.program, self.hold_at_exec, self.wait_s = sshd, user, program, hold_at_exec, wait_s
         self.uid = pwd.getpwnam(user).pw_uid
         self.landed_on: str | None = None
         self.step_done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self) -> None:
-        if self.held_at_exec:
-            gate = ExecGate(self.held_at_exec)  # made here, so that it holds nothing before the step runs
+        if self.hold_at_exec:
+            gate = ExecGate(self.program[0].strip())  # made here, so that it holds nothing before the step runs
             self.thread = threading.Thread(target=self._watch_execs, args=(gate,), daemon=True)
-            self.thread.start()
-        elif not self._catch():
-            self.thread.start()
+        elif self._catch():
+            return
+        self.thread.start()
 
     def join(self) -> None:
         if self.thread.ident is not None:
@@ -190,7 +190,7 @@ class KillWhileRunning:
                     try:
                         if self.landed_on is None and _runs_for(self.uid, pid):
                             self.sshd.kill_sessions(self.user)
-                            self.landed_on = f"{self.held_at_exec} (held at its exec, pid {pid})"
+                            self.landed_on = f"{self.program[0].strip()} (held at its exec, pid {pid})"
                     finally:
                         gate.let_go(event_fd)
         finally:
@@ -247,7 +247,7 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
     user = host.user.name
     target = hosts.Host(user, "127.0.0.1", host.sshd.port, host.key)
-    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step], HELD_AT_EXEC.get(step))
+    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step], step in HELD_AT_EXEC)
 
     def on_event(kind, _host, name, _payload):
         if kind == "start" and name == step:
