@@ -168,7 +168,7 @@ class KillWhileRunning:
         self.uid = pwd.getpwnam(user).pw_uid
         self.landed_on: str | None = None
         self.step_done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread: threading.Thread | None = None  # none when `start` caught the program itself
 
     def start(self) -> None:
         if self.hold_at_exec:
@@ -176,10 +176,12 @@ class KillWhileRunning:
             self.thread = threading.Thread(target=self._watch_execs, args=(gate,), daemon=True)
         elif self._catch():
             return
+        else:
+            self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
     def join(self) -> None:
-        if self.thread.ident is not None:
+        if self.thread is not None:
             self.thread.join()
 
     def _watch_execs(self, gate: ExecGate) -> None:
