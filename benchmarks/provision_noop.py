@@ -143,7 +143,6 @@ def make_host(stack: contextlib.ExitStack, rtt_ms: float) -> Host:
     user = harness.make_user("tgb", record_commands=False)  # bash as on a VM, not the tests' recording shell
     stack.callback(_guarded, f"remove user {user.name}", harness.remove_user, user)  # runs before the detach
     disk.mount = str(MOUNT_BASE / user.name)
-    stack.callback(_guarded, "remove the data disk's /etc/fstab line", harness.forget_mount, disk.mount)
     say(f"user {user.name}, data disk {disk.device} for {disk.mount}")
 
     port = server.port
@@ -183,11 +182,12 @@ def run_once(label: str, action, host: Host, problem) -> tuple[subprocess.Comple
 
 
 def _detach(disk) -> None:
+    """Unmount and free the loop device, then forget the mount: its /etc/fstab line and folders."""
+    from tests.sshd import forget_mount
+
     disk.detach()
     if disk.mount:
-        for folder in (Path(disk.mount), MOUNT_BASE):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        forget_mount(disk.mount)
 
 
 # ---------------------------------------------------------------- tpu-grpo

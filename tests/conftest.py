@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -159,8 +158,6 @@ def make_host(sshd, key_pair, tmp_path_factory):
         host.disk.detach()
         harness.forget_mount(host.disk.mount)
         harness.remove_user(host.user)
-    with contextlib.suppress(OSError):  # kept while another test process still has a mount there
-        os.rmdir(TEST_MOUNTS)
 
 
 # ---------------------------------------------------------------- workload hosts (tests/standin)

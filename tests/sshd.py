@@ -17,7 +17,7 @@ import subprocess
 import time
 import uuid
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,11 +62,14 @@ def root_home_traversable():
 
 
 def forget_mount(mount: str) -> None:
-    """Remove the fstab line the data disk step wrote for a test mount, and the mount point."""
+    """Remove the fstab line the data disk step wrote for an unmounted test mount, the mount point, and
+    the folder of test mounts that holds it once empty (it stays while another test process has one there)."""
     fstab = Path("/etc/fstab")
     if fstab.exists():
         fstab.write_text("".join(line for line in fstab.read_text().splitlines(True) if f" {mount} " not in line))
     shutil.rmtree(mount, ignore_errors=True)
+    with suppress(OSError):
+        os.rmdir(os.path.dirname(mount))
 
 
 def free_port() -> int:
