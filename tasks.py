@@ -11,10 +11,9 @@ import atexit
 import gc
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import Exit
 
 # Invoke turns off Python's bytecode cache for whatever its tasks import (see its --write-pyc), so
 # Fabric, paramiko and tpu_grpo would be compiled from source on every run. Python's own setting
@@ -28,6 +27,7 @@ sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 atexit.register(gc.freeze)
 
 from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
+from tpu_grpo.cli import INTERRUPTED, one_line_errors, task  # noqa: E402
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
@@ -46,34 +46,52 @@ def _exit_on_failure(code: int) -> None:
         raise Exit(code=code)
 
 
-@contextmanager
-def _one_line_errors():
-    """Bad input (settings, hosts, playbook, --var) ends the task with one line and exit code 2 (a
-    failed pipeline step: 1), no traceback."""
-    from tpu_grpo.errors import UserError
-
-    try:
-        yield
-    except UserError as error:
-        raise Exit(f"error: {error}", code=error.exit_code) from None
-
-
-HOST_HELP = {
-    "host": "USER@ADDRESS[:PORT] of a host (repeatable); default: the stack's VM from `invoke up`",
-    "identity": "private key for --host (default: your SSH agent and ~/.ssh keys)",
+#: The help of the flags several tasks share, written once. Invoke shows no value for a repeatable
+#: flag, so its help begins with the value's form.
+HELP = {
+    "host": "USER@ADDRESS[:PORT], repeatable: a host to act on (default: the stack's VM from `invoke up`)",
+    "identity": "private key for the host (default: your SSH agent and ~/.ssh keys; for the stack's VM, "
+                "the private half of sshPublicKeyPath)",
     "stack": STACK_HELP,
-    "var": "KEY=VALUE overriding a playbook variable (repeatable); see `invoke plan`",
-    "playbook": "playbook to apply (default: playbooks/host.yml)",
     "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
+    "var": "KEY=VALUE, repeatable: overrides a playbook variable; see `invoke plan`",
+    "playbook": "playbook to apply (default: playbooks/host.yml)",
+    "json": "print the result as JSON (progress goes to stderr)",
+    "set": "KEY=VALUE, repeatable: adds or overrides a key on the MaxText command line "
+           "(in pipeline STEP:KEY=VALUE, STEP one of convert, train, export; default train)",
+    "dry_run": "print the exact remote script and exit, without connecting",
+    "detach": "start the job and return at once (follow it later with `invoke logs --follow`)",
+    "verbose": "show every log line, not only progress, evals and errors",
+    "run_name": "run name (default: the tutorial's timestamp, YYYY-MM-DD-HH-MM-SS in UTC)",
+    "batches": "GRPO batches, MaxText's num_batches (default: the stack's tpu-grpo:batches)",
 }
+HOST_FLAGS = ("host", "identity", "stack", "wait")
 
 
-@task(help={"stack": STACK_HELP, "json": "print the plan as JSON"})
+def _help(*names: str, **extra: str) -> dict:
+    """The help of a task's flags: the shared wording for these names, plus its own."""
+    return {**{name: HELP[name] for name in names}, **extra}
+
+
+def _check_hosts(host=None, identity=None, stack=None, wait=None, **_) -> None:
+    """The host flags, before anything connects; the stack's settings when the host is the stack's VM."""
+    from tpu_grpo import hosts
+
+    hosts.check_flags(host, identity, wait)
+    if not host:
+        settings_module.load(stack, lenient=True)
+
+
+def _check_settings(stack=None, **_) -> None:
+    settings_module.load(stack, lenient=True)
+
+
+@task(help=_help("stack", json="print the plan as JSON"), check=_check_settings)
 def plan(c, stack=None, json_=False):
     """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
     from tpu_grpo import plan as plan_module
 
-    with _one_line_errors():
+    with one_line_errors():
         result = plan_module.build(stack)
     if json_:
         print(json.dumps(result.to_json(), indent=2))
@@ -81,29 +99,34 @@ def plan(c, stack=None, json_=False):
         plan_module.render(result, _console())
 
 
-@task(help={"stack": STACK_HELP, "json": "print the settings as JSON"})
+@task(help=_help("stack", json="print the settings as JSON"), check=_check_settings)
 def settings(c, stack=None, json_=False):
-    """List every stack setting with its value and meaning."""
-    with _one_line_errors():
-        values = settings_module.read_stack_file(stack or settings_module.stack_name(), settings_module.project_root())
+    """List every stack setting with its value and meaning, after validating them all."""
+    with one_line_errors():
+        chosen = settings_module.load(stack, lenient=True)
+        values = settings_module.read_stack_file(chosen.stack, settings_module.project_root())
     if json_:
         print(json.dumps({key.name: values.get(key.name) for key in settings_module.KEYS}, indent=2))
         return
     from rich.table import Table
 
     table = Table("setting", "value", "meaning")
+    table.columns[0].no_wrap = True
     for key in settings_module.KEYS:
         value = values.get(key.name)
         table.add_row(key.name, "(unset)" if value is None else str(value), key.help)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    for pending in chosen.pending:
+        console.print(f"still to set before `pulumi up`: {pending}")
 
 
-@task(help={"stack": STACK_HELP})
+@task(help=_help("stack"), check=_check_settings)
 def up(c, stack=None):
     """Create or update the TPU VM with `pulumi up`, after checking everything it needs."""
     from tpu_grpo import stack as stack_module
 
-    with _one_line_errors():
+    with one_line_errors():
         chosen = settings_module.load(stack, lenient=True)
     missing = stack_module.missing_for_up(chosen)
     if missing:
@@ -119,21 +142,31 @@ def up(c, stack=None):
     _exit_on_failure(code)
 
 
-@task(iterable=["host", "var", "tags"], help={
-    **HOST_HELP, "check": "report what would change (and drift from the lock), change nothing",
-    "tags": "run only steps with these tags (repeatable or comma-separated)",
-    "locked": "install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
-    "lock": "the lock file (default: playbooks/host.lock.txt)", "json": "print the report as JSON"})
+def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
+    """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
+    from tpu_grpo import provision as engine
+
+    book = engine.load(playbook)
+    values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None)
+    chosen_tags = engine.parse_tags(tags)
+    engine.selected(book, chosen_tags)
+    _check_hosts(**flags)
+    return book, values, chosen_tags
+
+
+@task(iterable=["host", "var", "tags"], check=_check_provision, help=_help(
+    *HOST_FLAGS, "var", "playbook", "json", check="report what would change (and drift from the lock), change nothing",
+    tags="TAG[,TAG], repeatable: run only the steps with these tags",
+    locked="install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
+    lock="the lock file (default: playbooks/host.lock.txt)"))
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
               lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
     from tpu_grpo import hosts, provision as engine
 
-    with _one_line_errors():
-        book = engine.load(playbook)
-        values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None)
-        chosen_tags = [tag for item in tags or [] for tag in item.split(",") if tag]
-        engine.selected(book, chosen_tags)
+    with one_line_errors():
+        book, values, chosen_tags = _check_provision(var, tags, locked, lock, playbook, host=host, identity=identity,
+                                                     stack=stack, wait=wait)
         targets = hosts.resolve(host or [], identity, stack)
         wait_s = hosts.wait_seconds(wait)
     if json_:
@@ -152,12 +185,20 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
         raise Exit(code=1)
 
 
-@task(iterable=["host", "var"], help={**HOST_HELP, "lock": "where to write the lock (default: playbooks/host.lock.txt)"})
+def _check_freeze(var=None, playbook=None, **flags):
+    from tpu_grpo import provision as engine
+
+    engine.resolve(engine.load(playbook), var)
+    _check_hosts(**flags)
+
+
+@task(iterable=["host", "var"], check=_check_freeze, help=_help(
+    *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
     from tpu_grpo import hosts, provision as engine
 
-    with _one_line_errors():
+    with one_line_errors():
         book = engine.load(playbook)
         values = engine.resolve(book, var)
         targets = hosts.resolve(host or [], identity, stack)
@@ -177,23 +218,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
 
 # ------------------------------------------------------------------ workloads on the host
 
-JOB_HELP = {
-    "host": HOST_HELP["host"], "identity": HOST_HELP["identity"], "stack": STACK_HELP, "wait": HOST_HELP["wait"],
-    "set": "KEY=VALUE added to or overriding the MaxText command line (repeatable; STEP:KEY=VALUE in pipeline)",
-    "dry_run": "print the exact remote script and exit, without connecting",
-    "detach": "start the job and return at once (follow it later with `invoke logs --follow`)",
-    "verbose": "show every log line, not only progress, evals and errors",
-    "run_name": "run name (default: the tutorial's timestamp, YYYY-MM-DD-HH-MM-SS in UTC)",
-    "batches": "GRPO batches, MaxText's num_batches (default: the stack's tpu-grpo:batches)",
-}
-
-
-def _help(*names: str, **extra: str) -> dict:
-    """The help of a task's flags: the shared wording for these names, plus its own."""
-    return {**{name: JOB_HELP[name] for name in names}, **extra}
-
-
-STEP_FLAGS = ("host", "identity", "stack", "wait", "set", "dry_run", "detach", "verbose")
+STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")
 
 
 def _session(host, identity, stack, wait):
@@ -213,7 +238,7 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, ru
     if dry_run:
         print(maxtext.script(run, step), end="")
         return
-    with _one_line_errors():
+    with one_line_errors():
         session = _session(host, identity, stack, wait)
         connection = session.connection
         if step == "export":
@@ -234,52 +259,67 @@ def _follow(session, job, step, total_steps, verbose, console=None) -> int:
 
     console = console or _console()
     try:
-        with _one_line_errors():
+        with one_line_errors():
             return watch.follow(session, job, step, console, total_steps, verbose)
     except KeyboardInterrupt:
         console.print(f"\ndetached: job {job} keeps running on {session.host.name}; "
                       f"reattach: uv run invoke logs --job {job} --follow; stop it: uv run invoke cancel --job {job}")
-        return 130
+        return INTERRUPTED
 
 
-@task(iterable=["host", "set_"], help=_help(*STEP_FLAGS))
-def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
-    """Convert the Hugging Face model to a MaxText checkpoint in /dev/shm (the tutorial's section 4)."""
+def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
+              wait=None, **_):
+    """One step's run from the stack and the flags, all checked before anything connects."""
     from tpu_grpo import pipeline
 
-    with _one_line_errors():
-        run = pipeline.build_run(stack, sets=set_, default_step="convert")
+    run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_, default_step=step, step=export_step)
+    _check_hosts(host=host, identity=identity, stack=stack, wait=wait)
+    return run
+
+
+@task(iterable=["host", "set_"], help=_help(*STEP_FLAGS), check=lambda **flags: _step_run("convert", **flags))
+def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
+    """Convert the Hugging Face model to a MaxText checkpoint in /dev/shm (the tutorial's section 4)."""
+    with one_line_errors():
+        run = _step_run("convert", stack, set_=set_, host=host, identity=identity, wait=wait)
     _launch(run, "convert", host, identity, stack, wait, dry_run, detach, verbose)
 
 
-@task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, "batches", "run_name"))
+@task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, "batches", "run_name"),
+      check=lambda **flags: _step_run("train", **flags))
 def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
           detach=False, verbose=False, wait=None):
     """Run GRPO training (the tutorial's section 5) as a detached job and follow its progress."""
-    from tpu_grpo import pipeline
-
-    with _one_line_errors():
-        run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_, default_step="train")
+    with one_line_errors():
+        run = _step_run("train", stack, batches, run_name, set_, host=host, identity=identity, wait=wait)
     _launch(run, "train", host, identity, stack, wait, dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, run_name="the trained run to export (default: the newest)",
-                                            step="checkpoint step to export (default: the run's last, num_batches)"))
+                                            step="checkpoint step to export (default: the run's last, num_batches)"),
+      check=lambda step=None, **flags: _step_run("export", export_step=step, **flags))
 def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
            detach=False, verbose=False, wait=None):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
-    from tpu_grpo import pipeline
-
-    with _one_line_errors():
-        run = pipeline.build_run(stack, run_name=run_name, sets=set_, default_step="export", step=step)
-    if dry_run and not run_name:
+    with one_line_errors():
+        run = _step_run("export", stack, run_name=run_name, set_=set_, export_step=step, host=host,
+                        identity=identity, wait=wait)
+    if dry_run and run_name is None:
         print("# run name: the newest trained run on the host, known once connected")
     _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
-@task(iterable=["host", "set_"], help=_help(
-    "host", "identity", "stack", "wait", "set", "dry_run", "verbose", "batches", "run_name",
-    json="print the outcome as JSON",
+def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, **flags):
+    from tpu_grpo import pipeline
+
+    run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
+    need = pipeline.parse_need_gb(need_gb)
+    _check_hosts(stack=stack, **flags)
+    return run, need
+
+
+@task(iterable=["host", "set_"], check=_check_pipeline, help=_help(
+    *HOST_FLAGS, "set", "dry_run", "verbose", "batches", "run_name", "json",
     need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default 120,20 for 8B)",
     keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)"))
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
@@ -287,25 +327,30 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
     from tpu_grpo import maxtext, pipeline as pipeline_module
 
-    with _one_line_errors():
-        run = pipeline_module.build_run(stack, batches=batches, run_name=run_name, sets=set_)
-        need = pipeline_module.parse_need_gb(need_gb)
+    with one_line_errors():
+        run, need = _check_pipeline(batches, run_name, set_, need_gb, stack, host=host, identity=identity, wait=wait)
     if dry_run:
+        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
+                f"disk, with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''}"
+                f" to {pipeline_module.run_archive(run.run_name)}")
+        if json_:
+            print(json.dumps({"run": run.run_name, "steps": [
+                *({"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS),
+                {"step": "save", "description": save}]}, indent=2))
+            return
         for step in maxtext.STEPS:
             print(maxtext.script(run, step))
-        print(f"# save: copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} "
-              f"on the data disk, with SHA256SUMS; the run's TensorBoard events"
-              f"{' and last checkpoint' if keep_checkpoint else ''} to {pipeline_module.run_archive(run.run_name)}")
+        print(f"# save: {save}")
         return
     console = _console(stderr=json_)
-    with _one_line_errors():
+    with one_line_errors():
         session = _session(host, identity, stack, wait)
         total = pipeline_module.job_meta(run, "train").get("total_steps")
 
         def follow(job, step):
             code = _follow(session, job, step, total if step == "train" else None, verbose, console)
-            if code == 130:
-                raise Exit(code=130)
+            if code == INTERRUPTED:
+                raise Exit(code=INTERRUPTED)
             return code
 
         def report(step):
@@ -323,17 +368,14 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
 
 
-@task(iterable=["host"], help={"job": "job id (default: the running job, else the newest)",
-                               "follow": "keep streaming until the job ends (resumes after a dropped link)",
-                               "host": HOST_HELP["host"], "identity": HOST_HELP["identity"], "stack": STACK_HELP,
-                               "wait": HOST_HELP["wait"], "verbose": JOB_HELP["verbose"]})
+@task(iterable=["host"], check=_check_hosts, help=_help(
+    *HOST_FLAGS, "verbose", job="job id (default: the running job, else the newest)",
+    follow="keep streaming until the job ends (resumes after a dropped link)"))
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
-    import sys
-
     from tpu_grpo import jobs
 
-    with _one_line_errors():
+    with one_line_errors():
         session = _session(host, identity, stack, wait)
         chosen = jobs.find(jobs.list_jobs(session.connection), job)
         if not follow:
@@ -342,13 +384,12 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
     _exit_on_failure(_follow(session, chosen.id, chosen.step, chosen.meta.get("total_steps"), verbose))
 
 
-@task(iterable=["host"], help={"json": "print the jobs as JSON", "host": HOST_HELP["host"],
-                               "identity": HOST_HELP["identity"], "stack": STACK_HELP, "wait": HOST_HELP["wait"]})
+@task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """List the host's jobs: state, exit code, run, duration, and the progress of a running one."""
     from tpu_grpo import jobs, watch
 
-    with _one_line_errors():
+    with one_line_errors():
         session = _session(host, identity, stack, wait)
         found = jobs.list_jobs(session.connection)
         progress = watch.progress_of(session.connection, found)
@@ -359,13 +400,12 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     watch.print_status(_console(), session.host.name, found, progress)
 
 
-@task(iterable=["host"], help={"job": "job id (default: the running job)", "host": HOST_HELP["host"],
-                               "identity": HOST_HELP["identity"], "stack": STACK_HELP, "wait": HOST_HELP["wait"]})
+@task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))
 def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     """Stop a job: its whole process group, then free the TPU (/dev/vfio holders, /tmp/libtpu_lockfile)."""
     from tpu_grpo import jobs
 
-    with _one_line_errors():
+    with one_line_errors():
         session = _session(host, identity, stack, wait)
         chosen = jobs.find(jobs.list_jobs(session.connection), job)
         if chosen.state != "running":
@@ -375,34 +415,52 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     print(f"cancelled job {chosen.id} ({chosen.step} of run {chosen.run}); the TPU is free")
 
 
-@task(iterable=["host"], help={"run": "the run whose saved model to fetch (default: the newest saved)",
-                               "to": "local folder (default: models/RUN)", "json": "print the result as JSON",
-                               "host": HOST_HELP["host"], "identity": HOST_HELP["identity"], "stack": STACK_HELP,
-                               "wait": HOST_HELP["wait"]})
+def _check_fetch(run=None, to=None, **flags):
+    from tpu_grpo import results
+
+    destination = results.destination(run, to)
+    _check_hosts(**flags)
+    return destination
+
+
+@task(iterable=["host"], check=_check_fetch, help=_help(
+    *HOST_FLAGS, "json", run="the run whose saved model to fetch (default: the newest saved)",
+    to="local folder (default: models/RUN)"))
 def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
     from tpu_grpo import results
 
-    with _one_line_errors():
-        destination = results.destination(run, to)
+    with one_line_errors():
+        destination = _check_fetch(run, to, host=host, identity=identity, stack=stack, wait=wait)
         session = _session(host, identity, stack, wait)
         result = results.fetch_run(session, run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 
 
-@task(iterable=["host"], help={"run": "run name (default: the newest trained run)", "out": "PNG to write "
-                               "(default: .tpu-grpo/runs/RUN/metrics.png)", "events": "read a local folder of "
-                               "TensorBoard events instead of the host's", "json": "print the metrics as JSON",
-                               "host": HOST_HELP["host"], "identity": HOST_HELP["identity"], "stack": STACK_HELP,
-                               "wait": HOST_HELP["wait"]})
-def metrics(c, run=None, out=None, events=None, host=None, identity=None, stack=None, wait=None, json_=False):
+def _check_metrics(run=None, out=None, events=None, force=False, **flags):
+    from tpu_grpo import results
+
+    path = results.check_metrics_flags(run, out, events, force)
+    if events is None:
+        _check_hosts(**flags)
+    return path
+
+
+@task(iterable=["host"], check=_check_metrics, help=_help(
+    *HOST_FLAGS, "json", run="run name (default: the newest trained run)",
+    out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
+    force="let --out overwrite any existing file",
+    events="read a local folder of TensorBoard events instead of the host's"))
+def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
+            json_=False):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo import results
 
-    with _one_line_errors():
+    with one_line_errors():
+        path = _check_metrics(run, out, events, force, host=host, identity=identity, stack=stack, wait=wait)
         session = None if events else _session(host, identity, stack, wait)
-        found, path = results.metrics_of(session, run, Path(events) if events else None, Path(out) if out else None)
+        found, path = results.metrics_of(session, run, events, path)
     if json_:
         print(json.dumps({**found.to_json(), "plot": str(path)}, indent=2))
         return
@@ -413,13 +471,13 @@ def metrics(c, run=None, out=None, events=None, host=None, identity=None, stack=
     console.print(f"plot: {path}")
 
 
-@task(iterable=["host"], help={"force": "destroy even if a trained model exists only on the VM", "stack": STACK_HELP,
-                               "host": HOST_HELP["host"], "identity": HOST_HELP["identity"], "wait": HOST_HELP["wait"]})
+@task(iterable=["host"], check=_check_hosts, help=_help(
+    *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
 def down(c, force=False, stack=None, host=None, identity=None, wait=None):
     """`pulumi destroy` the VM and its disks, refused while a trained model is not yet on this laptop."""
     from tpu_grpo import results, stack as stack_module
 
-    with _one_line_errors():
+    with one_line_errors():
         chosen = settings_module.load(stack, lenient=True)
         if not force:
             unsaved = results.unfetched(_session(host, identity, stack, wait))
@@ -427,6 +485,5 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None):
                 lines = "\n".join(f"  - {line}" for line in unsaved)
                 raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
                            f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
-    if not stack_module.shutil.which("pulumi"):
-        raise Exit("error: no pulumi CLI on PATH; fix: install it (pulumi.com/docs/install)", code=2)
+        stack_module.require_cli()
     _exit_on_failure(stack_module.destroy(chosen.stack))

@@ -67,7 +67,7 @@ def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
 
     @pulumi.runtime.test
     def program():
-        result["settings"] = settings = read_settings(lenient=lenient)
+        result["settings"] = settings = read_settings(lenient=lenient, configured=raw_config)
         outputs = declare(settings)
         return pulumi.Output.all(**outputs).apply(result.setdefault("outputs", {}).update)
 

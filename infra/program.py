@@ -4,17 +4,28 @@ run the same function under Pulumi's mocks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pulumi
 
 from infra.tpu_host import TpuHost
-from tpu_grpo.settings import KEYS, Settings, parse, project_root
+from tpu_grpo.settings import KEYS, PROJECT, Settings, parse, project_root
 
 
-def read_settings(*, lenient: bool = False) -> Settings:
-    """The stack's settings as `pulumi.Config` sees them, validated before anything is declared."""
-    raw = {key.name: pulumi.Config(key.namespace).get(key.short) for key in KEYS}
+def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = None) -> Settings:
+    """The stack's settings as `pulumi.Config` sees them, validated before anything is declared.
+
+    `configured` names every key the stack sets, so that a misspelled `tpu-grpo:*` key is refused
+    rather than silently dropped; by default those the Pulumi engine hands the program in
+    $PULUMI_CONFIG, as every language host does."""
+    names = {key.name for key in KEYS}
+    names |= {name for name in (pulumi.runtime.get_config_env() if configured is None else configured)
+              if name.startswith(f"{PROJECT}:")}
+    raw = {}
+    for name in sorted(names):
+        namespace, short = name.split(":", 1)
+        raw[name] = pulumi.Config(namespace).get(short)
     return parse(raw, pulumi.get_stack(), project_root(), lenient=lenient)
 
 

@@ -134,9 +134,6 @@ def statuses(result) -> dict[str, str]:
     return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
 
 
-TEST_MOUNTS = "/mnt/tpu-grpo-test"
-
-
 @pytest.fixture
 def make_host(sshd, key_pair, tmp_path_factory):
     """Factory of fresh hosts on the session's sshd; each is removed (user, mount, loop device) after the test."""
@@ -147,7 +144,7 @@ def make_host(sshd, key_pair, tmp_path_factory):
     def make(disk_mb: int = 64) -> TestHost:
         user = harness.make_user()
         disk = harness.LoopDisk(tmp_path_factory.mktemp("disk") / "data.img").attach(disk_mb)
-        disk.mount = f"{TEST_MOUNTS}/{user.name}"
+        disk.mount = f"/mnt/tpu-grpo-test/{user.name}"
         state = tmp_path_factory.mktemp("state")
         (state / "known_hosts").write_text(sshd.known_hosts_line)
         made.append(TestHost(sshd, user, disk, key_pair[0], state))

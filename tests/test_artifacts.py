@@ -234,18 +234,21 @@ def test_fetch_gives_up_when_the_host_copy_does_not_match_its_sums(connection, s
 def test_an_unwritable_destination_fails_before_connecting(host, tmp_path, where):
     (tmp_path / "file").write_text("a regular file")
     local = tmp_path / "file" / "models" if where == "under-a-file" else Path("/proc/tpu-grpo-models")
-    with pytest.raises(ArtifactError, match=r"is not writable \(.+\); fix: --to a folder you can write$"):
+    problem = r".+ is not a folder" if where == "under-a-file" else r"cannot write in /proc \(.+\)"
+    with pytest.raises(ArtifactError, match=f"^--to '{local}': {problem}; fix: --to somewhere you can write$"):
         artifacts.check_destination(local)
     never_opened = fabric.Connection("127.0.0.1", user=host.user.name, port=host.sshd.port,
                                      connect_kwargs={"key_filename": str(host.key)})
-    with pytest.raises(ArtifactError, match=f"^{local} is not writable"):
+    with pytest.raises(ArtifactError, match=f"^--to '{local}'"):
         artifacts.fetch(never_opened, SAVED, local)
     assert not never_opened.is_connected and host.sshd.accepted(host.user.name) == 0
 
 
-def test_check_destination_creates_the_folder(tmp_path):
+def test_check_destination_creates_nothing_and_fetch_makes_the_folder(connection, saved, tmp_path):
     assert artifacts.check_destination(tmp_path / "a" / "b") == tmp_path / "a" / "b"
-    assert (tmp_path / "a" / "b").is_dir()
+    assert list(tmp_path.iterdir()) == []
+    artifacts.fetch(connection, SAVED, tmp_path / "a" / "b")
+    assert artifacts.verify_local(tmp_path / "a" / "b")
 
 
 def test_verify_local_needs_sums_and_matching_files(connection, saved, tmp_path):

@@ -46,3 +46,14 @@ def test_readme_walks_a_newcomer_through_every_task():
     assert all(f"invoke {name}" in readme for name in tasks), [t for t in tasks if f"invoke {t}" not in readme]
     assert "uv run invoke up provision --wait 120 pipeline --batches 50 fetch" in readme
     assert "pulumi destroy" in readme and "`HF_TOKEN`, not `hf_access_token=`" in readme
+
+
+def test_readme_names_the_current_hugging_face_login():
+    """huggingface_hub's CLI is `hf` now (`hf auth login`), as the code says when the token is missing."""
+    readme = (ROOT / "README.md").read_text()
+    assert "huggingface-cli" not in readme and "hf auth login" in readme
+
+
+def test_readme_states_the_exit_codes_once():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("| 130 |") == 1 and "Exit codes: 2" not in readme

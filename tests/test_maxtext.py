@@ -80,7 +80,7 @@ def test_the_token_is_never_on_a_command_line():
 
 def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
     sets = maxtext.parse_sets(["rl.num_generations=4", "num_test_batches=2", "export:weight_dtype=float32",
-                               "learning_rate=1e-6 * 2"], "train")
+                               "learning_rate=1e-6 * 2"], None)
     run = maxtext.Run(**{**RUN.__dict__, "sets": sets})
     ours = run_ours(tmp_path, run)
     train = ours[tutorial.MODULES[1]]["argv"]

@@ -122,14 +122,81 @@ def test_pulumi_cli_string_forms_are_understood(stack_values, tmp_path):
     assert settings.use_pathways is True and settings.data_disk_gb == 1000
 
 
-def test_unknown_key_in_the_stack_file_is_refused(stack_dir):
+@pytest.mark.parametrize("key, fix", [
+    ("tpu-grpo:bootdiskGb", "did you mean bootDiskGb? pulumi config rm tpu-grpo:bootdiskGb, then "
+                            "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:machinetype", "did you mean machineType? pulumi config rm tpu-grpo:machinetype, then "
+                             "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
+    ("tpu-grpo:flavour", "pulumi config rm tpu-grpo:flavour (settings: `invoke settings`)"),
+])
+def test_unknown_key_in_the_stack_file_is_refused(stack_dir, key, fix):
     """A typo would otherwise be ignored by `pulumi up` and silently fall back to nothing."""
     text = (stack_dir / "Pulumi.dev.yaml").read_text()
-    (stack_dir / "Pulumi.dev.yaml").write_text(text + "  tpu-grpo:bootdiskGb: '300'\n")
+    (stack_dir / "Pulumi.dev.yaml").write_text(text + f"  {key}: '300'\n")
     with pytest.raises(SettingsError) as raised:
         settings_module.load("dev", stack_dir)
-    assert str(raised.value) == ("tpu-grpo:bootdiskGb='300' is not a setting of this project; "
-                                 "fix: pulumi config rm tpu-grpo:bootdiskGb (settings: `invoke settings`)")
+    assert str(raised.value) == f"{key}='300' is not a setting of this project; fix: {fix}"
+
+
+@pytest.mark.parametrize("value", ["us-east5-b1", "us-east5-b ", "us-east5-b\n", " us-east5-b"])
+def test_zone_pattern_is_anchored(stack_values, value):
+    with pytest.raises(SettingsError, match="is not a zone"):
+        offline.run(with_value(stack_values, "gcp:zone", value), "dev")
+
+
+@pytest.mark.parametrize("key, good", [
+    ("gcp:project", "grpo-lab-123"), ("tpu-grpo:reservation", "v6e-8-calendar"), ("tpu-grpo:vmName", "tpu-grpo"),
+    ("tpu-grpo:network", "default"), ("tpu-grpo:sshUser", "ubuntu"),
+    ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com"),
+])
+@pytest.mark.parametrize("garbage", ["x!", " ", "\n"])
+def test_every_pattern_checked_setting_refuses_trailing_garbage(stack_values, key, good, garbage):
+    """Each pattern must match the whole value: `$` alone lets a trailing newline through."""
+    values = {**stack_values, "tpu-grpo:network": "default", key: good}
+    offline.run(values, "dev")  # the good value passes
+    with pytest.raises(SettingsError) as raised:
+        offline.run({**values, key: good + garbage}, "dev")
+    assert raised.value.key == key
+
+
+def test_label_patterns_refuse_trailing_garbage(stack_values):
+    offline.run({**stack_values, "tpu-grpo:labels": {"team": "ml"}}, "dev")
+    for labels in ({"team\n": "ml"}, {"team": "ml\n"}, {"team": "ml "}):
+        with pytest.raises(SettingsError, match="not a label"):
+            offline.run({**stack_values, "tpu-grpo:labels": labels}, "dev")
+
+
+@pytest.mark.parametrize("anywhere", ["0.0.0.0/0", "::/0"])
+def test_ssh_open_to_the_internet_needs_an_explicit_yes(stack_values, anywhere):
+    values = {**stack_values, "tpu-grpo:sshSourceRanges": ["203.0.113.7/32", anywhere]}
+    with pytest.raises(SettingsError) as raised:
+        offline.run(values, "dev")
+    message = str(raised.value)
+    assert message.startswith("tpu-grpo:sshSourceRanges=")
+    assert f"holds {anywhere}, which opens port 22 of the VM" in message
+    assert "pulumi config set tpu-grpo:allowSshFromAnywhere true" in message
+    settings, resources, _ = offline.run({**values, "tpu-grpo:allowSshFromAnywhere": "true"}, "dev")
+    firewall = next(r for r in resources if r.type == "gcp:compute/firewall:Firewall")
+    assert firewall.inputs["sourceRanges"] == ["203.0.113.7/32", anywhere]
+
+
+def test_pulumi_up_refuses_an_unknown_key_the_engine_passes(stack_values, monkeypatch):
+    """`pulumi up` hands the program every config key in $PULUMI_CONFIG (as every language host
+    does); the program itself refuses a misspelled one instead of dropping it."""
+    import json
+
+    import pulumi
+
+    from tests.test_infra import run_entry_point
+
+    values = {**stack_values, "tpu-grpo:serviceAcount": "sa@grpo-lab-123.iam.gserviceaccount.com"}
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(offline.config_for_pulumi(values)))
+    mocks = offline.RecordingMocks()
+    with pytest.raises(pulumi.RunError) as raised:
+        run_entry_point({}, mocks)
+    assert mocks.resources == []
+    assert str(raised.value).startswith("tpu-grpo:serviceAcount='sa@grpo-lab-123.iam.gserviceaccount.com' is not a "
+                                        "setting of this project; fix: did you mean serviceAccount?")
 
 
 def test_missing_stack_file_says_how_to_make_it(stack_dir):

@@ -29,6 +29,12 @@ class ArtifactError(UserError):
     """A model that cannot be saved, listed or fetched; one line naming the bad value and the fix."""
 
 
+class HostStateError(ArtifactError):
+    """The flags were right, but the host has no such model: a failure, not bad input."""
+
+    exit_code = 1
+
+
 @dataclass
 class FetchResult:
     local_dir: Path
@@ -140,17 +146,37 @@ def remote_manifest(connection, folder: str) -> dict[str, tuple[int, str]]:
     return _manifest(connection, folder)[1]
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why `folder` could not be made and written, or None; makes nothing (a probe file in the
+    nearest folder that exists comes and goes)."""
+    existing = Path(folder)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return None
+    except OSError as error:
+        return f"cannot write in {existing} ({error.strerror or error})"
+
+
 def check_destination(local_dir: Path) -> Path:
-    """Create `local_dir` and prove it takes files, or ArtifactError: run this before connecting."""
+    """Prove that `local_dir` can be made and written, making nothing: run this before connecting,
+    so that a fetch that cannot connect leaves no empty folder behind."""
     local_dir = Path(local_dir).expanduser()
+    problem = unwritable(local_dir)
+    if problem:
+        raise ArtifactError(f"--to {str(local_dir)!r}: {problem}; fix: --to somewhere you can write")
+    return local_dir
+
+
+def _make_folder(local_dir: Path) -> None:
     try:
         local_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=local_dir):
-            pass
     except OSError as error:
-        raise ArtifactError(f"{local_dir} is not writable ({error.strerror or error}); "
-                            "fix: --to a folder you can write") from None
-    return local_dir
+        raise ArtifactError(f"--to {str(local_dir)!r}: cannot create it ({error.strerror or error}); "
+                            "fix: --to somewhere you can write") from None
 
 
 def sha256_file(path: Path) -> str:
@@ -223,6 +249,7 @@ def fetch(connection, remote_dir: str, local_dir: Path,
     `.part`; a `.part` that does not add up is fetched once more from zero."""
     local_dir = check_destination(local_dir)
     absolute, manifest = _manifest(connection, remote_dir)
+    _make_folder(local_dir)
     result = FetchResult(local_dir, sorted(manifest), sum(size for size, _ in manifest.values()))
     report = on_progress or _silent
     done = 0

@@ -26,11 +26,17 @@ CONNECT_TIMEOUT_S = 5
 KEEPALIVE_S = 2
 TCP_USER_TIMEOUT_MS = 5000
 RETRY_CONNECT_S = 2
-_HOST_SPEC = re.compile(r"^(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
+_HOST_SPEC = re.compile(r"(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?")
 
 
 class HostError(UserError):
     """A host that cannot be named, reached or trusted; the message is one line with the fix."""
+
+
+class ConnectError(HostError):
+    """A well-named host that could not be reached or trusted: a failure, not bad input."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -50,20 +56,33 @@ class Host:
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
 
+def identity_file(identity: str | None) -> Path | None:
+    """`--identity KEY` -> its path, checked to be a file."""
+    if identity is None:
+        return None
+    key = Path(identity).expanduser()
+    if not key.is_file():
+        raise HostError(f"--identity {identity!r} is not a file; fix: give the private key whose .pub is on the VM")
+    return key
+
+
 def parse(spec: str, identity: str | None = None) -> Host:
     """`USER@ADDR[:PORT]` -> Host, or a one-line HostError."""
-    match = _HOST_SPEC.match(spec.strip())
+    match = _HOST_SPEC.fullmatch(spec)
     if not match or not 0 < int(match["port"] or 22) < 65536:
         raise HostError(f"--host {spec!r} is not USER@ADDRESS[:PORT]; fix: e.g. --host ubuntu@203.0.113.7")
-    key = None
-    if identity:
-        key = Path(identity).expanduser()
-        if not key.is_file():
-            raise HostError(f"--identity {identity!r} is not a file; fix: give the private key whose .pub is on the VM")
-    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), key)
+    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), identity_file(identity))
 
 
-def from_stack(stack: str | None = None) -> list[Host]:
+def check_flags(specs: list[str] | None, identity: str | None, wait: str | None) -> None:
+    """All that can be known of the host flags before connecting, or before `invoke up` has made the VM."""
+    for spec in specs or []:
+        parse(spec)
+    identity_file(identity)
+    wait_seconds(wait)
+
+
+def from_stack(stack: str | None = None, identity: str | None = None) -> list[Host]:
     """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
     chosen = settings.load(stack, lenient=True)
     pulumi = shutil.which("pulumi")
@@ -76,19 +95,20 @@ def from_stack(stack: str | None = None) -> list[Host]:
     if not outputs.get("external_ip"):
         raise HostError(f"stack '{chosen.stack}' has no VM (no external_ip output); "
                         "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")
-    identity = Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
+    key = identity_file(identity) or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
     return [Host(outputs.get("ssh_user") or chosen.ssh_user, outputs["external_ip"], 22,
-                 identity if identity.is_file() else None)]
+                 key if key.is_file() else None)]
 
 
 def resolve(specs: list[str], identity: str | None, stack: str | None) -> list[Host]:
-    """Hosts from `--host` flags when given, else from the stack's outputs."""
+    """Hosts from `--host` flags when given, else the stack's VM; `--identity` serves either."""
+    identity_file(identity)
     if specs:
         hosts = [parse(spec, identity) for spec in specs]
         if len({host.name for host in hosts}) != len(hosts):
             raise HostError(f"--host names the same host twice ({', '.join(specs)}); fix: give each host once")
         return hosts
-    return from_stack(stack)
+    return from_stack(stack, identity)
 
 
 def wait_seconds(text: str | None) -> float:
@@ -230,12 +250,12 @@ def _explained(host: Host, error: Exception) -> HostError:
     import paramiko
 
     if isinstance(error, paramiko.BadHostKeyException):
-        return HostError(
+        return ConnectError(
             f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
             f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
             f"ssh-keygen -R '{host.known_hosts_name}' -f {known_hosts_path()}")
     if isinstance(error, paramiko.AuthenticationException):
-        return HostError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
+        return ConnectError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
                          "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted")
-    return HostError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: check the VM is "
+    return ConnectError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: check the VM is "
                      "running and its firewall admits your address, or --wait 120 if it has just booted")

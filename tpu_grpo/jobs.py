@@ -45,6 +45,8 @@ class JobError(UserError):
 class JobBusy(JobError):
     """The TPU already runs a job; the message names it."""
 
+    exit_code = 1
+
 
 @dataclass
 class Job:
@@ -217,7 +219,7 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
         try:
             connection = session.connection
         except hosts.HostError as error:
-            raise JobError(f"lost the host while following job {job_id} ({error}); the job goes on on the "
+            raise hosts.ConnectError(f"lost the host while following job {job_id} ({error}); the job goes on on the "
                            f"host: uv run invoke logs --job {job_id} --follow") from None
         try:
             if _stream(connection, job_id, position, on_bytes):

@@ -33,8 +33,12 @@ OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name"
               "hf_access_token": "the host's token file (invoke provision --tags token)",
               "load_parameters_path": "--step (export) or the converted checkpoint (train)",
               "base_output_directory": "the tutorial's /dev/shm paths"}
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_SET_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: A folder being written is NAME.partial until it is complete (tpu_grpo.artifacts.save_script).
+RESERVED_SUFFIX = ".partial"
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
+COUNT_KEYS = ("rl.num_iterations",)
 
 
 class CommandError(UserError, ValueError):
@@ -78,10 +82,13 @@ def timestamp_run_name(now: float | None = None) -> str:
     return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(now))
 
 
-def check_run_name(name: str) -> str:
-    if not _RUN_NAME.match(name):
-        raise CommandError(f"--run-name {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 100); "
-                           "fix: e.g. --run-name gsm8k-50")
+def check_run_name(name: str, flag: str = "--run-name") -> str:
+    if not _RUN_NAME.fullmatch(name):
+        raise CommandError(f"{flag} {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 100); "
+                           f"fix: e.g. {flag} gsm8k-50")
+    if name.endswith(RESERVED_SUFFIX):
+        raise CommandError(f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
+                           f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2")
     return name
 
 
@@ -93,19 +100,30 @@ def check_count(flag: str, text: object) -> int:
     return int(value)
 
 
-def parse_sets(items: list[str] | None, default_step: str) -> dict[str, dict[str, str]]:
-    """`--set KEY=VALUE` or `--set STEP:KEY=VALUE` -> {step: {key: value}}; the step defaults to the task's own."""
+def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, dict[str, str]]:
+    """`--set KEY=VALUE` or `--set STEP:KEY=VALUE` -> {step: {key: value}}.
+
+    A step task (`default_step` given) takes its own step only; `pipeline` (None) takes any, and
+    its bare `KEY=VALUE` is train's. The step is what comes before the first ':' of the part before
+    the first '=', so a value may hold colons (`train:tokenizer_path=gs://bucket/x`)."""
     sets: dict[str, dict[str, str]] = {}
     for item in items or []:
-        step, _, assignment = item.rpartition(":") if re.match(r"^[a-z]+:", item) else ("", "", item)
-        key, equals, value = assignment.partition("=")
-        step = step or default_step
+        head, equals, value = item.partition("=")
+        step, colon, key = head.partition(":")
+        if not colon:
+            step, key = default_step or "train", head
         if step not in STEPS:
-            raise CommandError(f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, e.g. --set train:learning_rate=1e-6")
-        if not equals or not _SET_KEY.match(key):
+            raise CommandError(f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, "
+                               "e.g. --set train:learning_rate=1e-6")
+        if default_step and step != default_step:
+            raise CommandError(f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
+                               f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=...")
+        if not equals or not _SET_KEY.fullmatch(key):
             raise CommandError(f"--set {item!r} is not KEY=VALUE; fix: e.g. --set rl.num_generations=4")
         if key in OWNED_KEYS:
             raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
+        if key in COUNT_KEYS and not (value.isdigit() and int(value) >= 1):
+            raise CommandError(f"--set {item!r}: {key} must be a whole number of at least 1; fix: e.g. --set {key}=1")
         sets.setdefault(step, {})[key] = value
     return sets
 

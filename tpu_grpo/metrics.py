@@ -10,6 +10,7 @@ module (from tasks.py, say) stays cheap.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,9 @@ ROLLOUT_PREFIXES = ("rewards/", "completions/")
 ROLLOUT_STEP_OFFSET = 1
 EVENTS_GLOB = "events.out.tfevents.*"
 EVAL_PANEL = "eval accuracy"
+#: Written into every plot's PNG (its Software text), so that only our own plots are overwritten.
+PLOT_MARK = "tpu-grpo metrics"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class MetricsError(UserError):
@@ -97,6 +101,29 @@ def event_files(folder: Path) -> list[Path]:
     )
 
 
+def check_events_file(path: Path) -> None:
+    """Raise MetricsError unless the file is whole TFRecord frames (length, masked CRC-32C of it,
+    data, masked CRC-32C of that): TensorBoard's reader stops quietly at the first bad frame, which
+    would show a damaged run as a short one (metrics reads finished runs only)."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    data, offset = Path(path).read_bytes(), 0
+    while offset < len(data):
+        header = data[offset:offset + 12]
+        length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else 0
+        end = offset + 12 + length + 4
+        if len(header) < 12 or end > len(data):
+            problem = f"is cut short at byte {offset} of {len(data)}"
+        elif masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0] or \
+                masked_crc32c(data[offset + 12:end - 4]) != struct.unpack("<I", data[end - 4:end])[0]:
+            problem = f"is damaged at byte {offset} (a checksum does not match)"
+        else:
+            offset = end
+            continue
+        raise MetricsError(f"{path} {problem}, so it cannot be read as TensorBoard events; "
+                           "fix: copy it again from the run's tensorboard folder")
+
+
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in every events file of the folder: tag -> [(step, value)] sorted by step.
 
@@ -106,6 +133,7 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
     collected: dict[str, list[tuple[int, float, float]]] = {}
     for path in event_files(folder):
+        check_events_file(path)
         accumulator = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0})
         accumulator.Reload()
         for tag in accumulator.Tags()[ea.SCALARS]:
@@ -233,9 +261,36 @@ def _no_data(ax) -> None:
     ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="grey")
 
 
+def is_our_plot(path: Path) -> bool:
+    """Whether `path` is a PNG this module wrote (its Software text is PLOT_MARK)."""
+    with Path(path).open("rb") as file:
+        head = file.read(1 << 16)
+    return head.startswith(PNG_SIGNATURE) and b"Software\x00" + PLOT_MARK.encode() in head
+
+
+def check_plot_path(path: Path, force: bool) -> Path:
+    """Where the plot may go: a .png that is new or a plot of ours (any file with `force`), in a
+    folder that can be made and written. Run before anything is read or written."""
+    from tpu_grpo.artifacts import unwritable
+
+    path = Path(path).expanduser()
+    flag = f"--out {str(path)!r}"
+    if path.suffix.lower() != ".png":
+        raise MetricsError(f"{flag}: the plot is a PNG; fix: --out NAME.png")
+    if path.is_dir():
+        raise MetricsError(f"{flag} is a folder; fix: --out {path / 'metrics.png'}")
+    if path.exists() and not force and not is_our_plot(path):
+        raise MetricsError(f"{flag} exists and is not a plot that tpu-grpo wrote; fix: another --out, "
+                           "or --force to overwrite it")
+    problem = unwritable(path.parent)
+    if problem:
+        raise MetricsError(f"{flag}: {problem}; fix: --out somewhere you can write")
+    return path
+
+
 def plot(metrics: Metrics, path: Path) -> Path:
-    """Write the figure as a PNG (Agg, no display needed) and return its path."""
+    """Write the figure as a PNG (Agg, no display needed), marked as ours, and return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure(metrics).savefig(path, format="png", dpi=100)
+    figure(metrics).savefig(path, format="png", dpi=100, metadata={"Software": PLOT_MARK})
     return path

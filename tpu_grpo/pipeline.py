@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
@@ -141,10 +142,11 @@ def parse_need_gb(text: str | None) -> dict[str, float]:
     parts = str(text).split(",")
     try:
         shm, data = (float(part) for part in parts)
-        if shm < 0 or data < 0:
+        if not (math.isfinite(shm) and math.isfinite(data) and shm >= 0 and data >= 0):
             raise ValueError
     except ValueError:
-        raise PipelineError(f"--need-gb {text!r} is not SHM_GB,DATA_GB; fix: e.g. --need-gb 120,20") from None
+        raise maxtext.CommandError(f"--need-gb {text!r} is not SHM_GB,DATA_GB (two numbers of at least 0); "
+                                   "fix: e.g. --need-gb 120,20") from None
     return {"shm": shm, "data": data}
 
 
@@ -152,7 +154,7 @@ def job_meta(run: maxtext.Run, step: str) -> dict:
     meta = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
             "paths": maxtext.paths(run)}
     if step == "train":
-        iterations = int(float(run.sets.get("train", {}).get("rl.num_iterations", 1)))
+        iterations = int(run.sets.get("train", {}).get("rl.num_iterations", 1))  # checked by parse_sets
         meta["total_steps"] = total_steps(run.batches, iterations)
     return meta
 
@@ -259,15 +261,16 @@ def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: boo
 
 
 def build_run(stack: str | None, *, batches=None, run_name: str | None = None, sets: list[str] | None = None,
-              default_step: str = "train", step=None) -> maxtext.Run:
-    """A Run from the stack's settings and the task's flags, every flag validated before any connection."""
+              default_step: str | None = None, step=None) -> maxtext.Run:
+    """A Run from the stack's settings and the task's flags, every flag validated before any connection.
+    `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline."""
     chosen = settings.load(stack, lenient=True)
     return maxtext.Run(
         model=chosen.model, export_model=chosen.export_model,
         batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
         test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
         lazy_load_tensors=chosen.lazy_load_tensors, machine=chosen.machine,
-        run_name=maxtext.check_run_name(run_name) if run_name else maxtext.timestamp_run_name(),
+        run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None)
 

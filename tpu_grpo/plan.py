@@ -62,7 +62,8 @@ def build(stack: str | None = None) -> Plan:
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
-        resources=[asdict(r) for r in resources if not r.type.startswith(settings_module.PROJECT)],
+        resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
+                   if not r.type.startswith(settings_module.PROJECT)],
         outputs=outputs,
         gcloud=gcloud_create_command(settings),
         cost=Cost(

@@ -269,6 +269,15 @@ def render(text: str, values: dict) -> str:
     return _TEMPLATE.sub(lambda match: str(values[match[1]]), text)
 
 
+def parse_tags(items: list[str] | None) -> list[str]:
+    """`--tags apt,uv --tags disk` -> ["apt", "uv", "disk"]; a given but empty `--tags` is refused, not
+    taken as "every step"."""
+    tags = [tag.strip() for item in items or [] for tag in item.split(",")]
+    if items and (not tags or "" in tags):
+        raise PlaybookError(f"--tags {','.join(items)!r} holds an empty tag; fix: e.g. --tags apt,uv")
+    return tags
+
+
 def selected(book: Playbook, tags: list[str] | None) -> list[Step]:
     if not tags:
         return list(book.steps)

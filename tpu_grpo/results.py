@@ -15,10 +15,22 @@ from tpu_grpo import artifacts, hosts, jobs, maxtext, pipeline, settings
 
 
 def destination(run: str | None, to: str | None) -> Path:
-    """Where fetch writes, checked writable before anything connects."""
+    """Where fetch writes, checked writable (and nothing made) before anything connects."""
     if run is not None:
-        maxtext.check_run_name(run)
+        maxtext.check_run_name(run, "--run")
     return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
+
+
+def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool) -> Path | None:
+    """`invoke metrics`' flags, checked before anything is read or connected; returns the --out path."""
+    from tpu_grpo import metrics
+
+    if run is not None:
+        maxtext.check_run_name(run, "--run")
+    if events is not None and not Path(events).expanduser().is_dir():
+        raise metrics.MetricsError(f"--events {events!r} is not a folder; fix: the run's tensorboard folder, "
+                                   "copied from the VM")
+    return metrics.check_plot_path(Path(out), force) if out is not None else None
 
 
 def _fetched_record(run: str) -> Path:
@@ -74,7 +86,7 @@ def newest_saved(connection) -> str:
     result = hosts.run_script(connection, f"ls -1t {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | head -1")
     name = result.stdout.strip()
     if not name:
-        raise artifacts.ArtifactError("no saved model on this host yet; fix: uv run invoke pipeline --batches 50 "
+        raise artifacts.HostStateError("no saved model on this host yet; fix: uv run invoke pipeline --batches 50 "
                                       "(it exports and saves the model)")
     return name
 
@@ -129,11 +141,12 @@ def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
 
 def metrics_of(session: jobs.Session | None, run: str | None, events: Path | None, out: Path | None):
     """Load a run's metrics (the host's TensorBoard events and train log, copied to the laptop first,
-    or a local events folder) and write its plot; returns (metrics, png path)."""
+    or a local events folder) and write its plot; returns (metrics, png path). The flags were
+    checked by check_metrics_flags."""
     from tpu_grpo import metrics
 
     if events is not None:
-        found = metrics.load(events, run=run)
+        found = metrics.load(Path(events).expanduser(), run=run)
     else:
         connection = session.connection
         job = _train_job(connection, run)

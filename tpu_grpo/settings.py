@@ -9,6 +9,7 @@ the key, the value and the `pulumi config set` that fixes it.
 from __future__ import annotations
 
 import base64
+import difflib
 import ipaddress
 import json
 import os
@@ -41,13 +42,14 @@ PUBLIC_KEY_TYPES = (
     "sk-ecdsa-sha2-nistp256@openssh.com",
 )
 
-_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-([a-z])$")
-_UNIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]+$")
+# Matched whole (fullmatch): a trailing space or newline is not part of a valid value.
+_GCE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_PROJECT_ID = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
+_ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-([a-z])")
+_UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[a-z]+")
 _PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
 _KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
 
@@ -101,6 +103,8 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu"),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub"),
     Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32"),
+    Key(f"{PROJECT}:allowSshFromAnywhere", bool, "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to "
+        "the whole internet)", "true", required=False),
     Key(f"{PROJECT}:network", str, "existing VPC network to use (default: the stack makes its own)", "default", required=False),
     Key(f"{PROJECT}:subnetwork", str, "subnetwork of that existing network (default: its auto subnet)", "default", required=False),
     Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False),
@@ -132,6 +136,7 @@ class Settings:
     ssh_public_key_path: str
     ssh_public_key: str
     ssh_source_ranges: tuple[str, ...]
+    allow_ssh_from_anywhere: bool
     network: str | None
     subnetwork: str | None
     service_account: str | None
@@ -225,11 +230,11 @@ def read_public_key(path: str, root: Path) -> str:
 def _problem(key: Key, value: Any) -> str | None:
     """What is wrong with one coerced, non-placeholder value, or None."""
     short = key.short
-    if short == "project" and not _PROJECT_ID.match(value):
+    if short == "project" and not _PROJECT_ID.fullmatch(value):
         return "is not a Google Cloud project id"
-    if short == "zone" and not _ZONE.match(value):
+    if short == "zone" and not _ZONE.fullmatch(value):
         return "is not a zone of the form region-letter"
-    if short in ("reservation", "vmName", "network", "subnetwork") and not _GCE_NAME.match(value):
+    if short in ("reservation", "vmName", "network", "subnetwork") and not _GCE_NAME.fullmatch(value):
         return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
@@ -237,7 +242,7 @@ def _problem(key: Key, value: Any) -> str | None:
         return f"is under the tutorial's {MIN_BOOT_DISK_GB} GB boot disk"
     if short == "dataDiskGb" and value < MIN_DATA_DISK_GB:
         return f"is under {MIN_DATA_DISK_GB} GB: one GRPO checkpoint of an 8B model with its optimizer state is tens of GB"
-    if short == "sshUser" and not _UNIX_USER.match(value):
+    if short == "sshUser" and not _UNIX_USER.fullmatch(value):
         return "is not a Linux user name"
     if short == "sshSourceRanges":
         if not value:
@@ -247,17 +252,38 @@ def _problem(key: Key, value: Any) -> str | None:
                 ipaddress.ip_network(str(cidr), strict=True)
             except ValueError as error:
                 return f"holds {cidr!r}, not a CIDR range ({error})"
-    if short == "serviceAccount" and not _EMAIL.match(value):
+    if short == "serviceAccount" and not _EMAIL.fullmatch(value):
         return "is not a service account email"
     if short == "labels":
         for label, text in value.items():
-            if not (_LABEL.match(str(label)) and _LABEL_VALUE.match(str(text))):
+            if not (_LABEL.fullmatch(str(label)) and _LABEL_VALUE.fullmatch(str(text))):
                 return f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)"
     if short in ("model", "exportModel") and value not in MODELS:
         return "is not a known model (" + ", ".join(MODELS) + ")"
     if short in ("batches", "testBatches") and value < 1:
         return "must be at least 1"
     return None
+
+
+def unknown_key(name: str, value: Any) -> SettingsError:
+    """A key of this project's namespace that is no setting: a typo `pulumi up` would silently drop."""
+    names = {key.name.lower(): key.name for key in KEYS}
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
+    fix = (f"did you mean {names[close[0]].split(':', 1)[1]}? pulumi config rm {name}, then "
+           f"{KEY[names[close[0]]].set_command()}" if close else f"pulumi config rm {name} (settings: `invoke settings`)")
+    return SettingsError(name, value, "is not a setting of this project", fix)
+
+
+def _open_to_everyone(ranges: list) -> list[str]:
+    """The ranges that admit every address (0.0.0.0/0, ::/0); a placeholder is none of them."""
+    wide = []
+    for cidr in ranges:
+        try:
+            if ipaddress.ip_network(str(cidr), strict=True).prefixlen == 0:
+                wide.append(str(cidr))
+        except ValueError:
+            continue
+    return wide
 
 
 def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> Settings:
@@ -268,8 +294,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     """
     for name in raw:
         if name.startswith(f"{PROJECT}:") and name not in KEY:
-            raise SettingsError(name, raw[name], "is not a setting of this project",
-                                f"pulumi config rm {name} (settings: `invoke settings`)")
+            raise unknown_key(name, raw[name])
     pending: list[SettingsError] = []
     values: dict[str, Any] = {}
     for key in KEYS:
@@ -277,7 +302,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         if value is None or value == "":
             if key.required:
                 raise SettingsError(key.name, None, "is not set", key.set_command())
-            values[key.short] = {} if key.kind is dict else None
+            values[key.short] = {dict: {}, bool: False}.get(key.kind)
             continue
         value = values[key.short] = _coerce(key, value)
         if _placeholders(value):
@@ -289,6 +314,13 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         problem = _problem(key, value)
         if problem:
             raise SettingsError(key.name, value, problem, key.set_command())
+    anywhere = _open_to_everyone(values["sshSourceRanges"]) if isinstance(values["sshSourceRanges"], list) else []
+    if anywhere and not values["allowSshFromAnywhere"]:
+        raise SettingsError(KEY[f"{PROJECT}:sshSourceRanges"].name, values["sshSourceRanges"],
+                            f"holds {anywhere[0]}, which opens port 22 of the VM (and its Hugging Face token and "
+                            "reserved chips) to every address on the internet",
+                            "your own address, e.g. pulumi config set --path 'tpu-grpo:sshSourceRanges[0]' "
+                            "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
                             KEY[f"{PROJECT}:network"].set_command())
@@ -333,7 +365,9 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"
-        raise SettingsError(path.name, stack, f"is not valid YAML ({where})", f"fix {path.name} at {where}") from None
+        problem = getattr(error, "problem", None) or "unreadable"
+        raise SettingsError(path.name, stack, f"is not valid YAML ({problem} at {where})",
+                            f"fix {path.name} at {where}") from None
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")

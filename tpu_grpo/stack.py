@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tpu_grpo.errors import UserError
 from tpu_grpo.settings import Settings
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
@@ -101,6 +102,11 @@ def up(stack: str) -> tuple[int, list[str]]:
         event_log = Path(folder) / "events.jsonl"
         code = subprocess.run(["pulumi", "up", "--stack", stack, "--event-log", str(event_log)]).returncode
         return code, explain(error_messages(event_log)) if code else []
+
+
+def require_cli() -> None:
+    if not shutil.which("pulumi"):
+        raise UserError("no pulumi CLI on PATH; fix: install it (pulumi.com/docs/install)")
 
 
 def destroy(stack: str) -> int:
