@@ -173,8 +173,9 @@ class WorkloadHost:
         control = {"fixtures": str(self.host.user.home / "fixtures"), "line_delay_s": 0.0, **values}
         (self.host.user.home / ".standin.json").write_text(json.dumps(control))
 
-    def records(self) -> list[dict]:
-        path = self.host.user.home / ".standin/records.jsonl"
+    def records(self, name: str = "records") -> list[dict]:
+        """What the stand-in recorded: each run ("records"), or each SIGTERM it got ("signals")."""
+        path = self.host.user.home / f".standin/{name}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def invoke(self, task: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import pwd
 import time
 import uuid
 import warnings
@@ -119,6 +120,21 @@ def make_user(prefix: str = "tg", record_commands: bool = True) -> TestUser:
         sudoers.write(f"{name} ALL=(ALL) NOPASSWD:ALL\n")
     SUDOERS.chmod(0o440)
     return TestUser(name, Path(f"/home/{name}"))
+
+
+@contextmanager
+def offline(user: TestUser):
+    """While inside, the user's processes reach nothing but loopback (nftables, by uid): a step that
+    would download again fails at once instead of quietly succeeding over the network."""
+    uid = pwd.getpwnam(user.name).pw_uid
+    table = f"tpu_grpo_offline_{uid}"
+    sh("nft", "add", "table", "inet", table)
+    try:
+        sh("nft", f"add chain inet {table} out {{ type filter hook output priority 0 ; }}")
+        sh("nft", f"add rule inet {table} out meta skuid {uid} oifname != lo reject")
+        yield
+    finally:
+        sh("nft", "delete", "table", "inet", table)
 
 
 USERDEL_IN_USE, USERDEL_NO_SUCH_USER = 8, 6  # userdel's exit statuses (userdel(8))

@@ -194,6 +194,17 @@ def test_fetch_again_transfers_nothing_and_refetches_a_changed_file(connection, 
     assert (tmp_path / "config.json").read_bytes() == (EXPORT / "config.json").read_bytes()
 
 
+def test_fetch_does_not_trust_a_local_file_by_its_size(connection, saved, tmp_path):
+    artifacts.fetch(connection, SAVED, tmp_path)
+    model = tmp_path / MODEL
+    size = model.stat().st_size
+    model.write_bytes(b"\0" * size)  # the right size, the wrong bytes
+    again = artifacts.fetch(connection, SAVED, tmp_path)
+    assert again.bytes_transferred == size and MODEL not in again.skipped
+    assert model.read_bytes() == (EXPORT / MODEL).read_bytes()
+    assert artifacts.verify_local(tmp_path)
+
+
 def test_fetch_resumes_from_a_partial_file(connection, saved, tmp_path):
     artifacts.fetch(connection, SAVED, tmp_path)
     size, have = (EXPORT / MODEL).stat().st_size, 100_000

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,8 +23,9 @@ RUN = maxtext.Run(model="llama3.1-8b-Instruct", export_model="llama3.1-8b", batc
 OURS_ONLY = {"PYTHONUNBUFFERED"}
 
 
-def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
-    """Each of our scripts run in bash on a home with a venv and the token file, `python3` recording."""
+def job_home(folder) -> tuple[dict, Path]:
+    """A home with a venv and the token file, and a `python3` that records its argv and environment:
+    (the environment to run a job script in, the record file)."""
     home = folder / "home"
     (home / "maxtext_venv/bin").mkdir(parents=True)
     (home / "maxtext_venv/bin/activate").write_text("")
@@ -34,9 +37,14 @@ def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
                                    f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
                                    "'env': dict(os.environ)}) + '\\n')\n")
     (tools / "python3").chmod(0o755)
+    return {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)}, record
+
+
+def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
+    """Each of our scripts run in bash on a home with a venv and the token file, `python3` recording."""
+    env, record = job_home(folder)
     for step in maxtext.STEPS:
-        subprocess.run(["bash", "-c", maxtext.script(run, step)], check=True, cwd=home,
-                       env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)})
+        subprocess.run(["bash", "-c", maxtext.script(run, step)], check=True, cwd=env["HOME"], env=env)
     found = {}
     for line in record.read_text().splitlines():
         call = json.loads(line)
@@ -76,6 +84,45 @@ def test_the_token_is_never_on_a_command_line():
         text = maxtext.script(RUN, step)
         assert "hf_access_token" not in text and TEST_TOKEN not in text
         assert "HF_TOKEN=$(cat ~/.cache/huggingface/token); export HF_TOKEN" in text
+
+
+def script_output(folder, script: str) -> str:
+    """What a job script prints (stdout and stderr, as the job's log gets them), run in bash."""
+    env, _ = job_home(folder)
+    done = subprocess.run(["bash", "-c", script], cwd=env["HOME"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("step", maxtext.STEPS)
+def test_a_job_script_never_prints_the_token(tmp_path, step):
+    """The job's log is the script's output: checked here on the script itself, not only by the
+    end-to-end scan; and the check is shown to catch a script that would trace its lines."""
+    script = maxtext.script(RUN, step)
+    assert TEST_TOKEN not in script_output(tmp_path / "as-is", script)
+    traced = script.replace("set -eo pipefail\n", "set -eo pipefail\nset -x\n", 1)
+    assert TEST_TOKEN in script_output(tmp_path / "traced", traced)
+    assert not re.search(r"^\s*set\s+(-\w*x|-o\s+xtrace)", script, re.MULTILINE)
+
+
+#: Google's single-host v6e shapes (Cloud TPU documentation, "TPU v6e": v6e-1 1x1, v6e-4 2x2, v6e-8 2x4;
+#: one VM each, so the host bounds are 1,1,1 and a host's chip bounds are the topology's, depth 1).
+DOCUMENTED_V6E = {"ct6e-standard-1t": ("v6e-1", "1x1"), "ct6e-standard-4t": ("v6e-4", "2x2"),
+                  "ct6e-standard-8t": ("v6e-8", "2x4")}
+
+
+@pytest.mark.parametrize("machine_type", sorted(DOCUMENTED_V6E))
+def test_tpu_environment_of_every_machine_type_is_googles_topology(tmp_path, machine_type):
+    accelerator, topology = DOCUMENTED_V6E[machine_type]
+    x, y = (int(side) for side in topology.split("x"))
+    run = maxtext.Run(**{**RUN.__dict__, "machine": MACHINES[machine_type]})
+    env = run_ours(tmp_path, run)[tutorial.MODULES[1]]["env"]
+    assert {name: env[name] for name in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS",
+                                         "TPU_HOST_BOUNDS", "CHIPS_PER_VM")} == {
+        "TPU_ACCELERATOR_TYPE": accelerator, "TPU_TOPOLOGY": topology, "TPU_CHIPS_PER_HOST_BOUNDS": f"{x},{y},1",
+        "TPU_HOST_BOUNDS": "1,1,1", "CHIPS_PER_VM": str(x * y)}
+    assert accelerator == f"v6e-{x * y}" and MACHINES[machine_type].chips == x * y
+    assert set(MACHINES) == set(DOCUMENTED_V6E)
 
 
 def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):

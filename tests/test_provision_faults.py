@@ -315,13 +315,17 @@ def test_changed_host_key_is_refused_before_logging_in(make_host):
     name = f"[127.0.0.1]:{host.sshd.port}"
     known_hosts = host.state / "known_hosts"
     known_hosts.write_text(f"{name} ssh-ed25519 {other_ed25519_key()}\n")
-    result = host.invoke("provision")
+    # --wait retries a VM that refuses SSH while it boots; a changed key is refused at once, not
+    # retried for ten minutes (the subprocess's own timeout would end the test first).
+    result = host.invoke("provision", "--wait", "600", timeout=60)
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode != 0
     assert "host key changed" in output
     assert f"ssh-keygen -R '{name}' -f {known_hosts}" in output
     assert host.sshd.accepted(host.user.name) == 0
     assert host.user.commands() == []
+    status = host.invoke("status", "--wait", "600", vars=False, timeout=60)  # a workload task, the same
+    assert status.returncode == 1 and "host key changed" in status.stderr
 
 
 def test_first_contact_records_the_host_key_and_says_so(make_host):

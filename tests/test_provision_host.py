@@ -58,10 +58,18 @@ def test_first_run_makes_every_step_right(converged):
 
 
 def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(converged):
+    """Run with the host offline: a check wrongly failing would start a step that downloads again,
+    and that step would fail at once, so the assertion on the statuses fails, not the network."""
+    from tests import sshd as harness
+
     host, _ = converged
     connections, commands = host.sshd.accepted(host.user.name), len(host.user.commands())
     sftp_sessions = host.sshd.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ")
-    again = host.invoke("provision", "--json")
+    with harness.offline(host.user):
+        probe = host.run_as_user("python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', "
+                                 "timeout=5)\"")
+        assert probe.returncode != 0, "the host is not offline"
+        again = host.invoke("provision", "--json")
     assert again.returncode == 0, again.stderr
     assert set(statuses(again).values()) == {"ok", "skipped"}
     assert host.sshd.accepted(host.user.name) == connections + 1

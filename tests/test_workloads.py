@@ -147,9 +147,21 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     tools.mkdir()
     (tools / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > {tmp_path}/pulumi-args\n")
     (tools / "pulumi").chmod(0o755)
-    done = host.invoke("down", env={"PATH": f"{tools}:{os.environ['PATH']}"})
+    with_pulumi = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    done = host.invoke("down", env=with_pulumi)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "pulumi-args").read_text().strip() == "destroy --stack dev"
+
+    # A local copy damaged, or deleted, since the fetch no longer counts as fetched.
+    (tmp_path / "pulumi-args").unlink()
+    model = target / "model.safetensors"
+    model.write_bytes(b"\0" * model.stat().st_size)
+    for damage in ("damaged", "deleted"):
+        again_refused = host.invoke("down", env=with_pulumi)
+        assert again_refused.returncode == 1, damage
+        assert f"run {run_name}: saved on the data disk only" in again_refused.stderr, damage
+        shutil.rmtree(target, ignore_errors=True)
+    assert not (tmp_path / "pulumi-args").exists()
 
     metrics = host.invoke("metrics", "--run", run_name, "--out", str(tmp_path / "m.png"))
     assert metrics.returncode == 0, metrics.stderr
@@ -179,9 +191,18 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
                                           "(uv run invoke logs --follow) or stop it (uv run invoke cancel)")
     assert len(host.records()) == 2
 
+    maxtext_pid = host.records()[-1]["pid"]
+    asked = time.monotonic()
     cancelled = host.invoke("cancel")
     assert cancelled.returncode == 0, cancelled.stderr
     assert f"cancelled job {job}" in cancelled.stdout
+    # MaxText itself got SIGTERM (not only the job's wrapper) and ended of it within the grace time,
+    # and nothing of the job's process group is left.
+    assert host.records("signals") == [{"module": "maxtext.trainers.post_train.rl.train_rl", "pid": maxtext_pid,
+                                        "signal": "SIGTERM"}]
+    assert time.monotonic() - asked < jobs.CANCEL_GRACE_S
+    pgid = host.records()[-1]["pgid"]
+    assert subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).stdout == b""
     wait_for(lambda: not [p for p in host.processes() if "maxtext" in p or "run.sh" in p], 10, "no job process")
     status = json.loads(host.invoke("status", "--json").stdout)
     assert status["jobs"][-1]["state"] == "cancelled" and status["jobs"][-1]["exit_code"] == 143
@@ -386,3 +407,64 @@ def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
     assert export.returncode == 1
     assert export.stderr.strip().startswith("error: no finished training for any run on this host; fix: ")
     assert host.records() == [] and job_dirs(host) == []
+
+
+# ---------------------------------------------------------------- a run name names one training
+
+
+def modules(host) -> list[str]:
+    return [record["module"].rsplit(".", 1)[-1] for record in host.records()]
+
+
+def test_a_saved_run_name_given_again_with_other_batches_is_refused(workload_host):
+    """It was reported done and trained nothing: the user believed they had a 100-batch model."""
+    host = workload_host
+    first = host.invoke("pipeline", "--run-name", "x", "--batches", "4", *FAST)
+    assert first.returncode == 0, first.stderr
+    ran = host.records()
+    again = host.invoke("pipeline", "--run-name", "x", "--batches", "8", *FAST)
+    assert again.returncode == 2
+    assert again.stderr == ("error: run 'x' was trained with batches=4 (this command: 8); a run name names one "
+                            "training; fix: pick a new run name (e.g. --run-name x-2), or give the earlier flags "
+                            "to continue that run\n")
+    assert host.records() == ran
+    same = host.invoke("pipeline", "--run-name", "x", "--batches", "4", *FAST)
+    assert same.returncode == 0, same.stderr
+    assert "save: done (done before)" in same.stdout and host.records() == ran
+
+
+def test_a_trained_run_name_is_not_trained_again_under_other_inputs(workload_host):
+    """MaxText would resume its own newest checkpoint (step 8) under a different num_batches."""
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    assert host.invoke("train", "--run-name", "x", "--batches", "8").returncode == 0
+    ran = host.records()
+    for args in (("pipeline", "--run-name", "x", "--batches", "4", *FAST),
+                 ("train", "--run-name", "x", "--batches", "4"),
+                 ("train", "--run-name", "x", "--batches", "8", "--set", "rl.num_generations=4")):
+        refused = host.invoke(*args)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith("error: run 'x' was trained with "), refused.stderr
+        assert "pick a new run name (e.g. --run-name x-2)" in refused.stderr
+    assert "train_set={} (this command: {'rl.num_generations': '4'})" in refused.stderr
+    assert host.records() == ran and len(job_dirs(host)) == 2
+    finished = host.invoke("pipeline", "--run-name", "x", "--batches", "8", *FAST)
+    assert finished.returncode == 0, finished.stderr
+    assert modules(host) == ["to_maxtext", "train_rl", "to_huggingface"]
+
+
+def test_export_of_another_run_is_never_saved_as_this_runs_model(workload_host):
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    for name, batches in (("a", "4"), ("b", "8")):
+        assert host.invoke("train", "--run-name", name, "--batches", batches).returncode == 0
+    for name in ("a", "b"):
+        assert host.invoke("export", "--run-name", name).returncode == 0
+    result = host.invoke("pipeline", "--run-name", "a", "--batches", "4", "--json", *FAST)
+    assert result.returncode == 0, result.stderr
+    steps = {step["name"]: step["state"] for step in json.loads(result.stdout)["steps"]}
+    assert steps == {"convert": "done", "train": "done", "export": "ran", "save": "ran"}
+    last_export = [r for r in host.records() if r["module"].endswith("to_huggingface")][-1]
+    assert "/post-train//a/checkpoints/actor/4/" in last_export["env"]["POST_TRAIN_PATH"]
+    saved_with = json.loads((host.host.user.home / "tpu-grpo/runs/a/saved-with.json").read_text())
+    assert (saved_with["batches"], saved_with["step"]) == (4, 4)

@@ -57,14 +57,14 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def save_script(source: str, dest: str) -> str:
+def save_script(source: str, dest: str, replace: bool = False) -> str:
     """Bash that copies folder `source` to `dest` via `dest.partial`, with verified SHA256SUMS;
-    a no-op when `dest` already holds files that match its SHA256SUMS."""
+    a no-op when `dest` already holds files that match its SHA256SUMS, unless `replace`."""
     return f"""set -euo pipefail
 src={shell_path(source)}
 dest={shell_path(dest)}
 part="$dest.partial"
-if [ -f "$dest/{SUMS}" ] && (cd "$dest" && sha256sum -c --quiet {SUMS} >/dev/null 2>&1); then
+if {'false' if replace else 'true'} && [ -f "$dest/{SUMS}" ] && (cd "$dest" && sha256sum -c --quiet {SUMS} >/dev/null 2>&1); then
   echo "already saved: $dest (checksums verified)"; exit 0
 fi
 if [ ! -d "$src" ] || [ -z "$(find "$src/" -type f -print -quit)" ]; then

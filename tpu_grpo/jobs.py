@@ -22,6 +22,7 @@ ROOT = "~/tpu-grpo"
 JOBS = f"{ROOT}/jobs"
 DONE = f"{ROOT}/done"
 BUSY_EXIT = 75
+CLAIMED_EXIT = 76
 CANCEL_GRACE_S = 10
 RECONNECT_S = 120
 LOST = -1  # the job's exit code when it vanished without one (the VM restarted)
@@ -46,6 +47,14 @@ class JobBusy(JobError):
     """The TPU already runs a job; the message names it."""
 
     exit_code = 1
+
+
+class ClaimTaken(JobError):
+    """The job's claim file already holds other content: what it holds is `.found`."""
+
+    def __init__(self, path: str, found: str):
+        super().__init__(f"{path} holds other inputs: {found}")
+        self.path, self.found = path, found
 
 
 @dataclass
@@ -76,13 +85,30 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def start(connection, job_id: str, command: str, meta: dict, record: str = "") -> int:
-    """Start `command` detached as job `job_id`; returns its process group. Refuses when a job runs."""
+def _claim_script(claim: tuple[str, str] | None) -> str:
+    """Bash that writes `claim` = (path, text) unless the path holds other text, then exits CLAIMED_EXIT."""
+    if claim is None:
+        return ""
+    path, text = claim
+    return f"""claim={path}; want={_b64(text)}
+if [ -f "$claim" ]; then
+  [ "$(base64 -w0 "$claim")" = "$want" ] || {{ echo "claimed $(base64 -w0 "$claim")"; exit {CLAIMED_EXIT}; }}
+else
+  mkdir -p "$(dirname "$claim")" && echo "$want" | base64 -d > "$claim.tmp" && mv "$claim.tmp" "$claim"
+fi
+"""
+
+
+def start(connection, job_id: str, command: str, meta: dict, record: str = "",
+          claim: tuple[str, str] | None = None) -> int:
+    """Start `command` detached as job `job_id`; returns its process group. Refuses when a job runs,
+    and when `claim` = (path, text) names a file that holds other text (written if it is missing),
+    both under the TPU's lock."""
     script = f"""set -euo pipefail
 mkdir -p {JOBS}
 exec 9>>{ROOT}/tpu.lock
 if ! flock -n 9; then echo "busy $(cat {ROOT}/current 2>/dev/null)"; exit {BUSY_EXIT}; fi
-dir={JOBS}/{job_id}
+{_claim_script(claim)}dir={JOBS}/{job_id}
 mkdir "$dir"
 echo {_b64(command)} | base64 -d > "$dir/command.sh"
 echo {_b64(json.dumps(meta, indent=1))} | base64 -d > "$dir/job.json"
@@ -97,6 +123,8 @@ cat "$dir/pid"
         running = result.stdout.split()[1] if len(result.stdout.split()) > 1 else "another job"
         raise JobBusy(f"the TPU is busy with job {running}; fix: wait for it (uv run invoke logs --follow) "
                       "or stop it (uv run invoke cancel)")
+    if result.exited == CLAIMED_EXIT:
+        raise ClaimTaken(claim[0], base64.b64decode(result.stdout.split()[-1]).decode())
     if result.exited != 0:
         raise JobError(f"job {job_id} did not start (exit {result.exited}): {(result.stderr or result.stdout).strip()}")
     return int(result.stdout.split()[-1])

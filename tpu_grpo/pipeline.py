@@ -34,6 +34,10 @@ class PipelineError(UserError):
     exit_code = 1
 
 
+class RunNameTaken(UserError):
+    """A run name given again with other inputs: it names one training, so this is bad input."""
+
+
 @dataclass
 class Step:
     name: str
@@ -64,6 +68,44 @@ def saved_dir(run_name: str) -> str:
     return f"{MODELS}/{run_name}"
 
 
+def run_archive(run_name: str) -> str:
+    """The run's folder on the data disk: what it was trained and saved with, and what else of it
+    must outlive /dev/shm (its TensorBoard events, its last checkpoint when asked for)."""
+    return f"{RUNS}/{run_name}"
+
+
+def trained_record(run_name: str) -> str:
+    """What the run was trained with: written, under the TPU's lock, when its first training starts."""
+    return f"{run_archive(run_name)}/trained-with.json"
+
+
+def saved_record(run_name: str) -> str:
+    """What the run's saved model was exported with: written when save completes."""
+    return f"{run_archive(run_name)}/saved-with.json"
+
+
+def identity(run: maxtext.Run, step: str) -> str:
+    """The inputs behind a run's training ("train") or its saved model ("export"), run name aside, as
+    canonical JSON: a run name names one training, and one saved model."""
+    inputs = run.inputs(step)
+    inputs.pop("run_name")
+    return json.dumps(inputs, sort_keys=True)
+
+
+def name_taken(run: maxtext.Run, what: str, found: str, wanted: str) -> RunNameTaken:
+    """The one line for a run name reused with other inputs: the earlier values against these."""
+    try:
+        earlier = json.loads(found)
+    except ValueError:
+        earlier = {}
+    now = json.loads(wanted)
+    differences = [f"{key}={earlier.get(key)!r} (this command: {now.get(key)!r})"
+                   for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
+    return RunNameTaken(f"run {run.run_name!r} was {what} with {', '.join(differences) or found}; a run name names "
+                        f"one training; fix: pick a new run name (e.g. --run-name {run.run_name}-2), or give the "
+                        "earlier flags to continue that run")
+
+
 def output_test(run: maxtext.Run, step: str) -> str:
     """A bash test that holds when the step's result is on the host and belongs to these inputs."""
     paths = maxtext.paths(run)
@@ -75,14 +117,19 @@ def output_test(run: maxtext.Run, step: str) -> str:
     if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
         return (f"[ -f {record} ] && [ \"$(ls -t {jobs.DONE}/export-* | head -1)\" = {record} ] "
                 f"&& [ -f {paths['hf_export']}config.json ]")
-    return f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ]"
+    wanted = base64.b64encode(identity(run, "export").encode()).decode()
+    return (f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ] "
+            f"&& [ \"$(base64 -w0 {saved_record(run.run_name)} 2>/dev/null)\" = {wanted} ]")
 
 
 def probe_script(run: maxtext.Run) -> str:
-    """One round trip: which steps are done, and which pipelines ran before with these inputs."""
+    """One round trip: which steps are done, what the run name was trained and saved with, and which
+    pipelines ran before with these inputs."""
     lines = [f"if {output_test(run, step)}; then echo done {step}; fi" for step in PIPELINE]
+    for kind, path in (("trained-with", trained_record(run.run_name)), ("saved-with", saved_record(run.run_name))):
+        lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
     lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $(base64 -w0 {PIPELINES}/$f); done")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\ntrue"
 
 
 def pipeline_inputs(run: maxtext.Run) -> dict:
@@ -92,19 +139,35 @@ def pipeline_inputs(run: maxtext.Run) -> dict:
     return inputs
 
 
-def probe(connection, run: maxtext.Run) -> tuple[set[str], list[dict]]:
+@dataclass
+class Probed:
+    done: set[str] = field(default_factory=set)
+    pipelines: list[dict] = field(default_factory=list)
+    records: dict[str, str] = field(default_factory=dict)  # trained-with / saved-with -> JSON
+
+    def check_name(self, run: maxtext.Run) -> None:
+        """Refuse a run name that was trained, or saved, with other inputs than these."""
+        for kind, step, what in (("trained-with", "train", "trained"), ("saved-with", "export", "saved")):
+            wanted = identity(run, step)
+            if kind in self.records and self.records[kind] != wanted:
+                raise name_taken(run, what, self.records[kind], wanted)
+
+
+def probe(connection, run: maxtext.Run) -> Probed:
     result = hosts.run_script(connection, probe_script(run))
-    done, pipelines = set(), []
+    probed = Probed()
     for line in result.stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "done":
-            done.add(rest)
+            probed.done.add(rest)
+        elif kind in ("trained-with", "saved-with"):
+            probed.records[kind] = base64.b64decode(rest).decode(errors="replace")
         elif kind == "pipeline":
             try:
-                pipelines.append(json.loads(base64.b64decode(rest)))
+                probed.pipelines.append(json.loads(base64.b64decode(rest)))
             except ValueError:  # a record cut short (a disk full while writing): not resumable
                 continue
-    return done, pipelines
+    return probed
 
 
 def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
@@ -160,9 +223,14 @@ def job_meta(run: maxtext.Run, step: str) -> dict:
 
 
 def start_step(connection, run: maxtext.Run, step: str) -> str:
-    """Start one MaxText step as a detached job (refused when the TPU is busy); returns the job id."""
+    """Start one MaxText step as a detached job (refused when the TPU is busy, and a training whose run
+    name was trained with other inputs); returns the job id."""
     job_id = jobs.new_id(step)
-    jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step))
+    claim = (trained_record(run.run_name), identity(run, "train")) if step == "train" else None
+    try:
+        jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step), claim)
+    except jobs.ClaimTaken as taken:
+        raise name_taken(run, "trained", taken.found, claim[1]) from None
     return job_id
 
 
@@ -180,29 +248,27 @@ def failure(connection, job_id: str, step: str, code: int) -> PipelineError:
                          + "\nfix the cause, then run the same command again: finished steps are skipped")
 
 
-def run_archive(run_name: str) -> str:
-    """Where save keeps what else of a run must outlive /dev/shm: its TensorBoard events, and
-    its last checkpoint when asked for."""
-    return f"{RUNS}/{run_name}"
-
-
-def _copy(connection, source: str, destination: str) -> None:
-    result = hosts.run_script(connection, artifacts.save_script(source, destination))
+def _copy(connection, source: str, destination: str, replace: bool = False) -> None:
+    result = hosts.run_script(connection, artifacts.save_script(source, destination, replace))
     if result.exited != 0:
         raise PipelineError(f"save to {destination} failed: {(result.stderr or result.stdout).strip()}")
 
 
-def save(connection, run: maxtext.Run, keep_checkpoint: bool = False) -> str:
+def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: bool = True) -> str:
     """Copy from /dev/shm to the data disk, each folder with checksums: the exported model,
     the run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint
-    of the exported step (to train on from it); returns where the model is."""
+    of the exported step (to train on from it); then record what the model was exported with.
+    `replace=False` keeps a model already saved with these inputs; returns where the model is."""
     paths = maxtext.paths(run)
     destination = saved_dir(run.run_name)
-    _copy(connection, paths["hf_export"], destination)
-    _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard")
+    _copy(connection, paths["hf_export"], destination, replace)
+    _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard", replace)
     if keep_checkpoint:
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
+    encoded = base64.b64encode(identity(run, "export").encode()).decode()
+    record = saved_record(run.run_name)
+    hosts.run_script(connection, f"echo {encoded} | base64 -d > {record}.tmp && mv {record}.tmp {record}")
     return destination
 
 
@@ -225,13 +291,17 @@ def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
 def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: bool, need_gb: dict[str, float],
                  follow: Callable[[str, str], int], on_step: Callable[[Step], None] = lambda step: None,
                  keep_checkpoint: bool = False) -> Outcome:
-    """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code."""
-    done, pipelines = probe(session.connection, run)
+    """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
+    A run name that was trained or saved with other inputs is refused before anything starts."""
+    probed = probe(session.connection, run)
     if not run_name_given:
-        earlier = resumable_run(pipelines, run)
+        earlier = resumable_run(probed.pipelines, run)
         if earlier and earlier != run.run_name:
             run = replace(run, run_name=earlier)
-            done, _ = probe(session.connection, run)
+            probed = probe(session.connection, run)
+    probed.check_name(run)
+    done = probed.done
+    saved_before = "save" in done
     if keep_checkpoint:  # save again: what it saved before is verified and kept, the checkpoint added
         done.discard("save")
     outcome = Outcome(run.run_name, session.host.name)
@@ -245,7 +315,7 @@ def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: boo
             outcome.steps.append(Step(step, "done" if step in done else "skipped",
                                       detail="done before" if step in done else "a later step is done"))
         elif step == "save":
-            outcome.saved = save(session.connection, run, keep_checkpoint)
+            outcome.saved = save(session.connection, run, keep_checkpoint, replace=not saved_before)
             outcome.steps.append(Step(step, "ran", detail=outcome.saved))
         else:
             job = attach.get(step)

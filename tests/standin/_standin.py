@@ -12,12 +12,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 CONTROL_FILE = ".standin.json"
 RECORDS_FILE = Path(".standin") / "records.jsonl"
+SIGNALS_FILE = Path(".standin") / "signals.jsonl"
 SHORT_NAMES = ("to_maxtext", "train_rl", "to_huggingface")
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "maxtext-0.2.3"
 DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None}
@@ -44,6 +46,29 @@ def home() -> Path:
 # ---------------------------------------------------------------- record and control
 
 
+def append_line(path: Path, entry: dict) -> None:
+    """One JSON line appended in one write (concurrent runs do not interleave), then fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def note_sigterm(module: str) -> None:
+    """On SIGTERM, append {"module", "pid", "signal"} to ~/.standin/signals.jsonl, then die of the
+    signal as MaxText does (the default action), so a test can tell who got it."""
+    def handler(number, frame):
+        append_line(home() / SIGNALS_FILE, {"module": module, "pid": os.getpid(), "signal": "SIGTERM"})
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def record(module: str) -> None:
     """Append one JSON line describing this invocation to ~/.standin/records.jsonl."""
     entry = {
@@ -57,15 +82,7 @@ def record(module: str) -> None:
         "sid": os.getsid(0),
         "time": time.time(),
     }
-    path = home() / RECORDS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)  # one write on an O_APPEND file: concurrent runs do not interleave
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_line(home() / RECORDS_FILE, entry)
 
 
 def load_control() -> dict:
@@ -367,6 +384,7 @@ JOBS = {"to_maxtext": to_maxtext, "train_rl": train_rl, "to_huggingface": to_hug
 def main(module: str) -> int:
     """Run the stand-in of ``module`` (its dotted name); returns the exit code."""
     record(module)
+    note_sigterm(module)
     short = module.rsplit(".", 1)[-1]
     try:
         control = load_control()
