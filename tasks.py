@@ -136,7 +136,7 @@ def up(c, stack=None):
             f"See what it would create, offline and with none of these: uv run invoke plan",
             code=2,
         )
-    code, explanations = stack_module.up(chosen.stack)
+    code, explanations = stack_module.up(chosen, say=_console().print)
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     _exit_on_failure(code)
@@ -147,7 +147,8 @@ def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None
     from tpu_grpo import provision as engine
 
     book = engine.load(playbook)
-    values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None)
+    stack_values = engine.stack_values(settings_module.load(flags.get("stack"), lenient=True))
+    values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None, stack_values)
     chosen_tags = engine.parse_tags(tags)
     engine.selected(book, chosen_tags)
     _check_hosts(**flags)
@@ -386,18 +387,19 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
-    """List the host's jobs: state, exit code, run, duration, and the progress of a running one."""
+    """List the host's jobs (state, exit code, run, duration, a running one's progress) and when it stops if idle."""
     from tpu_grpo import jobs, watch
 
     with one_line_errors():
         session = _session(host, identity, stack, wait)
         found = jobs.list_jobs(session.connection)
         progress = watch.progress_of(session.connection, found)
+        idle = watch.idle_stop(session.connection)
     if json_:
         print(json.dumps({"host": session.host.name, "jobs": [job.to_json() for job in found],
-                          "progress": progress}, indent=2))
+                          "progress": progress, "idle_stop": idle}, indent=2))
         return
-    watch.print_status(_console(), session.host.name, found, progress)
+    watch.print_status(_console(), session.host.name, found, progress, idle)
 
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))

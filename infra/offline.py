@@ -37,6 +37,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             interfaces[0]["networkIp"] = self.computed.get("internal_ip", UNKNOWN)
             interfaces[0]["accessConfigs"] = [{"natIp": self.computed.get("external_ip", UNKNOWN)}]
             state["networkInterfaces"] = interfaces
+            state["currentStatus"] = self.computed.get("status", UNKNOWN)
         return f"(id of {args.name})", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):

@@ -3,8 +3,9 @@ create` (section 2), flag for flag, plus what a VM that outlives its reservation
 data disk GCE will not delete with it, SSH for one key from known ranges only, on a
 network of its own.
 
-The tutorial's flag values are the constants below; `gcloud_create_command` renders the
-same constants back as the command the tutorial types, so the two cannot drift apart.
+The tutorial's flag values are the constants below and the capacity table
+(`tpu_grpo/capacity.py`); `gcloud_create_command` renders the same values back as the
+command the tutorial types, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
+from tpu_grpo.capacity import RESERVATION_KEY
 from tpu_grpo.settings import PROJECT, Settings
 
-# The tutorial's flags (section 2), in its order.
+# The tutorial's flags (section 2); its scheduling flags are the capacity table's `reservation` row.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
 IMAGE_FAMILY = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
-ON_HOST_MAINTENANCE = "TERMINATE"
-TERMINATION_ACTION = "DELETE"
-PROVISIONING_MODEL = "RESERVATION_BOUND"
-RESERVATION_AFFINITY = "SPECIFIC_RESERVATION"
-RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+#: The provider stores the image the family resolved to and does not see it as a member of this family
+#: (terraform-provider-google's diskImageFamilyEquals expects `-amd64` at the family's end, not in its
+#: middle), and the boot disk forces replacement: without this, a later `pulumi up` deletes the VM, its
+#: boot disk (the venv) and /dev/shm for a newer image. The image the VM booted is the `boot_image` output.
+IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
 
 # Beyond the tutorial.
 DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
@@ -80,6 +82,16 @@ class TpuHost(pulumi.ComponentResource):
             f"{settings.vm_name}-data", name=f"{settings.vm_name}-data", type=DISK_TYPE,
             size=settings.data_disk_gb, zone=settings.zone, labels=resource_labels, **common, opts=child,
         )
+        obtained = settings.obtained
+        scheduling = {**obtained.scheduling, "provisioning_model": obtained.provisioning_model}
+        if settings.max_run_hours is not None:
+            scheduling["max_run_duration"] = {"seconds": settings.max_run_hours * 3600}
+        affinity = None
+        if obtained.affinity == "SPECIFIC_RESERVATION":
+            affinity = {"type": obtained.affinity,
+                        "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]}}
+        elif obtained.affinity:
+            affinity = {"type": obtained.affinity}
         self.instance = gcp.compute.Instance(
             settings.vm_name,
             name=settings.vm_name,
@@ -94,15 +106,8 @@ class TpuHost(pulumi.ComponentResource):
                 },
             },
             attached_disks=[{"source": self.data_disk.id, "device_name": DATA_DEVICE_NAME, "mode": "READ_WRITE"}],
-            scheduling={
-                "on_host_maintenance": ON_HOST_MAINTENANCE,
-                "instance_termination_action": TERMINATION_ACTION,
-                "provisioning_model": PROVISIONING_MODEL,
-            },
-            reservation_affinity={
-                "type": RESERVATION_AFFINITY,
-                "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]},
-            },
+            scheduling=scheduling,
+            reservation_affinity=affinity,
             network_interfaces=[{"network": network, "subnetwork": subnetwork, "access_configs": [{}]}],
             tags=[ssh_tag(settings)],
             metadata={
@@ -113,8 +118,9 @@ class TpuHost(pulumi.ComponentResource):
             labels=resource_labels,
             deletion_protection=False,
             allow_stopping_for_update=True,
+            desired_status="RUNNING",  # `pulumi up` starts a stopped (restartable) VM again
             **common,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=IGNORED_CHANGES)),
         )
         interface = self.instance.network_interfaces[0]
         machine = settings.machine
@@ -127,6 +133,9 @@ class TpuHost(pulumi.ComponentResource):
             "ssh_user": settings.ssh_user,
             "data_disk_device": DATA_DISK_DEVICE,
             "machine_type": machine.machine_type,
+            "capacity": settings.capacity,
+            "boot_image": self.instance.boot_disk.initialize_params.image,
+            "status": self.instance.current_status,
             "accelerator_type": machine.accelerator_type,
             "chips": machine.chips,
             "topology": machine.topology,
@@ -149,11 +158,7 @@ def gcloud_create_command(settings: Settings) -> list[str]:
         f"--image-project={IMAGE_PROJECT}",
         f"--image-family={IMAGE_FAMILY}",
         f"--boot-disk-size={settings.boot_disk_gb}GB",
-        f"--maintenance-policy={ON_HOST_MAINTENANCE}",
-        f"--instance-termination-action={TERMINATION_ACTION}",
-        f"--provisioning-model={PROVISIONING_MODEL}",
-        "--reservation-affinity=specific",
-        f"--reservation={settings.reservation}",
+        *settings.obtained.gcloud_flags(settings.reservation, settings.max_run_hours),
         f"--boot-disk-type={DISK_TYPE}",
         f"--disk=name={settings.vm_name}-data,device-name={DATA_DEVICE_NAME},mode=rw,auto-delete=no",
         *network,

@@ -66,7 +66,7 @@ def test_the_venv_is_activated_as_in_the_tutorial_before_installing():
 def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
     assert [s.name for s in BOOK.steps] == [
         "apt update and upgrade", "build tools", "data disk", "caches on the data disk", "Hugging Face token",
-        "uv (installer)", "uv (pip)", "Python", "venv", "MaxText", "MaxText post-training extra deps",
+        "idle stop", "no idle stop", "uv (installer)", "uv (pip)", "Python", "venv", "MaxText", "MaxText post-training extra deps",
         "packages exactly as the lock"]
 
 
@@ -90,9 +90,11 @@ def test_apt_never_asks_and_waits_for_the_dpkg_lock():
 def test_when_conditions_pick_the_steps():
     chosen = provision.resolve(BOOK, ["uv_source=pip", "apt_upgrade=false", "extra_deps=false", "data_device="])
     runs = {s.name for s in BOOK.steps if provision.applies(s, chosen)}
-    assert runs == {"build tools", "Hugging Face token", "uv (pip)", "Python", "venv", "MaxText"}
+    assert runs == {"build tools", "Hugging Face token", "no idle stop", "uv (pip)", "Python", "venv", "MaxText"}
     assert {s.name for s in BOOK.steps if provision.applies(s, DEFAULTS)} == {
-        s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock"}
+        s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock", "idle stop"}
+    idle = provision.resolve(BOOK, ["idle_stop_minutes=30"])
+    assert {s.name for s in BOOK.steps if s.tags == ("idle",) and provision.applies(s, idle)} == {"idle stop"}
 
 
 def test_tags_select_steps_and_an_unknown_tag_is_refused():

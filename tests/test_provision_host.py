@@ -37,7 +37,7 @@ def test_first_run_makes_every_step_right(converged):
     assert statuses(first) == {
         "apt update and upgrade": "skipped", "build tools": statuses(first)["build tools"],
         "data disk": "changed", "caches on the data disk": "changed", "Hugging Face token": "changed",
-        "uv (installer)": "skipped", "uv (pip)": "changed", "Python": "ok", "venv": "changed",
+        "idle stop": "skipped", "no idle stop": "ok", "uv (installer)": "skipped", "uv (pip)": "changed", "Python": "ok", "venv": "changed",
         "MaxText": "changed", "MaxText post-training extra deps": "skipped", "packages exactly as the lock": "skipped"}
     assert statuses(first)["build tools"] in {"ok", "changed"}
     home, mount = host.user.home, host.disk.mount

@@ -92,7 +92,7 @@ def test_plan_shows_resources_gcloud_and_cost(stack_dir):
     assert "Still to set" not in out
     assert "gcloud compute instances create tpu-grpo \\\n    --zone=us-east5-b \\\n" in out
     assert "--reservation=v6e-8-calendar" in out
-    assert "8 v6e chips × $2.70 per chip-hour on demand = $21.60 per hour" in out
+    assert "ct6e-standard-8t, capacity reservation: 8 v6e chips × $2.70 per chip-hour = $21.60 per hour" in out
     assert "billed through its reservation" in out
 
 
@@ -175,8 +175,8 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     result = invoke("up", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
-    assert lines[:2] == ["whoami", "stack select --create dev"]
-    assert lines[2].startswith("up --stack dev --event-log /")
+    assert lines[:3] == ["whoami", "stack select --create dev", "stack output --json --stack dev"]
+    assert lines[3].startswith("up --refresh --stack dev --event-log /")  # a VM GCE deleted is made again
 
 
 def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
@@ -219,7 +219,7 @@ def test_known_compute_engine_errors_are_explained(message, meaning):
 def test_plan_lists_the_provisioning_steps(stack_dir):
     text = invoke("plan", cwd=stack_dir).stdout
     assert "`invoke provision`: playbooks/host.yml with its default variables" in text
-    assert "uv python install 3.12" in text and "7. uv (pip): skipped (when: uv_source == pip)" in text
+    assert "uv python install 3.12" in text and "9. uv (pip): skipped (when: uv_source == pip)" in text
     steps = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["provision"]
     assert [step["step"] for step in steps if step["runs"]][:3] == ["apt update and upgrade", "build tools", "data disk"]
     token = next(step for step in steps if step["step"] == "Hugging Face token")

@@ -7,12 +7,10 @@ link fails within seconds (keepalive plus TCP_USER_TIMEOUT) instead of hanging f
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -84,14 +82,13 @@ def check_flags(specs: list[str] | None, identity: str | None, wait: str | None)
 
 def from_stack(stack: str | None = None, identity: str | None = None) -> list[Host]:
     """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
+    from tpu_grpo import stack as stack_module
+
     chosen = settings.load(stack, lenient=True)
-    pulumi = shutil.which("pulumi")
-    if pulumi is None:
+    if shutil.which("pulumi") is None:
         raise HostError(f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
                         "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`")
-    done = subprocess.run([pulumi, "stack", "output", "--json", "--stack", chosen.stack],
-                          capture_output=True, text=True, cwd=settings.project_root())
-    outputs = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+    outputs = stack_module.outputs(chosen.stack)
     if not outputs.get("external_ip"):
         raise HostError(f"stack '{chosen.stack}' has no VM (no external_ip output); "
                         "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: On-demand v6e price per chip-hour in USD (Google's list price; a secondary source).
-V6E_USD_PER_CHIP_HOUR = 2.70
-
 
 @dataclass(frozen=True)
 class Machine:
@@ -30,10 +27,6 @@ class Machine:
             "TPU_HOST_BOUNDS": self.host_bounds,
             "CHIPS_PER_VM": str(self.chips),
         }
-
-    @property
-    def usd_per_hour(self) -> float:
-        return round(self.chips * V6E_USD_PER_CHIP_HOUR, 2)
 
 
 MACHINES: dict[str, Machine] = {

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_grpo import settings as settings_module
-from tpu_grpo.machines import V6E_USD_PER_CHIP_HOUR
+from tpu_grpo.capacity import PRICES_READ
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15
@@ -27,10 +27,12 @@ HIDDEN_INPUTS = {"project", "name"}
 @dataclass
 class Cost:
     machine_type: str
+    capacity: str
     chips: int
     usd_per_chip_hour: float
     usd_per_hour: float
     usd_per_tutorial_run: float
+    price_source: str
     note: str
 
 
@@ -38,6 +40,7 @@ class Cost:
 class Plan:
     stack: str
     pending: list[str]
+    replaces: list[str]
     resources: list[dict[str, Any]]
     outputs: dict[str, Any]
     gcloud: list[str]
@@ -53,33 +56,44 @@ def build(stack: str | None = None) -> Plan:
     """Run the program offline on the stack file; placeholders become `pending`, not errors."""
     from infra import offline
     from infra.tpu_host import gcloud_create_command
-    from tpu_grpo import provision
+    from tpu_grpo import provision, stack as stack_module
 
     stack = stack or settings_module.stack_name()
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
-    machine = settings.machine
+    machine, obtained = settings.machine, settings.obtained
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
+        replaces=stack_module.replacements(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(settings_module.PROJECT)],
         outputs=outputs,
         gcloud=gcloud_create_command(settings),
         cost=Cost(
             machine_type=machine.machine_type,
+            capacity=settings.capacity,
             chips=machine.chips,
-            usd_per_chip_hour=V6E_USD_PER_CHIP_HOUR,
-            usd_per_hour=machine.usd_per_hour,
-            usd_per_tutorial_run=round(machine.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
-            note=(
-                "A reservation-bound VM is billed through its reservation: the reserved "
-                "chips cost the same whether or not the VM runs, until the reservation ends."
-            ),
+            usd_per_chip_hour=obtained.usd_per_chip_hour,
+            usd_per_hour=settings.usd_per_hour,
+            usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
+            price_source=f"{obtained.price_source} (read {PRICES_READ})",
+            note=cost_note(settings),
         ),
-        provision=provision_steps(provision),
+        provision=provision_steps(provision, settings),
         jobs=job_scripts(stack),
     )
+
+
+def cost_note(settings) -> str:
+    """When the chips cost money, for this capacity."""
+    if settings.obtained.billed_when_stopped:
+        return ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
+                "whether or not the VM runs, until the reservation ends.")
+    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or an SSH session "
+            "(tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
+            "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
+    return f"Billed while the VM runs, training or not: {idle}. Its disks are billed until `invoke down`."
 
 
 def job_scripts(stack: str) -> list[dict[str, str]]:
@@ -90,10 +104,11 @@ def job_scripts(stack: str) -> list[dict[str, str]]:
     return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
 
 
-def provision_steps(provision) -> list[dict[str, Any]]:
-    """The playbook's steps with its default variables: what `invoke provision` checks, and what it may run."""
+def provision_steps(provision, settings) -> list[dict[str, Any]]:
+    """The playbook's steps with its default variables and the stack's: what `invoke provision` checks,
+    and what it may run."""
     book = provision.load()
-    values = provision.resolve(book)
+    values = provision.resolve(book, stack=provision.stack_values(settings))
     return [{"step": step.name, "runs": provision.applies(step, values), "when": list(step.when),
              "as": "root" if step.become else "ssh user", "tags": list(step.tags),
              "command": provision.render(step.run, values).strip() if step.run else f"copy {step.secret['source']} "
@@ -119,6 +134,8 @@ def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
     console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
+    for line in plan.replaces:
+        console.print(f"[bold red]replaces the VM:[/] {line}")
     if plan.pending:
         console.print(Panel(
             "\n".join(f"[red]✗[/] {line}" for line in plan.pending),
@@ -153,9 +170,10 @@ def render(plan: Plan, console: Console) -> None:
         console.print(Text(job["script"]), soft_wrap=True)
     cost = plan.cost
     console.print(Panel(Group(
-        f"{cost.machine_type}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} per chip-hour "
-        f"on demand = [bold]${cost.usd_per_hour:.2f} per hour[/]",
+        f"{cost.machine_type}, capacity {cost.capacity}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} "
+        f"per chip-hour = [bold]${cost.usd_per_hour:.2f} per hour[/]",
         f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
         f"${cost.usd_per_tutorial_run:.2f}",
         cost.note,
+        f"[dim]price: {cost.price_source}[/]",
     ), title="Cost", title_align="left"))

@@ -232,9 +232,17 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
                 tuple(str(condition).strip() for condition in when), secret=secret, **flags)
 
 
-def resolve(book: Playbook, overrides: list[str] | None = None, lock_path: Path | None = None) -> dict[str, Any]:
-    """The variables for a run: defaults, then the lock's Python and uv, then `--var KEY=VALUE`."""
+def stack_values(chosen) -> dict[str, Any]:
+    """The playbook variables that follow from the stack's settings (before any `--var`)."""
+    return {"idle_stop_minutes": chosen.idle_stop_minutes}
+
+
+def resolve(book: Playbook, overrides: list[str] | None = None, lock_path: Path | None = None,
+            stack: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The variables for a run: defaults, then the stack's (`stack_values`), then the lock's Python and
+    uv, then `--var KEY=VALUE`."""
     values = {name: var.default for name, var in book.vars.items()} | BUILTINS
+    values.update({name: value for name, value in (stack or {}).items() if name in book.vars})
     if lock_path is not None:
         lock = read_lock(lock_path)
         values.update(locked=True, lock_requirements=lock.requirements)

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from tpu_grpo.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS, Capacity
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
 
@@ -46,6 +47,8 @@ PUBLIC_KEY_TYPES = (
 _GCE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _PROJECT_ID = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
 _ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-([a-z])")
+#: A reservation of this project (NAME) or another project's shared one (projects/PROJECT/reservations/NAME).
+_RESERVATION = re.compile(r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -95,7 +98,15 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("gcp:project", str, "Google Cloud project that holds the reservation", "<your-project-id>"),
     Key("gcp:zone", str, "zone of the reservation (region-letter)", "us-east5-b"),
-    Key(f"{PROJECT}:reservation", str, "name of the v6e reservation the VM is bound to", "<your-reservation-name>"),
+    Key(f"{PROJECT}:capacity", str, "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
+        "spot", required=False),
+    Key(f"{PROJECT}:reservation", str, "the v6e reservation the VM is bound to (capacity reservation): NAME, or "
+        "projects/PROJECT/reservations/NAME for another project's shared one", "<your-reservation-name>",
+        required=False),
+    Key(f"{PROJECT}:maxRunHours", int, f"hours a flex-start VM runs before it is deleted ({MAX_RUN_HOURS[0]} to "
+        f"{MAX_RUN_HOURS[1]}; capacity flex-start only)", "24", required=False),
+    Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or SSH session before the VM powers "
+        "itself off; 0: never (default 60, reservation: 0)", "60", required=False),
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME)", "tpu-grpo"),
     Key(f"{PROJECT}:machineType", str, "TPU machine type: " + ", ".join(MACHINES), "ct6e-standard-8t"),
     Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB (at least {MIN_BOOT_DISK_GB})", "200"),
@@ -127,7 +138,10 @@ class Settings:
     stack: str
     project: str
     zone: str
-    reservation: str
+    capacity: str
+    reservation: str | None
+    max_run_hours: int | None
+    idle_stop_minutes: int
     vm_name: str
     machine_type: str
     boot_disk_gb: int
@@ -156,6 +170,15 @@ class Settings:
     @property
     def machine(self) -> Machine:
         return MACHINES[self.machine_type]
+
+    @property
+    def obtained(self) -> Capacity:
+        """The capacity row: how the chips are obtained, billed and restarted."""
+        return CAPACITIES[self.capacity]
+
+    @property
+    def usd_per_hour(self) -> float:
+        return round(self.machine.chips * self.obtained.usd_per_chip_hour, 2)
 
 
 def _coerce(key: Key, value: Any) -> Any:
@@ -234,7 +257,16 @@ def _problem(key: Key, value: Any) -> str | None:
         return "is not a Google Cloud project id"
     if short == "zone" and not _ZONE.fullmatch(value):
         return "is not a zone of the form region-letter"
-    if short in ("reservation", "vmName", "network", "subnetwork") and not _GCE_NAME.fullmatch(value):
+    if short == "capacity" and value not in CAPACITIES:
+        return "is not a capacity (" + ", ".join(CAPACITIES) + ")"
+    if short == "reservation" and not _RESERVATION.fullmatch(value):
+        return ("is not a reservation name (NAME, or projects/PROJECT/reservations/NAME; lowercase letters, "
+                "digits, '-')")
+    if short == "maxRunHours" and not MAX_RUN_HOURS[0] <= value <= MAX_RUN_HOURS[1]:
+        return f"is outside {MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]} hours (a flex-start VM runs at most 7 days)"
+    if short == "idleStopMinutes" and not 0 <= value <= 7 * 24 * 60:
+        return "is outside 0 (never) to 10080 minutes"
+    if short in ("vmName", "network", "subnetwork") and not _GCE_NAME.fullmatch(value):
         return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
@@ -263,6 +295,28 @@ def _problem(key: Key, value: Any) -> str | None:
     if short in ("batches", "testBatches") and value < 1:
         return "must be at least 1"
     return None
+
+
+def _check_capacity(values: dict[str, Any]) -> None:
+    """The settings that only some capacities take; fills in the capacity's defaults."""
+    capacity = values["capacity"] = values["capacity"] or DEFAULT_CAPACITY
+    reservation, hours = KEY[f"{PROJECT}:reservation"], KEY[f"{PROJECT}:maxRunHours"]
+    if capacity == "reservation" and not values["reservation"]:
+        raise SettingsError(reservation.name, None, "is not set, and capacity reservation needs it",
+                            f"{reservation.set_command()} (or another capacity: "
+                            f"pulumi config set {PROJECT}:capacity spot)")
+    if capacity != "reservation" and values["reservation"]:
+        raise SettingsError(reservation.name, values["reservation"], f"is set, but capacity {capacity} uses no "
+                            "reservation", f"pulumi config rm {reservation.name} (or pulumi config set "
+                            f"{PROJECT}:capacity reservation)")
+    if capacity == "flex-start" and values["maxRunHours"] is None:
+        raise SettingsError(hours.name, None, "is not set, and a flex-start VM needs its maximum run time",
+                            hours.set_command())
+    if capacity != "flex-start" and values["maxRunHours"] is not None:
+        raise SettingsError(hours.name, values["maxRunHours"], f"is set, but only flex-start VMs have a maximum "
+                            f"run time (capacity is {capacity})", f"pulumi config rm {hours.name}")
+    if values["idleStopMinutes"] is None:
+        values["idleStopMinutes"] = CAPACITIES[capacity].idle_stop_minutes
 
 
 def unknown_key(name: str, value: Any) -> SettingsError:
@@ -302,7 +356,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         if value is None or value == "":
             if key.required:
                 raise SettingsError(key.name, None, "is not set", key.set_command())
-            values[key.short] = {dict: {}, bool: False}.get(key.kind)
+            values[key.short] = {dict: {}, bool: False}.get(key.kind)  # an unset int or str: None
             continue
         value = values[key.short] = _coerce(key, value)
         if _placeholders(value):
@@ -321,6 +375,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                             "reserved chips) to every address on the internet",
                             "your own address, e.g. pulumi config set --path 'tpu-grpo:sshSourceRanges[0]' "
                             "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
+    _check_capacity(values)
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
                             KEY[f"{PROJECT}:network"].set_command())

@@ -1,5 +1,5 @@
-"""The real Pulumi CLI side: what `pulumi up` needs on this laptop, running it, and
-explaining the Compute Engine errors a reservation-bound VM runs into.
+"""The real Pulumi CLI side: what `pulumi up` needs on this laptop, running it, reading the
+stack's outputs and state, and explaining the Compute Engine errors a TPU VM runs into.
 
 Everything is checked before the CLI starts, so a missing piece is named in one place
 instead of surfacing as a provider error halfway through an update.
@@ -15,7 +15,14 @@ import tempfile
 from pathlib import Path
 
 from tpu_grpo.errors import UserError
-from tpu_grpo.settings import Settings
+from tpu_grpo.settings import Settings, project_root
+
+INSTANCE_TYPE = "gcp:compute/instance:Instance"
+#: Compute Engine states of a VM that is not running and must be started (or, if its capacity
+#: cannot be restarted, created again).
+STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
+#: What a settings change replaces (stack output -> what it is called).
+REPLACING = {"machine_type": "machine type", "zone": "zone", "capacity": "capacity"}
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
 KNOWN_ERRORS = (
@@ -37,6 +44,9 @@ KNOWN_ERRORS = (
      "reservation, so check that the reservation is active and in gcp:zone"),
     ("RESOURCE_POOL_EXHAUSTED",
      "no capacity for this request right now: check that the reservation is active and in gcp:zone"),
+    ("specificReservationRequired",
+     "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
+     "only such a reservation can be named by a VM; create it so, or ask its owner to"),
     ("Quota",
      "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
 )
@@ -90,17 +100,66 @@ def explain(messages: list[str]) -> list[str]:
     return found
 
 
-def up(stack: str) -> tuple[int, list[str]]:
-    """Select (or create) the stack and run `pulumi up` on it, attached to this terminal.
+def _pulumi_json(*args: str):
+    """The JSON a read-only Pulumi CLI command prints, or None (no CLI, no stack, nothing made yet)."""
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        return None
+    done = subprocess.run([pulumi, *args], capture_output=True, text=True, cwd=project_root())
+    try:
+        return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def outputs(stack: str) -> dict:
+    """The stack's outputs from its last update (`pulumi stack output --json`); {} when there are none."""
+    return _pulumi_json("stack", "output", "--json", "--stack", stack) or {}
+
+
+def instance_state(stack: str) -> tuple[str, str] | None:
+    """(URN, Compute Engine status) of the stack's VM as its state records it, or None."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    for resource in state.get("deployment", {}).get("resources", []):
+        if resource.get("type") == INSTANCE_TYPE:
+            return resource["urn"], (resource.get("outputs") or {}).get("currentStatus", "")
+    return None
+
+
+def replacements(settings: Settings) -> list[str]:
+    """One line for each setting whose change replaces the existing VM, or [] (no VM yet, no CLI)."""
+    before = outputs(settings.stack)
+    now = {"machine_type": settings.machine_type, "zone": settings.zone, "capacity": settings.capacity}
+    return [f"{what} {before[key]} -> {now[key]}: a new VM and boot disk (provisioning again, /dev/shm emptied); "
+            "the data disk stays" for key, what in REPLACING.items() if before.get(key) not in (None, now[key])]
+
+
+def up(settings: Settings, say=print) -> tuple[int, list[str]]:
+    """Select (or create) the stack and run `pulumi up --refresh` on it, attached to this terminal: the
+    refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
+    ended) and creates it again, and `desired_status` starts a stopped on-demand one. A stopped VM whose
+    capacity cannot start it again (spot, flex-start) is replaced instead.
 
     Returns the exit code and, when it failed, what the known errors in it mean.
     """
+    stack = settings.stack
     selected = subprocess.run(["pulumi", "stack", "select", "--create", stack])
     if selected.returncode != 0:
         return selected.returncode, []
+    for line in replacements(settings):
+        say(f"replaces the VM: {line}")
+    replace: list[str] = []
+    if not settings.obtained.restartable:
+        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack])
+        found = instance_state(stack)
+        if found and found[1] in STOPPED:
+            say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted) and cannot be started "
+                "again: creating it anew around the same data disk")
+            replace = ["--replace", found[0]]
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"
-        code = subprocess.run(["pulumi", "up", "--stack", stack, "--event-log", str(event_log)]).returncode
+        code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace,
+                               "--event-log", str(event_log)]).returncode
         return code, explain(error_messages(event_log)) if code else []
 
 

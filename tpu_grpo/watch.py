@@ -114,15 +114,36 @@ def progress_of(connection, found: list[jobs.Job]) -> dict | None:
     return {"job": job.id, "run": job.run, **tracker.summary()}
 
 
+IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # written by playbooks/host.yml, step "idle stop"
+
+
+def idle_stop(connection) -> dict | None:
+    """When the VM powers itself off (its idle-stop timer), or None when it never does. This very
+    session counts as activity, so the earliest is the idle time from now."""
+    result = hosts.run_script(connection, f"cat {IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
+    values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and line[0] != "#")
+    minutes = int(values.get("IDLE_MINUTES") or 0)
+    if not minutes:
+        return None
+    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
+
+
 def _duration(job: jobs.Job) -> str:
     seconds = int((job.finished or time.time()) - job.started)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def print_status(console: Console, host: str, found: list[jobs.Job], progress: dict | None) -> None:
+def print_status(console: Console, host: str, found: list[jobs.Job], progress: dict | None,
+                 idle: dict | None = None) -> None:
     from rich.table import Table
 
+    if idle:
+        at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
+        console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
+                      f"and its last SSH session closes (this one too): at {at} UTC at the earliest")
+    else:
+        console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
     if not found:
         console.print(f"{host}: no jobs yet (start one: uv run invoke pipeline --batches 50)")
         return

@@ -1,0 +1,229 @@
+"""`tpu-grpo:capacity`: each way of getting the chips, argument by argument under Pulumi's mocks,
+flag by flag as gcloud, with its price; and a later `pulumi up` that never replaces the VM for a
+newer image, but says so when a setting does."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pytest
+
+from infra import offline
+from infra.tpu_host import TpuHost, gcloud_create_command
+from tests.test_tasks import invoke
+from tpu_grpo.capacity import CAPACITIES
+from tpu_grpo.settings import SettingsError
+
+SPOT = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None}
+FLEX = {"tpu-grpo:capacity": "flex-start", "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24"}
+ON_DEMAND = {"tpu-grpo:capacity": "on-demand", "tpu-grpo:reservation": None}
+SHARED = {"tpu-grpo:reservation": "projects/owner-project/reservations/v6e-shared"}
+
+
+def instance(stack_values, **changes):
+    values = {key: value for key, value in {**stack_values, **changes}.items() if value is not None}
+    settings, resources, outputs = offline.run(values, "dev")
+    [vm] = [r.inputs for r in resources if r.type == "gcp:compute/instance:Instance"]
+    return settings, vm, outputs
+
+
+@pytest.mark.parametrize("changes, scheduling, affinity", [
+    ({}, {"onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
+          "provisioningModel": "RESERVATION_BOUND"},
+     {"type": "SPECIFIC_RESERVATION", "specificReservation": {"key": "compute.googleapis.com/reservation-name",
+                                                              "values": ["v6e-8-calendar"]}}),
+    (SHARED, {"onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
+              "provisioningModel": "RESERVATION_BOUND"},
+     {"type": "SPECIFIC_RESERVATION", "specificReservation": {
+         "key": "compute.googleapis.com/reservation-name",
+         "values": ["projects/owner-project/reservations/v6e-shared"]}}),
+    (SPOT, {"preemptible": True, "automaticRestart": False, "onHostMaintenance": "TERMINATE",
+            "instanceTerminationAction": "DELETE", "provisioningModel": "SPOT"}, None),
+    (FLEX, {"automaticRestart": False, "onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
+            "provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 86400}},
+     {"type": "NO_RESERVATION"}),
+    (ON_DEMAND, {"onHostMaintenance": "TERMINATE", "provisioningModel": "STANDARD"}, None),
+], ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"])
+def test_each_capacity_sends_its_scheduling_and_affinity(stack_values, changes, scheduling, affinity):
+    _, vm, outputs = instance(stack_values, **changes)
+    assert vm["scheduling"] == scheduling
+    assert vm.get("reservationAffinity") == affinity
+    assert vm["desiredStatus"] == "RUNNING"
+    assert outputs["capacity"] == (changes.get("tpu-grpo:capacity") or "reservation")
+
+
+@pytest.mark.parametrize("changes, flags", [
+    ({}, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
+          "--provisioning-model=RESERVATION_BOUND", "--reservation-affinity=specific",
+          "--reservation=v6e-8-calendar"]),
+    (SHARED, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
+              "--provisioning-model=RESERVATION_BOUND", "--reservation-affinity=specific",
+              "--reservation=projects/owner-project/reservations/v6e-shared"]),
+    (SPOT, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE", "--provisioning-model=SPOT",
+            "--no-restart-on-failure"]),
+    (FLEX, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
+            "--provisioning-model=FLEX_START", "--no-restart-on-failure", "--max-run-duration=24h",
+            "--reservation-affinity=none"]),
+    (ON_DEMAND, ["--maintenance-policy=TERMINATE", "--provisioning-model=STANDARD"]),
+], ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"])
+def test_each_capacity_has_its_gcloud_flags(stack_values, changes, flags):
+    settings, _, _ = instance(stack_values, **changes)
+    command = gcloud_create_command(settings)
+    start = command.index("--boot-disk-size=200GB") + 1
+    assert command[start:start + len(flags)] == flags
+    assert command[start + len(flags)] == "--boot-disk-type=hyperdisk-balanced"
+
+
+@pytest.mark.parametrize("changes, key, problem", [
+    ({"tpu-grpo:capacity": "preemptible"}, "tpu-grpo:capacity", "is not a capacity (reservation, spot, "),
+    ({"tpu-grpo:capacity": "spot"}, "tpu-grpo:reservation", "is set, but capacity spot uses no reservation"),
+    ({"tpu-grpo:reservation": None}, "tpu-grpo:reservation", "is not set, and capacity reservation needs it"),
+    ({**FLEX, "tpu-grpo:maxRunHours": None}, "tpu-grpo:maxRunHours", "is not set, and a flex-start VM needs"),
+    ({**FLEX, "tpu-grpo:maxRunHours": "0"}, "tpu-grpo:maxRunHours", "is outside 1 to 168 hours"),
+    ({**FLEX, "tpu-grpo:maxRunHours": "169"}, "tpu-grpo:maxRunHours", "is outside 1 to 168 hours"),
+    ({**SPOT, "tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
+    ({"tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
+    ({"tpu-grpo:idleStopMinutes": "-1"}, "tpu-grpo:idleStopMinutes", "is outside 0 (never) to 10080"),
+    ({"tpu-grpo:reservation": "projects/owner-project/reservations/"}, "tpu-grpo:reservation",
+     "is not a reservation name"),
+])
+def test_a_wrong_capacity_setting_is_one_line_before_anything_is_declared(stack_values, changes, key, problem):
+    values = {k: v for k, v in {**stack_values, **changes}.items() if v is not None}
+    mocks = offline.RecordingMocks()
+    with pytest.raises(SettingsError) as raised:
+        offline.run(values, "dev", mocks=mocks)
+    assert mocks.resources == [] and raised.value.key == key
+    assert problem in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("changes, minutes", [({}, 0), (SPOT, 60), (FLEX, 60), (ON_DEMAND, 60),
+                                              ({**SPOT, "tpu-grpo:idleStopMinutes": "15"}, 15)])
+def test_idle_stop_defaults_follow_the_capacity(stack_values, changes, minutes):
+    settings, _, _ = instance(stack_values, **changes)
+    assert settings.idle_stop_minutes == minutes
+
+
+def test_a_newer_image_never_replaces_the_vm(stack_values):
+    """The boot image is ignored after creation (the provider would otherwise replace the VM for every
+    new image of the family); the image the VM booted is a stack output."""
+    options = {}
+
+    def record(args: pulumi.ResourceTransformationArgs):
+        options[args.type_] = args.opts
+
+    pulumi.runtime.set_mocks(offline.RecordingMocks(), project="tpu-grpo", stack="dev", preview=False)
+    pulumi.runtime.set_all_config(offline.config_for_pulumi(stack_values))
+
+    @pulumi.runtime.test
+    def program():
+        from infra.program import read_settings
+
+        TpuHost(read_settings(configured=stack_values), pulumi.ResourceOptions(transformations=[record]))
+
+    program()
+    assert options["gcp:compute/instance:Instance"].ignore_changes == ["bootDisk.initializeParams.image"]
+    assert not options["gcp:compute/disk:Disk"].ignore_changes  # the data disk keeps every change
+
+
+@pytest.mark.parametrize("capacity, changes, per_hour", [
+    ("reservation", {}, "$21.60 per hour"), ("spot", SPOT, "$8.64 per hour"),
+    ("flex-start", FLEX, "$21.60 per hour"), ("on-demand", ON_DEMAND, "$21.60 per hour")])
+def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, capacity, changes, per_hour):
+    import yaml
+
+    values = {k: v for k, v in {**stack_values, **changes}.items() if v is not None}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    text = invoke("plan", cwd=stack_dir)
+    assert text.returncode == 0, text.stderr
+    assert f"ct6e-standard-8t, capacity {capacity}: 8 v6e chips × " in text.stdout and per_hour in text.stdout
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    assert plan["cost"]["capacity"] == capacity
+    assert plan["cost"]["usd_per_chip_hour"] == CAPACITIES[capacity].usd_per_chip_hour
+    assert "(read 2026-12-04)" in plan["cost"]["price_source"]
+    assert f"--provisioning-model={CAPACITIES[capacity].provisioning_model}" in plan["gcloud"]
+
+
+# ---------------------------------------------------------------- invoke up against a stand-in Pulumi CLI
+
+
+def stand_in_pulumi(tmp_path, outputs: dict, status: str | None) -> tuple[dict, object]:
+    """A `pulumi` on PATH that records its argv, prints these stack outputs, and a state whose VM has
+    `status` (as Compute Engine reports it after a refresh)."""
+    from tests.test_tasks import BIN
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    calls = tmp_path / "calls"
+    state = {"deployment": {"resources": [] if status is None else [{
+        "type": "gcp:compute/instance:Instance", "outputs": {"currentStatus": status},
+        "urn": "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"}]}}
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tools / "pulumi").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'case "$1 $2" in "stack output") cat {tmp_path}/outputs.json;; "stack export") cat {tmp_path}/state.json;; '
+        "esac\nexit 0\n")
+    (tools / "pulumi").chmod(0o755)
+    credentials = tmp_path / "adc.json"
+    credentials.write_text("{}")
+    home = tmp_path / "home"
+    home.mkdir()
+    return {"HOME": str(home), "PATH": f"{tools}:{BIN}:/usr/bin:/bin",
+            "GOOGLE_APPLICATION_CREDENTIALS": str(credentials)}, calls
+
+
+def with_capacity(stack_dir, stack_values, changes):
+    import yaml
+
+    values = {k: v for k, v in {**stack_values, **changes}.items() if v is not None}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+
+
+@pytest.mark.parametrize("status, replaced", [("TERMINATED", True), ("RUNNING", False)])
+def test_up_creates_a_stopped_spot_vm_anew_instead_of_starting_it(stack_dir, stack_values, tmp_path, status,
+                                                                 replaced):
+    with_capacity(stack_dir, stack_values, SPOT)
+    env, calls = stand_in_pulumi(tmp_path, {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
+                                            "capacity": "spot"}, status)
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines()
+    assert "refresh --yes --skip-preview --stack dev" in lines and "stack export --stack dev" in lines
+    [up] = [line for line in lines if line.startswith("up ")]
+    urn = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
+    assert (f"--replace {urn}" in up) == replaced
+    assert ("cannot be started again: creating it anew around the same data disk" in result.stdout) == replaced
+
+
+def test_up_starts_a_stopped_on_demand_vm_through_its_desired_status(stack_dir, stack_values, tmp_path):
+    with_capacity(stack_dir, stack_values, ON_DEMAND)
+    env, calls = stand_in_pulumi(tmp_path, {"capacity": "on-demand"}, "TERMINATED")
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines()
+    assert not [line for line in lines if line.startswith(("refresh", "stack export"))]
+    [up] = [line for line in lines if line.startswith("up ")]
+    assert up.startswith("up --refresh --stack dev --event-log ") and "--replace" not in up
+
+
+def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values, tmp_path):
+    with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t"})
+    env, _ = stand_in_pulumi(tmp_path, {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
+                                        "capacity": "reservation"}, "RUNNING")
+    line = ("machine type ct6e-standard-8t -> ct6e-standard-4t: a new VM and boot disk (provisioning again, "
+            "/dev/shm emptied); the data disk stays")
+    up = invoke("up", cwd=stack_dir, env=env)
+    assert up.returncode == 0 and f"replaces the VM: {line}" in up.stdout
+    plan = invoke("plan", "--json", cwd=stack_dir, env=env)
+    assert json.loads(plan.stdout)["replaces"] == [line]
+    unchanged = invoke("plan", "--json", cwd=stack_dir)  # no Pulumi CLI: nothing is known, nothing said
+    assert json.loads(unchanged.stdout)["replaces"] == []
+
+
+def test_up_explains_a_reservation_that_cannot_be_named(tmp_path):
+    from tpu_grpo.stack import explain
+
+    [meaning] = explain(["Error 400: Reservation r is not specificReservationRequired"])
+    assert "--require-specific-reservation" in meaning

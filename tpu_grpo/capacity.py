@@ -1,0 +1,82 @@
+"""How the chips are obtained (`tpu-grpo:capacity`): one row per way, with its Compute Engine
+scheduling arguments, the equivalent gcloud flags, whether a stopped VM can be started again,
+its idle-stop default and its price. The Pulumi program, `invoke plan`, `invoke up` and the
+cost line all read this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: gcloud's and the API's names for the reservation the VM consumes.
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+#: The range of `tpu-grpo:maxRunHours`: flex-start VMs run for at most 7 days (Cloud TPU
+#: documentation, "Request Cloud TPUs using Flex-start": "for a duration of up to 7 days").
+MAX_RUN_HOURS = (1, 7 * 24)
+#: The date the prices below were read.
+PRICES_READ = "2026-12-04"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    name: str
+    provisioning_model: str
+    #: `scheduling` inputs besides the provisioning model (max_run_duration is added for flex-start).
+    scheduling: dict = field(default_factory=dict)
+    #: `reservation_affinity.type`, or None for no affinity block.
+    affinity: str | None = None
+    #: Whether Compute Engine can start this VM again after it stopped (else: delete and create).
+    restartable: bool = True
+    #: Minutes without a job or an SSH session before the VM powers itself off; 0: never.
+    idle_stop_minutes: int = 60
+    #: USD per v6e chip-hour, and where the figure comes from.
+    usd_per_chip_hour: float = 0.0
+    price_source: str = ""
+    #: Billed whether or not the VM runs (the reservation's hours are paid anyway).
+    billed_when_stopped: bool = False
+
+    def gcloud_flags(self, reservation: str | None, max_run_hours: int | None) -> list[str]:
+        """This capacity's `gcloud compute instances create` flags, in the tutorial's order."""
+        flags = [f"--maintenance-policy={self.scheduling['on_host_maintenance']}"]
+        if "instance_termination_action" in self.scheduling:
+            flags.append(f"--instance-termination-action={self.scheduling['instance_termination_action']}")
+        flags.append(f"--provisioning-model={self.provisioning_model}")
+        if self.scheduling.get("automatic_restart") is False:
+            flags.append("--no-restart-on-failure")
+        if max_run_hours is not None:
+            flags.append(f"--max-run-duration={max_run_hours}h")
+        if self.affinity == "SPECIFIC_RESERVATION":
+            flags += ["--reservation-affinity=specific", f"--reservation={reservation}"]
+        elif self.affinity == "NO_RESERVATION":
+            flags.append("--reservation-affinity=none")
+        return flags
+
+
+ON_DEMAND_SOURCE = ("on-demand v6e list price, $2.70 per chip-hour in us-east5 (Google's Cloud TPU pricing, "
+                    "as reported by secondary sources)")
+
+CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
+    # The tutorial's: a VM bound to a (calendar-mode) reservation, deleted when it ends.
+    Capacity("reservation", "RESERVATION_BOUND",
+             {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
+             affinity="SPECIFIC_RESERVATION", restartable=True, idle_stop_minutes=0,
+             usd_per_chip_hour=2.70, billed_when_stopped=True,
+             price_source=f"{ON_DEMAND_SOURCE}; a reservation is billed at its own (committed-use) rate, "
+                          "at most this, whether the VM runs or not"),
+    # "Request TPU Spot VMs": a TPU Spot VM cannot be restarted after it stops; delete and create it.
+    Capacity("spot", "SPOT",
+             {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
+              "instance_termination_action": "DELETE"},
+             restartable=False, usd_per_chip_hour=1.08,
+             price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
+                          "documentation); 60% off the on-demand $2.70; the real price varies by region and day"),
+    # Dynamic Workload Scheduler: runs at most max_run_duration, then is deleted.
+    Capacity("flex-start", "FLEX_START",
+             {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
+             affinity="NO_RESERVATION", restartable=False, usd_per_chip_hour=2.70,
+             price_source=f"upper bound: flex-start is billed below on-demand, by a discount that varies; "
+                          f"{ON_DEMAND_SOURCE}"),
+    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, restartable=True,
+             usd_per_chip_hour=2.70, price_source=ON_DEMAND_SOURCE),
+)}
+DEFAULT = "reservation"
