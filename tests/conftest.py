@@ -1,4 +1,4 @@
-"""Shared test fixtures: a valid stack (with a real key pair), and paths to the shared docs."""
+"""Shared test fixtures: a valid stack (with a real key pair), and paths to the test data (tests/data)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-TUTORIAL = SHARED / "docs" / "tutorial.md"
+DATA = ROOT / "tests" / "data"  # what the tests read: see its README
+TUTORIAL = DATA / "tutorial.md"
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +159,7 @@ def make_host(sshd, key_pair, tmp_path_factory):
 
 # ---------------------------------------------------------------- workload hosts (tests/standin)
 
-FIXTURES = SHARED / "fixtures" / "maxtext-0.2.3"
+FIXTURES = DATA / "maxtext-0.2.3"
 SHM_DIRS = ("/dev/shm/llama3.1-8b-Instruct", "/dev/shm/llama3.1-8b")
 
 

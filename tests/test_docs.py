@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 from tests.conftest import ROOT
 from tpu_grpo.settings import KEYS
 
@@ -57,3 +60,17 @@ def test_readme_names_the_current_hugging_face_login():
 def test_readme_states_the_exit_codes_once():
     readme = (ROOT / "README.md").read_text()
     assert readme.count("| 130 |") == 1 and "Exit codes: 2" not in readme
+
+
+def test_the_repository_points_nowhere_outside_itself():
+    """A clone alone must pass its tests: no file refers to the shared folder beside the checkout."""
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    outside = re.compile(r"\.\./shar[e]d|shar[e]d/(docs|fixtures|seed)|/work/shar[e]d")
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix in (".py", ".md", ".yml", ".yaml", ".toml", ".txt", "") and path.is_file():
+            found += [f"{name}: {line.strip()}" for line in path.read_text(errors="replace").splitlines()
+                      if outside.search(line)]
+    assert found == []

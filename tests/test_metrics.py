@@ -20,10 +20,11 @@ from tpu_grpo import metrics
 from tpu_grpo.metrics import Metrics, MetricsError, Row
 from tpu_grpo.progress import TrainStep, parse_lines
 
-FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "maxtext-0.2.3"
+from tests.conftest import DATA, FIXTURES
+
 EVENTS = FIXTURES / "tensorboard"
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
-DOC = FIXTURES.parent.parent / "docs" / "maxtext-0.2.3.md"
+DOC = DATA / "maxtext-0.2.3.md"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from tpu_grpo import progress
 from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep, parse_line
 
-FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "maxtext-0.2.3"
+from tests.conftest import FIXTURES
+
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
 
 

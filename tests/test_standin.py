@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 STANDIN = Path(__file__).resolve().parent / "standin"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "maxtext-0.2.3"
+from tests.conftest import FIXTURES
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"
 TO_HUGGINGFACE = "maxtext.checkpoint_conversion.to_huggingface"
 TRAIN_STEP = re.compile(rb"\] Train step (\d+) ")
 EVAL_STEP = re.compile(rb"Intermediate Eval \(step=(\d+)\)")
 
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared MaxText fixtures not present")
 
 
 def load_standin():
@@ -286,7 +285,7 @@ def test_fixtures_from_the_control_file_and_the_default(home, tmp_path):
     control(home, fixtures=str(copy))
     assert run(home, TRAIN_RL, *train_args(home, 50)).returncode == 0
 
-    (home / ".standin.json").unlink()  # default: <repo>/../shared/fixtures/maxtext-0.2.3
+    (home / ".standin.json").unlink()  # default: tests/data/maxtext-0.2.3
     out = run(home, TO_HUGGINGFACE, f"load_parameters_path={home}", f"base_output_directory={home}/hf")
     assert out.returncode == 0, out.stderr
 

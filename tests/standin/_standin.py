@@ -2,7 +2,7 @@
 
 Real MaxText cannot run on the test machines. The modules under ``maxtext/`` run this code
 instead: they record how they were invoked, replay the log MaxText 0.2.3 itself wrote in a
-CPU rehearsal (``shared/fixtures/maxtext-0.2.3``) and write the output tree that run wrote.
+CPU rehearsal (``tests/data/maxtext-0.2.3``) and write the output tree that run wrote.
 Control comes from ``~/.standin.json`` only, never from the environment. See README.md.
 """
 
@@ -21,7 +21,7 @@ CONTROL_FILE = ".standin.json"
 RECORDS_FILE = Path(".standin") / "records.jsonl"
 SIGNALS_FILE = Path(".standin") / "signals.jsonl"
 SHORT_NAMES = ("to_maxtext", "train_rl", "to_huggingface")
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "maxtext-0.2.3"
+DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "maxtext-0.2.3"
 DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None}
 REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4: train steps 1..4, checkpoints 1, 2, 4
 TRAIN_STEP = re.compile(rb"\] Train step (\d+) ")
@@ -118,7 +118,7 @@ def fixtures_dir(control: dict) -> Path:
     if not (folder / "output-tree.txt").is_file():
         raise StandinError(
             f"stand-in: MaxText fixtures not found at {folder} "
-            f'(set "fixtures" in ~/{CONTROL_FILE} to a readable copy of shared/fixtures/maxtext-0.2.3)', 2)
+            f'(set "fixtures" in ~/{CONTROL_FILE} to a readable copy of tests/data/maxtext-0.2.3)', 2)
     return folder
 
 
