@@ -7,8 +7,6 @@ tasks that need them, so `invoke --list` stays instant.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import json
 import sys
 from pathlib import Path
@@ -19,12 +17,6 @@ from invoke import Exit
 # Fabric, paramiko and tpu_grpo would be compiled from source on every run. Python's own setting
 # (PYTHONDONTWRITEBYTECODE, -B) still decides.
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
-
-# At exit the interpreter garbage-collects every object Invoke, Fabric and paramiko made, most of them
-# in reference cycles (modules, classes, functions): 40 to 60 ms of every run, a sixth of a no-op
-# `invoke provision`. Frozen objects are left out of those collections and the OS takes their memory
-# back at once. Output is still flushed and the exit handlers registered after this one run before it.
-atexit.register(gc.freeze)
 
 from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
 from tpu_grpo.cli import INTERRUPTED, one_line_errors, task  # noqa: E402
@@ -209,9 +201,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
             text = engine.freeze(connection, book, values, targets[0].name)
         finally:
             connection.close()
-    path = Path(lock or engine.LOCK)
-    path.write_text(text)
-    packages = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    path, packages = engine.write_lock(Path(lock or engine.LOCK), text)
     for notice in notices:
         print(f"note: {notice}")
     print(f"wrote {path}: {packages} packages from {targets[0].name}")
@@ -223,13 +213,9 @@ STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")
 
 
 def _session(host, identity, stack, wait):
-    from tpu_grpo import hosts, jobs
+    from tpu_grpo import jobs
 
-    targets = hosts.resolve(host or [], identity, stack)
-    if len(targets) > 1:  # a v6e-8 is one host; a multi-host slice's jobs would need all workers at once
-        raise hosts.HostError(f"MaxText jobs run on one host, got {len(targets)} "
-                              f"({', '.join(target.name for target in targets)}); fix: pass one --host")
-    return jobs.Session(targets[0], hosts.wait_seconds(wait))
+    return jobs.session(host, identity, stack, wait)
 
 
 def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):

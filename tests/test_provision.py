@@ -111,10 +111,10 @@ BAD_OVERRIDES = [
     ("uv_source=brew", "--var uv_source: uv_source='brew' is not one of installer, pip; fix: uv_source=installer"),
     ("python_version=3.12; rm -rf ~", "--var python_version: python_version='3.12; rm -rf ~' does not match"),
     ("maxtext_spec=maxtext", "--var maxtext_spec: maxtext_spec='maxtext' does not match"),
-    ("venv=$(reboot)", "--var venv: venv='$(reboot)' does not match"),
+    ("venv=$(reboot)", "--var 'venv=$(reboot)': venv is set by tpu-grpo itself"),
     ("colour=blue", "--var 'colour=blue': unknown variable 'colour'; fix: one of apt_upgrade,"),
     ("apt_upgrade", "--var 'apt_upgrade': not KEY=VALUE; fix: one of apt_upgrade,"),
-    ("locked=true", "--var 'locked=true': unknown variable 'locked'"),
+    ("locked=true", "--var 'locked=true': locked is set by tpu-grpo itself"),
 ]
 
 

@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -371,47 +370,6 @@ def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monke
         assert type(connection.transport.sock) is socket.socket
         assert connection.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         assert connection.run("echo plain", hide=True).stdout == "plain\n"
-    finally:
-        connection.close()
-
-
-def test_the_tcp_connection_is_open_before_paramiko_is_imported(make_host):
-    """sshd forks, loads its keys and sends its banner while Python imports paramiko and Fabric."""
-    host = make_host()
-    script = textwrap.dedent("""\
-        import socket, sys
-        from tpu_grpo import hosts
-        made = socket.create_connection
-        def create_connection(*args, **kwargs):
-            print("paramiko imported before the TCP connection:", "paramiko" in sys.modules)
-            return made(*args, **kwargs)
-        socket.create_connection = create_connection
-        connection = hosts.connect(hosts.parse(sys.argv[1], sys.argv[2]))
-        print(connection.run("echo connected", hide=True).stdout.strip())
-        connection.close()
-        """)
-    done = subprocess.run([sys.executable, "-c", script, host.spec, str(host.key)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "TPU_GRPO_STATE": str(host.state)}, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["paramiko imported before the TCP connection: False", "connected"]
-
-
-def test_a_commands_end_is_noticed_when_its_exit_status_arrives_not_at_the_next_poll(make_host, monkeypatch):
-    """Invoke's runner looks for a command's end every input_sleep (10 ms); ours wakes on paramiko's exit
-    status event. With the poll interval made an hour, only the event can end this run."""
-    host = make_host()
-    monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
-    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
-    runner = type(connection._remote_runner())
-    monkeypatch.setattr(runner, "input_sleep", 3600)
-    results = []
-    worker = threading.Thread(target=lambda: results.append(hosts.run_script(connection, "sleep 0.5; echo done; exit 3")),
-                              daemon=True)
-    try:
-        worker.start()
-        worker.join(120)
-        assert not worker.is_alive(), "the run waited for the poll, not for the exit status"
-        assert (results[0].exited, results[0].stdout) == (3, "done\n")
     finally:
         connection.close()
 

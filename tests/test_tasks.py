@@ -61,18 +61,6 @@ def test_tasks_keep_pythons_bytecode_setting_that_invoke_turns_off(tmp_path, pyt
         assert {"settings", "machines", "errors"} <= written  # imported by tasks.py and its task
 
 
-def test_tasks_leave_imported_objects_out_of_the_garbage_collections_at_exit():
-    """At exit the interpreter collects garbage over everything Invoke, Fabric and paramiko made (about
-    40 ms of every run); tasks.py freezes those objects then, after the exit handlers registered later."""
-    script = ("import atexit, gc, sys; sys.path.insert(0, sys.argv[1]); import tasks; "
-              "atexit.register(lambda: print('frozen before later handlers:', gc.get_freeze_count() > 0)); "
-              "atexit._run_exitfuncs(); print('frozen at the end:', gc.get_freeze_count() > 0)")
-    result = subprocess.run([sys.executable, "-c", script, str(ROOT)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["frozen before later handlers: False", "frozen at the end: True"]
-
-
 def test_every_task_has_help():
     listing = invoke("--list", cwd=ROOT).stdout
     tasks = [line.split()[0] for line in listing.splitlines()[2:] if line.strip() and line.startswith("  ") and not line.startswith("   ")]

@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 from tpu_grpo import settings
@@ -149,29 +148,19 @@ class _RecordNewKey:
 def connect(host: Host, notices: list[str] | None = None, wait_s: float = 0):
     """An open Fabric connection with a verified host key, or a one-line HostError.
 
-    The TCP connection comes first and paramiko is imported after it, so that sshd does its part
-    of the start (fork, load its keys, send its banner; over a real network a round trip more)
-    while Python imports paramiko and Fabric, not after.
-
     A VM that has just booted refuses SSH until sshd runs and the guest agent has made the
     user from the metadata key: with `wait_s`, such refusals are retried until it has passed.
     A changed host key is never retried."""
+    import paramiko
+
     deadline = time.monotonic() + wait_s
     while True:
         try:
             return _open(host, _tcp_connect(host), notices if notices is not None else [])
-        except _connect_errors() as error:  # evaluated only when something was raised
-            import paramiko
-
+        except (paramiko.AuthenticationException, OSError, paramiko.SSHException) as error:
             if isinstance(error, paramiko.BadHostKeyException) or time.monotonic() + RETRY_CONNECT_S > deadline:
                 raise _explained(host, error) from None
             time.sleep(RETRY_CONNECT_S)
-
-
-def _connect_errors() -> tuple[type[Exception], ...]:
-    import paramiko
-
-    return (paramiko.AuthenticationException, OSError, paramiko.SSHException)
 
 
 class _QuickAckSocket(socket.socket):
@@ -179,7 +168,8 @@ class _QuickAckSocket(socket.socket):
 
     sshd does not set TCP_NODELAY on command sessions, so a small reply it writes while an earlier
     one is unacknowledged waits for our ACK, which Linux delays by 40 ms: the first command after
-    login paid that every time. OpenSSH's own client is no faster here; paramiko was slower."""
+    login paid that every time. Measured in one run (9 interleaved rounds, 2026-12-04): a no-op
+    `invoke provision` took 0.332 s with it and 0.375 s without, 13 % more."""
 
     def recv(self, size: int, *flags) -> bytes:
         data = super().recv(size, *flags)
@@ -198,29 +188,13 @@ def _tcp_connect(host: Host) -> socket.socket:
     return sock
 
 
-@cache
-def _prompt_remote_runner():
-    """Fabric's remote runner, noticing a command's end at once instead of within 10 ms."""
-    from fabric.runners import Remote
-
-    class PromptRemote(Remote):
-        def wait(self) -> None:
-            # Invoke's Runner.wait sleeps input_sleep (10 ms) between looks; paramiko sets status_event
-            # when the exit status arrives or the channel closes. Dead reader threads are still polled.
-            while not (self.process_is_finished or self.has_dead_threads):
-                self.channel.status_event.wait(self.input_sleep)
-
-    return PromptRemote
-
-
 def _open(host: Host, sock: socket.socket, notices: list[str]):
     try:
         import fabric
         from paramiko.config import SSHConfig
 
         known_hosts = known_hosts_path()
-        config = fabric.Config(ssh_config=SSHConfig(), overrides={"run": {"in_stream": False},
-                                                                  "runners": {"remote": _prompt_remote_runner()}})
+        config = fabric.Config(ssh_config=SSHConfig(), overrides={"run": {"in_stream": False}})
         connect_kwargs = {"sock": sock, "banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": 15}
         if host.identity:
             connect_kwargs.update(key_filename=str(host.identity), look_for_keys=False, allow_agent=False)
@@ -238,9 +212,34 @@ def _open(host: Host, sock: socket.socket, notices: list[str]):
     return connection
 
 
-def run_script(connection, script: str):
+class ConnectionLost(ConnectError):
+    """The SSH connection dropped under a command (Fabric reports that as exit code -1)."""
+
+
+def bash_command(script: str, become: bool = False) -> str:
+    """The command line that runs a script: bash, as root through sudo when `become`."""
+    return ("sudo -n bash -c " if become else "bash -c ") + shlex.quote(script)
+
+
+def run(connection, command: str, **kwargs):
+    """The one way commands run on a host: connection.run, except that a dropped connection raises
+    ConnectionLost instead of passing for exit code -1, and is never reopened silently by Fabric
+    (without keepalive) on the next call."""
+    if not connection.is_connected:
+        raise ConnectionLost(f"{connection.user}@{connection.host}: the connection had dropped; fix: run the "
+                             "same command again")
+    result = connection.run(command, **kwargs)
+    if result.exited == -1:  # no exit status: the transport died, or a signal killed the command
+        connection.transport.join(1)  # the transport thread drops its channels just before it ends
+        if not connection.is_connected:
+            raise ConnectionLost(f"{connection.user}@{connection.host}: the connection dropped while a command "
+                                 "ran; fix: run the same command again")
+    return result
+
+
+def run_script(connection, script: str, become: bool = False):
     """Run a bash script on the host and return its result, whatever its exit code (the caller judges it)."""
-    return connection.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False)
+    return run(connection, bash_command(script, become), hide=True, warn=True, in_stream=False)
 
 
 def _explained(host: Host, error: Exception) -> HostError:

@@ -17,8 +17,7 @@ from typing import Callable
 
 from tpu_grpo import hosts
 from tpu_grpo.errors import UserError
-
-ROOT = "~/tpu-grpo"
+from tpu_grpo.host_paths import ROOT, TPU_LOCK
 JOBS = f"{ROOT}/jobs"
 DONE = f"{ROOT}/done"
 BUSY_EXIT = 75
@@ -106,7 +105,7 @@ def start(connection, job_id: str, command: str, meta: dict, record: str = "",
     both under the TPU's lock."""
     script = f"""set -euo pipefail
 mkdir -p {JOBS}
-exec 9>>{ROOT}/tpu.lock
+exec 9>>{TPU_LOCK}
 if ! flock -n 9; then echo "busy $(cat {ROOT}/current 2>/dev/null)"; exit {BUSY_EXIT}; fi
 {_claim_script(claim)}dir={JOBS}/{job_id}
 mkdir "$dir"
@@ -182,8 +181,8 @@ def find(jobs: list[Job], job_id: str | None) -> Job:
 
 def read_log(connection, job_id: str, offset: int = 0) -> bytes:
     """The job's log from byte `offset` on."""
-    result = connection.run(f"tail -c +{offset + 1} {JOBS}/{job_id}/log", hide=True, warn=True, in_stream=False,
-                            encoding="latin-1")
+    result = hosts.run(connection, f"tail -c +{offset + 1} {JOBS}/{job_id}/log", hide=True, warn=True,
+                       in_stream=False, encoding="latin-1")
     return result.stdout.encode("latin-1")
 
 
@@ -214,6 +213,16 @@ class Follow:
     """Where a follow stands: bytes received so far (its resume point) and reconnections made."""
     offset: int = 0
     reconnects: int = 0
+
+
+def session(specs: list[str] | None, identity: str | None, stack: str | None, wait: str | None) -> "Session":
+    """The one host MaxText jobs run on: a v6e-8 is one VM, and a multi-host slice's jobs would need
+    all its workers at once, so several hosts are refused."""
+    targets = hosts.resolve(specs or [], identity, stack)
+    if len(targets) > 1:
+        raise hosts.HostError(f"MaxText jobs run on one host, got {len(targets)} "
+                              f"({', '.join(target.name for target in targets)}); fix: pass one --host")
+    return Session(targets[0], hosts.wait_seconds(wait))
 
 
 class Session:
@@ -253,7 +262,7 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
             if _stream(connection, job_id, position, on_bytes):
                 on_bytes(_rest(connection, job_id, position))
                 return _exit_code(connection, job_id)
-        except (OSError, EOFError, paramiko.SSHException):
+        except (OSError, EOFError, paramiko.SSHException, hosts.ConnectionLost):
             pass
         position.reconnects += 1
         if on_reconnect:

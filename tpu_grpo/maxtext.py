@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tpu_grpo.errors import UserError
+from tpu_grpo.host_paths import TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
 
 STEPS = ("convert", "train", "export")
@@ -25,9 +26,6 @@ MODULES = {
     "train": "maxtext.trainers.post_train.rl.train_rl",
     "export": "maxtext.checkpoint_conversion.to_huggingface",
 }
-#: Where provisioning puts MaxText (playbooks/host.yml's `venv`) and the token (its token step).
-VENV = "~/maxtext_venv"
-TOKEN_FILE = "~/.cache/huggingface/token"
 #: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
 OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
               "hf_access_token": "the host's token file (invoke provision --tags token)",

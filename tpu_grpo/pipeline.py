@@ -14,7 +14,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, hosts, jobs, maxtext, settings
+from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, settings
 from tpu_grpo.errors import UserError
 from tpu_grpo.progress import total_steps
 
@@ -172,7 +172,7 @@ def probe(connection, run: maxtext.Run) -> Probed:
 
 def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
     """Every check in one script; each failing one prints `fail: what; fix: how`."""
-    venv = maxtext.VENV
+    venv = host_paths.VENV
     shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
     tpu = (f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
            f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
@@ -181,7 +181,7 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
     return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
 version=$({venv}/bin/python -c "import importlib.metadata as m; print(m.version('maxtext'))" 2>/dev/null || echo none)
 [ "$version" = 0.2.3 ] || echo "fail: MaxText in {venv} is $version, not 0.2.3; fix: uv run invoke provision"
-[ -s {maxtext.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
+[ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
 free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
 [ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
 mkdir -p {jobs.ROOT}

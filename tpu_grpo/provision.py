@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tpu_grpo import hosts as hosts_module
+from tpu_grpo import host_paths, hosts as hosts_module
 from tpu_grpo.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
@@ -32,7 +32,8 @@ LOCK = PLAYBOOKS / "host.lock.txt"
 STEP_KEYS = {"name", "tags", "when", "become", "network", "progress", "check", "run", "secret"}
 VAR_KEYS = {"default", "help", "pattern", "choices"}
 PLAYBOOK_KEYS = {"prelude", "vars", "steps"}
-BUILTINS = {"locked": False, "lock_requirements": ""}  # set by `--locked`, not by --var
+#: Set by the engine, not by `--var`: `--locked` and its lock, and the host paths the jobs use.
+BUILTINS = {"locked": False, "lock_requirements": "", **host_paths.playbook_values()}
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them
 # What apt, curl, uv, pip and git print when the network, not the request, failed: only such a failure
 # of a network step is retried. Anything else (no solution for a requirement, a failed build) would
@@ -202,7 +203,8 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
         if not isinstance(secret, dict) or secret.get("source") not in SECRET_SOURCES or not secret.get("dest"):
             raise PlaybookError(f"{where}: secret needs source ({', '.join(SECRET_SOURCES)}) and dest; "
                                 "fix: secret: {source: hf_token, dest: .cache/huggingface/token}")
-        dest = str(secret["dest"])
+        _templates_known(str(secret["dest"]), set(BUILTINS), where)
+        dest = render(str(secret["dest"]), BUILTINS)  # only the engine's values: known when the playbook loads
         if dest.startswith("/") or ".." in dest.split("/") or not re.fullmatch(r"[A-Za-z0-9_./-]+", dest):
             raise PlaybookError(f"{where}: secret dest {dest!r} must be a plain path under the home directory; "
                                 "fix: e.g. .cache/huggingface/token")
@@ -251,6 +253,9 @@ def resolve(book: Playbook, overrides: list[str] | None = None, lock_path: Path 
                 values[name] = book.vars[name].coerce(pinned, str(lock_path))
     for item in overrides or []:
         name, equals, text = item.partition("=")
+        if name in BUILTINS:
+            raise PlaybookError(f"--var {item!r}: {name} is set by tpu-grpo itself (where the jobs look for it: "
+                                "tpu_grpo/host_paths.py, or --locked); fix: remove this --var")
         if not equals or name not in book.vars:
             known = ", ".join(book.vars)
             raise PlaybookError(f"--var {item!r}: {'unknown variable' if equals else 'not KEY=VALUE'}"
@@ -332,6 +337,15 @@ def read_lock(path: Path) -> Lock:
     if not lines:
         raise PlaybookError(f"{path}: the lock lists no packages; fix: run `uv run invoke freeze`")
     return Lock(header.get("python", ""), header.get("uv", ""), "\n".join(lines))
+
+
+def write_lock(path: Path, text: str) -> tuple[Path, int]:
+    """Write the lock `freeze` made (via a temporary file, so a failed write leaves the old one); returns
+    its path and how many packages it pins."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+    return path, sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
 def freeze(connection, book: Playbook, values: dict, source: str) -> str:
@@ -420,8 +434,8 @@ class Planned:
             self.run = ""
         else:
             self.check_script = self._script(book, step.check)
-            self.check = _bash(self.check_script, step.become)
-            self.run = _bash(self._script(book, step.run), step.become) + " 2>&1"  # one stream, in the order written
+            self.check = hosts_module.bash_command(self.check_script, step.become)
+            self.run = hosts_module.bash_command(self._script(book, step.run), step.become) + " 2>&1"  # one stream, in the order written
 
     def _script(self, book: Playbook, text: str) -> str:
         return f"{render(book.prelude, self.values).rstrip()}\ncd\n{render(text, self.values)}"
@@ -432,11 +446,6 @@ def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Pl
     sources = {step.secret["source"] for step in book.steps if step.secret}
     secrets = {source: local_secret(source) for source in sources}
     return [Planned(book, step, values, secrets) for step in selected(book, tags)]
-
-
-def _bash(script: str, become: bool) -> str:
-    """The command line that runs a script: bash, as root through sudo when `become`."""
-    return ("sudo -n bash -c " if become else "bash -c ") + shlex.quote(script)
 
 
 _CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
@@ -458,7 +467,7 @@ def gather_script(planned: list[Planned]) -> str:
     as_root = background([item for item in checked if item.step.become])
     lines = [_CHECK_FUNCTION]
     if as_root:  # first: sudo takes longer to start than the user's checks take to run
-        lines.append(_bash("\n".join([_CHECK_FUNCTION, *as_root, "wait"]), become=True) + " &")
+        lines.append(hosts_module.bash_command("\n".join([_CHECK_FUNCTION, *as_root, "wait"]), become=True) + " &")
     return "\n".join(lines + background([item for item in checked if not item.step.become]) + ["wait"])
 
 
@@ -509,23 +518,6 @@ class _Stream:
         pass
 
 
-class ConnectionLost(Exception):
-    """The SSH connection dropped under a command (Fabric reports that as exit code -1)."""
-
-
-def _run(connection, command: str, **kwargs):
-    """connection.run, but a dropped connection raises ConnectionLost instead of passing for exit
-    code -1, and is never reopened silently by Fabric (without keepalive) on the next call."""
-    if not connection.is_connected:
-        raise ConnectionLost("the connection had dropped")
-    result = connection.run(command, **kwargs)
-    if result.exited == -1:  # no exit status: the transport died, or a signal killed the command
-        connection.transport.join(1)  # the transport thread drops its channels just before it ends
-        if not connection.is_connected:
-            raise ConnectionLost("the connection dropped while the command ran")
-    return result
-
-
 def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, check_mode: bool = False,
           tags: list[str] | None = None, on_event: Event | None = None,
           retry_delays: tuple = RETRY_DELAYS_S, wait_s: float = 0) -> Report:
@@ -543,7 +535,7 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
 
     with ThreadPoolExecutor(max(1, len(targets))) as pool:
         opened = [(host, connection) for host, connection in pool.map(open_one, targets) if connection]
-    from fabric import ThreadingGroup  # after connecting: hosts.connect overlaps this import with sshd's start
+    from fabric import ThreadingGroup
     from fabric.exceptions import GroupException
 
     try:
@@ -557,7 +549,7 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
             result = gathered[connection]
             if not isinstance(result, BaseException) and result.exited == -1:
                 connection.transport.join(1)
-                result = ConnectionLost("no exit status") if not connection.is_connected else result
+                result = hosts_module.ConnectionLost("no exit status") if not connection.is_connected else result
             if isinstance(result, BaseException):
                 reports[host.name].error = f"{host.name}: connection lost while checking ({result or type(result).__name__})"
                 continue
@@ -586,7 +578,7 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
         code, output = checks.get(item.step.index, (1, "the check did not run"))
         if code != 0 and changed_something:  # an earlier step may have put this one in place (or let its check work)
             try:
-                code = _run(connection, item.check, warn=True, hide=True).exited
+                code = hosts_module.run(connection, item.check, warn=True, hide=True).exited
             except Exception as error:  # noqa: BLE001 - as below
                 report.error = f"{report.host}: connection lost before '{name}' ({error or type(error).__name__})"
                 return
@@ -627,7 +619,7 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
         for attempt in range(1, attempts + 1):
             stream = _Stream(on_line if item.step.progress else None)
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
-            result = _run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
+            result = hosts_module.run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
                           out_stream=stream, err_stream=stream)
             if result.exited == 0 or attempt == attempts:
                 break
@@ -640,7 +632,7 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
         if result.exited != 0:
             return StepResult(name, "failed", note=f"exit code {result.exited}", exit_code=result.exited,
                               output=stream.tail())
-    verify = _run(connection, item.check, warn=True, hide=True)
+    verify = hosts_module.run(connection, item.check, warn=True, hide=True)
     if verify.exited != 0:
         tail = (verify.stdout + verify.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:]
         return StepResult(name, "failed", note="it ran, but its check still fails", exit_code=verify.exited,
@@ -652,7 +644,7 @@ def _copy_secret(connection, dest: str, value: str) -> None:
     """Write the secret through SFTP into a 0600 file, then rename: never on a command line or in a log."""
     parent = os.path.dirname(dest)
     if parent:
-        _run(connection, f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
+        hosts_module.run(connection, f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
     sftp = connection.sftp()
     partial = f"{dest}.partial"
     with sftp.open(partial, "w") as handle:

@@ -1,0 +1,12 @@
+"""Where things live on the TPU host, in one place: the jobs read these, and the playbook gets
+them as values the engine sets (not `--var`s), so what provisioning makes is what the jobs use."""
+
+VENV = "~/maxtext_venv"  # the tutorial's
+TOKEN_FILE = "~/.cache/huggingface/token"  # where huggingface_hub looks for the token
+ROOT = "~/tpu-grpo"  # jobs, step records, runs and saved models; a link to the data disk
+TPU_LOCK = f"{ROOT}/tpu.lock"  # held by a running job's processes: one TPU job at a time
+
+
+def playbook_values() -> dict[str, str]:
+    """The paths as playbook values; the home-relative ones without their `~/`."""
+    return {"venv": VENV, "token_file": TOKEN_FILE.removeprefix("~/"), "jobs_root": ROOT.removeprefix("~/")}
