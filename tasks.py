@@ -136,13 +136,14 @@ def up(c, stack=None):
 
 def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
-    from tpu_grpo import provision as engine
+    from tpu_grpo import lock as lock_module, playbook as playbook_module
 
-    book = engine.load(playbook)
-    stack_values = engine.stack_values(settings_module.load(flags.get("stack"), lenient=True))
-    values = engine.resolve(book, var, Path(lock or engine.LOCK) if locked else None, stack_values)
-    chosen_tags = engine.parse_tags(tags)
-    engine.selected(book, chosen_tags)
+    book = playbook_module.load(playbook)
+    stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))
+    pinned = lock_module.read_lock(Path(lock or lock_module.LOCK)) if locked else None
+    values = playbook_module.resolve(book, var, pinned, stack_values)
+    chosen_tags = playbook_module.parse_tags(tags)
+    playbook_module.selected(book, chosen_tags)
     _check_hosts(**flags)
     return book, values, chosen_tags
 
@@ -155,7 +156,7 @@ def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
               lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
-    from tpu_grpo import hosts, provision as engine
+    from tpu_grpo import engine, hosts, report as report_module
 
     with one_line_errors():
         book, values, chosen_tags = _check_provision(var, tags, locked, lock, playbook, host=host, identity=identity,
@@ -170,18 +171,18 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
         verb = "checking" if check else "provisioning"
         console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
                       + (" (locked)" if locked else ""))
-        with engine.LiveView(console, check) as view:
+        with report_module.LiveView(console, check) as view:
             report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view,
                                   wait_s=wait_s)
-        engine.print_summary(report, console)
+        report_module.print_summary(report, console)
     if report.failed:
         raise Exit(code=1)
 
 
 def _check_freeze(var=None, playbook=None, **flags):
-    from tpu_grpo import provision as engine
+    from tpu_grpo import playbook as playbook_module
 
-    engine.resolve(engine.load(playbook), var)
+    playbook_module.resolve(playbook_module.load(playbook), var)
     _check_hosts(**flags)
 
 
@@ -189,19 +190,19 @@ def _check_freeze(var=None, playbook=None, **flags):
     *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
-    from tpu_grpo import hosts, provision as engine
+    from tpu_grpo import hosts, lock as lock_module, playbook as playbook_module
 
     with one_line_errors():
-        book = engine.load(playbook)
-        values = engine.resolve(book, var)
+        book = playbook_module.load(playbook)
+        values = playbook_module.resolve(book, var)
         targets = hosts.resolve(host or [], identity, stack)
         notices = []
         connection = hosts.connect(targets[0], notices, hosts.wait_seconds(wait))
         try:
-            text = engine.freeze(connection, book, values, targets[0].name)
+            text = lock_module.freeze(connection, book, values, targets[0].name)
         finally:
             connection.close()
-    path, packages = engine.write_lock(Path(lock or engine.LOCK), text)
+    path, packages = lock_module.write_lock(Path(lock or lock_module.LOCK), text)
     for notice in notices:
         print(f"note: {notice}")
     print(f"wrote {path}: {packages} packages from {targets[0].name}")

@@ -261,10 +261,10 @@ def engine_checks(host: Host) -> list[tuple[str, str]]:
 
     `Planned` is the engine's per-step plan; it is the only place that renders the check command
     line (prelude, `cd`, sudo for `become`, the secret's hash comparison)."""
-    from tpu_grpo import provision as engine
+    from tpu_grpo import engine, playbook
 
-    book = engine.load(ROOT / engine.PLAYBOOK)
-    values = engine.resolve(book, host.vars)
+    book = playbook.load(ROOT / playbook.PLAYBOOK)
+    values = playbook.resolve(book, host.vars)
     os.environ["HF_TOKEN"] = MADE_UP_TOKEN
     planned = engine.plan(book, values)
     return [(item.step.name, item.check) for item in planned if not item.skip]

@@ -7,12 +7,8 @@ Every test runs real `invoke` processes, as a user would."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import FIXTURES, ROOT
-from tests.test_tasks import BIN, invoke
+from tests.test_tasks import invoke
 
 TASKS = ("plan", "settings", "up", "provision", "freeze", "convert", "train", "export", "pipeline", "logs",
          "status", "cancel", "fetch", "metrics", "down")

@@ -30,12 +30,12 @@ def test_example_stack_sets_every_required_key():
 
 
 def test_readme_documents_provisioning_and_every_playbook_variable():
-    from tpu_grpo import provision
+    from tpu_grpo import playbook
 
     readme = (ROOT / "README.md").read_text()
     for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
         assert text in readme
-    assert all(f"`{name}`" in readme for name in provision.load().vars)
+    assert all(f"`{name}`" in readme for name in playbook.load().vars)
 
 
 def test_readme_walks_a_newcomer_through_every_task():

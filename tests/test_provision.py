@@ -15,19 +15,19 @@ import yaml
 
 from infra import tpu_host
 from tests.conftest import ROOT, TUTORIAL
-from tpu_grpo import provision
-from tpu_grpo.provision import PlaybookError
+from tpu_grpo import engine, lock as host_lock, playbook
+from tpu_grpo.playbook import PlaybookError
 
-BOOK = provision.load()
-DEFAULTS = provision.resolve(BOOK)
+BOOK = playbook.load()
+DEFAULTS = playbook.resolve(BOOK)
 
 
-def step(name: str) -> provision.Step:
+def step(name: str) -> playbook.Step:
     return next(step for step in BOOK.steps if step.name == name)
 
 
 def rendered_run(name: str, values: dict = DEFAULTS) -> str:
-    return provision.render(step(name).run, values).strip()
+    return playbook.render(step(name).run, values).strip()
 
 
 # ---------------------------------------------------------------- the tutorial's section 3, exactly
@@ -88,19 +88,19 @@ def test_apt_never_asks_and_waits_for_the_dpkg_lock():
 
 
 def test_when_conditions_pick_the_steps():
-    chosen = provision.resolve(BOOK, ["uv_source=pip", "apt_upgrade=false", "extra_deps=false", "data_device="])
-    runs = {s.name for s in BOOK.steps if provision.applies(s, chosen)}
+    chosen = playbook.resolve(BOOK, ["uv_source=pip", "apt_upgrade=false", "extra_deps=false", "data_device="])
+    runs = {s.name for s in BOOK.steps if playbook.applies(s, chosen)}
     assert runs == {"build tools", "Hugging Face token", "no idle stop", "uv (pip)", "Python", "venv", "MaxText"}
-    assert {s.name for s in BOOK.steps if provision.applies(s, DEFAULTS)} == {
+    assert {s.name for s in BOOK.steps if playbook.applies(s, DEFAULTS)} == {
         s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock", "idle stop"}
-    idle = provision.resolve(BOOK, ["idle_stop_minutes=30"])
-    assert {s.name for s in BOOK.steps if s.tags == ("idle",) and provision.applies(s, idle)} == {"idle stop"}
+    idle = playbook.resolve(BOOK, ["idle_stop_minutes=30"])
+    assert {s.name for s in BOOK.steps if s.tags == ("idle",) and playbook.applies(s, idle)} == {"idle stop"}
 
 
 def test_tags_select_steps_and_an_unknown_tag_is_refused():
-    assert [s.name for s in provision.selected(BOOK, ["uv"])] == ["uv (installer)", "uv (pip)"]
+    assert [s.name for s in playbook.selected(BOOK, ["uv"])] == ["uv (installer)", "uv (pip)"]
     with pytest.raises(PlaybookError, match=r"--tags 'gpu' matches no step; fix: one of apt, disk"):
-        provision.selected(BOOK, ["gpu"])
+        playbook.selected(BOOK, ["gpu"])
 
 
 # ---------------------------------------------------------------- bad input: one line naming where and the fix
@@ -121,7 +121,7 @@ BAD_OVERRIDES = [
 @pytest.mark.parametrize("override,message", BAD_OVERRIDES)
 def test_bad_var_is_one_clear_line(override, message):
     with pytest.raises(PlaybookError) as error:
-        provision.resolve(BOOK, [override])
+        playbook.resolve(BOOK, [override])
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
@@ -160,7 +160,7 @@ BAD_BOOKS = [
 def test_bad_playbook_names_file_line_and_step(tmp_path, text, message):
     path = write_book(tmp_path, text)
     with pytest.raises(PlaybookError) as error:
-        provision.load(path)
+        playbook.load(path)
     assert str(error.value).startswith(f"{path}{message}") and "\n" not in str(error.value)
 
 
@@ -191,7 +191,7 @@ def test_bad_hosts_tags_and_locks_are_one_line(argv, message):
 
 
 def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
-    book = provision.load(write_book(tmp_path, """\
+    book = playbook.load(write_book(tmp_path, """\
         prelude: |
           set -euo pipefail
           greet() { echo "hello from $(id -un)"; }
@@ -223,26 +223,26 @@ def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_pa
         vars:
           never: {default: false}
         """))
-    values = provision.resolve(book)
-    planned = provision.plan(book, values)
-    script = provision.gather_script(planned)
+    values = playbook.resolve(book)
+    planned = engine.plan(book, values)
+    script = engine.gather_script(planned)
     assert script.count("sudo ") == 1  # one sudo for every `become` check: sudo costs as much as a check
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
     # the output of a failing check only: it says why in `--check`, and a passing check's is never shown
-    assert provision.parse_gathered(done.stdout) == {0: (0, ""), 1: (3, "it's not there"),
+    assert engine.parse_gathered(done.stdout) == {0: (0, ""), 1: (3, "it's not there"),
                                                       3: (1, "first"), 4: (0, ""), 5: (1, "")}
 
 
 def test_lock_lines_are_checked_before_they_reach_a_command(tmp_path):
     lock = tmp_path / "host.lock.txt"
     lock.write_text("# python: 3.12.1\n# uv: 0.13.9\nsix==1.16.0\nvllm @ git+https://github.com/vllm-project/vllm@2131b597\n")
-    parsed = provision.read_lock(lock)
+    parsed = host_lock.read_lock(lock)
     assert (parsed.python, parsed.uv) == ("3.12.1", "0.13.9")
-    values = provision.resolve(BOOK, [], lock)
+    values = playbook.resolve(BOOK, [], parsed)
     assert values["locked"] and values["python_version"] == "3.12.1" and values["uv_version"] == "0.13.9"
     lock.write_text("six==1.16.0\nevil; rm -rf ~\n")
     with pytest.raises(PlaybookError, match=r"host.lock.txt:2: 'evil; rm -rf ~' is not 'name==version'"):
-        provision.read_lock(lock)
+        host_lock.read_lock(lock)
 
 
 EXTRA_DEPS = """\
@@ -267,7 +267,7 @@ def test_extra_deps_check_reads_the_pinned_commits_from_the_installed_maxtext(tm
     (site / "dependencies" / "__init__.py").write_text("")
     (site / "dependencies" / "extra_deps" / "__init__.py").write_text("")
     (site / "dependencies" / "extra_deps" / "post_train_github_deps.txt").write_text(EXTRA_DEPS)
-    check = provision.render(step("MaxText post-training extra deps").check, {**DEFAULTS, "venv": str(folder)})
+    check = playbook.render(step("MaxText post-training extra deps").check, {**DEFAULTS, "venv": str(folder)})
     first = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
     assert first.returncode == 1 and "google-tunix is not installed at commit 683256db" in first.stderr
     assert "vllm is not installed at commit 2131b597" in first.stderr  # every problem, not only the first
@@ -288,24 +288,24 @@ def test_the_local_token_comes_from_env_then_the_hf_token_file(tmp_path, monkeyp
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    assert provision.local_secret("hf_token") is None
+    assert engine.local_secret("hf_token") is None
     (tmp_path / "token").write_text("hf_fromfile\n")
-    assert provision.local_secret("hf_token") == "hf_fromfile"
+    assert engine.local_secret("hf_token") == "hf_fromfile"
     monkeypatch.setenv("HF_TOKEN", "hf_fromenv")
-    assert provision.local_secret("hf_token") == "hf_fromenv"
+    assert engine.local_secret("hf_token") == "hf_fromenv"
 
 
 def test_every_variable_has_help_and_a_valid_default():
-    document = yaml.safe_load(provision.PLAYBOOK.read_text())
+    document = yaml.safe_load(playbook.PLAYBOOK.read_text())
     for name, spec in document["vars"].items():
         assert spec.get("help"), name
-        assert provision.resolve(BOOK, [f"{name}={str(spec['default']).lower()}"])[name] == spec["default"]
+        assert playbook.resolve(BOOK, [f"{name}={str(spec['default']).lower()}"])[name] == spec["default"]
 
 
 def test_maxtext_check_reads_the_installed_version_from_its_dist_info(tmp_path):
     site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
     site.mkdir(parents=True)
-    check = provision.render(step("MaxText").check, {**DEFAULTS, "venv": str(tmp_path / "venv")})
+    check = playbook.render(step("MaxText").check, {**DEFAULTS, "venv": str(tmp_path / "venv")})
     missing = subprocess.run(["bash", "-c", check], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stdout == "maxtext (none) installed, 0.2.3 wanted\n"
     (site / "maxtext-0.2.2.dist-info").mkdir()
@@ -322,7 +322,7 @@ def test_uv_check_compares_the_whole_version(tmp_path, prints, passes):
     (tmp_path / "uv").write_text(f"#!/bin/sh\necho '{prints}'\n")
     (tmp_path / "uv").chmod(0o755)
     for name in ("uv (installer)", "uv (pip)"):
-        check = provision.render(step(name).check, {**DEFAULTS, "uv_version": "0.13.9"})
+        check = playbook.render(step(name).check, {**DEFAULTS, "uv_version": "0.13.9"})
         done = subprocess.run(["bash", "-c", check], env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
         assert (done.returncode == 0) == passes
     (tmp_path / "uv").unlink()

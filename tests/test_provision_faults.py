@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests import sshd as harness
 from tests.conftest import ROOT, TEST_TOKEN
-from tpu_grpo import hosts, provision
+from tpu_grpo import engine, hosts, playbook
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts, namespaces)")
 
@@ -230,9 +230,9 @@ def without_ninja():
 
 def test_every_step_that_changes_a_fresh_host_has_a_kill_point():
     """Guards KILL_POINTS: a step added to host.yml gets a connection kill of its own."""
-    book = provision.load()
-    values = provision.resolve(book, [*harness.TEST_VARS, "data_device=/dev/loop7", "data_mount=/mnt/data"])
-    runs = {step.name for step in book.steps if provision.applies(step, values)}
+    book = playbook.load()
+    values = playbook.resolve(book, [*harness.TEST_VARS, "data_device=/dev/loop7", "data_mount=/mnt/data"])
+    runs = {step.name for step in book.steps if playbook.applies(step, values)}
     assert runs == set(KILL_POINTS) | ALREADY_RIGHT
 
 
@@ -257,8 +257,8 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
         elif kind == "done" and name == step:
             killer.step_done.set()
 
-    book = provision.load()
-    report = provision.apply(book, provision.resolve(book, host.vars), [target], on_event=on_event,
+    book = playbook.load()
+    report = engine.apply(book, playbook.resolve(book, host.vars), [target], on_event=on_event,
                              retry_delays=(0.1,))
     killer.join()
     wait_for_sudo_to_end(user)
@@ -293,8 +293,8 @@ def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, without_ni
     lock = os.open("/var/lib/dpkg/lock-frontend", os.O_RDWR)
     fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dpkg's own kind of lock, as apt would hold it
     threading.Timer(3, os.close, [lock]).start()
-    book = provision.load()
-    report = provision.apply(book, provision.resolve(book, host.vars), [hosts.Host(host.user.name, "127.0.0.1",
+    book = playbook.load()
+    report = engine.apply(book, playbook.resolve(book, host.vars), [hosts.Host(host.user.name, "127.0.0.1",
                              host.sshd.port, host.key)], tags=["apt"], retry_delays=())
     build_tools = next(result for result in report.hosts[0].steps if result.step == "build tools")
     assert (build_tools.status, build_tools.seconds > 3) == ("changed", True), build_tools

@@ -248,7 +248,7 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
 def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: str = "progress"):
     """Apply one step (`kind`: progress or network) running `script` to the host, retrying after 0.1 s:
     (its result, the events seen, timed)."""
-    from tpu_grpo import hosts, provision
+    from tpu_grpo import engine, hosts, playbook
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     book = tmp_path / "book.yml"
@@ -256,7 +256,7 @@ def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: 
     book.write_text(f"steps:\n  - name: the step\n    {kind}: true\n    check: {check}\n    run: |\n{body}")
     seen = []
     target = hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)
-    report = provision.apply(provision.load(book), {}, [target], retry_delays=(0.1, 0.1),
+    report = engine.apply(playbook.load(book), {}, [target], retry_delays=(0.1, 0.1),
                              on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
     return report.hosts[0].steps[0], seen
 

@@ -56,7 +56,7 @@ def build(stack: str | None = None) -> Plan:
     """Run the program offline on the stack file; placeholders become `pending`, not errors."""
     from infra import offline
     from infra.tpu_host import gcloud_create_command
-    from tpu_grpo import provision, stack as stack_module
+    from tpu_grpo import stack as stack_module
 
     stack = stack or settings_module.stack_name()
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
@@ -80,7 +80,7 @@ def build(stack: str | None = None) -> Plan:
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             note=cost_note(settings),
         ),
-        provision=provision_steps(provision, settings),
+        provision=provision_steps(settings),
         jobs=job_scripts(stack),
     )
 
@@ -104,14 +104,16 @@ def job_scripts(stack: str) -> list[dict[str, str]]:
     return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
 
 
-def provision_steps(provision, settings) -> list[dict[str, Any]]:
+def provision_steps(settings) -> list[dict[str, Any]]:
     """The playbook's steps with its default variables and the stack's: what `invoke provision` checks,
     and what it may run."""
-    book = provision.load()
-    values = provision.resolve(book, stack=provision.stack_values(settings))
-    return [{"step": step.name, "runs": provision.applies(step, values), "when": list(step.when),
+    from tpu_grpo import playbook
+
+    book = playbook.load()
+    values = playbook.resolve(book, stack=playbook.stack_values(settings))
+    return [{"step": step.name, "runs": playbook.applies(step, values), "when": list(step.when),
              "as": "root" if step.become else "ssh user", "tags": list(step.tags),
-             "command": provision.render(step.run, values).strip() if step.run else f"copy {step.secret['source']} "
+             "command": playbook.render(step.run, values).strip() if step.run else f"copy {step.secret['source']} "
                         f"to ~/{step.secret['dest']} (mode 600, over SFTP)"} for step in book.steps]
 
 
