@@ -104,7 +104,8 @@ class TestHost:
         """What this machine allows: no apt upgrade, uv from PyPI, a small real package for MaxText."""
         from tests.sshd import TEST_VARS
 
-        return [*TEST_VARS, f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
+        disk = [f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"] if self.disk else ["data_device="]
+        return [*TEST_VARS, *disk]
 
     def argv(self, task: str, *args: str, vars: bool = True) -> list[str]:
         argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), task, "--host", self.spec, "--identity", str(self.key)]
@@ -126,6 +127,35 @@ class TestHost:
         return subprocess.run(["/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c", command],
                               capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home),
                                    "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
+
+    def own(self, path: Path) -> None:
+        """Give a tree under the user's home to the user."""
+        subprocess.run(["chown", "-R", f"{self.user.name}:", str(path)], check=True)
+
+    @property
+    def python(self) -> str:
+        """A Python 3.12 the user can run (the VM's, as the tutorial has it)."""
+        from tests import sshd as harness
+
+        return f"{harness.python312_bin()}/python3.12"
+
+
+@dataclass
+class ThrowawayTestHost(TestHost):
+    """A TestHost on a throwaway host (tests/rootfs.py): commands as the user run in its root."""
+
+    def run_as_user(self, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["/usr/sbin/chroot", str(self.sshd.root), "/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c",
+                               command], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "HOME": f"/home/{self.user.name}"})
+
+    def own(self, path: Path) -> None:
+        inside = "/" + str(path.relative_to(self.sshd.root))
+        self.sshd.chroot("chown", "-R", f"{self.user.name}:{self.user.name}", inside)
+
+    @property
+    def python(self) -> str:
+        return "/usr/bin/python3"  # Debian 12's 3.11: enough for the stand-in (its standard library only)
 
 
 def statuses(result) -> dict[str, str]:
@@ -170,7 +200,7 @@ class WorkloadHost:
     host: TestHost
 
     def control(self, **values) -> None:
-        control = {"fixtures": str(self.host.user.home / "fixtures"), "line_delay_s": 0.0, **values}
+        control = {"fixtures": f"/home/{self.host.user.name}/fixtures", "line_delay_s": 0.0, **values}
         (self.host.user.home / ".standin.json").write_text(json.dumps(control))
 
     def records(self, name: str = "records") -> list[dict]:
@@ -202,23 +232,35 @@ class WorkloadHost:
 def prepare_workload(host: TestHost) -> WorkloadHost:
     """Give a test host the stand-in MaxText: a Python 3.12 venv at ~/maxtext_venv whose .pth adds
     tests/standin, the fixtures the stand-in replays, and the token in its file."""
-    from tests import sshd as harness
-
-    home, user = host.user.home, host.user.name
-    standin = home / "standin"
-    shutil.copytree(ROOT / "tests" / "standin", standin, ignore=shutil.ignore_patterns("__pycache__"))
+    home = host.user.home
+    shutil.copytree(ROOT / "tests" / "standin", home / "standin", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(FIXTURES, home / "fixtures")
     (home / ".cache/huggingface").mkdir(parents=True)
     (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
-    subprocess.run(["chown", "-R", f"{user}:", str(home)], check=True)
     subprocess.run(["chmod", "-R", "u+w", str(home / "fixtures")], check=True)
-    python = f"{harness.python312_bin()}/python3.12"
-    made = host.run_as_user(f"{python} -m venv --without-pip ~/maxtext_venv && "
-                            f"echo {standin} > $(ls -d ~/maxtext_venv/lib/python3.12/site-packages)/standin.pth")
+    host.own(home)
+    made = host.run_as_user(f"{host.python} -m venv --without-pip ~/maxtext_venv && "
+                            "echo $HOME/standin > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/standin.pth")
     assert made.returncode == 0, made.stderr
     workload = WorkloadHost(host)
     workload.control()
     return workload
+
+
+@pytest.fixture
+def throwaway_workload_host(key_pair, tmp_path_factory):
+    """A workload host of its own root file system and namespaces (tests/rootfs.py): what a test
+    provisions there never lands on this machine."""
+    from tests import rootfs
+
+    host = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
+    try:
+        host.start()
+        state = tmp_path_factory.mktemp("state")
+        (state / "known_hosts").write_text(host.known_hosts_line)
+        yield prepare_workload(ThrowawayTestHost(host, host.user, None, key_pair[0], state))
+    finally:
+        host.remove()
 
 
 @pytest.fixture
