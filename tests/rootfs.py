@@ -19,11 +19,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.sshd import free_port, sh
+from tests.sshd import accepted, free_port, sh, start_sshd
 
 SUITE = "bookworm"
 PACKAGES = "openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd"
@@ -110,18 +109,12 @@ class ThrowawayHost:
             "SetEnv PATH=/usr/local/bin:/usr/bin:/bin", ""]))
         inside = (f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/dev/shm && "
                   f"exec /usr/sbin/chroot {self.root} /usr/sbin/sshd -D -e -f /etc/ssh/sshd_test_config")
-        self.process = subprocess.Popen(
-            ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={self.root}/proc", "sh", "-c", inside],
-            stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
-        deadline = time.monotonic() + 10
-        while "Server listening" not in self.log.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the throwaway host's sshd did not start: {self.log.read_text()}")
-            time.sleep(0.02)
+        self.process = start_sshd(
+            ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={self.root}/proc", "sh", "-c", inside], self.log)
         return self
 
     def accepted(self, user: str) -> int:
-        return self.log.read_text(errors="replace").count(f"Accepted publickey for {user} ")
+        return accepted(self.log, user)
 
     def first_process(self) -> int | None:
         """The PID (as the test machine sees it) of the host's PID 1: the child of `unshare --fork`."""

@@ -83,6 +83,22 @@ def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=check, capture_output=True, text=True, **kwargs)
 
 
+def start_sshd(argv: list[str], log: Path) -> subprocess.Popen:
+    """Start an sshd in the foreground (`-D -e`), its messages to `log`; returns once it listens."""
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+    deadline = time.monotonic() + 10
+    while "Server listening" not in log.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"sshd did not start ({' '.join(argv)}): {log.read_text()}")
+        time.sleep(0.02)
+    return process
+
+
+def accepted(log: Path, user: str) -> int:
+    """How many SSH connections an sshd has accepted for the user, from its log."""
+    return log.read_text(errors="replace").count(f"Accepted publickey for {user} ")
+
+
 def install_login_shell() -> None:
     """A bash that appends every `-c` command line it is given to the user's command log."""
     COMMAND_LOG_DIR.mkdir(mode=0o1777, exist_ok=True)
@@ -223,18 +239,12 @@ class Sshd:
             "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "MaxStartups 100",
             f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={path}", ""]))
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        self.process = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
-                                        stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
-        deadline = time.monotonic() + 10
-        while "Server listening" not in self.log.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sshd did not start: {self.log.read_text()}")
-            time.sleep(0.02)
+        self.process = start_sshd([*prefix, SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")], self.log)
         return self
 
     def accepted(self, user: str) -> int:
         """How many SSH connections this sshd has accepted for the user."""
-        return self.log.read_text(errors="replace").count(f"Accepted publickey for {user} ")
+        return accepted(self.log, user)
 
     def kill_sessions(self, user: str) -> None:
         """Drop every live connection of the user, as a dead link would: its sshd and what runs under it."""
