@@ -21,6 +21,31 @@ DATA = ROOT / "tests" / "data"  # what the tests read: see its README
 TUTORIAL = DATA / "tutorial.md"
 
 
+#: The host tier: the fixtures that make real test hosts (users, sudo, mounts, namespaces: root only).
+#: A test using one, directly or through another fixture, is part of it; so is a test marked
+#: `needs_root` (it runs something as root on this machine itself).
+HOST_TIER_FIXTURES = {"sshd", "throwaway_host"}
+HOST_TIER_COMMAND = "sudo uv run pytest"
+
+
+def pytest_collection_modifyitems(config, items):
+    """As a non-root user, run the unit tier and skip the host tier (it needs root)."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason=f"the host tier needs root: {HOST_TIER_COMMAND}")
+    for item in items:
+        if HOST_TIER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("needs_root"):
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.geteuid() != 0:
+        skipped = len(terminalreporter.stats.get("skipped", []))
+        terminalreporter.write_line(f"ran the unit tier only: the host tier ({skipped} skipped: real SSH hosts, "
+                                    f"with users, sudo, mounts and namespaces) needs root; run it with: "
+                                    f"{HOST_TIER_COMMAND}")
+
+
 @pytest.fixture(autouse=True)
 def no_pulumi_env(monkeypatch):
     """Pulumi falls back to PULUMI_CONFIG* env vars: keep the developer's out of the tests."""
@@ -248,19 +273,24 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
 
 
 @pytest.fixture
-def throwaway_workload_host(key_pair, tmp_path_factory):
-    """A workload host of its own root file system and namespaces (tests/rootfs.py): what a test
-    provisions there never lands on this machine."""
+def throwaway_host(key_pair):
+    """A host of its own root file system and namespaces (tests/rootfs.py): what a test provisions
+    there never lands on this machine. Removed afterwards, every process and mount of it."""
     from tests import rootfs
 
     host = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
     try:
-        host.start()
-        state = tmp_path_factory.mktemp("state")
-        (state / "known_hosts").write_text(host.known_hosts_line)
-        yield prepare_workload(ThrowawayTestHost(host, host.user, None, key_pair[0], state))
+        yield host.start()
     finally:
         host.remove()
+
+
+@pytest.fixture
+def throwaway_workload_host(throwaway_host, key_pair, tmp_path_factory):
+    """A throwaway host with the stand-in MaxText, as `workload_host` has it."""
+    state = tmp_path_factory.mktemp("state")
+    (state / "known_hosts").write_text(throwaway_host.known_hosts_line)
+    return prepare_workload(ThrowawayTestHost(throwaway_host, throwaway_host.user, None, key_pair[0], state))
 
 
 @pytest.fixture

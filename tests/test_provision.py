@@ -190,6 +190,7 @@ def test_bad_hosts_tags_and_locks_are_one_line(argv, message):
 # ---------------------------------------------------------------- the round trip and the checks, run for real
 
 
+@pytest.mark.needs_root  # its `become` checks run through sudo here
 def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
     book = playbook.load(write_book(tmp_path, """\
         prelude: |

@@ -33,7 +33,6 @@ from tests import sshd as harness
 from tests.conftest import ROOT, TEST_TOKEN
 from tpu_grpo import engine, hosts, playbook
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the real SSH hosts need root (users, sudo, mounts, namespaces)")
 
 # Every step of playbooks/host.yml that changes a fresh test host, and the program its `run`
 # starts there (how its command line begins, and words in it): the kill waits until that

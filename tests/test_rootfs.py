@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -12,17 +11,13 @@ import pytest
 
 from tests import rootfs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="throwaway hosts need root (mounts, namespaces)")
-
 
 @pytest.fixture
-def host(key_pair):
-    made = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
-    try:
-        yield made.start()
-    finally:
-        made.remove()
-    assert not made.folder.exists() and str(made.root) not in Path("/proc/self/mounts").read_text()
+def host(throwaway_host):
+    yield throwaway_host
+    throwaway_host.remove()  # again: removing is idempotent, and leaves nothing behind
+    assert not throwaway_host.folder.exists()
+    assert str(throwaway_host.root) not in Path("/proc/self/mounts").read_text()
 
 
 def connect(host, key_pair, tmp_path) -> fabric.Connection:
