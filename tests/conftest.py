@@ -153,6 +153,10 @@ class TestHost:
                               capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home),
                                    "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
 
+    def on_host(self, *argv: str) -> subprocess.CompletedProcess:
+        """Run a command as root where the host's processes and files are (here: this machine)."""
+        return subprocess.run(argv, capture_output=True, text=True)
+
     def own(self, path: Path) -> None:
         """Give a tree under the user's home to the user."""
         subprocess.run(["chown", "-R", f"{self.user.name}:", str(path)], check=True)
@@ -173,6 +177,11 @@ class ThrowawayTestHost(TestHost):
         return subprocess.run(["/usr/sbin/chroot", str(self.sshd.root), "/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c",
                                command], capture_output=True, text=True,
                               env={"PATH": "/usr/bin:/bin", "HOME": f"/home/{self.user.name}"})
+
+    def on_host(self, *argv: str) -> subprocess.CompletedProcess:
+        """Run a command as root in the host's own namespaces and root (its processes, its /dev/shm)."""
+        return subprocess.run(["nsenter", f"--target={self.sshd.first_process()}", "--mount", "--pid", "--root",
+                               "--wd", *argv], capture_output=True, text=True)
 
     def own(self, path: Path) -> None:
         inside = "/" + str(path.relative_to(self.sshd.root))
@@ -249,9 +258,13 @@ class WorkloadHost:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def processes(self) -> list[str]:
-        """The user's processes still alive (command lines), sshd's own aside."""
-        result = subprocess.run(["ps", "-u", self.host.user.name, "-o", "args="], capture_output=True, text=True)
+        """The user's processes still alive on the host (command lines), sshd's own aside."""
+        result = self.host.on_host("ps", "-u", self.host.user.name, "-o", "args=")
         return [line for line in result.stdout.splitlines() if line.strip() and not line.startswith("sshd")]
+
+    def restart_empties_shm(self) -> None:
+        """What a VM restart does to /dev/shm: MaxText's converted and trained checkpoints are gone."""
+        self.host.on_host("rm", "-rf", *SHM_DIRS)
 
 
 def prepare_workload(host: TestHost) -> WorkloadHost:
@@ -294,8 +307,7 @@ def throwaway_workload_host(throwaway_host, key_pair, tmp_path_factory):
 
 
 @pytest.fixture
-def workload_host(make_host):
-    """One fresh test host with the stand-in MaxText in its venv; /dev/shm cleaned afterwards."""
-    yield prepare_workload(make_host())
-    for folder in SHM_DIRS:
-        shutil.rmtree(folder, ignore_errors=True)
+def workload_host(throwaway_workload_host):
+    """One fresh host with the stand-in MaxText in its venv: a throwaway host, whose /dev/shm and
+    processes are its own and go with it."""
+    return throwaway_workload_host

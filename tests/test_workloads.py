@@ -201,8 +201,8 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
     assert host.records("signals") == [{"module": "maxtext.trainers.post_train.rl.train_rl", "pid": maxtext_pid,
                                         "signal": "SIGTERM"}]
     assert time.monotonic() - asked < jobs.CANCEL_GRACE_S
-    pgid = host.records()[-1]["pgid"]
-    assert subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).stdout == b""
+    pgid = host.records()[-1]["pgid"]  # as the host numbers it
+    assert host.host.on_host("pgrep", "-g", str(pgid)).stdout == ""
     wait_for(lambda: not [p for p in host.processes() if "maxtext" in p or "run.sh" in p], 10, "no job process")
     status = json.loads(host.invoke("status", "--json").stdout)
     assert status["jobs"][-1]["state"] == "cancelled" and status["jobs"][-1]["exit_code"] == 143
@@ -387,8 +387,7 @@ def test_save_keeps_events_and_checkpoint_so_metrics_outlive_dev_shm(workload_ho
     check = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=checkpoint, capture_output=True)
     assert check.returncode == 0, check.stdout
 
-    for folder in SHM_DIRS:  # what a VM restart does to /dev/shm
-        shutil.rmtree(folder, ignore_errors=True)
+    host.restart_empties_shm()
     metrics = host.invoke("metrics", "--run", run_name, "--json", "--out", str(tmp_path / "m.png"))
     assert metrics.returncode == 0, metrics.stderr
     found = json.loads(metrics.stdout)
