@@ -299,11 +299,17 @@ def throwaway_host(key_pair):
 
 
 @pytest.fixture
-def throwaway_workload_host(throwaway_host, key_pair, tmp_path_factory):
-    """A throwaway host with the stand-in MaxText, as `workload_host` has it."""
+def throwaway_test_host(throwaway_host, key_pair, tmp_path_factory) -> ThrowawayTestHost:
+    """A throwaway host as the tests drive it: `invoke ... --host` with its key and known_hosts."""
     state = tmp_path_factory.mktemp("state")
     (state / "known_hosts").write_text(throwaway_host.known_hosts_line)
-    return prepare_workload(ThrowawayTestHost(throwaway_host, throwaway_host.user, None, key_pair[0], state))
+    return ThrowawayTestHost(throwaway_host, throwaway_host.user, None, key_pair[0], state)
+
+
+@pytest.fixture
+def throwaway_workload_host(throwaway_test_host):
+    """A throwaway host with the stand-in MaxText, as `workload_host` has it."""
+    return prepare_workload(throwaway_test_host)
 
 
 @pytest.fixture
