@@ -10,7 +10,6 @@ import base64
 import hashlib
 import json
 import math
-import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -266,17 +265,21 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
     if keep_checkpoint:
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
-    encoded = base64.b64encode(identity(run, "export").encode()).decode()
-    record = saved_record(run.run_name)
-    hosts.run_script(connection, f"echo {encoded} | base64 -d > {record}.tmp && mv {record}.tmp {record}")
+    _write_record(connection, saved_record(run.run_name), identity(run, "export"))
     return destination
+
+
+def _write_record(connection, path: str, text: str) -> None:
+    """Write a small record on the host whole or not at all (a temporary file, then a rename)."""
+    encoded = base64.b64encode(text.encode()).decode()
+    hosts.run_script(connection, f'mkdir -p "$(dirname {path})" && echo {encoded} | base64 -d > {path}.tmp '
+                                 f'&& mv {path}.tmp {path}')
 
 
 def write_record(connection, run: maxtext.Run) -> None:
     """Note that this run was started with these inputs: a re-run without --run-name continues it."""
-    record = {"run": run.run_name, "inputs": pipeline_inputs(run)}
-    encoded = shlex.quote(json.dumps(record))
-    hosts.run_script(connection, f"mkdir -p {PIPELINES} && printf '%s' {encoded} > {PIPELINES}/{run.run_name}.json")
+    _write_record(connection, f"{PIPELINES}/{run.run_name}.json",
+                  json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
 
 
 def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:

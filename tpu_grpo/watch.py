@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tpu_grpo import hosts, jobs, settings
+from tpu_grpo import host_paths, hosts, jobs, settings
 from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
@@ -114,13 +114,10 @@ def progress_of(connection, found: list[jobs.Job]) -> dict | None:
     return {"job": job.id, "run": job.run, **tracker.summary()}
 
 
-IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # written by playbooks/host.yml, step "idle stop"
-
-
 def idle_stop(connection) -> dict | None:
     """When the VM powers itself off (its idle-stop timer), or None when it never does. This very
     session counts as activity, so the earliest is the idle time from now."""
-    result = hosts.run_script(connection, f"cat {IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
+    result = hosts.run_script(connection, f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
     values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and line[0] != "#")
     minutes = int(values.get("IDLE_MINUTES") or 0)
     if not minutes:
