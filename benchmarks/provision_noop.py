@@ -1,9 +1,10 @@
-"""A no-op `invoke provision` against ansible-core doing the same checks, on one real sshd.
+"""A no-op `invoke provision` against ansible-core doing the same checks, on one throwaway host.
 
     uv run python -m benchmarks.provision_noop [--runs N] [--json] [--no-bytecode-cache] [--rtt-ms MS]   (as root)
 
-In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests' `sshd` and
-`make_host` fixtures: a fresh user with passwordless sudo, a loop device as the data disk):
+In one run, against ONE throwaway host (tests/rootfs.py, as the tests' `make_host` makes it: a root
+file system and namespaces of its own, its sshd on 127.0.0.1, a user with passwordless sudo, a loop
+device as the data disk):
 
 1. converge the host once with the real CLI, `invoke provision`, with the tests' variables;
 2. install ansible-core into a throwaway venv in a temp folder (never the project's
@@ -29,9 +30,8 @@ In one run, against ONE sshd on 127.0.0.1 (tests/sshd.py, set up like the tests'
    connections each tool opened per run (from the sshd log's "Accepted publickey for USER");
 7. with --rtt-ms, both tools reach the sshd through a relay that delays each direction by half that
    round-trip time (benchmarks/latency.py), as from a laptop to a VM;
-8. remove everything it made, even on failure: user, mount, loop device, the /etc/fstab line
-   the data disk step added, the sshd (and relay), the mode of /root, the temp folder (with the
-   venvs and ansible's SSH masters).
+8. remove everything it made, even on failure: the host (its processes and mounts go with it),
+   the loop device, the relay, the temp folder (with the venvs and ansible's SSH masters).
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ from benchmarks.latency import DelayedRelay
 
 ROOT = Path(__file__).resolve().parent.parent
 MADE_UP_TOKEN = "hf_" + "BenchMadeUpToken" + "q8Wd3Kx1Nv"  # never a real token
-MOUNT_BASE = Path("/mnt/tpu-grpo-bench")
 _RECAP = re.compile(r"^\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -79,8 +78,7 @@ class BenchError(Exception):
 
 @dataclass
 class Host:
-    sshd: object
-    user: object
+    vm: object
     disk: object
     key: Path
     state: Path
@@ -89,19 +87,23 @@ class Host:
     bytecode_cache: bool = True  # see python_env
 
     @property
+    def user(self):
+        return self.vm.user
+
+    @property
     def spec(self) -> str:
-        return f"{self.user.name}@{self.sshd.address}:{self.port}"
+        return f"{self.user.name}@{self.vm.address}:{self.port}"
 
     @property
     def known_hosts_line(self) -> str:
-        return self.sshd.known_hosts_line_at(self.port)
+        return self.vm.known_hosts_line_at(self.port)
 
     @property
     def vars(self) -> list[str]:
         """The tests' variables: what this machine allows."""
-        from tests.sshd import TEST_VARS
+        from tests.rootfs import TEST_VARS
 
-        return [*TEST_VARS, f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"]
+        return [*TEST_VARS, f"data_device={self.disk.device}"]
 
 
 def _guarded(what: str, action, *args) -> None:
@@ -113,46 +115,37 @@ def _guarded(what: str, action, *args) -> None:
 
 
 def make_host(stack: contextlib.ExitStack, rtt_ms: float) -> Host:
-    """sshd on 127.0.0.1 (behind a relay adding `rtt_ms`, if any), a fresh user and a loop-device data
-    disk; every undo registered on `stack`."""
-    from tests import sshd as harness
+    """A throwaway host (tests/rootfs.py: a root file system and namespaces of its own, its sshd on
+    127.0.0.1, behind a relay adding `rtt_ms` if any) with a loop-device data disk; every undo
+    registered on `stack`."""
+    from tests import rootfs
 
-    harness.python312_bin()  # fails early, with its message, on a machine without Python 3.12
-    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-bench-"))  # 0700 by default: sshd reads keys as the user
+    rootfs.python312_bin()  # fails early, with its message, on a machine without Python 3.12
+    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-bench-"))
     stack.callback(_guarded, f"remove {folder}", shutil.rmtree, folder)
-    folder.chmod(0o755)
 
     keys = folder / "client"
     keys.mkdir(mode=0o700)
     key = keys / "id_ed25519"
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench@tpu-grpo", "-f", str(key))
-    authorized = folder / "authorized_keys"
-    authorized.write_text(Path(f"{key}.pub").read_text())
 
-    stack.enter_context(harness.root_home_traversable())
+    disk = rootfs.DataDisk.attach(folder / "data.img", 64)
+    stack.callback(_guarded, "detach the data disk", disk.detach)
+    vm = rootfs.ThrowawayHost(folder / "host", Path(f"{key}.pub").read_text(), disk_device=disk.device,
+                              login_shell="/bin/bash")  # bash as on a VM, not the tests' recording shell
+    stack.callback(_guarded, "remove the throwaway host", vm.remove)  # runs before the detach
+    vm.start()
+    say(f"throwaway host with its sshd on 127.0.0.1:{vm.port} (log {vm.log}), data disk {disk.device}")
 
-    server = harness.Sshd(folder / "loopback", authorized)
-    stack.callback(_guarded, "stop sshd", server.stop)
-    server.start()
-    say(f"sshd on 127.0.0.1:{server.port} (log {server.log})")
-
-    disk = harness.LoopDisk(folder / "data.img")
-    stack.callback(_guarded, "detach the data disk", _detach, disk)
-    disk.attach()
-    user = harness.make_user("tgb", record_commands=False)  # bash as on a VM, not the tests' recording shell
-    stack.callback(_guarded, f"remove user {user.name}", harness.remove_user, user)  # runs before the detach
-    disk.mount = str(MOUNT_BASE / user.name)
-    say(f"user {user.name}, data disk {disk.device} for {disk.mount}")
-
-    port = server.port
+    port = vm.port
     if rtt_ms:
-        relay = DelayedRelay((server.address, server.port), rtt_ms / 1000).start()
+        relay = DelayedRelay((vm.address, vm.port), rtt_ms / 1000).start()
         stack.callback(_guarded, "stop the delaying relay", relay.stop)
         port = relay.port
         say(f"relay on 127.0.0.1:{port} adding {rtt_ms:g} ms to every round trip to the sshd")
     state = folder / "state"
     state.mkdir()
-    host = Host(server, user, disk, key, state, folder, port)
+    host = Host(vm, disk, key, state, folder, port)
     (state / "known_hosts").write_text(host.known_hosts_line)
     return host
 
@@ -170,23 +163,14 @@ def python_env(env: dict, bytecode_cache: bool) -> dict:
 def run_once(label: str, action, host: Host, problem) -> tuple[subprocess.CompletedProcess, float, int]:
     """One run of a tool: (result, wall seconds, SSH connections it opened); `problem(result)` says
     what is wrong with a run (None: nothing), and a wrong run stops the benchmark."""
-    before = host.sshd.accepted(host.user.name)
+    before = host.vm.accepted(host.user.name)
     started = time.perf_counter()
     result = action()
     seconds = time.perf_counter() - started
     why = problem(result)
     if why is not None:
         raise BenchError(f"{label}: {why}")
-    return result, seconds, host.sshd.accepted(host.user.name) - before
-
-
-def _detach(disk) -> None:
-    """Unmount and free the loop device, then forget the mount: its /etc/fstab line and folders."""
-    from tests.sshd import forget_mount
-
-    disk.detach()
-    if disk.mount:
-        forget_mount(disk.mount)
+    return result, seconds, host.vm.accepted(host.user.name) - before
 
 
 # ---------------------------------------------------------------- tpu-grpo
@@ -276,7 +260,7 @@ def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]
     ssh_args = (f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
                 "-o IdentitiesOnly=yes")  # only --identity, as tpu-grpo (look_for_keys=False, no agent)
     inventory = folder / "inventory.yml"
-    bench = {"ansible_host": host.sshd.address, "ansible_port": host.port, "ansible_user": host.user.name,
+    bench = {"ansible_host": host.vm.address, "ansible_port": host.port, "ansible_user": host.user.name,
              "ansible_ssh_private_key_file": str(host.key), "ansible_ssh_common_args": ssh_args}
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"bench": bench}}}, sort_keys=False, width=1000))
     tasks = [{"name": name,
@@ -294,7 +278,7 @@ def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]
 
 def ansible_python() -> Path:
     """The Python both tools are timed on: this machine's 3.12 (recent ansible-core needs >= 3.12)."""
-    from tests.sshd import python312_bin
+    from tests.rootfs import python312_bin
 
     return Path(python312_bin()) / "python3.12"
 
@@ -460,7 +444,7 @@ def print_table(result: dict) -> None:
     rows = result["tools"]
     width = max(len(row["tool"]) for row in rows)
     link = f" behind a relay adding {result['rtt_ms']:g} ms per round trip" if result["rtt_ms"] else ""
-    print(f"no-op provisioning, {result['runs']} runs each, one sshd on 127.0.0.1{link}, "
+    print(f"no-op provisioning, {result['runs']} runs each, one throwaway host on 127.0.0.1{link}, "
           f"{len(result['check_tasks'])} checked steps, local Python bytecode cache "
           f"{'on' if result['python_bytecode_cache'] else 'off (as this environment has it)'}")
     print(f"{'tool':<{width}}  {'median s':>8}  {'ratio':>6}  ssh connections/run")

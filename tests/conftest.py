@@ -16,6 +16,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from tests import rootfs
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"  # what the tests read: see its README
 TUTORIAL = DATA / "tutorial.md"
@@ -24,7 +26,7 @@ TUTORIAL = DATA / "tutorial.md"
 #: The host tier: the fixtures that make real test hosts (users, sudo, mounts, namespaces: root only).
 #: A test using one, directly or through another fixture, is part of it; so is a test marked
 #: `needs_root` (it runs something as root on this machine itself).
-HOST_TIER_FIXTURES = {"sshd", "throwaway_host"}
+HOST_TIER_FIXTURES = {"make_host", "throwaway_host"}
 HOST_TIER_COMMAND = "sudo uv run pytest"
 
 
@@ -95,42 +97,45 @@ def stack_dir(tmp_path, stack_values) -> Path:
 TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for
 
 
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory, key_pair):
-    """One real sshd on 127.0.0.1 for all host tests; root's home made traversable for Python 3.12."""
-    from tests import sshd as harness
-
-    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-sshd-"))  # pytest's tmp is 0700: sshd reads keys as the user
-    folder.chmod(0o755)
-    authorized = folder / "authorized_keys"
-    authorized.write_text(key_pair[1].read_text())
-    with harness.root_home_traversable():
-        server = harness.Sshd(folder / "loopback", authorized).start()
-        yield server
-        server.stop()
-    shutil.rmtree(folder)
+@pytest.fixture(scope="session", autouse=True)
+def machine_unchanged():
+    """After the whole suite, the machine that ran it has the same packages, users, /etc, /usr/local
+    and mounts as before: everything the tests provisioned went to their throwaway hosts. (As a
+    non-root user nothing here can change the machine, and the host tier does not run.)"""
+    if os.geteuid() != 0:
+        yield
+        return
+    rootfs.base_root()  # built (or found) before the snapshot: it lives in its cache folder
+    before = rootfs.machine_state()
+    yield
+    after = rootfs.machine_state()
+    changed = {key: rootfs.difference(before[key], value) for key, value in after.items() if value != before[key]}
+    assert not changed, f"the test suite changed this machine: {changed}"
 
 
 @dataclass
 class TestHost:
-    """A fresh host on the test sshd: its own user (home = the host's state) and its own data disk."""
-    sshd: object
-    user: object
-    disk: object
+    """A throwaway host (tests/rootfs.py) as the tests drive it: `invoke ... --host` with its key and
+    known_hosts, and root's view of its files and processes."""
+    vm: rootfs.ThrowawayHost
+    disk: rootfs.DataDisk | None
     key: Path
     state: Path
 
     @property
+    def user(self):
+        return self.vm.user
+
+    @property
     def spec(self) -> str:
-        return f"{self.user.name}@{self.sshd.address}:{self.sshd.port}"
+        port = "" if self.vm.port == 22 else f":{self.vm.port}"
+        return f"{self.user.name}@{self.vm.address}{port}"
 
     @property
     def vars(self) -> list[str]:
         """What this machine allows: no apt upgrade, uv from PyPI, a small real package for MaxText."""
-        from tests.sshd import TEST_VARS
-
-        disk = [f"data_device={self.disk.device}", f"data_mount={self.disk.mount}"] if self.disk else ["data_device="]
-        return [*TEST_VARS, *disk]
+        disk = [f"data_device={self.disk.device}"] if self.disk else ["data_device="]
+        return [*rootfs.TEST_VARS, *disk]
 
     def argv(self, task: str, *args: str, vars: bool = True) -> list[str]:
         argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), task, "--host", self.spec, "--identity", str(self.key)]
@@ -148,48 +153,30 @@ class TestHost:
         return subprocess.run(self.argv(task, *args, vars=vars), capture_output=True, text=True, env=self.env(env),
                               cwd=ROOT, timeout=timeout)
 
-    def run_as_user(self, command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c", command],
-                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(self.user.home),
-                                   "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
-
     def on_host(self, *argv: str) -> subprocess.CompletedProcess:
-        """Run a command as root where the host's processes and files are (here: this machine)."""
-        return subprocess.run(argv, capture_output=True, text=True)
+        """Run a command as root in the host's own namespaces and root (its processes, mounts, /dev/shm)."""
+        return subprocess.run(["nsenter", f"--target={self.vm.first_process()}", "--mount", "--pid", "--root",
+                               "--wd", *argv], capture_output=True, text=True)
+
+    def run_as_user(self, command: str) -> subprocess.CompletedProcess:
+        """Run a bash command as the host's user, in the host's namespaces, with a session's environment."""
+        return self.on_host("/usr/sbin/runuser", "-u", self.user.name, "--", "env", "-i", f"HOME=/home/{self.user.name}",
+                            f"PATH={rootfs.python312_bin()}:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+                            "bash", "-c", command)
+
+    def read_text(self, inside: str) -> str:
+        """A file of the running host, its data disk's included."""
+        return self.vm.path(inside).read_text()
 
     def own(self, path: Path) -> None:
-        """Give a tree under the user's home to the user."""
-        subprocess.run(["chown", "-R", f"{self.user.name}:", str(path)], check=True)
+        """Give a tree under the user's home (a path as this machine sees it) to the user."""
+        inside = "/" + str(path.relative_to(self.vm.root))
+        self.vm.chroot("chown", "-R", f"{self.user.name}:{self.user.name}", inside)
 
     @property
     def python(self) -> str:
         """A Python 3.12 the user can run (the VM's, as the tutorial has it)."""
-        from tests import sshd as harness
-
-        return f"{harness.python312_bin()}/python3.12"
-
-
-@dataclass
-class ThrowawayTestHost(TestHost):
-    """A TestHost on a throwaway host (tests/rootfs.py): commands as the user run in its root."""
-
-    def run_as_user(self, command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["/usr/sbin/chroot", str(self.sshd.root), "/usr/sbin/runuser", "-u", self.user.name, "--", "bash", "-c",
-                               command], capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin", "HOME": f"/home/{self.user.name}"})
-
-    def on_host(self, *argv: str) -> subprocess.CompletedProcess:
-        """Run a command as root in the host's own namespaces and root (its processes, its /dev/shm)."""
-        return subprocess.run(["nsenter", f"--target={self.sshd.first_process()}", "--mount", "--pid", "--root",
-                               "--wd", *argv], capture_output=True, text=True)
-
-    def own(self, path: Path) -> None:
-        inside = "/" + str(path.relative_to(self.sshd.root))
-        self.sshd.chroot("chown", "-R", f"{self.user.name}:{self.user.name}", inside)
-
-    @property
-    def python(self) -> str:
-        return "/usr/bin/python3"  # Debian 12's 3.11: enough for the stand-in (its standard library only)
+        return f"{rootfs.python312_bin()}/python3.12"
 
 
 def statuses(result) -> dict[str, str]:
@@ -199,26 +186,39 @@ def statuses(result) -> dict[str, str]:
 
 
 @pytest.fixture
-def make_host(sshd, key_pair, tmp_path_factory):
-    """Factory of fresh hosts on the session's sshd; each is removed (user, mount, loop device) after the test."""
-    from tests import sshd as harness
+def throwaway_host(key_pair):
+    """A host of its own root file system and namespaces (tests/rootfs.py): what a test provisions
+    there never lands on this machine. Removed afterwards, every process and mount of it."""
+    host = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
+    try:
+        yield host.start()
+    finally:
+        host.remove()
 
-    made = []
 
-    def make(disk_mb: int = 64) -> TestHost:
-        user = harness.make_user()
-        disk = harness.LoopDisk(tmp_path_factory.mktemp("disk") / "data.img").attach(disk_mb)
-        disk.mount = f"/mnt/tpu-grpo-test/{user.name}"
-        state = tmp_path_factory.mktemp("state")
-        (state / "known_hosts").write_text(sshd.known_hosts_line)
-        made.append(TestHost(sshd, user, disk, key_pair[0], state))
+@pytest.fixture
+def make_host(key_pair, tmp_path_factory):
+    """Factory of fresh throwaway hosts, each with a data disk (a loop device) unless `disk_mb=0`,
+    and the state folder (known_hosts) of a laptop that knows it. `boot=False` leaves it powered off
+    (host.vm.boot() starts it). Everything goes afterwards: processes, mounts, loop devices."""
+    made: list[TestHost] = []
+
+    def make(disk_mb: int = 64, boot: bool = True, **where) -> TestHost:
+        disk = rootfs.DataDisk.attach(tmp_path_factory.mktemp("disk") / "data.img", disk_mb) if disk_mb else None
+        vm = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text(),
+                                  disk_device=disk.device if disk else None, **where)
+        made.append(TestHost(vm, disk, key_pair[0], tmp_path_factory.mktemp("state")))
+        vm.prepare()
+        (made[-1].state / "known_hosts").write_text(vm.known_hosts_line)
+        if boot:
+            vm.boot()
         return made[-1]
 
     yield make
     for host in made:
-        host.disk.detach()
-        harness.forget_mount(host.disk.mount)
-        harness.remove_user(host.user)
+        host.vm.remove()
+        if host.disk:
+            host.disk.detach()
 
 
 # ---------------------------------------------------------------- workload hosts (tests/standin)
@@ -286,34 +286,7 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
 
 
 @pytest.fixture
-def throwaway_host(key_pair):
-    """A host of its own root file system and namespaces (tests/rootfs.py): what a test provisions
-    there never lands on this machine. Removed afterwards, every process and mount of it."""
-    from tests import rootfs
-
-    host = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
-    try:
-        yield host.start()
-    finally:
-        host.remove()
-
-
-@pytest.fixture
-def throwaway_test_host(throwaway_host, key_pair, tmp_path_factory) -> ThrowawayTestHost:
-    """A throwaway host as the tests drive it: `invoke ... --host` with its key and known_hosts."""
-    state = tmp_path_factory.mktemp("state")
-    (state / "known_hosts").write_text(throwaway_host.known_hosts_line)
-    return ThrowawayTestHost(throwaway_host, throwaway_host.user, None, key_pair[0], state)
-
-
-@pytest.fixture
-def throwaway_workload_host(throwaway_test_host):
-    """A throwaway host with the stand-in MaxText, as `workload_host` has it."""
-    return prepare_workload(throwaway_test_host)
-
-
-@pytest.fixture
-def workload_host(throwaway_workload_host):
+def workload_host(make_host):
     """One fresh host with the stand-in MaxText in its venv: a throwaway host, whose /dev/shm and
     processes are its own and go with it."""
-    return throwaway_workload_host
+    return prepare_workload(make_host(disk_mb=0))

@@ -5,18 +5,23 @@ machine that runs the tests.
 The base root is built once with mmdebstrap (about 40 s) and kept in a cache folder that later
 sessions reuse; each host overlays it (overlayfs: an empty upper layer, so a host starts in an
 instant and its changes go with it). Its sshd runs chrooted there, in mount and PID namespaces
-of its own, with its own tmpfs /dev/shm and /proc: `ps` there sees only the host's processes,
+of its own, with its own tmpfs /dev/shm, terminals (devpts) and /proc: `ps` there sees only the host's processes,
 and killing the namespace's first process ends all of them at once, as losing a VM does. The
-network is the machine's (loopback, a port of the host's own).
+network is the machine's (loopback, a port of the host's own), or a network namespace's on a
+bridge (tests/sshd.py) for the tests that cut a host's link.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import os
+import pwd
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -25,7 +30,11 @@ from pathlib import Path
 from tests.sshd import accepted, free_port, sh, start_sshd
 
 SUITE = "bookworm"
-PACKAGES = "openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd"
+#: What a TPU VM's image has that the tests rely on; build-essential, cmake and ninja-build are there
+#: already so that "build tools" is ok at once (a test removes ninja-build to see it install); git
+#: for the packages MaxText's extra deps script installs from git.
+PACKAGES = ("openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd,procps,e2fsprogs,"
+            "build-essential,cmake,ninja-build,git")
 CACHE = Path(os.environ.get("TPU_GRPO_TEST_CACHE") or Path.home() / ".cache" / "tpu-grpo-tests")
 USER = "tpu"  # the host's own account: its /etc/passwd is its own, so the name never clashes
 
@@ -50,20 +59,73 @@ def base_root() -> Path:
     return folder
 
 
+#: The machine's Python 3.12 (pyenv's build, linked to its libpython by absolute path): each host
+#: sees it read-only at the same path, because `uv python install` cannot download here and Debian 12
+#: has 3.11. What the machine's network needs goes in too: its CA bundle (the registries are reached
+#: through a TLS proxy) and pip's configuration.
+COPIED_FROM_MACHINE = ("etc/ssl/certs/ca-certificates.crt", "etc/pip.conf", "etc/resolv.conf")
+LOGIN_SHELL = "/usr/local/bin/tpu-grpo-test-shell"
+COMMAND_LOG_DIR = "var/tmp/tpu-grpo-test-commands"
+
+
+def python312_bin() -> str:
+    """The folder of the machine's Python 3.12, which uv finds on the hosts' PATH."""
+    found = sorted(glob.glob("/root/.pyenv/versions/3.12*/bin")) or (
+        [os.path.dirname(shutil.which("python3.12"))] if shutil.which("python3.12") else [])
+    if not found:
+        raise RuntimeError("no Python 3.12 on this machine: the test hosts need one for `uv python find 3.12`")
+    return found[-1]
+
+
+#: playbooks/host.yml variables for what this machine allows: no apt upgrade, uv from PyPI, and a
+#: small real package in place of MaxText (whose install needs the PyTorch index and GitHub).
+TEST_VARS = ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false"]
+
+
+@dataclass
+class DataDisk:
+    """A loop device standing in for the VM's data disk: the same device path on the machine and on the host."""
+    device: str
+    mount: str = "/mnt/disks/data"  # playbooks/host.yml's default
+
+    @classmethod
+    def attach(cls, image: Path, size_mb: int) -> "DataDisk":
+        with image.open("wb") as handle:
+            handle.truncate(size_mb * 1024 * 1024)
+        return cls(subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
+                                  text=True).stdout.strip())
+
+    def detach(self) -> None:
+        subprocess.run(["losetup", "-d", self.device], capture_output=True)
+
+
 @dataclass
 class HostUser:
+    """The host's one account. Its uid is unique on the machine, so that nftables (`offline`) and
+    /proc scans on the machine can tell this host's processes from another's."""
     name: str
+    uid: int
     home: Path  # as the test machine sees it: under the host's root
+    root: Path
+
+    def commands(self) -> list[str]:
+        """Every command line sshd ran for this user so far (its login shell records them)."""
+        log = self.root / COMMAND_LOG_DIR / self.name
+        return [command for command in log.read_text().split("\0") if command] if log.exists() else []
 
 
 @dataclass
 class ThrowawayHost:
-    """One host: its root (an overlay of the base), its sshd on 127.0.0.1:port, one sudo user."""
+    """One host: its root (an overlay of the base), its sshd on address:port (in a network namespace
+    when `netns` names one), one sudo user, and optionally a block device as its data disk."""
 
     folder: Path
     authorized_key: str
     address: str = "127.0.0.1"
     port: int = 0
+    netns: str | None = None
+    disk_device: str | None = None  # a loop device of the machine, given the same path on the host
+    login_shell: str = LOGIN_SHELL  # records each command sshd runs; /bin/bash: as on a VM
     process: subprocess.Popen | None = None
     user: HostUser = field(init=False)
 
@@ -77,21 +139,46 @@ class ThrowawayHost:
 
     @property
     def known_hosts_line(self) -> str:
+        return self.known_hosts_line_at(self.port)
+
+    def known_hosts_line_at(self, port: int) -> str:
+        """This host's key as known_hosts records it for `port` (also a relay's in front of it)."""
         key = (self.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[1]
-        return f"[{self.address}]:{self.port} ssh-ed25519 {key}\n"
+        name = self.address if port == 22 else f"[{self.address}]:{port}"
+        return f"{name} ssh-ed25519 {key}\n"
 
     def chroot(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a command on the host's file system, as root (outside its namespaces)."""
         return sh("/usr/sbin/chroot", str(self.root), *argv, check=check)
 
+    def path(self, inside: str) -> Path:
+        """A path of the running host as this machine reaches it: through its root as its own mount
+        namespace has it (its data disk and /dev/shm included). An absolute symlink met on the way
+        would lead back to this machine's files: name the real path."""
+        return Path(f"/proc/{self.first_process()}/root") / inside.lstrip("/")
+
     def start(self) -> "ThrowawayHost":
+        return self.prepare().boot()
+
+    def prepare(self) -> "ThrowawayHost":
+        """The host's disk as a VM's is before it boots: root, keys, user, sudoers, sshd's config."""
         base = base_root()
         for name in ("upper", "work", "root"):
             (self.folder / name).mkdir(parents=True)
         sh("mount", "-t", "overlay", "overlay", "-o",
            f"lowerdir={base},upperdir={self.folder / 'upper'},workdir={self.folder / 'work'}", str(self.root))
+        for name in COPIED_FROM_MACHINE:
+            if Path("/", name).is_file():
+                shutil.copyfile(Path("/", name), self.root / name)
         self.chroot("ssh-keygen", "-q", "-A")
-        self.chroot("useradd", "--create-home", "--shell", "/bin/bash", USER)
+        shell = self.root / LOGIN_SHELL.lstrip("/")
+        shell.write_text('#!/bin/bash\nif [ "$1" = "-c" ]; then printf "%s\\0" "$2" >> '
+                         f'/{COMMAND_LOG_DIR}/"$(id -un)"; fi\nexec /bin/bash "$@"\n')
+        shell.chmod(0o755)
+        (self.root / COMMAND_LOG_DIR).mkdir(mode=0o1777)
+        (self.root / COMMAND_LOG_DIR).chmod(0o1777)
+        uid = unused_uid()
+        self.chroot("useradd", "--uid", str(uid), "--create-home", "--shell", self.login_shell, USER)
         self.chroot("usermod", "-p", "*", USER)
         (self.root / "etc/sudoers.d/tpu-grpo-test").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
         (self.root / "etc/sudoers.d/tpu-grpo-test").chmod(0o440)
@@ -99,18 +186,33 @@ class ThrowawayHost:
         ssh.mkdir()
         (ssh / "authorized_keys").write_text(self.authorized_key)
         self.chroot("chown", "-R", f"{USER}:{USER}", f"/home/{USER}")
-        self.user = HostUser(USER, self.root / "home" / USER)
+        self.user = HostUser(USER, uid, self.root / "home" / USER, self.root)
+        (self.root / "root").chmod(0o711)  # the host's own /root: its users reach the Python 3.12 in it
+        (self.root / python312_bin().lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        if self.disk_device:
+            os.mknod(self.root / self.disk_device.lstrip("/"), 0o660 | stat.S_IFBLK, os.stat(self.disk_device).st_rdev)
         self.port = self.port or free_port()
         (self.root / "run/sshd").mkdir(exist_ok=True)
         (self.root / "etc/ssh/sshd_test_config").write_text("\n".join([
             f"Port {self.port}", f"ListenAddress {self.address}", "HostKey /etc/ssh/ssh_host_ed25519_key",
             "PidFile /run/sshd-test.pid", "UsePAM no", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp", "LogLevel VERBOSE",
-            "SetEnv PATH=/usr/local/bin:/usr/bin:/bin", ""]))
+            "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "MaxStartups 100",
+            f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin",
+            ""]))
+        return self
+
+    def boot(self) -> "ThrowawayHost":
+        """Start the host: its namespaces, its /dev/shm and terminals, the Python 3.12 (read-only), its sshd."""
+        python = os.path.dirname(python312_bin())
         inside = (f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/dev/shm && "
+                  f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {self.root}/dev/pts && "
+                  f"mount --bind {self.root}/dev/pts/ptmx {self.root}/dev/ptmx && "
+                  f"mount --bind {python} {self.root}{python} && mount -o remount,bind,ro {self.root}{python} && "
                   f"exec /usr/sbin/chroot {self.root} /usr/sbin/sshd -D -e -f /etc/ssh/sshd_test_config")
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.process = start_sshd(
-            ["unshare", "--mount", "--pid", "--fork", f"--mount-proc={self.root}/proc", "sh", "-c", inside], self.log)
+            [*prefix, "unshare", "--mount", "--pid", "--fork", f"--mount-proc={self.root}/proc", "sh", "-c", inside],
+            self.log)
         return self
 
     def accepted(self, user: str) -> int:
@@ -124,6 +226,10 @@ class ThrowawayHost:
         pids = children.read_text().split() if children.exists() else []
         return int(pids[0]) if pids else None
 
+    def kill_sessions(self) -> None:
+        """Drop every live connection of the user, as a dead link would: its sshd and what runs under it."""
+        sh("pkill", "-KILL", "-U", str(self.user.uid), check=False)
+
     def lose(self) -> None:
         """What losing the VM does: every process of the host ends at once (its /dev/shm goes too)."""
         pid = self.first_process()
@@ -136,6 +242,25 @@ class ThrowawayHost:
         self.lose()
         sh("umount", str(self.root), check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def unused_uid() -> int:
+    """A uid no account of the machine has (the host's account is only in the host's /etc/passwd)."""
+    while True:
+        uid = 20000 + secrets.randbelow(40000)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+
+
+def difference(before, after) -> object:
+    """What changed between two snapshots of one kind (a text, a list, or a tree of path -> stat)."""
+    if isinstance(before, dict):
+        return {path: (before.get(path), after.get(path)) for path in sorted(before.keys() | after.keys())
+                if before.get(path) != after.get(path)}
+    lines = (before.splitlines(), after.splitlines()) if isinstance(before, str) else (before, after)
+    return {"gone": sorted(set(lines[0]) - set(lines[1])), "new": sorted(set(lines[1]) - set(lines[0]))}
 
 
 def machine_state() -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Saving a model to the data disk and fetching it to the laptop, against a real sshd with the
+"""Saving a model to the data disk and fetching it to the laptop, against a throwaway host with the
 real exported model (config, tokenizer, safetensors) as the payload."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import struct
 import subprocess
@@ -36,10 +35,10 @@ def expected_sums() -> str:
 @pytest.fixture
 def host(make_host, monkeypatch):
     """A test host whose home holds the exported model in ~/hf-trained (read-only files, as exported)."""
-    made = make_host()
+    made = make_host(disk_mb=0)
     monkeypatch.setenv("TPU_GRPO_STATE", str(made.state))
     shutil.copytree(EXPORT, made.user.home / "hf-trained")
-    subprocess.run(["chown", "-R", f"{made.user.name}:", str(made.user.home)], check=True)
+    made.own(made.user.home)
     return made
 
 
@@ -78,14 +77,15 @@ def test_save_copies_the_model_with_verified_checksums(host, connection):
     result = save(connection)
     assert result.exited == 0, result.stderr
     dest = host.user.home / "tpu-grpo/models/run one"
-    assert result.stdout.strip() == f"saved: {host.user.home}/hf-trained -> {dest} (5 files, checksums verified)"
+    home = f"/home/{host.user.name}"  # as the host names it
+    assert result.stdout.strip() == f"saved: {home}/hf-trained -> {home}/tpu-grpo/models/run one (5 files, checksums verified)"
     assert sorted(path.name for path in dest.iterdir()) == sorted([*(p.name for p in EXPORT.iterdir()), "SHA256SUMS"])
     for path in EXPORT.iterdir():
         assert (dest / path.name).read_bytes() == path.read_bytes()
     assert (dest / "SHA256SUMS").read_text() == expected_sums()
     assert not (dest.parent / "run one.partial").exists()
     assert os.stat(dest / "SHA256SUMS").st_uid == os.stat(host.user.home).st_uid
-    assert host.run_as_user(f"cd {shlex.quote(str(dest))} && sha256sum -c --quiet SHA256SUMS").returncode == 0
+    assert host.run_as_user("cd ~/tpu-grpo/models/'run one' && sha256sum -c --quiet SHA256SUMS").returncode == 0
 
 
 def test_second_save_skips_even_without_the_source(host, connection, saved):
@@ -93,7 +93,7 @@ def test_second_save_skips_even_without_the_source(host, connection, saved):
     shutil.rmtree(host.user.home / "hf-trained")  # a restarted VM has lost /dev/shm
     again = save(connection)
     assert again.exited == 0, again.stderr
-    assert again.stdout.strip() == f"already saved: {saved} (checksums verified)"
+    assert again.stdout.strip() == f"already saved: /home/{host.user.name}/tpu-grpo/models/run one (checksums verified)"
     assert {path.name: path.stat().st_mtime_ns for path in saved.iterdir()} == before
 
 
@@ -103,7 +103,7 @@ def test_save_replaces_a_damaged_copy_and_an_old_partial(host, connection, saved
     partial = saved.parent / "run one.partial"
     partial.mkdir()
     (partial / "left-over").write_text("from a killed save")
-    subprocess.run(["chown", "-R", f"{host.user.name}:", str(partial)], check=True)
+    host.own(partial)
     again = save(connection)
     assert again.exited == 0, again.stderr
     assert again.stdout.startswith("saved: ")
@@ -117,7 +117,7 @@ def test_save_without_a_model_fails_and_writes_nothing(host, connection, source)
     assert host.run_as_user("mkdir -p ~/empty-export/sub").returncode == 0
     result = save(connection, source)
     assert result.exited == artifacts.MISSING_EXIT
-    assert result.stderr.strip() == (f"nothing to save: {host.user.home}/{source[2:]} is missing or has no files; "
+    assert result.stderr.strip() == (f"nothing to save: /home/{host.user.name}/{source[2:]} is missing or has no files; "
                                       "fix: export the model there first")
     assert not (host.user.home / "tpu-grpo").exists()
 
@@ -247,11 +247,11 @@ def test_an_unwritable_destination_fails_before_connecting(host, tmp_path, where
     problem = r".+ is not a folder" if where == "under-a-file" else r"cannot write in /proc \(.+\)"
     with pytest.raises(ArtifactError, match=f"^--to '{local}': {problem}; fix: --to somewhere you can write$"):
         artifacts.check_destination(local)
-    never_opened = fabric.Connection("127.0.0.1", user=host.user.name, port=host.sshd.port,
+    never_opened = fabric.Connection("127.0.0.1", user=host.user.name, port=host.vm.port,
                                      connect_kwargs={"key_filename": str(host.key)})
     with pytest.raises(ArtifactError, match=f"^--to '{local}'"):
         artifacts.fetch(never_opened, SAVED, local)
-    assert not never_opened.is_connected and host.sshd.accepted(host.user.name) == 0
+    assert not never_opened.is_connected and host.vm.accepted(host.user.name) == 0
 
 
 def test_check_destination_creates_nothing_and_fetch_makes_the_folder(connection, saved, tmp_path):

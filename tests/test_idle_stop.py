@@ -25,28 +25,15 @@ RECORDER = "/usr/local/bin/record-poweroff"
 POWEROFFS = "var/log/tpu-grpo-poweroffs"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def this_machine_unchanged():
-    """After these tests the machine that ran them has the same packages, users, /etc, /usr/local and
-    mounts as before: everything they provisioned went to the throwaway hosts."""
-    from tests import rootfs
-
-    rootfs.base_root()  # built (or found) before the snapshot: it lives in its cache folder
-    before = rootfs.machine_state()
-    yield
-    after = rootfs.machine_state()
-    assert {key: value for key, value in after.items() if value != before[key]} == {}
-
-
 @pytest.fixture
-def idle_host(throwaway_workload_host):
+def idle_host(workload_host):
     """A throwaway workload host provisioned with a 1-minute idle stop whose power-off only records
     that it ran: (the host, its root as this machine sees it, the provisioning report)."""
-    host = throwaway_workload_host
-    root = host.host.sshd.root
+    host = workload_host
+    root = host.host.vm.root
     (root / RECORDER.lstrip("/")).write_text(f"#!/bin/sh\ndate +%s >> /{POWEROFFS}\n")
     (root / RECORDER.lstrip("/")).chmod(0o755)
-    variables = ["idle_stop_minutes=1", f"idle_poweroff={RECORDER}", f"idle_ssh_port={host.host.sshd.port}"]
+    variables = ["idle_stop_minutes=1", f"idle_poweroff={RECORDER}", f"idle_ssh_port={host.host.vm.port}"]
     args = [arg for item in variables for arg in ("--var", item)]
     done = host.host.invoke("provision", "--tags", "idle", "--json", *args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -75,7 +62,7 @@ def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
     timer = (root / UNITS[1]).read_text()
     assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
     again = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var",
-                             f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.sshd.port}")
+                             f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
     assert statuses(again)["idle stop"] == "ok"
     off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
     assert statuses(off) == {"idle stop": "skipped", "no idle stop": "changed"}
@@ -107,7 +94,7 @@ def test_a_running_job_keeps_the_vm_up(idle_host):
 
 def test_an_open_ssh_session_keeps_the_vm_up(idle_host):
     host, root, _ = idle_host
-    session = fabric.Connection("127.0.0.1", user=host.host.user.name, port=host.host.sshd.port,
+    session = fabric.Connection("127.0.0.1", user=host.host.user.name, port=host.host.vm.port,
                                 connect_kwargs={"key_filename": str(host.host.key)})
     session.client.load_host_keys(str(host.host.state / "known_hosts"))
     session.open()

@@ -65,7 +65,8 @@ def make_package_repo(folder: Path, name: str) -> list[str]:
     return commits
 
 
-def make_packages(folder: Path) -> Packages:
+def make_packages(folder: Path, seen_as: str) -> Packages:
+    """The packages in `folder`, their URLs as the host names that folder (`seen_as`)."""
     commits, urls = {}, {}
     for name, repo in (("google-tunix", "tunix"), ("tpu-inference", "tpu-inference")):
         commits[name] = make_package_repo(folder / "src" / repo, name)
@@ -74,9 +75,9 @@ def make_packages(folder: Path) -> Packages:
         for commit in commits[name]:  # what GitHub serves as /archive/<commit>.zip
             git(folder / "src" / repo, "archive", "--format=zip", f"--prefix={repo}-{commit}/",
                 "-o", str(archive / f"{commit}.zip"), commit)
-        urls[name] = [f"file://{archive}/{commit}.zip" for commit in commits[name]]
+        urls[name] = [f"file://{seen_as}/{repo}/archive/{commit}.zip" for commit in commits[name]]
     commits["vllm"] = make_package_repo(folder / "vllm", "vllm")
-    urls["vllm"] = [f"git+file://{folder / 'vllm'}@{commit}" for commit in commits["vllm"]]
+    urls["vllm"] = [f"git+file://{seen_as}/vllm@{commit}" for commit in commits["vllm"]]
     return Packages(folder, commits, urls)
 
 
@@ -106,13 +107,13 @@ def build_standin_wheel(folder: Path, deps_file: str) -> Path:
 def standin_host(make_host):
     """A fresh test host whose uv finds the stand-in maxtext wheel; the packages live in its home."""
     host = make_host(disk_mb=512)  # the uv cache on it holds uv itself (the extra deps script installs it)
-    folder = host.user.home / "standin-packages"
-    packages = make_packages(folder)
+    folder, seen_as = host.user.home / "standin-packages", f"/home/{host.user.name}/standin-packages"
+    packages = make_packages(folder, seen_as)
     build_standin_wheel(folder, packages.deps_file())
     config = host.user.home / ".config" / "uv"
     config.mkdir(parents=True)
-    (config / "uv.toml").write_text(f'find-links = ["{folder}"]\n')
-    subprocess.run(["chown", "-R", f"{host.user.name}:", str(host.user.home)], check=True)
+    (config / "uv.toml").write_text(f'find-links = ["{seen_as}"]\n')
+    host.own(host.user.home)
     return host, packages
 
 

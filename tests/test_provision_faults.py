@@ -1,5 +1,5 @@
-"""Provisioning under faults, against real sshd processes: a connection killed in the middle of
-each step, a host cut off while another is provisioned beside it, and host keys that change.
+"""Provisioning under faults, against throwaway hosts: a connection killed in the middle of each
+step, a host cut off while another is provisioned beside it, and host keys that change.
 
 What must hold: the run names the host and step it lost, and the next run picks up from the
 host's real state and converges; one host's failure never stops the other's provisioning.
@@ -11,18 +11,14 @@ import ctypes
 import fcntl
 import json
 import os
-import pwd
 import select
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,7 +26,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests import sshd as harness
+from tests import rootfs
 from tests.conftest import ROOT, TEST_TOKEN
+from tests.rootfs import TEST_VARS
 from tpu_grpo import engine, hosts, playbook
 
 
@@ -80,10 +78,9 @@ def _runs_for(uid: int, pid: int) -> bool:
     return False
 
 
-def programs_running(user: str, prefix: str, words: str) -> list[tuple[int, int, str]]:
-    """(pid, effective uid, command line) of the programs run for the user, its sudo's included,
-    whose command line starts with `prefix` and holds `words`."""
-    uid = pwd.getpwnam(user).pw_uid
+def programs_running(uid: int, prefix: str, words: str) -> list[tuple[int, int, str]]:
+    """(pid, effective uid, command line) of the programs run for the user `uid`, its sudo's
+    included, whose command line starts with `prefix` and holds `words`."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -98,9 +95,8 @@ def programs_running(user: str, prefix: str, words: str) -> list[tuple[int, int,
     return found
 
 
-def wait_for_sudo_to_end(user: str, timeout_s: float = 120) -> None:
+def wait_for_sudo_to_end(uid: int, timeout_s: float = 120) -> None:
     """A dead link leaves sudo's command running on the host; the next run comes once it has ended."""
-    uid = pwd.getpwnam(user).pw_uid
     deadline = time.monotonic() + timeout_s
     while True:
         running = []
@@ -117,17 +113,17 @@ def wait_for_sudo_to_end(user: str, timeout_s: float = 120) -> None:
 
 
 class ExecGate:
-    """Holds every exec of one program on this machine until it is let go (fanotify's
-    FAN_OPEN_EXEC_PERM): a program that runs for milliseconds is caught before it starts."""
+    """Holds every exec of one program file until it is let go (fanotify's FAN_OPEN_EXEC_PERM): a
+    program that runs for milliseconds is caught before it starts."""
 
     _EVENT = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata: len, vers, reserved, metadata_len, mask, fd, pid
     _FAN_CLASS_CONTENT, _FAN_CLOEXEC, _FAN_MARK_ADD, _FAN_OPEN_EXEC_PERM, _FAN_ALLOW = 0x4, 0x1, 0x1, 0x40000, 0x1
 
-    def __init__(self, program: str):
+    def __init__(self, path: Path):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
         self.fd = libc.fanotify_init(self._FAN_CLASS_CONTENT | self._FAN_CLOEXEC, os.O_RDONLY | os.O_CLOEXEC)
-        path = shutil.which(program, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        path = str(path)
         if self.fd < 0 or libc.fanotify_mark(self.fd, self._FAN_MARK_ADD, self._FAN_OPEN_EXEC_PERM,
                                              -100, path.encode()) < 0:  # -100: AT_FDCWD
             error = ctypes.get_errno()
@@ -161,17 +157,19 @@ class KillWhileRunning:
     user's SSH session) is caught in `start` itself, before the step sends anything. With
     `hold_at_exec`, the program is not looked for but held at its exec, from the step's start until the kill."""
 
-    def __init__(self, sshd: harness.Sshd, user: str, program: tuple[str, str], hold_at_exec: bool = False,
+    def __init__(self, vm: rootfs.ThrowawayHost, program: tuple[str, str], hold_at_exec: bool = False,
                  wait_s: float = 60):
-        self.sshd, self.user, self.program, self.hold_at_exec, self.wait_s = sshd, user, program, hold_at_exec, wait_s
-        self.uid = pwd.getpwnam(user).pw_uid
+        self.vm, self.program, self.hold_at_exec, self.wait_s = vm, program, hold_at_exec, wait_s
+        self.uid = vm.user.uid
         self.landed_on: str | None = None
         self.step_done = threading.Event()
         self.thread: threading.Thread | None = None  # none when `start` caught the program itself
 
     def start(self) -> None:
         if self.hold_at_exec:
-            gate = ExecGate(self.program[0].strip())  # made here, so that it holds nothing before the step runs
+            name = self.program[0].strip()  # the gate is made here, so that it holds nothing before the step runs
+            gate = ExecGate(next(self.vm.root / folder / name for folder in ("usr/sbin", "usr/bin")
+                                 if (self.vm.root / folder / name).exists()))
             self.thread = threading.Thread(target=self._watch_execs, args=(gate,), daemon=True)
         elif self._catch():
             return
@@ -190,7 +188,7 @@ class KillWhileRunning:
                 for pid, event_fd in gate.held(0.05):
                     try:
                         if self.landed_on is None and _runs_for(self.uid, pid):
-                            self.sshd.kill_sessions(self.user)
+                            self.vm.kill_sessions()
                             self.landed_on = f"{self.program[0].strip()} (held at its exec, pid {pid})"
                     finally:
                         gate.let_go(event_fd)
@@ -205,50 +203,42 @@ class KillWhileRunning:
             time.sleep(0.001)
 
     def _catch(self) -> bool:
-        found = programs_running(self.user, *self.program)
+        found = programs_running(self.uid, *self.program)
         if found:
             for pid, effective, _ in found:
                 if effective == self.uid:
                     os.kill(pid, signal.SIGSTOP)
-            self.sshd.kill_sessions(self.user)
+            self.vm.kill_sessions()
             self.landed_on = found[0][2]
         return bool(found)
 
 
-@pytest.fixture
-def without_ninja():
-    """Removes ninja-build with real apt so that 'build tools' has work to do; puts it back if a test did not."""
-    harness.sh("apt-get", "remove", "-y", "ninja-build", env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    yield
-    installed = harness.sh("dpkg-query", "-W", "-f=${Status}", "ninja-build", check=False).stdout
-    if installed != "install ok installed":
-        harness.sh("dpkg", "--configure", "-a", check=False)
-        harness.sh("apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "ninja-build",
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+def remove_ninja(host) -> None:
+    """Removes ninja-build from the host with its real apt, so that 'build tools' has work to do."""
+    host.vm.chroot("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", "-q", "ninja-build")
 
 
 def test_every_step_that_changes_a_fresh_host_has_a_kill_point():
     """Guards KILL_POINTS: a step added to host.yml gets a connection kill of its own."""
     book = playbook.load()
-    values = playbook.resolve(book, [*harness.TEST_VARS, "data_device=/dev/loop7", "data_mount=/mnt/data"])
+    values = playbook.resolve(book, [*TEST_VARS, "data_device=/dev/loop7", "data_mount=/mnt/data"])
     runs = {step.name for step in book.steps if playbook.applies(step, values)}
     assert runs == set(KILL_POINTS) | ALREADY_RIGHT
 
 
 @pytest.mark.parametrize("step", list(KILL_POINTS))
-def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, make_host, monkeypatch, request):
+def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, make_host, monkeypatch):
     """A link that dies mid-step must end that host's run naming the step, and leave a host the next run finishes."""
     host = make_host()
     if step == "build tools":
-        request.getfixturevalue("without_ninja")
+        remove_ninja(host)
     if step == "caches on the data disk":
         host.run_as_user(f"mkdir -p ~/.cache/huggingface/hub && cd ~/.cache/huggingface/hub && "
                          f"for i in $(seq {CACHED_FILES}); do echo $i > f$i; done")
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
-    user = host.user.name
-    target = hosts.Host(user, "127.0.0.1", host.sshd.port, host.key)
-    killer = KillWhileRunning(host.sshd, user, KILL_POINTS[step], step in HELD_AT_EXEC)
+    target = hosts.Host(host.user.name, "127.0.0.1", host.vm.port, host.key)
+    killer = KillWhileRunning(host.vm, KILL_POINTS[step], step in HELD_AT_EXEC)
 
     def on_event(kind, _host, name, _payload):
         if kind == "start" and name == step:
@@ -260,7 +250,7 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     report = engine.apply(book, playbook.resolve(book, host.vars), [target], on_event=on_event,
                              retry_delays=(0.1,))
     killer.join()
-    wait_for_sudo_to_end(user)
+    wait_for_sudo_to_end(host.user.uid)
 
     assert killer.landed_on, f"'{step}' never ran a program like {KILL_POINTS[step]}"
     lost = report.hosts[0]
@@ -281,23 +271,24 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     six = host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'")
     assert six.stdout.strip() == "1.16.0", six.stderr
     if step == "caches on the data disk":  # the interrupted move lost nothing
-        moved = Path(host.disk.mount) / "cache/huggingface/hub"
+        moved = host.vm.path(f"{host.disk.mount}/cache/huggingface/hub")
         assert len(list(moved.iterdir())) == CACHED_FILES and (moved / f"f{CACHED_FILES}").read_text() == f"{CACHED_FILES}\n"
 
 
-def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, without_ninja, monkeypatch):
+def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, monkeypatch):
     """After boot unattended-upgrades holds the dpkg lock for minutes: 'build tools' must wait, not fail."""
     host = make_host()
+    remove_ninja(host)
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
-    lock = os.open("/var/lib/dpkg/lock-frontend", os.O_RDWR)
+    lock = os.open(host.vm.root / "var/lib/dpkg/lock-frontend", os.O_RDWR)
     fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dpkg's own kind of lock, as apt would hold it
     threading.Timer(3, os.close, [lock]).start()
     book = playbook.load()
     report = engine.apply(book, playbook.resolve(book, host.vars), [hosts.Host(host.user.name, "127.0.0.1",
-                             host.sshd.port, host.key)], tags=["apt"], retry_delays=())
+                             host.vm.port, host.key)], tags=["apt"], retry_delays=())
     build_tools = next(result for result in report.hosts[0].steps if result.step == "build tools")
     assert (build_tools.status, build_tools.seconds > 3) == ("changed", True), build_tools
-    assert harness.sh("dpkg-query", "-W", "-f=${Status}", "ninja-build").stdout == "install ok installed"
+    assert host.vm.chroot("dpkg-query", "-W", "-f=${Status}", "ninja-build").stdout == "install ok installed"
 
 
 # ---------------------------------------------------------------- host keys
@@ -311,7 +302,7 @@ def other_ed25519_key() -> str:
 def test_changed_host_key_is_refused_before_logging_in(make_host):
     """A host offering a key other than the recorded one may be an impostor: no login, and the fix is named."""
     host = make_host()
-    name = f"[127.0.0.1]:{host.sshd.port}"
+    name = f"[127.0.0.1]:{host.vm.port}"
     known_hosts = host.state / "known_hosts"
     known_hosts.write_text(f"{name} ssh-ed25519 {other_ed25519_key()}\n")
     # --wait retries a VM that refuses SSH while it boots; a changed key is refused at once, not
@@ -321,7 +312,7 @@ def test_changed_host_key_is_refused_before_logging_in(make_host):
     assert result.returncode != 0
     assert "host key changed" in output
     assert f"ssh-keygen -R '{name}' -f {known_hosts}" in output
-    assert host.sshd.accepted(host.user.name) == 0
+    assert host.vm.accepted(host.user.name) == 0
     assert host.user.commands() == []
     status = host.invoke("status", "--wait", "600", vars=False, timeout=60)  # a workload task, the same
     assert status.returncode == 1 and "host key changed" in status.stderr
@@ -335,11 +326,11 @@ def test_first_contact_records_the_host_key_and_says_so(make_host):
     first = host.invoke("provision", "--check", "--json")
     assert first.returncode == 0, first.stderr
     notices = json.loads(first.stdout)["hosts"][0]["notices"]
-    assert len(notices) == 1 and "first contact" in notices[0] and host.sshd.known_hosts_line.split()[0] in notices[0]
-    assert known_hosts.read_text() == host.sshd.known_hosts_line
+    assert len(notices) == 1 and "first contact" in notices[0] and host.vm.known_hosts_line.split()[0] in notices[0]
+    assert known_hosts.read_text() == host.vm.known_hosts_line
     second = host.invoke("provision", "--check", "--json")
     assert second.returncode == 0 and json.loads(second.stdout)["hosts"][0]["notices"] == []
-    assert known_hosts.read_text() == host.sshd.known_hosts_line
+    assert known_hosts.read_text() == host.vm.known_hosts_line
 
 
 def test_connections_ack_at_once_send_at_once_and_give_up_on_a_dead_link(make_host, monkeypatch):
@@ -376,46 +367,19 @@ def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monke
 # ---------------------------------------------------------------- two hosts in network namespaces
 
 
-@dataclass
-class NamespacedHost:
-    user: harness.TestUser
-    address: str
-    namespace: str
-    sshd: harness.Sshd
-
-    @property
-    def spec(self) -> str:
-        return f"{self.user.name}@{self.address}"
-
-
 @pytest.fixture
-def two_namespaced_hosts(sshd, key_pair):
-    """Hosts A and B: each its own namespace, sshd on port 22, host key and user; the data disk steps off.
-    (The session's `sshd` fixture makes root's home traversable, which the hosts' Python 3.12 needs.)"""
-    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-netns-"))
-    folder.chmod(0o755)  # sshd reads authorized_keys as the user
-    authorized = folder / "authorized_keys"
-    authorized.write_text(key_pair[1].read_text())
+def two_namespaced_hosts(make_host, tmp_path):
+    """Hosts A and B: each its own network namespace, sshd on port 22, host key and user; no data
+    disk; one laptop state folder that knows both."""
     bridge = harness.Bridge(("tgn-a", "tgn-b"))
-    made: list[NamespacedHost] = []
     try:
         bridge.up()
-        for namespace in bridge.namespaces:
-            address = bridge.address(namespace)
-            server = harness.Sshd(folder / namespace, authorized, address=address, port=22, netns=namespace)
-            made.append(NamespacedHost(harness.make_user("tgn"), address, namespace, server))
-            server.start()
-        state = folder / "state"
-        state.mkdir()
-        (state / "known_hosts").write_text("".join(host.sshd.known_hosts_line for host in made))
-        yield bridge, made, state
+        made = [make_host(disk_mb=0, address=bridge.address(namespace), port=22, netns=namespace)
+                for namespace in bridge.namespaces]
+        (tmp_path / "known_hosts").write_text("".join(host.vm.known_hosts_line for host in made))
+        yield bridge, made, tmp_path
     finally:
-        for host in made:
-            host.sshd.stop()
         bridge.down()
-        for host in made:
-            harness.remove_user(host.user)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_namespaced_hosts, key_pair):
@@ -423,7 +387,7 @@ def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_na
     bridge, (a, b), state = two_namespaced_hosts
     argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", a.spec, "--host", b.spec,
             "--identity", str(key_pair[0]), "--json"]
-    for item in [*harness.TEST_VARS, "data_device="]:  # the hosts share one file system: no data disk
+    for item in [*TEST_VARS, "data_device="]:
         argv += ["--var", item]
     env = {**os.environ, "TPU_GRPO_STATE": str(state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200"}
     run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -432,7 +396,7 @@ def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_na
         while not any("pip install --user" in command for command in b.user.commands()):
             assert run.poll() is None and time.monotonic() < deadline, "B never started installing uv"
             time.sleep(0.01)
-        bridge.cut(b.namespace)  # B is in the middle of a step
+        bridge.cut(b.vm.netns)  # B is in the middle of a step
         cut_at, a_commands_at_cut = time.monotonic(), len(a.user.commands())
         stdout, stderr = run.communicate(timeout=180)
         after_cut_s = time.monotonic() - cut_at
@@ -453,8 +417,7 @@ def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_na
     assert error and error.startswith(b.spec) and "connection lost" in error and "'uv (pip)'" in error, error
     assert statuses(report, list(by_name).index(b.spec))["uv (pip)"] == "failed"
     assert after_cut_s < 45  # a dead link is noticed in seconds (keepalive, TCP_USER_TIMEOUT), not minutes
-    six = subprocess.run(["/usr/sbin/runuser", "-u", a.user.name, "--", f"{a.user.home}/maxtext_venv/bin/python",
-                          "-c", "import six; print(six.__version__)"], capture_output=True, text=True)
+    six = a.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'")
     assert six.stdout.strip() == "1.16.0", six.stderr
     assert not (b.user.home / "maxtext_venv").exists()
     # In parallel: B's steps had started while A still had steps to run.

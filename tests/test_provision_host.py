@@ -1,8 +1,7 @@
-"""`invoke provision` and `invoke freeze` against a real sshd: real apt, uv, venvs, mounts and files."""
+"""`invoke provision` and `invoke freeze` against throwaway hosts: real apt, uv, venvs, mounts and files."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -42,18 +41,17 @@ def test_first_run_makes_every_step_right(converged):
     home, mount = host.user.home, host.disk.mount
     assert host.run_as_user("findmnt -rn -o SOURCE " + mount).stdout.strip() == host.disk.device
     uuid = host.run_as_user(f"sudo -n blkid -o value -s UUID {host.disk.device}").stdout.strip()
-    assert f"UUID={uuid} {mount} ext4 discard,defaults,nofail 0 2" in open("/etc/fstab").read().splitlines()
-    assert os.stat(mount).st_uid == os.stat(home).st_uid
+    assert f"UUID={uuid} {mount} ext4 discard,defaults,nofail 0 2" in host.read_text("/etc/fstab").splitlines()
+    assert host.vm.path(mount).stat().st_uid == host.user.uid
     assert os.readlink(home / ".cache/uv") == f"{mount}/cache/uv"
     assert os.readlink(home / ".cache/huggingface") == f"{mount}/cache/huggingface"
-    token = home / ".cache/huggingface/token"
+    token = host.vm.path(f"{mount}/cache/huggingface/token")  # on the data disk
     assert token.read_text() == TEST_TOKEN and stat.S_IMODE(token.stat().st_mode) == 0o600
-    assert os.path.realpath(token).startswith(mount)
-    assert f"Starting session: subsystem 'sftp' for {host.user.name} " in host.sshd.log.read_text()  # how the token went
+    assert f"Starting session: subsystem 'sftp' for {host.user.name} " in host.vm.log.read_text()  # how the token went
     assert host.run_as_user("~/.local/bin/uv --version").stdout.split()[1] == "0.13.9"
     venv_python = host.run_as_user("~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'")
     assert venv_python.stdout.strip() == "(3, 12) 1.16.0"
-    assert_no_token(first.stdout, first.stderr, host.sshd.log.read_text(), *host.user.commands())
+    assert_no_token(first.stdout, first.stderr, host.vm.log.read_text(), *host.user.commands())
 
 
 def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(converged):
@@ -62,17 +60,17 @@ def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(conve
     from tests import sshd as harness
 
     host, _ = converged
-    connections, commands = host.sshd.accepted(host.user.name), len(host.user.commands())
-    sftp_sessions = host.sshd.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ")
-    with harness.offline(host.user):
+    connections, commands = host.vm.accepted(host.user.name), len(host.user.commands())
+    sftp_sessions = host.vm.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ")
+    with harness.offline(host.user.uid):
         probe = host.run_as_user("python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', "
                                  "timeout=5)\"")
         assert probe.returncode != 0, "the host is not offline"
         again = host.invoke("provision", "--json")
     assert again.returncode == 0, again.stderr
     assert set(statuses(again).values()) == {"ok", "skipped"}
-    assert host.sshd.accepted(host.user.name) == connections + 1
-    assert host.sshd.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ") == sftp_sessions
+    assert host.vm.accepted(host.user.name) == connections + 1
+    assert host.vm.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ") == sftp_sessions
     assert len(host.user.commands()) == commands + 1  # every check in one command
     text = host.invoke("provision")
     assert "0 changed, 0 failed" in text.stdout and text.returncode == 0
@@ -83,7 +81,7 @@ def host_state(host) -> str:
     """Everything provisioning could touch on a test host: its home tree, fstab, mounts, the disk's file system."""
     tree = host.run_as_user("cd && find . -printf '%p %y %s %m %T@ %l\\n' | sort").stdout
     disk = host.run_as_user(f"sudo -n blkid -p {host.disk.device}; echo $?").stdout
-    return "\n".join([tree, open("/etc/fstab").read(), open("/proc/self/mounts").read(), disk])
+    return "\n".join([tree, host.read_text("/etc/fstab"), host.on_host("cat", "/proc/self/mounts").stdout, disk])
 
 
 def test_check_mode_reports_what_would_change_and_changes_nothing(make_host):
@@ -191,46 +189,41 @@ def test_a_network_step_that_fails_for_another_reason_runs_once(make_host, tmp_p
 def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
     """A new boot disk (empty home, no mount, no fstab line) with the same data disk: nothing reformatted,
     the uv cache it left is used instead of downloading again."""
-    from tests import sshd as harness
-
     host, _ = converged
     mount = host.disk.mount
-    (host.user.home / ".cache/uv").resolve().joinpath("marker").write_text("kept")
-    archives = sorted(os.listdir(f"{mount}/cache/uv/archive-v0"))
-    subprocess.run(["umount", mount], check=True)
-    harness.forget_mount(mount)
-    subprocess.run(["find", str(host.user.home), "-mindepth", "1", "-delete"], check=True)
+    host.vm.path(f"{mount}/cache/uv/marker").write_text("kept")
+    archives = sorted(os.listdir(host.vm.path(f"{mount}/cache/uv/archive-v0")))
+    unmounted = host.on_host("sh", "-c", f"umount {mount} && sed -i '\\# {mount} #d' /etc/fstab && rmdir {mount}")
+    assert unmounted.returncode == 0, unmounted.stderr
+    home = str(host.user.home)  # emptied but for the SSH key, which the guest agent writes from the metadata
+    subprocess.run(["find", home, "-mindepth", "1", "!", "-path", f"{home}/.ssh", "!", "-path", f"{home}/.ssh/*",
+                    "-delete"], check=True)
 
     rebuilt = host.invoke("provision", "--json")
     assert rebuilt.returncode == 0, rebuilt.stdout
     changed = {name for name, status in statuses(rebuilt).items() if status == "changed"}
     assert {"data disk", "caches on the data disk", "venv", "MaxText"} <= changed
     assert statuses(rebuilt)["Hugging Face token"] == "ok"  # it lives on the data disk too
-    assert (host.user.home / ".cache/uv/marker").read_text() == "kept"
-    assert sorted(os.listdir(f"{mount}/cache/uv/archive-v0")) == archives
+    assert host.run_as_user("cat ~/.cache/uv/marker").stdout == "kept"
+    assert sorted(os.listdir(host.vm.path(f"{mount}/cache/uv/archive-v0"))) == archives
     assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
 
 
-def test_wait_retries_a_vm_that_still_refuses_ssh(make_host, tmp_path):
+def test_wait_retries_a_vm_that_still_refuses_ssh(make_host):
     """Right after boot nothing listens yet: --wait keeps trying until sshd is up, then provisions."""
-    from tests import sshd as harness
-
-    host = make_host()
-    late = harness.Sshd(tmp_path / "late", host.sshd.authorized_keys, port=harness.free_port())
-    booting = dataclasses.replace(host, sshd=late)
+    booting = make_host(boot=False)
     refused = booting.invoke("provision", "--check", "--json")
     assert refused.returncode == 1
     assert "cannot connect" in json.loads(refused.stdout)["hosts"][0]["error"]
     assert "--wait 120 if it has just booted" in json.loads(refused.stdout)["hosts"][0]["error"]
-    starter = threading.Timer(3, late.start)
+    starter = threading.Timer(3, booting.vm.boot)
     starter.start()
     try:
         waited = booting.invoke("provision", "--check", "--json", "--wait", "30")
     finally:
         starter.join()
-        late.stop()
     assert waited.returncode == 0, waited.stdout
-    assert late.accepted(host.user.name) == 1
+    assert booting.vm.accepted(booting.user.name) == 1
 
 
 def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
@@ -254,7 +247,7 @@ def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: 
     body = "".join(f"      {line}\n" for line in script.splitlines())
     book.write_text(f"steps:\n  - name: the step\n    {kind}: true\n    check: {check}\n    run: |\n{body}")
     seen = []
-    target = hosts.Host(host.user.name, "127.0.0.1", host.sshd.port, host.key)
+    target = hosts.Host(host.user.name, "127.0.0.1", host.vm.port, host.key)
     report = engine.apply(playbook.load(book), {}, [target], retry_delays=(0.1, 0.1),
                              on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
     return report.hosts[0].steps[0], seen

@@ -11,7 +11,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 
 from tests import sshd as harness
 from tests import tutorial
-from tests.conftest import FIXTURES, SHM_DIRS, TEST_TOKEN
+from tests.conftest import FIXTURES, TEST_TOKEN
 from tests.test_maxtext import assert_same_as_tutorial
 from tpu_grpo import jobs
 
@@ -313,39 +312,24 @@ def test_fetch_to_an_unwritable_folder_connects_to_nothing(workload_host, tmp_pa
     host = workload_host
     blocker = tmp_path / "file"
     blocker.write_text("")
-    accepted = host.host.sshd.accepted(host.host.user.name)
+    accepted = host.host.vm.accepted(host.host.user.name)
     result = host.invoke("fetch", "--to", str(blocker / "model"))
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "fix: --to somewhere you can write" in result.stderr
-    assert host.host.sshd.accepted(host.host.user.name) == accepted
+    assert host.host.vm.accepted(host.host.user.name) == accepted
 
 
 @pytest.fixture
-def namespaced_workload_host(sshd, key_pair, tmp_path_factory):
+def namespaced_workload_host(make_host):
     """A workload host behind its own network namespace, whose link a test can cut and mend."""
-    from tests.conftest import TestHost, prepare_workload
+    from tests.conftest import prepare_workload
 
-    folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-netns-"))
-    folder.chmod(0o755)
-    authorized = folder / "authorized_keys"
-    authorized.write_text(key_pair[1].read_text())
     bridge = harness.Bridge(("tgw-a",), name="tgw0", subnet="10.232.0")
-    user = None
     try:
         bridge.up()
-        server = harness.Sshd(folder / "a", authorized, address=bridge.address("tgw-a"), port=22, netns="tgw-a")
-        user = harness.make_user("tgw")
-        server.start()
-        state = tmp_path_factory.mktemp("state")
-        (state / "known_hosts").write_text(server.known_hosts_line)
-        yield bridge, prepare_workload(TestHost(server, user, None, key_pair[0], state))
+        yield bridge, prepare_workload(make_host(disk_mb=0, address=bridge.address("tgw-a"), port=22, netns="tgw-a"))
     finally:
         bridge.down()
-        if user:
-            harness.remove_user(user)
-        shutil.rmtree(folder, ignore_errors=True)
-        for shm in SHM_DIRS:
-            shutil.rmtree(shm, ignore_errors=True)
 
 
 def test_a_cut_link_mid_training_loses_no_line_and_keeps_the_exit_code(namespaced_workload_host):
