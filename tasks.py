@@ -267,7 +267,7 @@ def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_s
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS), check=lambda **flags: _step_run("convert", **flags))
 def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
-    """Convert the Hugging Face model to a MaxText checkpoint in /dev/shm (the tutorial's section 4)."""
+    """Convert the Hugging Face model to a MaxText checkpoint in the checkpoint store (the tutorial's section 4)."""
     with one_line_errors():
         run = _step_run("convert", stack, set_=set_, host=host, identity=identity, wait=wait)
     _launch(run, "convert", host, identity, stack, wait, dry_run, detach, verbose)
@@ -301,14 +301,15 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
     from tpu_grpo import pipeline
 
     run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
-    need = pipeline.parse_need_gb(need_gb)
+    need = pipeline.parse_need_gb(need_gb, run)
     _check_hosts(stack=stack, **flags)
     return run, need
 
 
 @task(iterable=["host", "set_"], check=_check_pipeline, help=_help(
     *HOST_FLAGS, "set", "dry_run", "verbose", "batches", "run_name", "json",
-    need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default 120,20 for 8B)",
+    need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
+            "needs with the stack's checkpointStore, 120,20 with shm)",
     keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)"))
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
              dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False):

@@ -131,7 +131,7 @@ def make_host(stack: contextlib.ExitStack, rtt_ms: float) -> Host:
 
     disk = rootfs.DataDisk.attach(folder / "data.img", 64)
     stack.callback(_guarded, "detach the data disk", disk.detach)
-    vm = rootfs.ThrowawayHost(folder / "host", Path(f"{key}.pub").read_text(), disk_device=disk.device,
+    vm = rootfs.ThrowawayHost(rootfs.host_folder(), Path(f"{key}.pub").read_text(), disk_device=disk.device,
                               login_shell="/bin/bash")  # bash as on a VM, not the tests' recording shell
     stack.callback(_guarded, "remove the throwaway host", vm.remove)  # runs before the detach
     vm.start()

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,11 +146,12 @@ class TestHost:
         return {**os.environ, "TPU_GRPO_STATE": str(self.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200",
                 **(extra or {})}
 
-    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600,
-               env: dict | None = None) -> subprocess.CompletedProcess:
-        """Run `invoke TASK --host ... --identity ...` for real, as a user would."""
+    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600, env: dict | None = None,
+               project: Path = ROOT) -> subprocess.CompletedProcess:
+        """Run `invoke TASK --host ... --identity ...` for real, as a user would (in `project`: whose
+        Pulumi.dev.yaml is the stack)."""
         return subprocess.run(self.argv(task, *args, vars=vars), capture_output=True, text=True, env=self.env(env),
-                              cwd=ROOT, timeout=timeout)
+                              cwd=project, timeout=timeout)
 
     def on_host(self, *argv: str) -> subprocess.CompletedProcess:
         """Run a command as root in the host's own namespaces and root (its processes, mounts, /dev/shm)."""
@@ -189,7 +189,7 @@ def statuses(result) -> dict[str, str]:
 def throwaway_host(key_pair):
     """A host of its own root file system and namespaces (tests/rootfs.py): what a test provisions
     there never lands on this machine. Removed afterwards, every process and mount of it."""
-    host = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text())
+    host = rootfs.ThrowawayHost(rootfs.host_folder(), key_pair[1].read_text())
     try:
         yield host.start()
     finally:
@@ -205,7 +205,7 @@ def make_host(key_pair, tmp_path_factory):
 
     def make(disk_mb: int = 64, boot: bool = True, **where) -> TestHost:
         disk = rootfs.DataDisk.attach(tmp_path_factory.mktemp("disk") / "data.img", disk_mb) if disk_mb else None
-        vm = rootfs.ThrowawayHost(Path(tempfile.mkdtemp(prefix="tpu-grpo-host-")), key_pair[1].read_text(),
+        vm = rootfs.ThrowawayHost(rootfs.host_folder(), key_pair[1].read_text(),
                                   disk_device=disk.device if disk else None, **where)
         made.append(TestHost(vm, disk, key_pair[0], tmp_path_factory.mktemp("state")))
         vm.prepare()
@@ -242,8 +242,9 @@ class WorkloadHost:
         path = self.host.user.home / f".standin/{name}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def invoke(self, task: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-        return self.host.invoke(task, *args, vars=False, timeout=timeout, env=env)
+    def invoke(self, task: str, *args: str, timeout: int = 600, env: dict | None = None,
+               project: Path = ROOT) -> subprocess.CompletedProcess:
+        return self.host.invoke(task, *args, vars=False, timeout=timeout, env=env, project=project)
 
     def chain(self, *tasks: tuple[str, ...]) -> subprocess.CompletedProcess:
         """Several tasks in one `invoke` command line, as the README's quick start runs them."""
@@ -252,9 +253,9 @@ class WorkloadHost:
             argv += [task, "--host", self.host.spec, "--identity", str(self.host.key), *args]
         return subprocess.run(argv, capture_output=True, text=True, env=self.host.env(), cwd=ROOT, timeout=600)
 
-    def popen(self, task: str, *args: str) -> subprocess.Popen:
+    def popen(self, task: str, *args: str, project: Path = ROOT) -> subprocess.Popen:
         """`invoke TASK` started in the background, as a user's terminal would run it."""
-        return subprocess.Popen(self.host.argv(task, *args, vars=False), env=self.host.env(), cwd=ROOT, text=True,
+        return subprocess.Popen(self.host.argv(task, *args, vars=False), env=self.host.env(), cwd=project, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def processes(self) -> list[str]:

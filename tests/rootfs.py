@@ -36,6 +36,8 @@ SUITE = "bookworm"
 PACKAGES = ("openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd,procps,e2fsprogs,"
             "build-essential,cmake,ninja-build,git")
 CACHE = Path(os.environ.get("TPU_GRPO_TEST_CACHE") or Path.home() / ".cache" / "tpu-grpo-tests")
+HOST_PREFIX = "tpu-grpo-host-"  # the folders of the throwaway hosts (a temporary folder each)
+MADE: set[Path] = set()  # this test process's hosts' folders
 USER = "tpu"  # the host's own account: its /etc/passwd is its own, so the name never clashes
 
 
@@ -163,6 +165,7 @@ class ThrowawayHost:
     def prepare(self) -> "ThrowawayHost":
         """The host's disk as a VM's is before it boots: root, keys, user, sudoers, sshd's config."""
         base = base_root()
+        MADE.add(self.folder)
         for name in ("upper", "work", "root"):
             (self.folder / name).mkdir(parents=True)
         sh("mount", "-t", "overlay", "overlay", "-o",
@@ -244,6 +247,11 @@ class ThrowawayHost:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def host_folder() -> Path:
+    """A new folder for one throwaway host."""
+    return Path(tempfile.mkdtemp(prefix=HOST_PREFIX))
+
+
 def unused_uid() -> int:
     """A uid no account of the machine has (the host's account is only in the host's /etc/passwd)."""
     while True:
@@ -265,7 +273,9 @@ def difference(before, after) -> object:
 
 def machine_state() -> dict[str, object]:
     """What the test machine must have exactly as before the throwaway hosts' tests: its packages,
-    users and groups, every file of /etc and /usr/local (size, mode, mtime), and its mounts."""
+    users and groups, every file of /etc and /usr/local (size, mode, mtime), and its mounts. Another
+    test session's throwaway hosts, and the /run/netns that `ip netns` shares among all sessions,
+    are not this session's to answer for."""
     def tree(top: str) -> dict[str, tuple[int, int, int]]:
         found = {}
         for folder, _, names in os.walk(top):
@@ -278,7 +288,11 @@ def machine_state() -> dict[str, object]:
                 found[path] = (info.st_size, info.st_mode, info.st_mtime_ns)
         return found
 
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    ours = [str(folder) for folder in MADE]
+    mounts = [mount for mount in mounts if mount != "/run/netns" and not (
+        HOST_PREFIX in mount and not any(mount.startswith(folder + "/") for folder in ours))]
     return {"packages": sh("dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n").stdout,
             "users": Path("/etc/passwd").read_text() + Path("/etc/group").read_text(),
             "etc": tree("/etc"), "usr_local": tree("/usr/local"),
-            "mounts": sorted(line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines())}
+            "mounts": sorted(mounts)}

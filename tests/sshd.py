@@ -58,18 +58,31 @@ def offline(uid: int):
 NETNS = Path("/run/netns")
 
 
+#: Names and addresses of this test process's own: two test sessions at once never share a bridge.
+SESSION = f"{os.getpid() % 4096:03x}"
+
+
 @dataclass
 class Bridge:
-    """A bridge with one network namespace per host on veth links, reaching the
-    package registries through this machine (forwarding and masquerade) as a real VM would."""
-    namespaces: tuple[str, ...]
-    name: str = "tgb0"
-    subnet: str = "10.231.0"
+    """A bridge with one network namespace per host on veth links, reaching the package registries
+    through this machine (forwarding and masquerade) as a real VM would. Hosts are named by a
+    label ("a"); `netns(label)` is the namespace's name, unique to this test process."""
+    labels: tuple[str, ...]
+    name: str = f"tgb{SESSION}"
+    subnet: str = f"10.{100 + os.getpid() % 100}.0"
     forwarding: str = ""
     netns_folder_was_there: bool = True
 
-    def address(self, namespace: str) -> str:
-        return f"{self.subnet}.{self.namespaces.index(namespace) + 2}"
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.netns(label) for label in self.labels]
+
+    @staticmethod
+    def netns(label: str) -> str:
+        return f"tg{label}{SESSION}"
+
+    def address(self, label: str) -> str:
+        return f"{self.subnet}.{self.labels.index(label) + 2}"
 
     @staticmethod
     def veth(namespace: str) -> str:
@@ -86,24 +99,24 @@ class Bridge:
                    f"    type nat hook postrouting priority srcnat;\n"
                    f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n')
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
-        for namespace in self.namespaces:
+        for label, namespace in zip(self.labels, self.namespaces):
             sh("ip", "netns", "add", namespace)
             sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0",
                        "netns", namespace)
             sh("ip", "link", "set", self.veth(namespace), "master", self.name, "up")
-            for command in (["addr", "add", f"{self.address(namespace)}/24", "dev", "eth0"],
+            for command in (["addr", "add", f"{self.address(label)}/24", "dev", "eth0"],
                             ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
                             ["route", "add", "default", "via", f"{self.subnet}.1"]):
                 sh("ip", "-n", namespace, *command)
         return self
 
-    def cut(self, namespace: str) -> None:
-        """A partition: the namespace's link goes down, so nothing reaches it any more."""
-        sh("ip", "link", "set", self.veth(namespace), "down")
+    def cut(self, label: str) -> None:
+        """A partition: the host's link goes down, so nothing reaches it any more."""
+        sh("ip", "link", "set", self.veth(self.netns(label)), "down")
 
-    def mend(self, namespace: str) -> None:
+    def mend(self, label: str) -> None:
         """The link comes back, as after a network blip."""
-        sh("ip", "link", "set", self.veth(namespace), "up")
+        sh("ip", "link", "set", self.veth(self.netns(label)), "up")
 
     def down(self) -> None:
         for namespace in self.namespaces:

@@ -87,12 +87,19 @@ def test_data_disk_is_its_own_resource_and_outlives_the_vm(program, vm):
     [disk] = by_type["Disk"]
     assert disk.inputs["size"] == 500
     assert disk.inputs["zone"] == "us-east5-b"
+    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (10_000, 2400)
     [attached] = vm["attachedDisks"]
     assert attached["source"] == f"(id of {disk.name})"
     assert attached["deviceName"] == "data"
     # Only the boot disk is deleted with the VM; an attached disk never is.
     assert vm["bootDisk"]["autoDelete"] is True
     assert "autoDelete" not in attached
+
+
+def test_data_disk_performance_comes_from_the_stack(stack_values):
+    _, by_type, _ = declared(stack_values, **{"tpu-grpo:dataDiskIops": "3000", "tpu-grpo:dataDiskThroughputMibps": "140"})
+    [disk] = by_type["Disk"]
+    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (3000, 140)
 
 
 def test_firewall_opens_only_port_22_to_the_configured_ranges(program, vm):

@@ -371,11 +371,11 @@ def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monke
 def two_namespaced_hosts(make_host, tmp_path):
     """Hosts A and B: each its own network namespace, sshd on port 22, host key and user; no data
     disk; one laptop state folder that knows both."""
-    bridge = harness.Bridge(("tgn-a", "tgn-b"))
+    bridge = harness.Bridge(("a", "b"))
     try:
         bridge.up()
-        made = [make_host(disk_mb=0, address=bridge.address(namespace), port=22, netns=namespace)
-                for namespace in bridge.namespaces]
+        made = [make_host(disk_mb=0, address=bridge.address(label), port=22, netns=bridge.netns(label))
+                for label in bridge.labels]
         (tmp_path / "known_hosts").write_text("".join(host.vm.known_hosts_line for host in made))
         yield bridge, made, tmp_path
     finally:
@@ -396,7 +396,7 @@ def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_na
         while not any("pip install --user" in command for command in b.user.commands()):
             assert run.poll() is None and time.monotonic() < deadline, "B never started installing uv"
             time.sleep(0.01)
-        bridge.cut(b.vm.netns)  # B is in the middle of a step
+        bridge.cut("b")  # B is in the middle of a step
         cut_at, a_commands_at_cut = time.monotonic(), len(a.user.commands())
         stdout, stderr = run.communicate(timeout=180)
         after_cut_s = time.monotonic() - cut_at

@@ -73,12 +73,9 @@ def tree(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def expected_tree(steps: dict[int, int]) -> set[str]:
-    """output-tree.txt with checkpoint steps renamed (of rehearsal steps mapped to the same step,
-    the first one's checkpoint is the one written) and the real events file's name."""
-    first = {}
-    for old in sorted(steps):
-        first.setdefault(steps[old], old)
+def expected_tree(checkpoints: dict[int, int]) -> set[str]:
+    """output-tree.txt with the checkpoints written (step -> the recording's checkpoint whose files
+    it holds) instead of the recording's, and the real events file's name."""
     out = set()
     for line in (FIXTURES / "output-tree.txt").read_text().splitlines():
         rel = line.strip()[2:]
@@ -86,10 +83,10 @@ def expected_tree(steps: dict[int, int]) -> set[str]:
             continue
         parts = rel.split("/")
         if parts[:2] == ["checkpoints", "actor"] and len(parts) > 2:
-            old = int(parts[2])
-            if first[steps[old]] != old:
-                continue
-            parts[2] = str(steps[old])
+            for step, recorded in checkpoints.items():
+                if int(parts[2]) == recorded:
+                    out.add("/".join([*parts[:2], str(step), *parts[3:]]))
+            continue
         if parts[0] == "tensorboard" and len(parts) > 1:
             continue
         out.add("/".join(parts))
@@ -180,7 +177,7 @@ def test_train_rl_replays_the_recording_with_mapped_steps(home):
     assert b"[step=1]" in out.stderr  # Orbax's own lines are left as recorded
 
     run_dir = home / "post-train" / "smoke"
-    assert tree(run_dir) == expected_tree({1: 13, 2: 25, 4: 50})
+    assert tree(run_dir) == expected_tree({1: 1, 50: 4})  # rl.yml's checkpoint_period 50: the first step, the last
     for events in (FIXTURES / "tensorboard").iterdir():
         assert (run_dir / "tensorboard" / events.name).read_bytes() == events.read_bytes()
     assert (run_dir / "checkpoints/actor/50/model_params/_METADATA").stat().st_size > 0
@@ -188,7 +185,8 @@ def test_train_rl_replays_the_recording_with_mapped_steps(home):
 
 
 def test_train_rl_default_four_steps_is_the_recording_itself(home):
-    args = [a for a in train_args(home, 4) if not a.startswith("num_batches=")]
+    """The recording's own run: num_batches 4 (rl.yml's default), checkpoint_period 2."""
+    args = [a for a in train_args(home, 4) if not a.startswith("num_batches=")] + ["checkpoint_period=2"]
     out = run(home, TRAIN_RL, *args)
     assert out.returncode == 0, out.stderr
     assert out.stderr == b"\n".join(fixture_lines("train_rl.cpu-rehearsal.log")) + b"\n"
@@ -196,9 +194,9 @@ def test_train_rl_default_four_steps_is_the_recording_itself(home):
 
 
 @pytest.mark.parametrize("num_batches, steps, evals, checkpoints", [
-    (1, [1], [1], {1: 1, 2: 1, 4: 1}),
-    (2, [1, 2], [1, 2], {1: 1, 2: 1, 4: 2}),
-    (3, [1, 2, 3], [2, 3], {1: 1, 2: 2, 4: 3}),
+    (1, [1], [1], {1: 4}),
+    (2, [1, 2], [1, 2], {1: 2, 2: 4}),
+    (3, [1, 2, 3], [2, 3], {1: 1, 3: 4}),
 ])
 def test_train_rl_fewer_steps_drops_repeated_step_lines(home, num_batches, steps, evals, checkpoints):
     out = run(home, TRAIN_RL, *train_args(home, num_batches))
@@ -236,8 +234,47 @@ def test_train_rl_killed_mid_run_leaves_a_partial_tree(home):
         proc.kill()
         proc.wait()
     actor = home / "post-train" / "smoke" / "checkpoints" / "actor"
-    assert sorted(p.name for p in actor.iterdir()) == ["13"]
+    assert sorted(p.name for p in actor.iterdir()) == ["1"]  # Orbax saves a new run's first step
     assert (home / "post-train" / "smoke" / "tensorboard").is_dir()
+
+
+def steps_in(output: bytes) -> list[int]:
+    return [int(step) for step in TRAIN_STEP.findall(output)]
+
+
+def test_train_rl_checkpoints_every_period_and_keeps_the_newest(home):
+    out = run(home, TRAIN_RL, *train_args(home, 8), "checkpoint_period=2", "max_num_checkpoints_to_keep=2")
+    assert out.returncode == 0, out.stderr
+    actor = home / "post-train" / "smoke" / "checkpoints" / "actor"
+    assert sorted(int(p.name) for p in actor.iterdir()) == [6, 8]  # 1, 2, 4, 6, 8 written; the newest two kept
+    assert steps_in(out.stderr) == [2, 4, 6, 8]
+
+
+def test_train_rl_restarted_resumes_after_its_newest_checkpoint(home):
+    """As train_rl does: the same run name and output folder restore the newest checkpoint; the
+    pre-training evaluation runs again, the steps done before do not."""
+    control(home, line_delay_s=0.001)
+    args = [*train_args(home, 8), "checkpoint_period=2", "max_num_checkpoints_to_keep=2"]
+    proc = subprocess.Popen([sys.executable, "-m", TRAIN_RL, *args], env=tutorial_env(home), cwd=home,
+                            stderr=subprocess.PIPE)
+    try:
+        for line in proc.stderr:
+            if TRAIN_STEP.search(line) and steps_in(line) == [4]:
+                break
+        proc.kill()  # the VM is gone
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    actor = home / "post-train" / "smoke" / "checkpoints" / "actor"
+    assert sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) == [2, 4]
+    control(home)
+    again = run(home, TRAIN_RL, *args)
+    assert again.returncode == 0, again.stderr
+    assert f"restored checkpoint 4 from {actor}; training resumes at step 5 of 8".encode() in again.stderr
+    assert steps_in(again.stderr) == [6, 8]
+    assert again.stderr.count(b"Pre RL Training: ") == 1 and b"Post RL Training: " in again.stderr
+    assert sorted(int(p.name) for p in actor.iterdir()) == [6, 8]
 
 
 def test_to_huggingface_replays_and_exports_the_real_files(home):

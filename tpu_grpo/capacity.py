@@ -1,6 +1,6 @@
 """How the chips are obtained (`tpu-grpo:capacity`): one row per way, with its Compute Engine
 scheduling arguments, the equivalent gcloud flags, whether a stopped VM can be started again,
-its idle-stop default and its price. The Pulumi program, `invoke plan`, `invoke up` and the
+its idle-stop and checkpoint-store defaults and its price. The Pulumi program, `invoke plan`, `invoke up` and the
 cost line all read this table.
 """
 
@@ -34,6 +34,10 @@ class Capacity:
     price_source: str = ""
     #: Billed whether or not the VM runs (the reservation's hours are paid anyway).
     billed_when_stopped: bool = False
+    #: Where checkpoints go by default (tpu_grpo/stores.py); a VM that is taken away needs one
+    #: that outlives it, and is refused /dev/shm.
+    checkpoint_store: str = "shm"
+    shm_refused_because: str = ""
 
     def gcloud_flags(self, reservation: str | None, max_run_hours: int | None) -> list[str]:
         """This capacity's `gcloud compute instances create` flags, in the tutorial's order."""
@@ -67,13 +71,16 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("spot", "SPOT",
              {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
               "instance_termination_action": "DELETE"},
-             restartable=False, usd_per_chip_hour=1.08,
+             restartable=False, usd_per_chip_hour=1.08, checkpoint_store="disk",
+             shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
              price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
                           "documentation); 60% off the on-demand $2.70; the real price varies by region and day"),
     # Dynamic Workload Scheduler: runs at most max_run_duration, then is deleted.
     Capacity("flex-start", "FLEX_START",
              {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
-             affinity="NO_RESERVATION", restartable=False, usd_per_chip_hour=2.70,
+             affinity="NO_RESERVATION", restartable=False, usd_per_chip_hour=2.70, checkpoint_store="disk",
+             shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
+                                 "whole run",
              price_source=f"upper bound: flex-start is billed below on-demand, by a discount that varies; "
                           f"{ON_DEMAND_SOURCE}"),
     Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, restartable=True,

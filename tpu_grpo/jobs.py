@@ -129,12 +129,14 @@ cat "$dir/pid"
     return int(result.stdout.split()[-1])
 
 
-_LIST = f"""cd {JOBS} 2>/dev/null || exit 0
+#: A job runs while its processes hold the TPU lock: after a reboot its old pid may be another process's.
+_LIST = f"""held=; [ -e {TPU_LOCK} ] && ! flock -n {TPU_LOCK} true && held=1
+cd {JOBS} 2>/dev/null || exit 0
 for dir in $(ls -1 | sort); do
   [ -f "$dir/job.json" ] || continue
   pid=$(cat "$dir/pid" 2>/dev/null || echo 0)
   if [ -f "$dir/exit_code" ]; then state=finished; code=$(cat "$dir/exit_code"); finished=$(stat -c %Y "$dir/exit_code")
-  elif [ "$pid" != 0 ] && kill -0 -- "-$pid" 2>/dev/null; then state=running; code=; finished=
+  elif [ -n "$held" ] && [ "$pid" != 0 ] && kill -0 -- "-$pid" 2>/dev/null; then state=running; code=; finished=
   else state=lost; code=; finished=; fi
   [ -f "$dir/cancelled" ] && state=cancelled
   size=$(stat -c %s "$dir/log" 2>/dev/null || echo 0)

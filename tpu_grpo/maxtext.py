@@ -2,9 +2,11 @@
 
 Each step is one bash script: the tutorial's `export`s, cumulative as in its one shell
 session, then `python3 -m MODULE key=value ...` rendered from one mapping of overrides per
-step, which `--set KEY=VALUE` extends or overrides. The one deliberate difference: the
-Hugging Face token is read from the host's token file into `HF_TOKEN` (which MaxText
-0.2.3 reads itself), never passed as `hf_access_token=` on the command line.
+step, which `--set KEY=VALUE` extends or overrides. Deliberate differences: the Hugging Face
+token is read from the host's token file into `HF_TOKEN` (which MaxText 0.2.3 reads itself),
+never passed as `hf_access_token=` on the command line; with a checkpoint store other than
+/dev/shm (tpu_grpo/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
+store; and a checkpoint period or count other than MaxText's own is passed to train_rl.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Mapping
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
+from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
 
 STEPS = ("convert", "train", "export")
 MODULES = {
@@ -30,7 +33,9 @@ MODULES = {
 OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
               "hf_access_token": "the host's token file (invoke provision --tags token)",
               "load_parameters_path": "--step (export) or the converted checkpoint (train)",
-              "base_output_directory": "the tutorial's /dev/shm paths"}
+              "base_output_directory": "tpu-grpo:checkpointStore",
+              "checkpoint_period": "tpu-grpo:checkpointPeriod",
+              "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep"}
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: A folder being written is NAME.partial until it is complete (tpu_grpo.artifacts.save_script).
 RESERVED_SUFFIX = ".partial"
@@ -57,6 +62,9 @@ class Run:
     run_name: str
     sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
     step: int | None = None  # the checkpoint to export (default: the last, num_batches)
+    store: Store = STORES["shm"]
+    checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
+    checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
 
     @property
     def export_step(self) -> int:
@@ -64,7 +72,8 @@ class Run:
 
     def inputs(self, step: str) -> dict:
         """What a step's result depends on: equal inputs mean a done step can be reused."""
-        common = {"model": self.model, "use_pathways": self.use_pathways, "convert_set": dict(self.sets.get("convert", {}))}
+        common = {"model": self.model, "use_pathways": self.use_pathways, "store": self.store.name,
+                  "convert_set": dict(self.sets.get("convert", {}))}
         if step == "convert":
             return {**common, "lazy_load_tensors": self.lazy_load_tensors}
         trained = {**common, "run_name": self.run_name, "batches": self.batches, "test_batches": self.test_batches,
@@ -135,12 +144,12 @@ def environment(run: Run, step: str) -> list[tuple[str, str]]:
     machine = run.machine.tpu_env()
     convert = [
         ("MODEL_NAME", _q(run.model)),
-        ("MODEL_CHECKPOINT_DIRECTORY", "/dev/shm/$MODEL_NAME/mt-format/"),
+        ("MODEL_CHECKPOINT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/mt-format/"),
         ("USE_PATHWAYS", "1" if run.use_pathways else "0"),
         ("LAZY_LOAD_TENSORS", "True" if run.lazy_load_tensors else "False"),
     ]
     train = [
-        ("BASE_OUTPUT_DIRECTORY", "/dev/shm/$MODEL_NAME/post-train/"),
+        ("BASE_OUTPUT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/post-train/"),
         ("RUN_NAME", _q(run.run_name)),
         ("CHIPS_PER_VM", machine["CHIPS_PER_VM"]),
         ("NUM_BATCHES", str(run.batches)),
@@ -198,6 +207,11 @@ def overrides(run: Run, step: str) -> dict[str, str]:
             "weight_dtype": "bfloat16",
         },
     }[step]
+    if step == "train":
+        if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
+            mapping["checkpoint_period"] = str(run.checkpoint_period)
+        if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:
+            mapping["max_num_checkpoints_to_keep"] = str(run.checkpoints_to_keep)
     mapping.update({key: _q(value) for key, value in run.sets.get(step, {}).items()})
     return mapping
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, settings
+from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, settings, stores
 from tpu_grpo.errors import UserError
 from tpu_grpo.progress import total_steps
 
@@ -21,9 +21,6 @@ PIPELINE = ("convert", "train", "export", "save")
 MODELS = f"{jobs.ROOT}/models"
 PIPELINES = f"{jobs.ROOT}/pipelines"
 RUNS = f"{jobs.ROOT}/runs"
-#: Free space a run of an 8B model needs (GB): /dev/shm holds the converted checkpoint, the
-#: training checkpoint (parameters and Adam state) and the export; the data disk the saved model.
-NEED_GB = {"shm": 120.0, "data": 20.0}
 LOG_TAIL_LINES = 15
 
 
@@ -185,7 +182,7 @@ free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
 [ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
 mkdir -p {jobs.ROOT}
 free=$(df -Pk {jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
-[ "$free" -ge {data_kb} ] || echo "fail: the data disk ({jobs.ROOT}) has $((free / 1048576)) GB free, a saved model needs {need_gb['data']:g}; fix: remove old models in {MODELS} or grow dataDiskGb"
+[ "$free" -ge {data_kb} ] || echo "fail: the data disk ({jobs.ROOT}) has $((free / 1048576)) GB free, a run needs {need_gb['data']:g}; fix: remove old models in {MODELS} or grow dataDiskGb"
 {tpu}
 """
 
@@ -197,10 +194,10 @@ def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu
         raise PipelineError("preflight failed: " + " | ".join(failures))
 
 
-def parse_need_gb(text: str | None) -> dict[str, float]:
-    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}."""
+def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
+    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs."""
     if text is None:
-        return dict(NEED_GB)
+        return stores.need_gb(run.store, run.checkpoints_to_keep)
     parts = str(text).split(",")
     try:
         shm, data = (float(part) for part in parts)
@@ -345,7 +342,8 @@ def build_run(stack: str | None, *, batches=None, run_name: str | None = None, s
         lazy_load_tensors=chosen.lazy_load_tensors, machine=chosen.machine,
         run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
         sets=maxtext.parse_sets(sets, default_step),
-        step=maxtext.check_count("--step", step) if step is not None else None)
+        step=maxtext.check_count("--step", step) if step is not None else None,
+        store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep)
 
 
 def trained_runs(connection) -> list[dict]:
@@ -364,7 +362,8 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
                             "(or name a trained run: uv run invoke status)")
     inputs = trained[-1]["inputs"]
     run = replace(run, run_name=trained[-1]["run"], batches=inputs["batches"], test_batches=inputs["test_batches"],
-                  sets={**run.sets, "train": inputs.get("train_set", {})})
+                  sets={**run.sets, "train": inputs.get("train_set", {})},
+                  store=stores.STORES.get(inputs.get("store", "shm"), run.store))  # where it was trained
     folder = maxtext.paths(run)["checkpoints"]
     result = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null | grep -E '^[0-9]+$' | sort -n")
     steps = [int(line) for line in result.stdout.split()]

@@ -39,7 +39,7 @@ def _fetched_record(run: str) -> Path:
 
 def runs_on_host(connection) -> dict[str, dict | None]:
     """Every run with a trained model on the host -> None when saved on the data disk, else the
-    training's record (its inputs): the model is then only in /dev/shm."""
+    training's record (its inputs): the model is then only in the checkpoint store, not saved."""
     result = hosts.run_script(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
                                    f"for f in {jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); "
                                    "done; true")
@@ -77,7 +77,8 @@ def unfetched(session: jobs.Session) -> list[str]:
         if trained is None:
             lines.append(f"run {run}: saved on the data disk only; fix: uv run invoke fetch --run {run}")
         else:
-            lines.append(f"run {run}: trained, only in /dev/shm; fix: {finish_command(trained)} "
+            lines.append(f"run {run}: trained, not saved (in /dev/shm, if its store is shm); "
+                         f"fix: {finish_command(trained)} "
                          f"(exports and saves it), then uv run invoke fetch --run {run}")
     return lines
 
@@ -122,19 +123,19 @@ def _train_job(connection, run: str | None) -> jobs.Job:
 
 
 def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
-    """The run's TensorBoard folder and its event files: in /dev/shm while the run is there,
-    else the copy `save` made on the data disk."""
+    """The run's TensorBoard folder and its event files: in the checkpoint store while the run is
+    there (/dev/shm empties at a restart), else the copy `save` made on the data disk."""
     from tpu_grpo import metrics
 
-    shm = f"{job.meta['paths']['run']}/tensorboard"
+    live = f"{job.meta['paths']['run']}/tensorboard"
     archived = f"{pipeline.run_archive(job.run)}/tensorboard"
-    for folder in (shm, archived):
+    for folder in (live, archived):
         remote = hosts.run_script(connection, f"cd {folder} 2>/dev/null && pwd").stdout.strip()
         if remote:
             names = [name for name in sftp.listdir(remote) if name.startswith("events.")]
             if names:
                 return remote, names
-    raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {shm} (/dev/shm does not survive a "
+    raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live} (/dev/shm does not survive a "
                                f"restart) nor in {archived} (the pipeline's save copies them there); "
                                "fix: point --events at a copy")
 

@@ -23,6 +23,7 @@ import yaml
 from tpu_grpo.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS, Capacity
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
+from tpu_grpo.stores import STORES, Store
 
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
@@ -31,6 +32,13 @@ STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default:
 
 MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
 MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer state is tens of GB
+#: Hyperdisk Balanced's provisioned performance: at most 160,000 IOPS and 2,400 MiB/s per volume, and
+#: 3,000 IOPS and 140 MiB/s included at no charge (Compute Engine's "About Hyperdisk Balanced").
+DATA_DISK_IOPS = (3000, 160_000)
+DATA_DISK_THROUGHPUT_MIBPS = (140, 2400)
+#: The data disk's defaults: the most throughput a volume takes, so that a checkpoint of the 8B model
+#: (tpu_grpo/stores.py) is written in about 40 s, and IOPS to go with it.
+DEFAULT_DATA_DISK_IOPS, DEFAULT_DATA_DISK_THROUGHPUT_MIBPS = 10_000, DATA_DISK_THROUGHPUT_MIBPS[1]
 #: MaxText 0.2.3 model names this project knows how to train and export.
 MODELS = ("llama3.1-8b", "llama3.1-8b-Instruct")
 PUBLIC_KEY_TYPES = (
@@ -109,8 +117,20 @@ KEYS: tuple[Key, ...] = (
         "itself off; 0: never (default 60, reservation: 0)", "60", required=False),
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME)", "tpu-grpo"),
     Key(f"{PROJECT}:machineType", str, "TPU machine type: " + ", ".join(MACHINES), "ct6e-standard-8t"),
+    Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " (default "
+        "shm; disk for spot and flex-start, which refuse shm)", "disk", required=False),
+    Key(f"{PROJECT}:checkpointPeriod", int, "training steps between checkpoints, MaxText's checkpoint_period "
+        "(default 50 on shm, 10 on disk)", "10", required=False),
+    Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
+        "on shm, 2 on disk)", "2", required=False),
     Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB (at least {MIN_BOOT_DISK_GB})", "200"),
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500"),
+    Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
+        f"{DATA_DISK_IOPS[1]}; default {DEFAULT_DATA_DISK_IOPS})", str(DEFAULT_DATA_DISK_IOPS), required=False),
+    Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
+        f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default "
+        f"{DEFAULT_DATA_DISK_THROUGHPUT_MIBPS}: a checkpoint in about 40 s)", str(DEFAULT_DATA_DISK_THROUGHPUT_MIBPS),
+        required=False),
     Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu"),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub"),
     Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32"),
@@ -144,8 +164,13 @@ class Settings:
     idle_stop_minutes: int
     vm_name: str
     machine_type: str
+    checkpoint_store: str
+    checkpoint_period: int
+    checkpoints_to_keep: int
     boot_disk_gb: int
     data_disk_gb: int
+    data_disk_iops: int
+    data_disk_throughput_mibps: int
     ssh_user: str
     ssh_public_key_path: str
     ssh_public_key: str
@@ -175,6 +200,11 @@ class Settings:
     def obtained(self) -> Capacity:
         """The capacity row: how the chips are obtained, billed and restarted."""
         return CAPACITIES[self.capacity]
+
+    @property
+    def store(self) -> Store:
+        """Where the checkpoints and runs live."""
+        return STORES[self.checkpoint_store]
 
     @property
     def usd_per_hour(self) -> float:
@@ -270,6 +300,15 @@ def _problem(key: Key, value: Any) -> str | None:
         return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
+    if short == "checkpointStore" and value not in STORES:
+        return "is not a checkpoint store (" + ", ".join(STORES) + ")"
+    if short in ("checkpointPeriod", "checkpointsToKeep") and value < 1:
+        return "must be at least 1"
+    if short == "dataDiskIops" and not DATA_DISK_IOPS[0] <= value <= DATA_DISK_IOPS[1]:
+        return f"is outside Hyperdisk Balanced's {DATA_DISK_IOPS[0]} to {DATA_DISK_IOPS[1]} IOPS"
+    if short == "dataDiskThroughputMibps" and not DATA_DISK_THROUGHPUT_MIBPS[0] <= value <= DATA_DISK_THROUGHPUT_MIBPS[1]:
+        return (f"is outside Hyperdisk Balanced's {DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]} "
+                "MiB/s")
     if short == "bootDiskGb" and value < MIN_BOOT_DISK_GB:
         return f"is under the tutorial's {MIN_BOOT_DISK_GB} GB boot disk"
     if short == "dataDiskGb" and value < MIN_DATA_DISK_GB:
@@ -317,6 +356,25 @@ def _check_capacity(values: dict[str, Any]) -> None:
                             f"run time (capacity is {capacity})", f"pulumi config rm {hours.name}")
     if values["idleStopMinutes"] is None:
         values["idleStopMinutes"] = CAPACITIES[capacity].idle_stop_minutes
+    _check_store(values, CAPACITIES[capacity])
+
+
+def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
+    """The checkpoint store, how often it is written, and the data disk's performance: defaults that fit
+    the capacity."""
+    store = KEY[f"{PROJECT}:checkpointStore"]
+    values["checkpointStore"] = values["checkpointStore"] or capacity.checkpoint_store
+    if values["checkpointStore"] == "shm" and capacity.shm_refused_because:
+        raise SettingsError(store.name, "shm", f"loses the run with capacity {capacity.name}: "
+                            f"{capacity.shm_refused_because}", f"{store.set_command('disk')} (or pulumi config rm "
+                            f"{store.name}: {capacity.checkpoint_store} is this capacity's default)")
+    chosen = STORES[values["checkpointStore"]]
+    if values["checkpointPeriod"] is None:
+        values["checkpointPeriod"] = chosen.checkpoint_period
+    if values["checkpointsToKeep"] is None:
+        values["checkpointsToKeep"] = chosen.checkpoints_to_keep
+    values["dataDiskIops"] = values["dataDiskIops"] or DEFAULT_DATA_DISK_IOPS
+    values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or DEFAULT_DATA_DISK_THROUGHPUT_MIBPS
 
 
 def unknown_key(name: str, value: Any) -> SettingsError:

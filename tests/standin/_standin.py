@@ -23,7 +23,9 @@ SIGNALS_FILE = Path(".standin") / "signals.jsonl"
 SHORT_NAMES = ("to_maxtext", "train_rl", "to_huggingface")
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "maxtext-0.2.3"
 DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None}
-REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4: train steps 1..4, checkpoints 1, 2, 4
+REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4, checkpoint_period=2: train steps 1..4, checkpoints 1, 2, 4
+#: MaxText 0.2.3's rl.yml defaults, used when the command line does not set them (as MaxText does).
+MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP = 50, 10
 TRAIN_STEP = re.compile(rb"\] Train step (\d+) ")
 EVAL_STEP = re.compile(rb"Intermediate Eval \(step=(\d+)\)")
 TIME_TRAILER = re.compile(rb"(real|user|sys)\t\d+m[0-9.]+s")
@@ -169,6 +171,16 @@ def check_load_path(args: dict[str, str], key: str = "load_parameters_path") -> 
 # ---------------------------------------------------------------- replay
 
 
+def count_arg(args: dict[str, str], key: str, default: int) -> int:
+    try:
+        value = int(args.get(key, str(default)))
+    except ValueError:
+        raise StandinError(f"stand-in: {key} must be an integer, got {args[key]!r}") from None
+    if value < 1:
+        raise StandinError(f"stand-in: {key} must be at least 1, got {value}")
+    return value
+
+
 def read_log(path: Path) -> list[bytes]:
     """The fixture log as lines (split on \\n only: tqdm's \\r stays inside its line), without
     the trailing blank line and real/user/sys lines that the shell's ``time`` added."""
@@ -308,6 +320,8 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
     check_load_path(args)
     run = Path(os.path.join(base, run_name))
 
+    period = count_arg(args, "checkpoint_period", MAXTEXT_CHECKPOINT_PERIOD)
+    keep = count_arg(args, "max_num_checkpoints_to_keep", MAXTEXT_CHECKPOINTS_TO_KEEP)
     tree = output_tree(fixtures)
     by_step: dict[int, list[str]] = {}
     debug: list[str] = []
@@ -318,36 +332,57 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         elif parts[0] == "debug_rl_logs" and not is_dir:
             debug.append(rel)
 
+    actor = run / "checkpoints" / "actor"
+    saved = sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) if actor.is_dir() else []
+    restored = saved[-1] if saved else 0
+    if restored:  # train_rl restores the newest checkpoint and goes on after its step
+        out.say(f"stand-in train_rl: restored checkpoint {restored} from {actor}; training resumes at step "
+                f"{restored + 1} of {num_batches}")
     # TensorBoard's writer opens its file at start: copy the real events file now.
     for events in sorted((fixtures / "tensorboard").iterdir()):
         write_file(run / "tensorboard" / events.name, events.read_bytes())
     (run / "debug_rl_logs").mkdir(parents=True, exist_ok=True)
-    (run / "checkpoints" / "actor").mkdir(parents=True, exist_ok=True)
+    actor.mkdir(parents=True, exist_ok=True)
 
     def save_checkpoint(step: int) -> None:
-        """Orbax-like: write <step>.orbax-checkpoint-tmp, then rename it to <step>."""
-        actor = run / "checkpoints" / "actor"
-        final = actor / str(map_step(step, num_batches))
-        if final.exists():
-            return
+        """Orbax-like: write <step>.orbax-checkpoint-tmp, rename it to <step>, then drop the oldest
+        beyond `keep`. Its files are those of the recording's checkpoint nearest below it."""
+        final = actor / str(step)
         tmp = actor / f"{final.name}.orbax-checkpoint-tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        subtree = {rel: tree[f"checkpoints/actor/{step}/{rel}"] for rel in by_step[step] if rel}
+        recorded = max((k for k in by_step if map_step(k, num_batches) <= step), default=min(by_step))
+        subtree = {rel: tree[f"checkpoints/actor/{recorded}/{rel}"] for rel in by_step[recorded] if rel}
         write_tree(tmp, list(subtree), subtree)
         os.rename(tmp, final)
+        saved.append(step)
+        while len(saved) > keep:
+            shutil.rmtree(actor / str(saved.pop(0)), ignore_errors=True)
+
+    trained = restored
+
+    def train_through(step: int) -> None:
+        """Steps up to `step` are done: Orbax saves the first step of a manager with no checkpoint,
+        every `checkpoint_period`-th, and the last."""
+        nonlocal trained
+        for done in range(trained + 1, step + 1):
+            if not saved or done % period == 0 or done == num_batches:
+                save_checkpoint(done)
+        trained = max(trained, step)
 
     per_step = -(-len(debug) // REHEARSAL_STEPS)
     for line, step in remap_steps(read_log(fixtures / "train_rl.cpu-rehearsal.log"), num_batches):
         if step is not None:
+            if map_step(step, num_batches) <= restored:
+                continue  # done before the restart
             chunk = debug[(step - 1) * per_step:step * per_step]
             write_tree(run, chunk, {rel: False for rel in chunk})
-            if step in by_step:
-                save_checkpoint(step)
+            train_through(map_step(step, num_batches))
+        elif line is not None and (match := EVAL_STEP.search(line)) and int(match.group(1)) <= restored:
+            continue
         if line is not None:
             out.emit(line)
-    for step in sorted(by_step):  # a log without the step lines still leaves the full tree
-        save_checkpoint(step)
+    train_through(num_batches)  # a log without the step lines still trains every step
     write_tree(run, debug, {rel: False for rel in debug})
 
 

@@ -1,0 +1,52 @@
+"""Where MaxText's converted checkpoint and training runs live (`tpu-grpo:checkpointStore`), what
+survives there, and how often a training run writes a checkpoint by default.
+
+MaxText 0.2.3's `train_rl`, restarted with the same run_name and base_output_directory,
+restores the newest checkpoint under `checkpoints/actor/` and goes on from its step; it writes
+one every `checkpoint_period` steps (and the last) and keeps the newest
+`max_num_checkpoints_to_keep`. So a run survives losing the VM exactly when its checkpoints are
+kept somewhere the VM's loss does not take, and loses at most `checkpoint_period` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: MaxText 0.2.3's rl.yml defaults, which the tutorial's command line leaves as they are.
+MAXTEXT_CHECKPOINT_PERIOD = 50
+MAXTEXT_CHECKPOINTS_TO_KEEP = 10
+#: One training checkpoint of the 8B model: float32 parameters (8.03 B x 4 bytes) and Adam's two
+#: float32 moments of the same size.
+CHECKPOINT_GB = 96.0
+
+
+@dataclass(frozen=True)
+class Store:
+    name: str
+    #: The folder that holds `$MODEL_NAME/mt-format/` (the converted checkpoint) and
+    #: `$MODEL_NAME/post-train/` (the runs), as the host's shell writes it.
+    root: str
+    survives: str
+    checkpoint_period: int
+    checkpoints_to_keep: int
+
+
+STORES: dict[str, Store] = {store.name: store for store in (
+    # The tutorial's: RAM, the fastest to write; a reboot, a preemption or the VM's deletion empties it.
+    Store("shm", "/dev/shm", "nothing: a reboot, a preemption or the VM's end empties /dev/shm",
+          MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP),
+    # ~/tpu-grpo is the data disk's (playbooks/host.yml, "caches on the data disk"), which outlives the
+    # VM and is attached to the next one.
+    Store("disk", "~/tpu-grpo/maxtext", "a reboot, a preemption and the VM's deletion: the data disk stays",
+          10, 2),
+)}
+
+
+def need_gb(store: Store, checkpoints_to_keep: int) -> dict[str, float]:
+    """Free space (GB) a run of the 8B model needs in /dev/shm and on the data disk: the converted
+    checkpoint (16), the kept training checkpoints and the export (16, in /dev/shm), and the saved
+    model (16, plus a margin, on the data disk). The shm store writes one checkpoint there (a run
+    of the tutorial's length keeps only its last)."""
+    if store.name == "shm":
+        return {"shm": 120.0, "data": 20.0}
+    return {"shm": 20.0, "data": 20.0 + 16.0 + CHECKPOINT_GB * checkpoints_to_keep}
