@@ -8,6 +8,7 @@ tasks that need them, so `invoke --list` stays instant.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -245,9 +246,11 @@ def _follow(session, job, step, total_steps, verbose, console=None) -> int:
     """Follow to the end; Ctrl-C detaches (the job goes on) and says how to come back."""
     from tpu_grpo import watch
 
+    from tpu_grpo import hosts
+
     console = console or _console()
     try:
-        with one_line_errors():
+        with one_line_errors(keep=(hosts.ConnectError,) if session.vm_gone else ()):
             return watch.follow(session, job, step, console, total_steps, verbose)
     except KeyboardInterrupt:
         console.print(f"\ndetached: job {job} keeps running on {session.host.name}; "
@@ -297,27 +300,61 @@ def export(c, run_name=None, step=None, host=None, identity=None, stack=None, se
     _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
-def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, **flags):
-    from tpu_grpo import pipeline
+def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None,
+                    **flags):
+    """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
+    provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
+    from tpu_grpo import maxtext, pipeline, playbook
 
     run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
     need = pipeline.parse_need_gb(need_gb, run)
+    recoveries = maxtext.check_count("--recover", recover, minimum=0) if recover is not None else 0
+    if var and not recoveries:
+        raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
+                                   "--recover N, or provision with uv run invoke provision --var ...")
+    values = None
+    if recoveries:
+        values = playbook.resolve(playbook.load(), var, None, playbook.stack_values(settings_module.load(stack,
+                                                                                                         lenient=True)))
+        if not shutil.which("pulumi"):
+            raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
+                                       "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
+                                       "--recover")
     _check_hosts(stack=stack, **flags)
-    return run, need
+    return run, need, recoveries, values
 
 
-@task(iterable=["host", "set_"], check=_check_pipeline, help=_help(
+def _provision_again(values, host, identity, stack, console) -> None:
+    """Provision a VM brought back, as `invoke provision` would (waiting while it boots)."""
+    from tpu_grpo import engine, hosts, playbook, recovery
+
+    targets = hosts.resolve(host or [], identity, stack)
+    report = engine.apply(playbook.load(), values, targets, wait_s=600)
+    counts = report.hosts[0].counts()
+    console.print(f"provisioned {targets[0].name}: {counts['changed']} changed, {counts['ok']} ok")
+    if report.failed:
+        problem = report.hosts[0].error or next(f"'{r.step}' failed: {r.output[-300:]}" for r in report.hosts[0].steps
+                                                if r.status == "failed")
+        raise recovery.RecoveryError(f"provisioning the VM brought back failed ({problem}); fix: uv run invoke "
+                                     "provision, then run the same pipeline again")
+
+
+@task(iterable=["host", "set_", "var"], check=_check_pipeline, help=_help(
     *HOST_FLAGS, "set", "dry_run", "verbose", "batches", "run_name", "json",
+    recover="N: bring a lost VM back (invoke up, provision) and go on, up to N times; with the disk store, "
+            "training resumes after its newest checkpoint (needs the Pulumi CLI)",
+    var="KEY=VALUE, repeatable: a playbook variable for the provisioning --recover runs (as invoke provision's)",
     need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
             "needs with the stack's checkpointStore, 120,20 with shm)",
     keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)"))
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
-             dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False):
+             dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False, recover=None, var=None):
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
-    from tpu_grpo import maxtext, pipeline as pipeline_module
+    from tpu_grpo import hosts, maxtext, pipeline as pipeline_module, recovery
 
     with one_line_errors():
-        run, need = _check_pipeline(batches, run_name, set_, need_gb, stack, host=host, identity=identity, wait=wait)
+        run, need, recoveries, values = _check_pipeline(batches, run_name, set_, need_gb, stack, recover, var,
+                                                        host=host, identity=identity, wait=wait)
     if dry_run:
         save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
                 f"disk, with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''}"
@@ -332,9 +369,20 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
         print(f"# save: {save}")
         return
     console = _console(stderr=json_)
-    with one_line_errors():
+    chosen = settings_module.load(stack, lenient=True) if recoveries else None
+    total = pipeline_module.job_meta(run, "train").get("total_steps")
+
+    def report(step):
+        if step.state in ("done", "skipped"):
+            console.print(f"{step.name}: {step.state} ({step.detail})")
+        elif step.name == "save":
+            console.print(f"save: model copied to {step.detail} on the data disk")
+
+    def attempt():
         session = _session(host, identity, stack, wait)
-        total = pipeline_module.job_meta(run, "train").get("total_steps")
+        if chosen:  # a dropped link asks the cloud whether the VM is gone
+            session.vm_gone = lambda: (lambda state: state if state in recovery.LOST else None)(
+                recovery.vm_state(chosen))
 
         def follow(job, step):
             code = _follow(session, job, step, total if step == "train" else None, verbose, console)
@@ -342,14 +390,19 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                 raise Exit(code=INTERRUPTED)
             return code
 
-        def report(step):
-            if step.state in ("done", "skipped"):
-                console.print(f"{step.name}: {step.state} ({step.detail})")
-            elif step.name == "save":
-                console.print(f"save: model copied to {step.detail} on the data disk")
+        return pipeline_module.run_pipeline(session, run, run_name_given=run_name is not None, need_gb=need,
+                                            follow=follow, on_step=report, keep_checkpoint=keep_checkpoint)
 
-        outcome = pipeline_module.run_pipeline(session, run, run_name_given=run_name is not None, need_gb=need,
-                                               follow=follow, on_step=report, keep_checkpoint=keep_checkpoint)
+    def bring_back(recreated):
+        recovery.bring_back(chosen, lambda: _provision_again(values, host, identity, stack, console),
+                            lambda: [hosts.forget_host_key(target) for target in hosts.resolve(host or [], identity,
+                                                                                                  stack)],
+                            recreated, stdout=sys.stderr if json_ else None)
+        return recovery.where_training_stands(_session(host, identity, stack, wait).connection, run)
+
+    with one_line_errors():
+        outcome = (recovery.keep_going(attempt, chosen, bring_back, recoveries, recovery.Timeline.of(run.run_name),
+                                       console.print) if recoveries else attempt())
     if json_:
         print(json.dumps(outcome.to_json(), indent=2))
     else:

@@ -203,8 +203,10 @@ def make_host(key_pair, tmp_path_factory):
     (host.vm.boot() starts it). Everything goes afterwards: processes, mounts, loop devices."""
     made: list[TestHost] = []
 
-    def make(disk_mb: int = 64, boot: bool = True, **where) -> TestHost:
-        disk = rootfs.DataDisk.attach(tmp_path_factory.mktemp("disk") / "data.img", disk_mb) if disk_mb else None
+    def make(disk_mb: int = 64, boot: bool = True, disk: rootfs.DataDisk | None = None, **where) -> TestHost:
+        """`disk`: another host's data disk, attached to this one (a VM created anew around it)."""
+        if disk is None and disk_mb:
+            disk = rootfs.DataDisk.attach(tmp_path_factory.mktemp("disk") / "data.img", disk_mb)
         vm = rootfs.ThrowawayHost(rootfs.host_folder(), key_pair[1].read_text(),
                                   disk_device=disk.device if disk else None, **where)
         made.append(TestHost(vm, disk, key_pair[0], tmp_path_factory.mktemp("state")))
@@ -217,8 +219,8 @@ def make_host(key_pair, tmp_path_factory):
     yield make
     for host in made:
         host.vm.remove()
-        if host.disk:
-            host.disk.detach()
+    for disk in {host.disk.device: host.disk for host in made if host.disk}.values():
+        disk.detach()
 
 
 # ---------------------------------------------------------------- workload hosts (tests/standin)

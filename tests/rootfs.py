@@ -128,6 +128,8 @@ class ThrowawayHost:
     netns: str | None = None
     disk_device: str | None = None  # a loop device of the machine, given the same path on the host
     login_shell: str = LOGIN_SHELL  # records each command sshd runs; /bin/bash: as on a VM
+    uid: int | None = None  # the user's; None: one no account of the machine has (a VM made anew from the
+    # same image gives its user the same uid, which a data disk carried over needs)
     process: subprocess.Popen | None = None
     user: HostUser = field(init=False)
 
@@ -180,7 +182,7 @@ class ThrowawayHost:
         shell.chmod(0o755)
         (self.root / COMMAND_LOG_DIR).mkdir(mode=0o1777)
         (self.root / COMMAND_LOG_DIR).chmod(0o1777)
-        uid = unused_uid()
+        uid = self.uid or unused_uid()
         self.chroot("useradd", "--uid", str(uid), "--create-home", "--shell", self.login_shell, USER)
         self.chroot("usermod", "-p", "*", USER)
         (self.root / "etc/sudoers.d/tpu-grpo-test").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")

@@ -177,6 +177,20 @@ def test_tracker_eta_with_a_fake_clock():
     assert tracker.eta_seconds() == 0.0
 
 
+def test_a_resumed_run_starts_at_its_checkpoint():
+    """The training script says which checkpoint MaxText restores; the steps up to it are done."""
+    clock = FakeClock(0.0)
+    tracker = Tracker(total_steps=8, clock=clock)
+    assert tracker.feed(f"{progress.RESUMES} 4") == progress.Resumed(4)
+    assert (tracker.step, tracker.fraction, tracker.summary()["resumed_from"]) == (4, 0.5, 4)
+    clock.now = 10.0
+    tracker.feed("Train step 6 training loss: 0.300000  - training perplexity: 1.349859")
+    clock.now = 20.0
+    tracker.feed("Train step 8 training loss: 0.200000  - training perplexity: 1.221403")
+    assert (tracker.step, tracker.seconds_per_step()) == (8, 5.0)
+    assert parse_line(f"{progress.RESUMES} x") is None
+
+
 def test_tracker_over_the_real_log_at_its_own_timestamps(raw_lines):
     """Fed the real lines at the times absl stamped on them, the ETA is the real step rate."""
     steps = progress.total_steps(int(config_param(raw_lines, "num_batches")))

@@ -10,17 +10,15 @@ setuptools and uv come from PyPI, as on a VM.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import subprocess
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, statuses
+from tests.wheels import write_wheel
 
 
 STANDIN = ROOT / "tests" / "standin_install"
@@ -82,25 +80,15 @@ def make_packages(folder: Path, seen_as: str) -> Packages:
 
 
 def build_standin_wheel(folder: Path, deps_file: str) -> Path:
-    """maxtext_standin-0.2.3-py3-none-any.whl: tests/standin_install plus the deps file and its dist-info."""
+    """maxtext_standin-0.2.3-py3-none-any.whl: tests/standin_install plus the deps file."""
     files = {str(path.relative_to(STANDIN)): path.read_bytes() for path in sorted(STANDIN.rglob("*"))
              if path.is_file() and path.name != "README.md" and "__pycache__" not in path.parts}
     files["dependencies/extra_deps/post_train_github_deps.txt"] = deps_file.encode()
-    info = "maxtext_standin-0.2.3.dist-info"
-    files[f"{info}/METADATA"] = (b"Metadata-Version: 2.1\nName: maxtext-standin\nVersion: 0.2.3\n"
-                                 b"Requires-Python: >=3.12\nProvides-Extra: tpu-post-train\n"
-                                 b"Requires-Dist: setuptools>=78.1.0; extra == 'tpu-post-train'\n")
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tpu-grpo-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    files[f"{info}/entry_points.txt"] = (b"[console_scripts]\ninstall_tpu_post_train_extra_deps = "
-                                         b"dependencies.scripts.install_post_train_extra_deps:main\n")
-    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-                     f"{len(data)}\n" for name, data in files.items())
-    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
-    wheel = folder / "maxtext_standin-0.2.3-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return wheel
+    return write_wheel(folder, "maxtext-standin", "0.2.3", files,
+                       metadata=b"Provides-Extra: tpu-post-train\n"
+                                b"Requires-Dist: setuptools>=78.1.0; extra == 'tpu-post-train'\n",
+                       entry_points=b"[console_scripts]\ninstall_tpu_post_train_extra_deps = "
+                                    b"dependencies.scripts.install_post_train_extra_deps:main\n")
 
 
 @pytest.fixture

@@ -498,6 +498,7 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     resumed = host.invoke("pipeline", "--run-name", "durable", "--batches", "8", *FAST, project=disk_store)
     assert resumed.returncode == 0, resumed.stderr
     assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
+    assert re.search(r"train: resumes after checkpoint \d of 8 \(MaxText restores it\)", resumed.stdout)
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
         "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
     again = [job for job in job_dirs(host) if job.name.endswith("-train") and job != lost_job]
@@ -506,6 +507,8 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     assert restored >= 4 and train_steps(log) == [step for step in (2, 4, 6, 8) if step > restored]
     assert max(seen_before_loss) - restored <= 2  # at most checkpointPeriod steps redone
     assert sorted(int(p.name) for p in actor.iterdir()) == [6, 8]  # checkpointsToKeep
+    status = json.loads(host.invoke("status", "--json", project=disk_store).stdout)
+    assert status["progress"]["resumed_from"] == restored and status["progress"]["step"] == 8
     train = host.records()[2]
     assert train["env"]["BASE_OUTPUT_DIRECTORY"] == f"/home/{host.host.user.name}/tpu-grpo/maxtext/llama3.1-8b-Instruct/post-train/"
     assert "checkpoint_period=2" in train["argv"] and "max_num_checkpoints_to_keep=2" in train["argv"]

@@ -48,10 +48,13 @@ task = functools.partial(invoke_task, klass=FlagTask)
 
 
 @contextmanager
-def one_line_errors():
-    """Bad input ends the task with one line and its exit code (2; a failure on the host: 1), no traceback."""
+def one_line_errors(keep: tuple[type, ...] = ()):
+    """Bad input ends the task with one line and its exit code (2; a failure on the host: 1), no traceback.
+    Errors of the `keep` types go on up, to a caller that handles them (a lost VM, with --recover)."""
     try:
         yield
+    except keep:
+        raise
     except UserError as error:
         raise Exit(f"error: {error}", code=error.exit_code) from None
 

@@ -273,7 +273,12 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
 def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:
     name = item.step.name
     if item.step.secret:
-        _copy_secret(connection, item.step.secret["dest"], item.secret_value)
+        try:
+            _copy_secret(connection, item.step.secret["dest"], item.secret_value)
+        except OSError as error:  # SFTP's own refusal (permission denied) on a live link is the step's failure
+            if not connection.is_connected:
+                raise
+            return StepResult(name, "failed", note=f"cannot write {item.step.secret['dest']}: {error}")
     else:
         attempts = 1 + len(retry_delays) if item.step.network else 1
         for attempt in range(1, attempts + 1):

@@ -120,6 +120,15 @@ def known_hosts_path() -> Path:
     return settings.state_dir() / "known_hosts"
 
 
+def forget_host_key(host: Host) -> None:
+    """Drop the host's recorded key: only for a VM that `pulumi up` has just created anew (a new
+    boot disk, so a new key), which the next connection then records afresh and says so."""
+    path = known_hosts_path()
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines(True) if line.split(" ", 1)[0] != host.known_hosts_name]
+        path.write_text("".join(kept))
+
+
 def fingerprint(key) -> str:
     import base64
     import hashlib

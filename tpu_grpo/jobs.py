@@ -232,6 +232,9 @@ class Session:
 
     def __init__(self, host: hosts.Host, wait_s: float = 0):
         self.host, self.wait_s, self.notices, self._connection = host, wait_s, [], None
+        #: Asked when the link drops: what the cloud says of a VM that is gone (None: it runs), so
+        #: that a lost VM ends the follow at once instead of after RECONNECT_S of retries.
+        self.vm_gone: Callable[[], str | None] | None = None
 
     @property
     def connection(self):
@@ -266,6 +269,9 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
                 return _exit_code(connection, job_id)
         except (OSError, EOFError, paramiko.SSHException, hosts.ConnectionLost):
             pass
+        gone = session.vm_gone() if session.vm_gone else None
+        if gone:
+            raise hosts.ConnectError(f"lost the VM while following job {job_id}: it is {gone}")
         position.reconnects += 1
         if on_reconnect:
             on_reconnect(f"connection lost; reconnecting to resume at byte {position.offset}")

@@ -21,6 +21,7 @@ from typing import Mapping
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
+from tpu_grpo.progress import RESUMES
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
 
 STEPS = ("convert", "train", "export")
@@ -99,11 +100,12 @@ def check_run_name(name: str, flag: str = "--run-name") -> str:
     return name
 
 
-def check_count(flag: str, text: object) -> int:
-    """`--batches 50` -> 50; 0, negatives and non-numbers are refused."""
+def check_count(flag: str, text: object, minimum: int = 1) -> int:
+    """`--batches 50` -> 50; below `minimum`, negatives and non-numbers are refused."""
     value = str(text).strip()
-    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
-        raise CommandError(f"{flag} {text!r} is not a whole number of at least 1; fix: e.g. {flag} 50")
+    if not re.fullmatch(r"[0-9]+", value) or int(value) < minimum:
+        raise CommandError(f"{flag} {text!r} is not a whole number of at least {minimum}; fix: e.g. {flag} "
+                           f"{50 if minimum else 3}")
     return int(value)
 
 
@@ -230,6 +232,10 @@ def script(run: Run, step: str) -> str:
     ]
     for name, value in environment(run, step):
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
+    if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
+        lines.append('newest=$( (ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" | grep -E \'^[0-9]+$\' '
+                     "| sort -n | tail -1) 2>/dev/null || true)")
+        lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
     lines.append(f"python3 -m {MODULES[step]} \\")
     lines.append(" \\\n".join(arguments))

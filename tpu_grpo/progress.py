@@ -30,6 +30,10 @@ EVAL_FIELD = re.compile(r"(\w+)=\s*([-+\w.]+)%?")
 EVAL_KEYS = ("corr", "total", "accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
 STARTED = "Starting RL training..."
 COMPLETED = "RL Training Completed Successfully!"
+#: What a training job's script prints before MaxText starts, when the run has a checkpoint that
+#: train_rl will restore (tpu_grpo/maxtext.py): the steps up to it are done.
+RESUMES = "tpu-grpo: training resumes after checkpoint"
+RESUMED = re.compile(re.escape(RESUMES) + r" (?P<step>\d+)")
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,12 @@ class Completed:
     pass
 
 
-Event = TrainStep | Eval | Started | Completed
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+
+
+Event = TrainStep | Eval | Started | Completed | Resumed
 
 
 def message(line: str) -> str:
@@ -84,6 +93,8 @@ def parse_line(line: str) -> Event | None:
         return Started()
     if text == COMPLETED:
         return Completed()
+    if match := RESUMED.match(text):
+        return Resumed(int(match["step"]))
     if match := TRAIN_STEP.match(text):
         return TrainStep(int(match["step"]), float(match["loss"]), float(match["perplexity"]))
     if match := EVAL.match(text):
@@ -148,6 +159,7 @@ class Tracker:
     first_step_at: float | None = None
     first_step: int | None = None
     last_step_at: float | None = None
+    resumed_from: int | None = None
 
     def feed(self, line: str, now: float | None = None) -> Event | None:
         event = parse_line(line)
@@ -162,6 +174,8 @@ class Tracker:
             self.completed = True
         elif isinstance(event, Eval):
             self.evals.append(event)
+        elif isinstance(event, Resumed):
+            self.step = self.resumed_from = event.step
         elif isinstance(event, TrainStep):
             if self.first_step_at is None:
                 self.first_step_at, self.first_step = now, event.step
@@ -204,6 +218,7 @@ class Tracker:
             "perplexity": self.perplexity,
             "started": self.started,
             "completed": self.completed,
+            "resumed_from": self.resumed_from,
             "seconds_per_step": self.seconds_per_step(),
             "eta_seconds": None if eta is None else round(eta, 1),
             "latest_accuracy": self.latest_accuracy,

@@ -134,23 +134,24 @@ def replacements(settings: Settings) -> list[str]:
             "the data disk stays" for key, what in REPLACING.items() if before.get(key) not in (None, now[key])]
 
 
-def up(settings: Settings, say=print) -> tuple[int, list[str]]:
+def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
     """Select (or create) the stack and run `pulumi up --refresh` on it, attached to this terminal: the
     refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
     ended) and creates it again, and `desired_status` starts a stopped on-demand one. A stopped VM whose
     capacity cannot start it again (spot, flex-start) is replaced instead.
 
-    Returns the exit code and, when it failed, what the known errors in it mean.
+    Returns the exit code and, when it failed, what the known errors in it mean. The CLI's output goes
+    to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
     """
     stack = settings.stack
-    selected = subprocess.run(["pulumi", "stack", "select", "--create", stack])
+    selected = subprocess.run(["pulumi", "stack", "select", "--create", stack], stdout=stdout)
     if selected.returncode != 0:
         return selected.returncode, []
     for line in replacements(settings):
         say(f"replaces the VM: {line}")
     replace: list[str] = []
     if not settings.obtained.restartable:
-        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack])
+        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack], stdout=stdout)
         found = instance_state(stack)
         if found and found[1] in STOPPED:
             say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted) and cannot be started "
@@ -159,7 +160,7 @@ def up(settings: Settings, say=print) -> tuple[int, list[str]]:
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"
         code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace,
-                               "--event-log", str(event_log)]).returncode
+                               "--event-log", str(event_log)], stdout=stdout).returncode
         return code, explain(error_messages(event_log)) if code else []
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tpu_grpo import host_paths, hosts, jobs, settings
-from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep
+from tpu_grpo.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
 SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")
@@ -77,6 +77,10 @@ class JobView:
             if not self.console.is_terminal:
                 self.console.print(f"{self.step}: GRPO step {event.step}/{self.tracker.total_steps} "
                                    f"loss {event.loss:g} {eta}")
+        elif isinstance(event, Resumed):
+            self.progress.update(self.task, completed=event.step)
+            self.progress.console.print(f"{self.step}: resumes after checkpoint {event.step} of "
+                                        f"{self.tracker.total_steps} (MaxText restores it)")
         elif isinstance(event, Eval):
             where = f" (step {event.step})" if event.step is not None else ""
             self.progress.update(self.task, accuracy=f"eval {event.accuracy:g}%")
@@ -98,7 +102,8 @@ def follow(session: jobs.Session, job: str, step: str, console: Console, total_s
     return code
 
 
-PROGRESS_LINES = "Train step|Pre RL Training|Intermediate Eval|Post RL Training|Starting RL|Completed Successfully"
+PROGRESS_LINES = ("Train step|Pre RL Training|Intermediate Eval|Post RL Training|Starting RL|Completed Successfully|"
+                  + RESUMES)
 
 
 def progress_of(connection, found: list[jobs.Job]) -> dict | None:
@@ -157,5 +162,7 @@ def print_status(console: Console, host: str, found: list[jobs.Job], progress: d
     console.print(table)
     if progress:
         evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
+        resumed = progress.get("resumed_from")
         console.print(f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
+                      + (f" (resumed after checkpoint {resumed})" if resumed else "")
                       + (f"; eval accuracy: {evals}" if evals else ""))

@@ -1,0 +1,118 @@
+"""Keeping a pipeline going through lost VMs (`invoke pipeline --recover N`).
+
+When the host stops answering, the cloud is asked what became of the VM, through a Pulumi
+refresh of the stack: it reads the VM from the Compute Engine API with the credentials and the
+resource identity `pulumi up` already uses, and tells a deleted VM (gone from the state) from a
+stopped one, with no second client library or credential path on the laptop. A VM that still
+runs is a network problem, left to the follow's own reconnection; a stopped, preempted or deleted
+one is brought back (`invoke up`: started again, or created anew around the same data disk),
+provisioned (fast: the caches are on the data disk), and the same pipeline runs again, which
+skips the steps done and lets MaxText resume training after its newest checkpoint.
+
+Every loss and resume is printed and appended to the run's timeline on the laptop
+(`.tpu-grpo/runs/RUN/timeline.jsonl`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tpu_grpo import hosts, jobs, maxtext, settings as settings_module, stack
+from tpu_grpo.errors import UserError
+
+#: Compute Engine's states of a VM that is not coming back by itself (a preempted VM is
+#: TERMINATED, or deleted with instance_termination_action DELETE); DELETED: gone from the state.
+LOST = (*stack.STOPPED, "DELETED")
+
+
+class RecoveryError(UserError):
+    """The VM could not be brought back; one line with the fix."""
+
+    exit_code = 1
+
+
+def vm_state(chosen: settings_module.Settings) -> str:
+    """What Compute Engine says of the stack's VM after a refresh: RUNNING, TERMINATED, ... or DELETED."""
+    subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", chosen.stack], capture_output=True,
+                   cwd=settings_module.project_root())
+    found = stack.instance_state(chosen.stack)
+    return found[1] if found else "DELETED"
+
+
+@dataclass
+class Timeline:
+    """The run's record of losses and resumes, one JSON object a line."""
+    path: Path
+
+    @classmethod
+    def of(cls, run_name: str) -> "Timeline":
+        return cls(settings_module.state_dir() / "runs" / run_name / "timeline.jsonl")
+
+    def add(self, event: str, **fields) -> dict:
+        entry = {"at": round(time.time(), 3), "event": event, **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as timeline:
+            timeline.write(json.dumps(entry) + "\n")
+        return entry
+
+    def entries(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.is_file() else []
+
+
+def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
+    """(the newest checkpoint step, the last step the lost training printed) on the host."""
+    script = (f"ls -1 {maxtext.paths(run)['checkpoints']} 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1; "
+              f"echo ---; for dir in $(ls -1d {jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
+              f"grep -q '\"run\": \"{run.run_name}\"' $dir/job.json && "
+              "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true")
+    newest, _, printed = hosts.run_script(connection, script).stdout.partition("---")
+    number = lambda text: int(text.split()[-1]) if text.split() else None  # noqa: E731
+    return number(newest), number(printed)
+
+
+def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
+               bring_back: Callable[[bool], tuple[int | None, int | None]], recover: int, timeline: Timeline,
+               say: Callable[[str], None]):
+    """Run `attempt` (the pipeline) until it finishes, bringing the VM back up to `recover` times
+    after it was lost. Anything else (a failed step, bad input, a VM that runs but does not answer)
+    ends it as without --recover. `bring_back(recreated)` returns where the training stands."""
+    losses = 0
+    while True:
+        try:
+            return attempt()
+        except hosts.ConnectError as error:
+            if losses >= recover:
+                raise
+            state = vm_state(chosen)
+            if state not in LOST:
+                raise
+            losses += 1
+            lost_at = time.time()
+            timeline.add("lost", state=state, error=str(error))
+            say(f"the VM is lost ({state}); bringing it back ({losses} of {recover}): invoke up, provision, then "
+                "the same pipeline")
+            newest, printed = bring_back(state == "DELETED" or not chosen.obtained.restartable)
+            redone = printed - newest if newest is not None and printed is not None and printed > newest else 0
+            entry = timeline.add("resumed", gone_s=round(time.time() - lost_at, 1), from_checkpoint=newest,
+                                 last_step_before=printed, steps_redone=redone)
+            say(f"the VM is back after {entry['gone_s']:g} s; training resumes after "
+                + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)"))
+
+
+def bring_back(chosen: settings_module.Settings, provision: Callable[[], None], forget: Callable[[], None],
+               recreated: bool, stdout=None) -> None:
+    """`invoke up`, then provisioning; a VM created anew has a new host key, so the old one is
+    forgotten first (the next connection records the new one and says so)."""
+    code, meanings = stack.up(chosen, say=lambda line: None, stdout=stdout)
+    if code != 0:
+        raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
+                            + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "
+                            "run the same pipeline again")
+    if recreated:
+        forget()
+    provision()
