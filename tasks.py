@@ -101,17 +101,18 @@ def settings(c, stack=None, json_=False):
     if json_:
         print(json.dumps({key.name: values.get(key.name) for key in settings_module.KEYS}, indent=2))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table("setting", "value", "meaning")
     table.columns[0].no_wrap = True
-    for key in settings_module.KEYS:
+    for key in settings_module.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
         value = values.get(key.name)
-        table.add_row(key.name, "(unset)" if value is None else str(value), key.help)
+        table.add_row(key.name, escape("(unset)" if value is None else str(value)), escape(key.help))
     console = _console()
     console.print(table)
     for pending in chosen.pending:
-        console.print(f"still to set before `pulumi up`: {pending}")
+        console.print(escape(f"still to set before `pulumi up`: {pending}"))
 
 
 @task(help=_help("stack"), check=_check_settings)

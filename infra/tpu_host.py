@@ -1,7 +1,7 @@
 """The TPU host as a Pulumi ComponentResource: the tutorial's `gcloud compute instances
 create` (section 2), flag for flag, plus what a VM that outlives its reservation needs: a
 data disk GCE will not delete with it, SSH for one key from known ranges only, on a
-network of its own.
+network of its own, and (when asked) the bucket that holds its checkpoints.
 
 The tutorial's flag values are the constants below and the capacity table
 (`tpu_grpo/capacity.py`); `gcloud_create_command` renders the same values back as the
@@ -17,6 +17,7 @@ import pulumi_gcp as gcp
 
 from tpu_grpo.capacity import RESERVATION_KEY
 from tpu_grpo.settings import PROJECT, Settings
+from tpu_grpo.stores import bucket_of
 
 # The tutorial's flags (section 2); its scheduling flags are the capacity table's `reservation` row.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
@@ -85,6 +86,8 @@ class TpuHost(pulumi.ComponentResource):
             provisioned_iops=settings.data_disk_iops, provisioned_throughput=settings.data_disk_throughput_mibps,
             **common, opts=child,
         )
+        if settings.bucket:
+            self.declare_bucket(settings, resource_labels, common, child)
         obtained = settings.obtained
         scheduling = {**obtained.scheduling, "provisioning_model": obtained.provisioning_model}
         if settings.max_run_hours is not None:
@@ -137,6 +140,7 @@ class TpuHost(pulumi.ComponentResource):
             "data_disk_device": DATA_DISK_DEVICE,
             "machine_type": machine.machine_type,
             "capacity": settings.capacity,
+            "checkpoint_store": settings.store.root,
             "boot_image": self.instance.boot_disk.initialize_params.image,
             "status": self.instance.current_status,
             "accelerator_type": machine.accelerator_type,
@@ -144,6 +148,24 @@ class TpuHost(pulumi.ComponentResource):
             "topology": machine.topology,
         }
         self.register_outputs(self.outputs)
+
+    def declare_bucket(self, settings: Settings, resource_labels: dict, common: dict, child) -> None:
+        """The checkpoint store's bucket: in the VM's region (no cross-region traffic or charges),
+        uniform bucket-level access (IAM only, no object ACLs), public access prevention enforced.
+        Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
+        never force-destroy it. A service account named in the stack gets object access to it; the
+        project's default compute account has it through its project role."""
+        self.bucket = gcp.storage.Bucket(
+            f"{settings.vm_name}-store", name=bucket_of(settings.store), location=settings.region.upper(),
+            uniform_bucket_level_access=True, public_access_prevention="enforced", force_destroy=False,
+            labels=resource_labels, **common,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)),
+        )
+        if settings.service_account:
+            gcp.storage.BucketIAMMember(
+                f"{settings.vm_name}-store-access", bucket=self.bucket.name, role="roles/storage.objectAdmin",
+                member=f"serviceAccount:{settings.service_account}", opts=child,
+            )
 
 
 def gcloud_create_command(settings: Settings) -> list[str]:

@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,6 +223,40 @@ def make_host(key_pair, tmp_path_factory):
         host.vm.remove()
     for disk in {host.disk.device: host.disk for host in made if host.disk}.values():
         disk.detach()
+
+
+@pytest.fixture(scope="session")
+def storage_emulator() -> str:
+    """A local Cloud Storage (gcp-storage-emulator, in memory) for the gs:// store: its URL, as
+    STORAGE_EMULATOR_HOST gives it to Google's client library and the stand-in MaxText."""
+    from tests.sshd import free_port
+
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--port", str(port),
+                               "--in-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def bucket(storage_emulator, monkeypatch) -> str:
+    """A fresh bucket in the emulator, which this process's client library uses too."""
+    from google.cloud import storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage_emulator)
+    name = f"tpu-grpo-{os.urandom(4).hex()}"
+    storage.Client().create_bucket(name)
+    return name
 
 
 # ---------------------------------------------------------------- workload hosts (tests/standin)

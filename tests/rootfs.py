@@ -130,6 +130,7 @@ class ThrowawayHost:
     login_shell: str = LOGIN_SHELL  # records each command sshd runs; /bin/bash: as on a VM
     uid: int | None = None  # the user's; None: one no account of the machine has (a VM made anew from the
     # same image gives its user the same uid, which a data disk carried over needs)
+    env: dict[str, str] = field(default_factory=dict)  # more of every SSH session's environment
     process: subprocess.Popen | None = None
     user: HostUser = field(init=False)
 
@@ -202,7 +203,8 @@ class ThrowawayHost:
             f"Port {self.port}", f"ListenAddress {self.address}", "HostKey /etc/ssh/ssh_host_ed25519_key",
             "PidFile /run/sshd-test.pid", "UsePAM no", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "MaxStartups 100",
-            f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin",
+            f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin"
+            + "".join(f" {name}={value}" for name, value in self.env.items()),
             ""]))
         return self
 

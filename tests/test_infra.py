@@ -102,6 +102,38 @@ def test_data_disk_performance_comes_from_the_stack(stack_values):
     assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (3000, 140)
 
 
+def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kept(stack_values, monkeypatch):
+    import pulumi_gcp as gcp
+
+    options = []
+
+    class Recorded(gcp.storage.Bucket):  # what the program asks of the bucket beyond its inputs
+        def __init__(self, resource_name, *args, opts=None, **kwargs):
+            options.append(opts)
+            super().__init__(resource_name, *args, opts=opts, **kwargs)
+
+    monkeypatch.setattr(gcp.storage, "Bucket", Recorded)
+    _, by_type, outputs = declared(stack_values, **{"tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs",
+                                                    "tpu-grpo:bucket": "true",
+                                                    "tpu-grpo:serviceAccount": "tpu@grpo-lab-123.iam.gserviceaccount.com"})
+    [bucket] = by_type["Bucket"]
+    assert bucket.inputs == {"name": "grpo-ckpts", "location": "US-EAST5", "uniformBucketLevelAccess": True,
+                             "publicAccessPrevention": "enforced", "forceDestroy": False, "project": "grpo-lab-123",
+                             "labels": {"app": "tpu-grpo", "stack": "dev"}}
+    [member] = by_type["BucketIAMMember"]
+    assert member.inputs == {"bucket": "grpo-ckpts", "role": "roles/storage.objectAdmin",
+                             "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com"}
+    assert outputs["checkpoint_store"] == "gs://grpo-ckpts/runs"
+    assert [opts.retain_on_delete for opts in options] == [True]  # pulumi destroy and invoke down leave it
+
+
+def test_an_existing_bucket_or_another_store_declares_none(stack_values):
+    for changes in ({"tpu-grpo:checkpointStore": "gs://grpo-ckpts"}, {}):
+        _, by_type, outputs = declared(stack_values, **changes)
+        assert "Bucket" not in by_type and "BucketIAMMember" not in by_type
+    assert outputs["checkpoint_store"] == "/dev/shm"
+
+
 def test_firewall_opens_only_port_22_to_the_configured_ranges(program, vm):
     _, by_type, _ = program
     [firewall] = by_type["Firewall"]
@@ -177,6 +209,7 @@ def test_outputs_give_the_invoke_side_what_it_needs(program):
         "data_disk_device": "/dev/disk/by-id/google-data",
         "machine_type": "ct6e-standard-8t",
         "capacity": "reservation",
+        "checkpoint_store": "/dev/shm",
         "boot_image": "ubuntu-os-accelerator-images/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
         "status": "(known after apply)",
         "accelerator_type": "v6e-8",

@@ -215,3 +215,17 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     assert fetched.returncode == 0, out + err
     for path in (FIXTURES / "hf-export").iterdir():
         assert (tmp_path / "model" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_failure_that_is_not_a_lost_vm_stops_at_once(workload_host, tmp_path):
+    """With --recover, a training that fails (MaxText exits non-zero) ends the pipeline as without
+    it: no `pulumi up`, no second training."""
+    cloud = Cloud(tmp_path / "cloud", "127.0.0.1")
+    host = workload_host
+    host.control(exit_code={"train_rl": 3})
+    result = host.invoke("pipeline", "--batches", "4", "--recover", "2", "--need-gb", "0.001,0.001",
+                         env={"PATH": cloud.path})
+    assert result.returncode == 1
+    assert "error: train failed (job " in result.stderr and ", exit 3)" in result.stderr
+    assert not any(call.startswith(("up", "refresh")) for call in cloud.calls())
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl"]

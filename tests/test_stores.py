@@ -29,7 +29,8 @@ def settings_for(stack_values, **changes):
     (FLEX, "disk", 10, 2),
     ({"tpu-grpo:checkpointStore": "disk"}, "disk", 10, 2),
     ({**SPOT, "tpu-grpo:checkpointPeriod": "5", "tpu-grpo:checkpointsToKeep": "3"}, "disk", 5, 3),
-], ids=["reservation", "on-demand", "spot", "flex-start", "reservation-on-disk", "spot-chosen"])
+    ({**SPOT, "tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs/"}, "gs://grpo-ckpts/runs/", 10, 2),
+], ids=["reservation", "on-demand", "spot", "flex-start", "reservation-on-disk", "spot-chosen", "spot-bucket"])
 def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack_values, changes, store, period,
                                                                            keep):
     settings = settings_for(stack_values, **changes)
@@ -47,8 +48,14 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
      "maximum run time, and its /dev/shm with the whole run; fix: pulumi config set tpu-grpo:checkpointStore disk "
      "(or pulumi config rm tpu-grpo:checkpointStore: disk is this capacity's default)"),
     ({"tpu-grpo:checkpointStore": "ram"}, "tpu-grpo:checkpointStore",
-     "tpu-grpo:checkpointStore='ram' is not a checkpoint store (shm, disk); fix: pulumi config set "
-     "tpu-grpo:checkpointStore disk"),
+     "tpu-grpo:checkpointStore='ram' is not a checkpoint store (shm, disk, or gs://BUCKET[/PREFIX]); fix: "
+     "pulumi config set tpu-grpo:checkpointStore disk"),
+    ({"tpu-grpo:checkpointStore": "gs://Bad_Bucket"}, "tpu-grpo:checkpointStore",
+     "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a checkpoint store (shm, disk, or gs://BUCKET[/PREFIX]); "
+     "fix: pulumi config set tpu-grpo:checkpointStore disk"),
+    ({"tpu-grpo:bucket": "true"}, "tpu-grpo:bucket",
+     "tpu-grpo:bucket=True asks for a bucket, but checkpointStore is shm; fix: pulumi config set "
+     "tpu-grpo:checkpointStore gs://BUCKET/runs (or pulumi config rm tpu-grpo:bucket)"),
     ({"tpu-grpo:checkpointPeriod": "0"}, "tpu-grpo:checkpointPeriod",
      "tpu-grpo:checkpointPeriod=0 must be at least 1; fix: pulumi config set tpu-grpo:checkpointPeriod 10"),
     ({"tpu-grpo:checkpointsToKeep": "none"}, "tpu-grpo:checkpointsToKeep",
@@ -59,7 +66,8 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
     ({"tpu-grpo:dataDiskThroughputMibps": "5000"}, "tpu-grpo:dataDiskThroughputMibps",
      "tpu-grpo:dataDiskThroughputMibps=5000 is outside Hyperdisk Balanced's 140 to 2400 MiB/s; fix: pulumi config "
      "set tpu-grpo:dataDiskThroughputMibps 2400"),
-], ids=["spot-shm", "flex-shm", "unknown-store", "period-0", "keep-text", "iops", "throughput"])
+], ids=["spot-shm", "flex-shm", "unknown-store", "bad-bucket", "bucket-without-gs", "period-0", "keep-text", "iops",
+        "throughput"])
 def test_a_store_that_loses_the_run_or_a_bad_value_is_one_line_before_anything_is_declared(stack_values, changes,
                                                                                             key, message):
     values = {k: v for k, v in {**stack_values, **changes}.items() if v is not None}
@@ -86,14 +94,17 @@ def differences(ours: dict, theirs: dict) -> dict[str, dict[str, tuple]]:
     return found
 
 
-def test_the_disk_store_moves_only_the_checkpoints_and_runs_to_the_data_disk(tmp_path):
-    """Convert's output, train's input and output, and export's input go to ~/tpu-grpo/maxtext (on the
-    data disk); every other argument stays the tutorial's, and MaxText gets the store's checkpointing."""
-    run = dataclasses.replace(RUN, store=stores.STORES["disk"], checkpoint_period=10, checkpoints_to_keep=2)
+@pytest.mark.parametrize("setting", ["disk", "gs://grpo-ckpts/runs"])
+def test_a_store_moves_only_the_checkpoints_and_runs(tmp_path, setting):
+    """Convert's output, train's input and output, and export's input go to the store (the data disk's
+    ~/tpu-grpo/maxtext, or the bucket); every other argument stays the tutorial's, and MaxText gets the
+    store's checkpointing."""
+    run = dataclasses.replace(RUN, store=stores.store_for(setting), checkpoint_period=10, checkpoints_to_keep=2)
     theirs = tutorial.calls(tmp_path, TEST_TOKEN, RUN.run_name)
     ours = run_ours(tmp_path, run)
     home = ours[tutorial.MODULES[0]]["env"]["HOME"]
-    store = f"{home}/tpu-grpo/maxtext/llama3.1-8b-Instruct"
+    root = f"{home}/tpu-grpo/maxtext" if setting == "disk" else setting
+    store = f"{root}/llama3.1-8b-Instruct"
     shm = "/dev/shm/llama3.1-8b-Instruct"
     assert differences(ours, theirs) == {
         "maxtext.checkpoint_conversion.to_maxtext": {

@@ -514,3 +514,64 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     assert "checkpoint_period=2" in train["argv"] and "max_num_checkpoints_to_keep=2" in train["argv"]
     saved = host.host.user.home / "tpu-grpo/models/durable"
     assert (saved / "SHA256SUMS").is_file()
+
+
+@pytest.fixture
+def bucket_store(stack_dir, bucket) -> Path:
+    """A project whose stack keeps checkpoints and runs in a bucket (the emulator's), every 2 steps."""
+    stack = stack_dir / "Pulumi.dev.yaml"
+    config = yaml.safe_load(stack.read_text())["config"]
+    config.update({"tpu-grpo:checkpointStore": f"gs://{bucket}/runs", "tpu-grpo:checkpointPeriod": "2",
+                   "tpu-grpo:checkpointsToKeep": "2"})
+    stack.write_text(yaml.safe_dump({"config": config}))
+    return stack_dir
+
+
+def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_the_bucket(
+        make_host, bucket_store, bucket, storage_emulator, tmp_path):
+    """MaxText writes the converted checkpoint, the checkpoints and the events to gs:// (here a local
+    emulator, which the host's jobs and this laptop both reach); tpu-grpo reads the bucket from the
+    laptop to know what is done, where training stands and what the run's metrics are."""
+    from google.cloud import storage
+
+    from tests.conftest import prepare_workload
+
+    host = prepare_workload(make_host(disk_mb=0, env={"STORAGE_EMULATOR_HOST": storage_emulator}))
+    host.control(line_delay_s=0.01)
+    laptop = {"STORAGE_EMULATOR_HOST": storage_emulator}
+    store = "runs/llama3.1-8b-Instruct"
+    names = lambda: {blob.name for blob in storage.Client().list_blobs(bucket)}  # noqa: E731
+    first = host.popen("pipeline", "--run-name", "cloud", "--batches", "8", *FAST, project=bucket_store)
+    try:
+        wait_for(lambda: any(name.startswith(f"{store}/post-train/cloud/checkpoints/actor/4/") for name in names()),
+                 what="checkpoint 4 in the bucket")
+        host.host.vm.lose()
+    finally:
+        first.kill()
+        first.communicate()
+    assert any(name.startswith(f"{store}/mt-format/0/items/") for name in names())
+
+    host.host.vm.boot()
+    resumed = host.invoke("pipeline", "--run-name", "cloud", "--batches", "8", *FAST, project=bucket_store, env=laptop)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+        "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
+    trained = host.records()[2]
+    assert trained["env"]["BASE_OUTPUT_DIRECTORY"] == f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train/"
+    assert re.search(rb"restored checkpoint \d from gs://", (job_dirs(host)[-2] / "log").read_bytes())
+    steps = {name.split("/")[6] for name in names() if name.startswith(f"{store}/post-train/cloud/checkpoints/actor/")}
+    assert steps == {"6", "8"}  # checkpointsToKeep
+    saved = host.host.user.home / "tpu-grpo/models/cloud"
+    assert (saved / "SHA256SUMS").is_file()
+
+    host.restart_empties_shm()
+    metrics = host.invoke("metrics", "--run", "cloud", "--json", "--out", str(tmp_path / "m.png"),
+                          project=bucket_store, env=laptop)
+    assert metrics.returncode == 0, metrics.stderr
+    found = json.loads(metrics.stdout)
+    assert found["run"] == "cloud" and found["rows"][0]["step"] == 1
+    exported = host.invoke("export", "--run-name", "cloud", "--step", "6", project=bucket_store, env=laptop)
+    assert exported.returncode == 0, exported.stderr
+    assert host.records()[-1]["env"]["POST_TRAIN_PATH"] == (
+        f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//cloud/checkpoints/actor/6/model_params")

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, settings, stores
+from tpu_grpo import artifacts, gcs, host_paths, hosts, jobs, maxtext, settings, stores
 from tpu_grpo.errors import UserError
 from tpu_grpo.progress import total_steps
 
@@ -106,16 +106,37 @@ def output_test(run: maxtext.Run, step: str) -> str:
     """A bash test that holds when the step's result is on the host and belongs to these inputs."""
     paths = maxtext.paths(run)
     record = f"{jobs.DONE}/{record_key(run, step)}"
-    if step == "convert":
-        return f"[ -f {record} ] && [ -d {paths['checkpoint']} ]"
-    if step == "train":
-        return f"[ -f {record} ] && [ -d {paths['post_train']} ]"
+    if step in ("convert", "train"):  # a bucket's folders are looked at from the laptop (probe)
+        folder = paths["checkpoint"] if step == "convert" else paths["post_train"]
+        return f"[ -f {record} ]" + ("" if in_bucket(run) else f" && [ -d {folder} ]")
     if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
         return (f"[ -f {record} ] && [ \"$(ls -t {jobs.DONE}/export-* | head -1)\" = {record} ] "
                 f"&& [ -f {paths['hf_export']}config.json ]")
     wanted = base64.b64encode(identity(run, "export").encode()).decode()
     return (f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ] "
             f"&& [ \"$(base64 -w0 {saved_record(run.run_name)} 2>/dev/null)\" = {wanted} ]")
+
+
+def in_bucket(run: maxtext.Run) -> bool:
+    """Whether the run's checkpoints live in a gs:// store, which tpu-grpo reads from the laptop."""
+    return run.store.name == "gs"
+
+
+def present(connection, run: maxtext.Run, folder: str) -> bool:
+    """Whether a folder of the run's store holds something."""
+    if in_bucket(run):
+        return gcs.exists(folder)
+    return hosts.run_script(connection, f"[ -d {folder} ]").exited == 0
+
+
+def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
+    """The training checkpoints of the run in its store, by step."""
+    folder = maxtext.paths(run)["checkpoints"]
+    if in_bucket(run):
+        names = gcs.children(folder)
+    else:
+        names = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null; true").stdout.split()
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def probe_script(run: maxtext.Run) -> str:
@@ -163,6 +184,10 @@ def probe(connection, run: maxtext.Run) -> Probed:
                 probed.pipelines.append(json.loads(base64.b64decode(rest)))
             except ValueError:  # a record cut short (a disk full while writing): not resumable
                 continue
+    if in_bucket(run):
+        for step, key in (("convert", "checkpoint"), ("train", "post_train")):
+            if step in probed.done and not gcs.exists(maxtext.paths(run)[key]):
+                probed.done.discard(step)
     return probed
 
 
@@ -253,13 +278,15 @@ def _copy(connection, source: str, destination: str, replace: bool = False) -> N
 def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: bool = True) -> str:
     """Copy from /dev/shm to the data disk, each folder with checksums: the exported model,
     the run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint
-    of the exported step (to train on from it); then record what the model was exported with.
+    of the exported step (to train on from it; a bucket store keeps both itself); then record
+    what the model was exported with.
     `replace=False` keeps a model already saved with these inputs; returns where the model is."""
     paths = maxtext.paths(run)
     destination = saved_dir(run.run_name)
     _copy(connection, paths["hf_export"], destination, replace)
-    _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard", replace)
-    if keep_checkpoint:
+    if not in_bucket(run):  # a bucket keeps the run's events and checkpoints itself
+        _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard", replace)
+    if keep_checkpoint and not in_bucket(run):
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
     _write_record(connection, saved_record(run.run_name), identity(run, "export"))
@@ -364,9 +391,7 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
     run = replace(run, run_name=trained[-1]["run"], batches=inputs["batches"], test_batches=inputs["test_batches"],
                   sets={**run.sets, "train": inputs.get("train_set", {})},
                   store=stores.STORES.get(inputs.get("store", "shm"), run.store))  # where it was trained
-    folder = maxtext.paths(run)["checkpoints"]
-    result = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null | grep -E '^[0-9]+$' | sort -n")
-    steps = [int(line) for line in result.stdout.split()]
+    steps = checkpoint_steps(connection, run)
     if run.export_step not in steps:
         raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "
                             f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
@@ -376,7 +401,7 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
 
 def require_converted(connection, run: maxtext.Run) -> None:
     checkpoint = maxtext.paths(run)["checkpoint"]
-    if hosts.run_script(connection, f"[ -d {checkpoint} ]").exited != 0:
+    if not present(connection, run, checkpoint):
         raise PipelineError(f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
                             "(or uv run invoke pipeline, which converts first)")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tpu_grpo import hosts, jobs, maxtext, settings as settings_module, stack
+from tpu_grpo import hosts, jobs, maxtext, pipeline, settings as settings_module, stack
 from tpu_grpo.errors import UserError
 
 #: Compute Engine's states of a VM that is not coming back by itself (a preempted VM is
@@ -65,14 +65,13 @@ class Timeline:
 
 
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
-    """(the newest checkpoint step, the last step the lost training printed) on the host."""
-    script = (f"ls -1 {maxtext.paths(run)['checkpoints']} 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1; "
-              f"echo ---; for dir in $(ls -1d {jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
+    """(the newest checkpoint step in the run's store, the last step the lost training printed)."""
+    steps = pipeline.checkpoint_steps(connection, run)
+    script = (f"for dir in $(ls -1d {jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
               f"grep -q '\"run\": \"{run.run_name}\"' $dir/job.json && "
               "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true")
-    newest, _, printed = hosts.run_script(connection, script).stdout.partition("---")
-    number = lambda text: int(text.split()[-1]) if text.split() else None  # noqa: E731
-    return number(newest), number(printed)
+    printed = hosts.run_script(connection, script).stdout.split()
+    return (steps[-1] if steps else None), (int(printed[-1]) if printed else None)
 
 
 def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo import artifacts, hosts, jobs, maxtext, pipeline, settings
+from tpu_grpo import artifacts, gcs, hosts, jobs, maxtext, pipeline, settings
 
 
 def destination(run: str | None, to: str | None) -> Path:
@@ -154,10 +154,16 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
         local = settings.state_dir() / "runs" / job.run
         board = local / "tensorboard"
         board.mkdir(parents=True, exist_ok=True)
-        sftp = connection.sftp()
-        remote, names = _events_folder(connection, sftp, job)
-        for name in names:
-            sftp.get(f"{remote}/{name}", str(board / name))
+        live = f"{job.meta['paths']['run']}/tensorboard"
+        if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
+            if not [name for name in gcs.download(live, board) if name.startswith("events.")]:
+                raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live}; "
+                                           "fix: point --events at a copy")
+        else:
+            sftp = connection.sftp()
+            remote, names = _events_folder(connection, sftp, job)
+            for name in names:
+                sftp.get(f"{remote}/{name}", str(board / name))
         (local / "train.log").write_bytes(jobs.read_log(connection, job.id))
         found = metrics.load(board, local / "train.log", run=job.run)
     path = out or settings.state_dir() / "runs" / found.run / "metrics.png"

@@ -23,7 +23,7 @@ import yaml
 from tpu_grpo.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS, Capacity
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
-from tpu_grpo.stores import STORES, Store
+from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for
 
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
@@ -117,8 +117,10 @@ KEYS: tuple[Key, ...] = (
         "itself off; 0: never (default 60, reservation: 0)", "60", required=False),
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME)", "tpu-grpo"),
     Key(f"{PROJECT}:machineType", str, "TPU machine type: " + ", ".join(MACHINES), "ct6e-standard-8t"),
-    Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " (default "
-        "shm; disk for spot and flex-start, which refuse shm)", "disk", required=False),
+    Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
+        "gs://BUCKET[/PREFIX] (default shm; disk for spot and flex-start, which refuse shm)", "disk", required=False),
+    Key(f"{PROJECT}:bucket", bool, "declare checkpointStore's bucket in this stack (default: it exists already)",
+        "true", required=False),
     Key(f"{PROJECT}:checkpointPeriod", int, "training steps between checkpoints, MaxText's checkpoint_period "
         "(default 50 on shm, 10 on disk)", "10", required=False),
     Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
@@ -165,6 +167,7 @@ class Settings:
     vm_name: str
     machine_type: str
     checkpoint_store: str
+    bucket: bool
     checkpoint_period: int
     checkpoints_to_keep: int
     boot_disk_gb: int
@@ -204,7 +207,7 @@ class Settings:
     @property
     def store(self) -> Store:
         """Where the checkpoints and runs live."""
-        return STORES[self.checkpoint_store]
+        return store_for(self.checkpoint_store)
 
     @property
     def usd_per_hour(self) -> float:
@@ -300,8 +303,8 @@ def _problem(key: Key, value: Any) -> str | None:
         return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
-    if short == "checkpointStore" and value not in STORES:
-        return "is not a checkpoint store (" + ", ".join(STORES) + ")"
+    if short == "checkpointStore" and value not in STORES and not BUCKET_URL.fullmatch(value):
+        return "is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])"
     if short in ("checkpointPeriod", "checkpointsToKeep") and value < 1:
         return "must be at least 1"
     if short == "dataDiskIops" and not DATA_DISK_IOPS[0] <= value <= DATA_DISK_IOPS[1]:
@@ -368,7 +371,11 @@ def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
         raise SettingsError(store.name, "shm", f"loses the run with capacity {capacity.name}: "
                             f"{capacity.shm_refused_because}", f"{store.set_command('disk')} (or pulumi config rm "
                             f"{store.name}: {capacity.checkpoint_store} is this capacity's default)")
-    chosen = STORES[values["checkpointStore"]]
+    chosen = store_for(values["checkpointStore"])
+    if values["bucket"] and chosen.name != "gs":
+        bucket = KEY[f"{PROJECT}:bucket"]
+        raise SettingsError(bucket.name, True, f"asks for a bucket, but checkpointStore is {chosen.name}",
+                            f"{store.set_command('gs://BUCKET/runs')} (or pulumi config rm {bucket.name})")
     if values["checkpointPeriod"] is None:
         values["checkpointPeriod"] = chosen.checkpoint_period
     if values["checkpointsToKeep"] is None:

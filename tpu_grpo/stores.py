@@ -1,5 +1,6 @@
-"""Where MaxText's converted checkpoint and training runs live (`tpu-grpo:checkpointStore`), what
-survives there, and how often a training run writes a checkpoint by default.
+"""Where MaxText's converted checkpoint and training runs live (`tpu-grpo:checkpointStore`: /dev/shm,
+the data disk or a gs:// bucket), what survives there, and how often a training run writes a
+checkpoint by default.
 
 MaxText 0.2.3's `train_rl`, restarted with the same run_name and base_output_directory,
 restores the newest checkpoint under `checkpoints/actor/` and goes on from its step; it writes
@@ -10,6 +11,7 @@ kept somewhere the VM's loss does not take, and loses at most `checkpoint_period
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: MaxText 0.2.3's rl.yml defaults, which the tutorial's command line leaves as they are.
@@ -18,6 +20,8 @@ MAXTEXT_CHECKPOINTS_TO_KEEP = 10
 #: One training checkpoint of the 8B model: float32 parameters (8.03 B x 4 bytes) and Adam's two
 #: float32 moments of the same size.
 CHECKPOINT_GB = 96.0
+#: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (a bucket name as Cloud Storage allows it).
+BUCKET_URL = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9])(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?")
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,29 @@ STORES: dict[str, Store] = {store.name: store for store in (
 )}
 
 
+def store_for(value: str) -> Store:
+    """The store a `checkpointStore` value names (checked by the settings first)."""
+    if value in STORES:
+        return STORES[value]
+    # A bucket outlives the VM, its disks and the stack's teardown; Orbax and MaxText write gs:// paths
+    # as they write local ones. tpu-grpo itself reads it from the laptop (tpu_grpo/gcs.py).
+    return Store("gs", value.rstrip("/"), "everything: a bucket outlives the VM, its disks and the stack",
+                 STORES["disk"].checkpoint_period, STORES["disk"].checkpoints_to_keep)
+
+
+def bucket_of(store: Store) -> str | None:
+    """The bucket of a Cloud Storage store, else None."""
+    found = BUCKET_URL.fullmatch(store.root) if store.name == "gs" else None
+    return found["bucket"] if found else None
+
+
 def need_gb(store: Store, checkpoints_to_keep: int) -> dict[str, float]:
     """Free space (GB) a run of the 8B model needs in /dev/shm and on the data disk: the converted
     checkpoint (16), the kept training checkpoints and the export (16, in /dev/shm), and the saved
     model (16, plus a margin, on the data disk). The shm store writes one checkpoint there (a run
-    of the tutorial's length keeps only its last)."""
+    of the tutorial's length keeps only its last); a bucket's space is not the VM's."""
     if store.name == "shm":
         return {"shm": 120.0, "data": 20.0}
+    if store.name == "gs":
+        return {"shm": 20.0, "data": 20.0}
     return {"shm": 20.0, "data": 20.0 + 16.0 + CHECKPOINT_GB * checkpoints_to_keep}

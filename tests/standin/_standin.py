@@ -162,10 +162,93 @@ def required(args: dict[str, str], key: str) -> str:
 
 def check_load_path(args: dict[str, str], key: str = "load_parameters_path") -> None:
     path = args.get(key, "")
-    if path and not os.path.exists(path):
+    if path and not store_path(path).exists():
         raise StandinError(
             f"FileNotFoundError: Checkpoint at {path} not found "
             f"({key} does not exist; MaxText 0.2.3 stand-in)")
+
+
+# ---------------------------------------------------------------- gs:// paths (a Cloud Storage emulator)
+
+
+class GcsPath:
+    """The few path operations the jobs use, on gs://BUCKET/NAME, through the JSON API of the
+    server STORAGE_EMULATOR_HOST names (tests run MaxText's output into a local emulator)."""
+
+    def __init__(self, url: str):
+        bucket, _, name = url.removeprefix("gs://").partition("/")
+        self.bucket, self.key = bucket, "/".join(part for part in name.split("/") if part)
+
+    def __str__(self) -> str:
+        return f"gs://{self.bucket}/{self.key}"
+
+    def __truediv__(self, part: str) -> "GcsPath":
+        return GcsPath(f"{self}/{part}")
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> "GcsPath":
+        return GcsPath(f"gs://{self.bucket}/{self.key.rsplit('/', 1)[0] if '/' in self.key else ''}")
+
+    def _api(self, path: str, data: bytes | None = None, method: str = "GET") -> dict:
+        import urllib.request
+
+        host = os.environ.get("STORAGE_EMULATOR_HOST")
+        if not host:
+            raise StandinError("stand-in: a gs:// path needs STORAGE_EMULATOR_HOST (no real bucket in tests)")
+        request = urllib.request.Request(host.rstrip("/") + path, data=data, method=method,
+                                         headers={"Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(request) as answer:
+            body = answer.read()
+        return json.loads(body) if body else {}
+
+    def _list(self, delimiter: bool) -> dict:
+        import urllib.parse
+
+        query = urllib.parse.urlencode({"prefix": f"{self.key}/" if self.key else "",
+                                        **({"delimiter": "/"} if delimiter else {})})
+        return self._api(f"/storage/v1/b/{self.bucket}/o?{query}")
+
+    def mkdir(self, **_) -> None:
+        """Buckets have no folders: a name's prefix is its folder."""
+
+    def write_bytes(self, data: bytes) -> None:
+        import urllib.parse
+
+        self._api(f"/upload/storage/v1/b/{self.bucket}/o?uploadType=media&name={urllib.parse.quote(self.key)}",
+                  data=data, method="POST")
+
+    def exists(self) -> bool:
+        return bool(self._list(delimiter=False).get("items"))
+
+    is_dir = exists
+
+    def iterdir(self):
+        listed = self._list(delimiter=True)
+        names = [prefix.rstrip("/") for prefix in listed.get("prefixes", [])]
+        names += [item["name"] for item in listed.get("items", [])]
+        return [GcsPath(f"gs://{self.bucket}/{name}") for name in names]
+
+    def remove(self) -> None:
+        import urllib.parse
+
+        for item in self._list(delimiter=False).get("items", []):
+            self._api(f"/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(item['name'], safe='')}", method="DELETE")
+
+
+def store_path(text: str):
+    """A local path, or a gs:// one."""
+    return GcsPath(text) if text.startswith("gs://") else Path(text)
+
+
+def remove_tree(path) -> None:
+    if isinstance(path, GcsPath):
+        path.remove()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- replay
@@ -296,7 +379,7 @@ def to_maxtext(args: dict[str, str], control: dict, out: Replayer) -> None:
                 "(MaxText 0.2.3 logs a deprecation warning for it)")
     out.say("stand-in to_maxtext: HF_TOKEN in the environment: "
             + ("yes" if os.environ.get("HF_TOKEN") else "no"))
-    step = Path(os.path.join(base, "0"))
+    step = store_path(os.path.join(base, "0"))
     items = step / "items"
     out.say(f"stand-in to_maxtext: writing {os.path.join(base, '0', 'items')}")
     for rel in ("_sharding", "array_metadatas/process_0", "d/0123456789abcdef0123456789abcdef",
@@ -318,7 +401,7 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
     if num_batches < 1:
         raise StandinError(f"stand-in: num_batches must be at least 1, got {num_batches}")
     check_load_path(args)
-    run = Path(os.path.join(base, run_name))
+    run = store_path(os.path.join(base, run_name))
 
     period = count_arg(args, "checkpoint_period", MAXTEXT_CHECKPOINT_PERIOD)
     keep = count_arg(args, "max_num_checkpoints_to_keep", MAXTEXT_CHECKPOINTS_TO_KEEP)
@@ -348,16 +431,19 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         """Orbax-like: write <step>.orbax-checkpoint-tmp, rename it to <step>, then drop the oldest
         beyond `keep`. Its files are those of the recording's checkpoint nearest below it."""
         final = actor / str(step)
-        tmp = actor / f"{final.name}.orbax-checkpoint-tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         recorded = max((k for k in by_step if map_step(k, num_batches) <= step), default=min(by_step))
         subtree = {rel: tree[f"checkpoints/actor/{recorded}/{rel}"] for rel in by_step[recorded] if rel}
-        write_tree(tmp, list(subtree), subtree)
-        os.rename(tmp, final)
+        if isinstance(final, GcsPath):  # objects appear whole; Orbax commits a bucket checkpoint last
+            write_tree(final, list(subtree), subtree)
+        else:
+            tmp = actor / f"{final.name}.orbax-checkpoint-tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            write_tree(tmp, list(subtree), subtree)
+            os.rename(tmp, final)
         saved.append(step)
         while len(saved) > keep:
-            shutil.rmtree(actor / str(saved.pop(0)), ignore_errors=True)
+            remove_tree(actor / str(saved.pop(0)))
 
     trained = restored
 
