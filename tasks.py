@@ -515,6 +515,66 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
     console.print(f"plot: {path}")
 
 
+def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float]:
+    from tpu_grpo import maxtext
+
+    if run is not None:
+        maxtext.check_run_name(run, "--run")
+    number = str(port if port is not None else 6006)
+    if not number.isdigit() or not 1 <= int(number) <= 65535:
+        raise maxtext.CommandError(f"--port {port!r} is not a TCP port; fix: e.g. --port 6006")
+    try:
+        seconds = float(every if every is not None else 5)
+    except ValueError:
+        seconds = float("nan")
+    if not 0.5 <= seconds <= 3600:
+        raise maxtext.CommandError(f"--every {every!r} is not a number of seconds from 0.5 to 3600; fix: e.g. --every 5")
+    _check_hosts(**flags)
+    return int(number), seconds
+
+
+@task(iterable=["host"], check=_check_tensorboard, help=_help(
+    *HOST_FLAGS, "json", run="one run to show (default: every run trained on the host, side by side)",
+    port="the port TensorBoard listens on, on 127.0.0.1 (default 6006)",
+    every="seconds between syncs of the events from the host (default 5)",
+    once="sync the events once and exit, without serving"))
+def tensorboard(c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None,
+                json_=False):
+    """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
+    from tpu_grpo import board, hosts, results
+
+    console = _console(stderr=json_)
+    with one_line_errors():
+        port_number, every_s = _check_tensorboard(run, port, every, host=host, identity=identity, stack=stack,
+                                                  wait=wait)
+        session = _session(host, identity, stack, wait)
+        try:
+            copied = board.sync(session, run)
+        except hosts.ConnectError as error:
+            copied = dict.fromkeys(board.local_runs(run, settings_module.state_dir()), 0)
+            if once or not copied:
+                raise
+            console.print(f"the host does not answer ({error}); serving the events already here")
+    if once:
+        if json_:
+            print(json.dumps({"runs": {name: {"bytes_copied": count, "events": str(results.events_dir(name))}
+                                       for name, count in copied.items()}}, indent=2))
+        for name, count in copied.items():
+            console.print(f"{name}: {count} new bytes of events in {results.events_dir(name)}")
+        return
+    try:
+        url = board.serve(sorted(copied), port_number)
+    except Exception as error:  # noqa: BLE001 - TensorBoard's own errors (a port in use): one line
+        raise Exit(f"error: TensorBoard did not start ({error}); fix: --port another port", code=1) from None
+    console.print(f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
+                  f"Ctrl-C stops it, the events stay in {settings_module.state_dir() / 'runs'}", soft_wrap=True)
+    try:
+        board.keep_in_sync(session, run, every_s, console.print)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        raise Exit(code=INTERRUPTED) from None
+
+
 @task(iterable=["host"], check=_check_hosts, help=_help(
     *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
 def down(c, force=False, stack=None, host=None, identity=None, wait=None):

@@ -575,3 +575,59 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     assert exported.returncode == 0, exported.stderr
     assert host.records()[-1]["env"]["POST_TRAIN_PATH"] == (
         f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//cloud/checkpoints/actor/6/model_params")
+
+
+# ---------------------------------------------------------------- TensorBoard on the laptop
+
+
+def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(workload_host, tmp_path):
+    """An events file only grows while a run trains: each sync copies the bytes not here yet; the
+    TensorBoard it serves answers its HTTP API with the run's scalars; Ctrl-C stops it, and the
+    events stay on the laptop."""
+    import signal as signals
+    import urllib.request
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from tests.sshd import free_port
+
+    host = workload_host
+    assert host.invoke("pipeline", "--run-name", "tb", "--batches", "4", *FAST).returncode == 0
+    [remote] = list(host.host.vm.path("/dev/shm/llama3.1-8b-Instruct/post-train/tb/tensorboard").iterdir())
+    whole = remote.read_bytes()
+    remote.write_bytes(whole[:len(whole) // 2])  # the run so far
+
+    def sync() -> int:
+        result = host.invoke("tensorboard", "--run", "tb", "--once", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["runs"]["tb"]["bytes_copied"]
+
+    local = host.host.state / "runs/tb/tensorboard" / remote.name
+    assert sync() == len(whole) // 2 and local.read_bytes() == whole[:len(whole) // 2]
+    with remote.open("ab") as grown:
+        grown.write(whole[len(whole) // 2:])
+    assert sync() == len(whole) - len(whole) // 2 and local.read_bytes() == whole
+    assert sync() == 0
+
+    port = free_port()
+    served = host.popen("tensorboard", "--run", "tb", "--port", str(port), "--every", "1")
+    try:
+        line = served.stdout.readline()
+        assert line.startswith(f"TensorBoard: http://127.0.0.1:{port}/ (runs: tb); syncing every 1 s"), line
+        recorded = event_accumulator.EventAccumulator(str(FIXTURES / "tensorboard"))
+        recorded.Reload()
+        expected = [(event.step, pytest.approx(event.value)) for event in recorded.Scalars("actor/train/loss")]
+        url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?tag=actor/train/loss&run=tb/tensorboard"
+
+        def scalars():
+            try:
+                return [(step, value) for _, step, value in json.load(urllib.request.urlopen(url, timeout=5))]
+            except OSError:
+                return []
+        wait_for(lambda: scalars() == expected, what="TensorBoard to serve the run's loss")
+        served.send_signal(signals.SIGINT)
+        _, err = served.communicate(timeout=30)
+    finally:
+        served.kill()
+    assert served.returncode == 130, err
+    assert local.read_bytes() == whole

@@ -60,9 +60,6 @@ class Timeline:
             timeline.write(json.dumps(entry) + "\n")
         return entry
 
-    def entries(self) -> list[dict]:
-        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.is_file() else []
-
 
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
     """(the newest checkpoint step in the run's store, the last step the lost training printed)."""

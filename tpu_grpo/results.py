@@ -122,9 +122,10 @@ def _train_job(connection, run: str | None) -> jobs.Job:
     return trained[-1]
 
 
-def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
-    """The run's TensorBoard folder and its event files: in the checkpoint store while the run is
-    there (/dev/shm empties at a restart), else the copy `save` made on the data disk."""
+def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list]:
+    """The run's TensorBoard folder on the host and its event files (SFTP attributes): in the
+    checkpoint store while the run is there (/dev/shm empties at a restart), else the copy `save`
+    made on the data disk."""
     from tpu_grpo import metrics
 
     live = f"{job.meta['paths']['run']}/tensorboard"
@@ -132,12 +133,46 @@ def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list[str]]:
     for folder in (live, archived):
         remote = hosts.run_script(connection, f"cd {folder} 2>/dev/null && pwd").stdout.strip()
         if remote:
-            names = [name for name in sftp.listdir(remote) if name.startswith("events.")]
-            if names:
-                return remote, names
+            found = [entry for entry in sftp.listdir_attr(remote) if entry.filename.startswith("events.")]
+            if found:
+                return remote, found
     raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live} (/dev/shm does not survive a "
                                f"restart) nor in {archived} (the pipeline's save copies them there); "
                                "fix: point --events at a copy")
+
+
+def events_dir(run: str) -> Path:
+    """Where a run's TensorBoard events live on the laptop."""
+    return settings.state_dir() / "runs" / run / "tensorboard"
+
+
+def sync_events(connection, job: jobs.Job) -> int:
+    """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
+    events file only grows), read from the offset the local copy has. Returns the bytes copied."""
+    from tpu_grpo import metrics
+
+    board = events_dir(job.run)
+    board.mkdir(parents=True, exist_ok=True)
+    live = f"{job.meta['paths']['run']}/tensorboard"
+    if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
+        before = sum(path.stat().st_size for path in board.glob("events.*"))
+        if not [name for name in gcs.download(live, board) if name.startswith("events.")]:
+            raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live}; "
+                                       "fix: point --events at a copy")
+        return sum(path.stat().st_size for path in board.glob("events.*")) - before
+    sftp = connection.sftp()
+    remote, found = _events_folder(connection, sftp, job)
+    copied = 0
+    for entry in found:
+        local = board / entry.filename
+        have = local.stat().st_size if local.exists() else 0
+        if entry.st_size > have:
+            with sftp.open(f"{remote}/{entry.filename}", "rb") as source, local.open("ab") as target:
+                source.seek(have)
+                data = source.read(entry.st_size - have)
+                target.write(data)
+                copied += len(data)
+    return copied
 
 
 def metrics_of(session: jobs.Session | None, run: str | None, events: Path | None, out: Path | None):
@@ -151,21 +186,10 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     else:
         connection = session.connection
         job = _train_job(connection, run)
-        local = settings.state_dir() / "runs" / job.run
-        board = local / "tensorboard"
-        board.mkdir(parents=True, exist_ok=True)
-        live = f"{job.meta['paths']['run']}/tensorboard"
-        if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
-            if not [name for name in gcs.download(live, board) if name.startswith("events.")]:
-                raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live}; "
-                                           "fix: point --events at a copy")
-        else:
-            sftp = connection.sftp()
-            remote, names = _events_folder(connection, sftp, job)
-            for name in names:
-                sftp.get(f"{remote}/{name}", str(board / name))
-        (local / "train.log").write_bytes(jobs.read_log(connection, job.id))
-        found = metrics.load(board, local / "train.log", run=job.run)
+        sync_events(connection, job)
+        board = events_dir(job.run)
+        (board.parent / "train.log").write_bytes(jobs.read_log(connection, job.id))
+        found = metrics.load(board, board.parent / "train.log", run=job.run)
     path = out or settings.state_dir() / "runs" / found.run / "metrics.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     return found, metrics.plot(found, path)
