@@ -245,9 +245,7 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, ru
 
 def _follow(session, job, step, total_steps, verbose, console=None) -> int:
     """Follow to the end; Ctrl-C detaches (the job goes on) and says how to come back."""
-    from tpu_grpo import watch
-
-    from tpu_grpo import hosts
+    from tpu_grpo import hosts, watch
 
     console = console or _console()
     try:
@@ -382,8 +380,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     def attempt():
         session = _session(host, identity, stack, wait)
         if chosen:  # a dropped link asks the cloud whether the VM is gone
-            session.vm_gone = lambda: (lambda state: state if state in recovery.LOST else None)(
-                recovery.vm_state(chosen))
+            session.vm_gone = lambda: recovery.gone(chosen)
 
         def follow(job, step):
             code = _follow(session, job, step, total if step == "train" else None, verbose, console)
@@ -396,9 +393,8 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
 
     def bring_back(recreated):
         recovery.bring_back(chosen, lambda: _provision_again(values, host, identity, stack, console),
-                            lambda: [hosts.forget_host_key(target) for target in hosts.resolve(host or [], identity,
-                                                                                                  stack)],
-                            recreated, stdout=sys.stderr if json_ else None)
+                            lambda: hosts.resolve(host or [], identity, stack), recreated,
+                            stdout=sys.stderr if json_ else None)
         return recovery.where_training_stands(_session(host, identity, stack, wait).connection, run)
 
     with one_line_errors():

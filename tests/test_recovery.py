@@ -11,23 +11,22 @@ from a wheel (tests/wheels.py), and the second one resumes from the checkpoint t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests import sshd as harness
-from tests.conftest import FIXTURES, ROOT, TEST_TOKEN
+from tests.conftest import FIXTURES, ROOT
 from tests.rootfs import TEST_VARS
 from tests.test_capacity import SPOT
 from tests.test_tasks import BIN
+from tests.test_workloads import wait_for
 from tests.wheels import WORKLOAD_STANDIN, workload_standin_wheel
 
 INSTANCE = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
@@ -95,23 +94,15 @@ def spot_project(stack_dir, stack_values) -> Path:
 
 def invoke(host, cloud: Cloud, project: Path, *args: str, **popen) -> subprocess.Popen:
     """A task on the stack's VM (no --host: its address comes from the stack's outputs)."""
-    env = {**os.environ, "TPU_GRPO_STATE": str(host.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200",
-           "PATH": cloud.path}
     return subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), *args, "--identity", str(host.key)],
-                            cwd=project, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+                            cwd=project, env=host.env({"PATH": cloud.path}), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
 
 
 def provisioning_vars(host) -> list[str]:
     values = [*(v for v in TEST_VARS if not v.startswith("maxtext_spec=")), f"maxtext_spec={WORKLOAD_STANDIN}==0.2.3",
               f"data_device={host.disk.device}"]
     return [arg for value in values for arg in ("--var", value)]
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture

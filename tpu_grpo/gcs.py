@@ -32,37 +32,32 @@ def _client():
     return storage.Client()
 
 
-def _listing(url: str, **options):
+def _listing(url: str, **options) -> tuple[list, list[str], str]:
+    """(the objects, the folder prefixes, the URL's own prefix) of a listing, read whole, or a
+    one-line StoreError: credentials, a missing bucket, the network."""
     bucket, prefix = split(url)
     try:
-        return _client().list_blobs(bucket, prefix=prefix, **options), prefix
-    except Exception as error:  # noqa: BLE001 - credentials, a missing bucket, the network: one line
-        raise StoreError(f"cannot read {url} ({error}); fix: gcloud auth application-default login, and check "
+        blobs = _client().list_blobs(bucket, prefix=prefix, **options)
+        return list(blobs), sorted(blobs.prefixes), prefix
+    except Exception as error:  # noqa: BLE001 - whatever the library raises: one line
+        raise StoreError(f"cannot list {url} ({error}); fix: gcloud auth application-default login, and check "
                          "that tpu-grpo:checkpointStore names a bucket you can read") from None
 
 
 def children(url: str) -> list[str]:
     """The names of the folders right under the URL (`checkpoints/actor` -> its steps)."""
-    blobs, prefix = _listing(url, delimiter="/")
-    try:
-        list(blobs)
-    except Exception as error:  # noqa: BLE001 - as above
-        raise StoreError(f"cannot list {url} ({error}); fix: gcloud auth application-default login") from None
-    return sorted(name[len(prefix):].rstrip("/") for name in blobs.prefixes)
+    _, folders, prefix = _listing(url, delimiter="/")
+    return sorted(name[len(prefix):].rstrip("/") for name in folders)
 
 
 def exists(url: str) -> bool:
     """Whether anything lies under the URL."""
-    blobs, _ = _listing(url, max_results=1)
-    try:
-        return any(True for _ in blobs)
-    except Exception as error:  # noqa: BLE001 - as above
-        raise StoreError(f"cannot read {url} ({error}); fix: gcloud auth application-default login") from None
+    return bool(_listing(url, max_results=1)[0])
 
 
 def download(url: str, folder: Path) -> list[str]:
     """Every object right under the URL into the folder; returns their names."""
-    blobs, prefix = _listing(url, delimiter="/")
+    blobs, _, prefix = _listing(url, delimiter="/")
     folder.mkdir(parents=True, exist_ok=True)
     names = []
     for blob in blobs:

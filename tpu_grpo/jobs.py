@@ -42,6 +42,14 @@ class JobError(UserError):
     """A job that cannot start, be found or be followed; one line with the fix."""
 
 
+class VmGone(hosts.ConnectError):
+    """The link dropped and the cloud says the VM is stopped or gone (its state kept for the caller)."""
+
+    def __init__(self, message: str, state: str):
+        super().__init__(message)
+        self.state = state
+
+
 class JobBusy(JobError):
     """The TPU already runs a job; the message names it."""
 
@@ -271,7 +279,7 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
             pass
         gone = session.vm_gone() if session.vm_gone else None
         if gone:
-            raise hosts.ConnectError(f"lost the VM while following job {job_id}: it is {gone}")
+            raise VmGone(f"lost the VM while following job {job_id}: it is {gone}", gone)
         position.reconnects += 1
         if on_reconnect:
             on_reconnect(f"connection lost; reconnecting to resume at byte {position.offset}")

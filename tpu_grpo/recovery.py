@@ -44,6 +44,12 @@ def vm_state(chosen: settings_module.Settings) -> str:
     return found[1] if found else "DELETED"
 
 
+def gone(chosen: settings_module.Settings) -> str | None:
+    """The VM's state when it is lost (stopped, preempted, deleted); None while it runs."""
+    state = vm_state(chosen)
+    return state if state in LOST else None
+
+
 @dataclass
 class Timeline:
     """The run's record of losses and resumes, one JSON object a line."""
@@ -84,8 +90,8 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
         except hosts.ConnectError as error:
             if losses >= recover:
                 raise
-            state = vm_state(chosen)
-            if state not in LOST:
+            state = error.state if isinstance(error, jobs.VmGone) else gone(chosen)  # the follow asked already
+            if not state:
                 raise
             losses += 1
             lost_at = time.time()
@@ -100,15 +106,16 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
                 + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)"))
 
 
-def bring_back(chosen: settings_module.Settings, provision: Callable[[], None], forget: Callable[[], None],
-               recreated: bool, stdout=None) -> None:
-    """`invoke up`, then provisioning; a VM created anew has a new host key, so the old one is
-    forgotten first (the next connection records the new one and says so)."""
+def bring_back(chosen: settings_module.Settings, provision: Callable[[], None],
+               targets: Callable[[], list[hosts.Host]], recreated: bool, stdout=None) -> None:
+    """`invoke up`, then provisioning; a VM created anew has a new host key, so the old one of each
+    of its `targets` is forgotten first (the next connection records the new one and says so)."""
     code, meanings = stack.up(chosen, say=lambda line: None, stdout=stdout)
     if code != 0:
         raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
                             + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "
                             "run the same pipeline again")
     if recreated:
-        forget()
+        for target in targets():
+            hosts.forget_host_key(target)
     provision()
