@@ -478,6 +478,47 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
         print(json.dumps(result.to_json(), indent=2))
 
 
+def _check_publish(repo=None, run=None, **flags):
+    from tpu_grpo import maxtext, publish as publish_module
+
+    if not repo:
+        raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
+    publish_module.check_repo(repo)
+    publish_module.endpoint()
+    if run is not None:
+        maxtext.check_run_name(run, "--run")
+    _check_hosts(**flags)
+
+
+@task(iterable=["host"], check=_check_publish, help=_help(
+    *HOST_FLAGS, "json", "verbose", repo="OWNER/NAME: the Hugging Face model repository (created if missing)",
+    run="the run whose saved model to publish (default: the newest saved)",
+    public="make a new repository public (default: private)"))
+def publish(c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False,
+            verbose=False):
+    """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
+    from tpu_grpo import publish as publish_module
+
+    console = _console(stderr=json_)
+    with one_line_errors():
+        _check_publish(repo, run, host=host, identity=identity, stack=stack, wait=wait)
+        if note := publish_module.license_note(repo):
+            console.print(note)
+        session = _session(host, identity, stack, wait)
+        try:
+            outcome = publish_module.publish(session, run, repo, not public, console, verbose)
+        except KeyboardInterrupt:
+            console.print("\ndetached: the upload goes on on the host; reattach: uv run invoke logs --follow")
+            raise Exit(code=INTERRUPTED) from None
+    if json_:
+        print(json.dumps(outcome.to_json(), indent=2))
+        return
+    sent = (f"{len(outcome.uploaded)} files ({outcome.bytes_uploaded} bytes) uploaded in commit {outcome.commit}"
+            if outcome.uploaded else "nothing uploaded: the Hub already holds every file")
+    console.print(f"[green]published[/] run {outcome.run} at {outcome.url}: {sent}; "
+                  f"{outcome.already_there} already there; card: {outcome.card}")
+
+
 def _check_metrics(run=None, out=None, events=None, force=False, **flags):
     from tpu_grpo import results
 

@@ -324,6 +324,34 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
     return workload
 
 
+@pytest.fixture(scope="session")
+def hub_client() -> Path:
+    """huggingface_hub for the test hosts' MaxText venv, at the laptop's version (the MaxText extra brings
+    it on a real VM), installed once into a folder of the test cache. Without hf_xet: the stand-in Hub
+    (tests/hub.py) speaks LFS, which huggingface_hub uses when hf_xet is missing."""
+    from importlib.metadata import version
+
+    folder = rootfs.CACHE / f"hub-client-{version('huggingface_hub')}"
+    if not folder.is_dir():
+        building = Path(str(folder) + ".partial")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run(["uv", "pip", "install", "--quiet", "--python", f"{rootfs.python312_bin()}/python3.12",
+                        "--target", str(building), f"huggingface_hub=={version('huggingface_hub')}"], check=True)
+        for path in building.glob("hf_xet*"):
+            shutil.rmtree(path)
+        building.rename(folder)
+    return folder
+
+
+def give_hub_client(workload: WorkloadHost, client: Path) -> None:
+    """Put huggingface_hub into the host's MaxText venv (a copy in the home, named by a .pth)."""
+    host = workload.host
+    shutil.copytree(client, host.user.home / "hub-client")
+    host.own(host.user.home / "hub-client")
+    made = host.run_as_user("echo $HOME/hub-client > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/hub.pth")
+    assert made.returncode == 0, made.stderr
+
+
 @pytest.fixture
 def workload_host(make_host):
     """One fresh host with the stand-in MaxText in its venv: a throwaway host, whose /dev/shm and

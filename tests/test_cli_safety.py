@@ -20,7 +20,7 @@ from tests.conftest import FIXTURES, ROOT
 from tests.test_tasks import invoke
 
 TASKS = ("plan", "settings", "up", "provision", "freeze", "convert", "train", "export", "pipeline", "logs",
-         "status", "cancel", "fetch", "metrics", "tensorboard", "down")
+         "status", "cancel", "fetch", "publish", "metrics", "tensorboard", "down")
 #: Invoke's core short flags: no task may take one of them.
 CORE_SHORT = set("cdDefFhlprRTVw")
 
@@ -282,6 +282,7 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
         (("pipeline", "--recover", "1", *host), "--recover 1"),
         (("tensorboard", "--port", "0", *host), "'0'"), (("tensorboard", "--every", "x", *host), "'x'"),
         (("tensorboard", "--run", "a b", *host), "'a b'"),
+        (("publish", "--repo", "a/b/c", *host), "'a/b/c'"), (("publish", "--repo", "a/b", "--run", "a b", *host), "'a b'"),
         (("provision", "--var", "nope=1", *host), "'nope=1'"),
         (("provision", "--var", "apt_upgrade=maybe", *host), "'maybe'"),
         (("provision", "--var", "python_version", *host), "'python_version'"),

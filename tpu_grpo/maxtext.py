@@ -37,6 +37,11 @@ OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name"
               "base_output_directory": "tpu-grpo:checkpointStore",
               "checkpoint_period": "tpu-grpo:checkpointPeriod",
               "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep"}
+#: MaxText's model names -> the Hugging Face model each converts from (MaxText's own HF_IDS).
+HF_IDS = {"llama3.1-8b": "meta-llama/Llama-3.1-8B", "llama3.1-8b-Instruct": "meta-llama/Llama-3.1-8B-Instruct"}
+#: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
+GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
+                 "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: A folder being written is NAME.partial until it is complete (tpu_grpo.artifacts.save_script).
 RESERVED_SUFFIX = ".partial"
@@ -66,6 +71,7 @@ class Run:
     store: Store = STORES["shm"]
     checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
     checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
+    capacity: str = "reservation"  # how the chips were had: said in a job's record, no input of a step
 
     @property
     def export_step(self) -> int:
@@ -218,6 +224,13 @@ def overrides(run: Run, step: str) -> dict[str, str]:
     return mapping
 
 
+def token_lines() -> list[str]:
+    """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line."""
+    return [f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
+            "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
+            f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"]
+
+
 def script(run: Run, step: str) -> str:
     """The whole remote script of one step: what `--dry-run` prints and what the job runs."""
     lines = [
@@ -225,9 +238,7 @@ def script(run: Run, step: str) -> str:
         "set -eo pipefail",
         f"source {VENV}/bin/activate",
         "set -u",
-        f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
-        "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
-        f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN",
+        *token_lines(),
         "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
     ]
     for name, value in environment(run, step):

@@ -236,7 +236,7 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
 
 def job_meta(run: maxtext.Run, step: str) -> dict:
     meta = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
-            "paths": maxtext.paths(run)}
+            "paths": maxtext.paths(run), "capacity": run.capacity}
     if step == "train":
         iterations = int(run.sets.get("train", {}).get("rl.num_iterations", 1))  # checked by parse_sets
         meta["total_steps"] = total_steps(run.batches, iterations)
@@ -370,7 +370,8 @@ def build_run(stack: str | None, *, batches=None, run_name: str | None = None, s
         run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None,
-        store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep)
+        store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep,
+        capacity=chosen.capacity)
 
 
 def trained_runs(connection) -> list[dict]:

@@ -31,23 +31,17 @@ def _eta(seconds: float | None) -> str:
     return f"ETA {minutes}m{secs:02d}s"
 
 
-class JobView:
-    """Turns the job's log bytes into lines: saved to the local copy, shown when they matter,
-    and counted into the progress bar (GRPO step N of the total, eval accuracy, elapsed, ETA)."""
+class LogView:
+    """A followed job's log bytes as lines: each kept in the local copy and handed to `_line`, which
+    prints above a progress bar or moves it."""
 
-    def __init__(self, console: Console, job_id: str, step: str, total_steps: int | None, verbose: bool = False):
-        self.console, self.job_id, self.step, self.verbose = console, job_id, step, verbose
-        self.tracker = Tracker(total_steps or 0)
+    def __init__(self, console: Console, job_id: str, progress: Progress):
+        self.console, self.progress = console, progress
         self.partial = b""
-        self.lines = 0
         self.path = local_log(job_id)
         self.file = self.path.open("wb")
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"),
-                                 console=console, transient=False)
-        self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
 
-    def __enter__(self) -> "JobView":
+    def __enter__(self):
         self.progress.start()
         return self
 
@@ -66,6 +60,23 @@ class JobView:
 
     def note(self, message: str) -> None:
         self.progress.console.print(f"[yellow]{message}[/]")
+
+    def _line(self, line: str) -> None:
+        raise NotImplementedError
+
+
+class JobView(LogView):
+    """A MaxText job's log: progress (GRPO step N of the total, eval accuracy, elapsed, ETA) and the
+    lines a person wants (evals, errors)."""
+
+    def __init__(self, console: Console, job_id: str, step: str, total_steps: int | None, verbose: bool = False):
+        self.job_id, self.step, self.verbose = job_id, step, verbose
+        self.tracker = Tracker(total_steps or 0)
+        self.lines = 0
+        super().__init__(console, job_id, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"), console=console, transient=False))
+        self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
 
     def _line(self, line: str) -> None:
         self.lines += 1
