@@ -344,7 +344,7 @@ def _provision_again(values, host, identity, stack, console) -> None:
             "training resumes after its newest checkpoint (needs the Pulumi CLI)",
     var="KEY=VALUE, repeatable: a playbook variable for the provisioning --recover runs (as invoke provision's)",
     need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
-            "needs with the stack's checkpointStore, 120,20 with shm)",
+            "needs with the stack's checkpointStore, 120,36 with shm)",
     keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)"))
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
              dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False, recover=None, var=None):
@@ -425,19 +425,22 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
-    """List the host's jobs (state, exit code, run, duration, a running one's progress) and when it stops if idle."""
-    from tpu_grpo import jobs, watch
+    """The host's jobs (state, exit code, run, duration, progress), its TPU chips (HBM, duty cycle), its idle stop."""
+    from tpu_grpo import chips, jobs, watch
 
     with one_line_errors():
         session = _session(host, identity, stack, wait)
         found = jobs.list_jobs(session.connection)
         progress = watch.progress_of(session.connection, found)
         idle = watch.idle_stop(session.connection)
+        tpu = chips.read(session.connection)
     if json_:
         print(json.dumps({"host": session.host.name, "jobs": [job.to_json() for job in found],
-                          "progress": progress, "idle_stop": idle}, indent=2))
+                          "progress": progress, "idle_stop": idle, "tpu": tpu}, indent=2))
         return
-    watch.print_status(_console(), session.host.name, found, progress, idle)
+    console = _console()
+    watch.print_status(console, session.host.name, found, progress, idle)
+    chips.show(console, tpu)
 
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.sshd import accepted, free_port, sh, start_sshd
+from tests.sshd import SESSION, accepted, free_port, sh, start_sshd
 
 SUITE = "bookworm"
 #: What a TPU VM's image has that the tests rely on; build-essential, cmake and ninja-build are there
@@ -278,8 +278,8 @@ def difference(before, after) -> object:
 def machine_state() -> dict[str, object]:
     """What the test machine must have exactly as before the throwaway hosts' tests: its packages,
     users and groups, every file of /etc and /usr/local (size, mode, mtime), and its mounts. Another
-    test session's throwaway hosts, and the /run/netns that `ip netns` shares among all sessions,
-    are not this session's to answer for."""
+    test session's throwaway hosts and network namespaces, and the /run/netns that `ip netns` shares
+    among all sessions, are not this session's to answer for."""
     def tree(top: str) -> dict[str, tuple[int, int, int]]:
         found = {}
         for folder, _, names in os.walk(top):
@@ -295,7 +295,8 @@ def machine_state() -> dict[str, object]:
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     ours = [str(folder) for folder in MADE]
     mounts = [mount for mount in mounts if mount != "/run/netns" and not (
-        HOST_PREFIX in mount and not any(mount.startswith(folder + "/") for folder in ours))]
+        HOST_PREFIX in mount and not any(mount.startswith(folder + "/") for folder in ours)) and not (
+        mount.startswith("/run/netns/") and not mount.endswith(SESSION))]
     return {"packages": sh("dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n").stdout,
             "users": Path("/etc/passwd").read_text() + Path("/etc/group").read_text(),
             "etc": tree("/etc"), "usr_local": tree("/usr/local"),

@@ -48,7 +48,8 @@ def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
     found = {}
     for line in record.read_text().splitlines():
         call = json.loads(line)
-        found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
+        if call["argv"][0] == "-m":  # MaxText's modules; not the convert job's `python3 -c` asking its version
+            found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
     return found
 
 

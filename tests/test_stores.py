@@ -134,7 +134,7 @@ def test_a_run_name_trained_on_one_store_is_another_training_on_another(tmp_path
     assert pipeline.record_key(RUN, "convert") != pipeline.record_key(on_disk, "convert")
 
 
-@pytest.mark.parametrize("store, keep, need", [("shm", 10, {"shm": 120.0, "data": 20.0}),
+@pytest.mark.parametrize("store, keep, need", [("shm", 10, {"shm": 120.0, "data": 36.0}),
                                                ("disk", 2, {"shm": 20.0, "data": 228.0}),
                                                ("disk", 3, {"shm": 20.0, "data": 324.0})])
 def test_preflight_asks_for_the_space_the_store_needs(store, keep, need):

@@ -631,3 +631,34 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
         served.kill()
     assert served.returncode == 130, err
     assert local.read_bytes() == whole
+
+
+def test_a_conversion_kept_on_the_data_disk_is_restored_after_a_reboot_not_converted_again(workload_host):
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    folder, inputs, version = sorted((host.host.user.home / "tpu-grpo/converted").iterdir())
+    assert re.fullmatch(r"llama3\.1-8b-Instruct-[0-9a-f]{12}", folder.name)
+    assert (inputs.name, version.name) == (folder.name + ".inputs", folder.name + ".maxtext")
+    assert json.loads(inputs.read_text())["model"] == "llama3.1-8b-Instruct" and version.read_text() == "0.2.3\n"
+    assert (folder / "SHA256SUMS").is_file()
+    shm = host.host.vm.path("/dev/shm/llama3.1-8b-Instruct/mt-format")
+    converted = {path.relative_to(shm): path.read_bytes() for path in shm.rglob("*") if path.is_file()}
+    conversions = len(host.records())
+
+    host.restart_empties_shm()
+    again = host.invoke("convert")
+    assert again.returncode == 0, again.stderr
+    assert "converted checkpoint restored from" in again.stdout and len(host.records()) == conversions
+    restored = {path.relative_to(shm): path.read_bytes() for path in shm.rglob("*") if path.is_file()}
+    assert {name: data for name, data in restored.items() if str(name) != "SHA256SUMS"} == converted
+
+    # a copy that does not match its sums, or one of another MaxText version, is converted again
+    for spoil in (lambda: next(p for p in folder.rglob("*") if p.is_file() and p.name != "SHA256SUMS").write_bytes(b"x"),
+                  lambda: version.write_text("0.2.2\n")):
+        spoil()
+        host.restart_empties_shm()
+        result = host.invoke("convert")
+        assert result.returncode == 0, result.stderr
+        assert "restored" not in result.stdout and len(host.records()) == conversions + 1
+        assert "converted checkpoint kept in" in result.stdout
+        conversions += 1

@@ -11,6 +11,8 @@ store; and a checkpoint period or count other than MaxText's own is passed to tr
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 import string
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tpu_grpo.errors import UserError
-from tpu_grpo.host_paths import TOKEN_FILE, VENV
+from tpu_grpo.host_paths import ROOT, TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
 from tpu_grpo.progress import RESUMES
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
@@ -231,6 +233,55 @@ def token_lines() -> list[str]:
             f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"]
 
 
+#: Converted checkpoints kept on the data disk, one per model: /dev/shm loses them at every reboot.
+KEPT = f"{ROOT}/converted"
+KEPT_LINE = "tpu-grpo: converted checkpoint"
+
+
+def kept_conversion(run: Run) -> str:
+    """Where the data disk keeps the converted checkpoint of these conversion inputs."""
+    digest = hashlib.sha256(json.dumps(run.inputs("convert"), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{KEPT}/{run.model}-{digest}"
+
+
+def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
+    """Bash around a conversion into /dev/shm: before it, restore the copy the data disk keeps of the
+    same conversion (same inputs, same MaxText version, every file checked) and stop there; after it,
+    keep a copy (replacing the model's older one). Keeping is best effort: the conversion stands."""
+    from tpu_grpo.artifacts import SUMS, save_script
+
+    kept = kept_conversion(run)
+    inputs = shlex.quote(json.dumps(run.inputs("convert"), sort_keys=True))
+    before = [
+        f"kept={kept}",
+        "version=$(python3 -c 'import importlib.metadata as m; print(m.version(\"maxtext\"))')",
+        f'if [ -f "$kept/{SUMS}" ] && [ "$(cat "$kept.inputs" 2>/dev/null)" = {inputs} ] '
+        '&& [ "$(cat "$kept.maxtext" 2>/dev/null)" = "$version" ]; then',
+        '  rm -rf "$MODEL_CHECKPOINT_DIRECTORY" && mkdir -p "$MODEL_CHECKPOINT_DIRECTORY"',
+        '  cp -a "$kept/." "$MODEL_CHECKPOINT_DIRECTORY"',
+        f'  if (cd "$MODEL_CHECKPOINT_DIRECTORY" && sha256sum -c --quiet {SUMS}); then',
+        f'    echo "{KEPT_LINE} restored from $kept (MaxText $version, the same conversion): not converted again"',
+        "    exit 0",
+        "  fi",
+        f'  echo "{KEPT_LINE} in $kept does not match its {SUMS}: converting again"',
+        "fi",
+    ]
+    after = [
+        f'rm -rf {KEPT}/{run.model}-* && mkdir -p {KEPT}',
+        "if bash <<'TPU_GRPO_KEEP'",
+        save_script(f"{run.store.root}/{run.model}/mt-format", kept).rstrip("\n"),
+        "TPU_GRPO_KEEP",
+        "then",
+        f'  echo {inputs} > "$kept.inputs" && echo "$version" > "$kept.maxtext"',
+        f'  echo "{KEPT_LINE} kept in $kept: a VM that reboots restores it instead of converting again"',
+        "else",
+        f'  rm -rf "$kept" "$kept.partial"; echo "{KEPT_LINE} not kept (no room on the data disk?): a reboot '
+        'converts again"',
+        "fi",
+    ]
+    return before, after
+
+
 def script(run: Run, step: str) -> str:
     """The whole remote script of one step: what `--dry-run` prints and what the job runs."""
     lines = [
@@ -247,9 +298,9 @@ def script(run: Run, step: str) -> str:
         lines.append('newest=$( (ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" | grep -E \'^[0-9]+$\' '
                      "| sort -n | tail -1) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
+    before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
-    lines.append(f"python3 -m {MODULES[step]} \\")
-    lines.append(" \\\n".join(arguments))
+    lines += [*before, f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments), *after]
     return "\n".join(lines) + "\n"
 
 

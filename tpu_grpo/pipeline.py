@@ -230,7 +230,7 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
             raise ValueError
     except ValueError:
         raise maxtext.CommandError(f"--need-gb {text!r} is not SHM_GB,DATA_GB (two numbers of at least 0); "
-                                   "fix: e.g. --need-gb 120,20") from None
+                                   "fix: e.g. --need-gb 120,36") from None
     return {"shm": shm, "data": data}
 
 

@@ -66,9 +66,10 @@ def need_gb(store: Store, checkpoints_to_keep: int) -> dict[str, float]:
     """Free space (GB) a run of the 8B model needs in /dev/shm and on the data disk: the converted
     checkpoint (16), the kept training checkpoints and the export (16, in /dev/shm), and the saved
     model (16, plus a margin, on the data disk). The shm store writes one checkpoint there (a run
-    of the tutorial's length keeps only its last); a bucket's space is not the VM's."""
+    of the tutorial's length keeps only its last), and keeps a copy of the converted checkpoint on
+    the data disk (16), which a reboot would empty; a bucket's space is not the VM's."""
     if store.name == "shm":
-        return {"shm": 120.0, "data": 20.0}
+        return {"shm": 120.0, "data": 20.0 + 16.0}
     if store.name == "gs":
         return {"shm": 20.0, "data": 20.0}
     return {"shm": 20.0, "data": 20.0 + 16.0 + CHECKPOINT_GB * checkpoints_to_keep}

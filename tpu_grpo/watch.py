@@ -99,6 +99,8 @@ class JobView(LogView):
                                         f"({event.correct}/{event.total}), format {event.format_accuracy:g}%")
         elif isinstance(event, (Started, Completed)):
             self.progress.console.print(f"{self.step}: {line.split('] ', 1)[-1].strip()}")
+        elif line.startswith("tpu-grpo: "):
+            self.progress.console.print(f"{self.step}: {line.removeprefix('tpu-grpo: ')}")
         elif self.verbose or SHOWN.search(line):
             self.progress.console.print(line, markup=False, highlight=False)
 

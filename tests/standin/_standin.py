@@ -22,7 +22,8 @@ RECORDS_FILE = Path(".standin") / "records.jsonl"
 SIGNALS_FILE = Path(".standin") / "signals.jsonl"
 SHORT_NAMES = ("to_maxtext", "train_rl", "to_huggingface")
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "maxtext-0.2.3"
-DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None}
+DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None,
+            "hbm_used_bytes": 26_843_545_600, "duty_cycle_pct": 87.5}
 REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4, checkpoint_period=2: train steps 1..4, checkpoints 1, 2, 4
 #: MaxText 0.2.3's rl.yml defaults, used when the command line does not set them (as MaxText does).
 MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP = 50, 10
@@ -112,6 +113,8 @@ def load_control() -> dict:
     for key in ("line_delay_s", "hold_s"):
         control[key] = float(control[key])
     control["device_count"] = int(control["device_count"])
+    control["hbm_used_bytes"] = int(control["hbm_used_bytes"])
+    control["duty_cycle_pct"] = float(control["duty_cycle_pct"])
     return control
 
 
