@@ -487,7 +487,7 @@ def _check_publish(repo=None, run=None, **flags):
     if not repo:
         raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
     publish_module.check_repo(repo)
-    publish_module.endpoint()
+    settings_module.hub_endpoint()
     if run is not None:
         maxtext.check_run_name(run, "--run")
     _check_hosts(**flags)

@@ -1,7 +1,10 @@
-"""A stand-in of the Hugging Face Hub's HTTP API, for `invoke publish` tests (HF_ENDPOINT points at it).
+"""A stand-in of the Hugging Face Hub's HTTP API, for `invoke publish` and the model download of
+`invoke provision` (HF_ENDPOINT points at it).
 
-It answers what huggingface_hub's upload path calls, as its code (huggingface_hub 2.4: hf_api.py,
-_commit_api.py, lfs.py) and the Hub's answers expect: whoami-v2, repos/create (409 with the url when
+It answers what huggingface_hub's download path calls (file_download.py, _snapshot_download.py: the
+revision's info, the tree, HEAD and ranged GET of /REPO/resolve/REV/PATH with the Hub's X-Repo-Commit,
+ETag, X-Linked-Etag and X-Linked-Size headers; a gated repo wants a token) and its upload path
+(hf_api.py, _commit_api.py, lfs.py): whoami-v2, repos/create (409 with the url when
 the repo exists), model info, the tree listing, preupload (LFS for *.safetensors and files of 10 MiB
 or more, regular otherwise, with the oid of the file already there), validate-yaml, the LFS batch
 API (no actions for an object already stored), single-part uploads with verify, and the NDJSON
@@ -34,6 +37,7 @@ def git_blob_id(data: bytes) -> str:
 @dataclass
 class Repo:
     private: bool
+    gated: bool = False
     files: dict[str, dict] = field(default_factory=dict)  # path -> {"data" | "lfs": oid, "size"}
     commits: list[dict] = field(default_factory=list)
 
@@ -51,7 +55,21 @@ class Hub:
     uploads: list[str] = field(default_factory=list)  # LFS oids whose bytes arrived
     refused_names: dict[str, str] = field(default_factory=dict)  # repo id -> the Hub's error message
     authorizations: set[str] = field(default_factory=set)
+    tampered: set[str] = field(default_factory=set)  # paths served with other bytes than their checksum's
     url: str = ""
+
+    def seed(self, repo_id: str, files: dict[str, bytes], gated: bool = True) -> None:
+        """A repository as its owner uploaded it: LFS for *.safetensors, *.pth and large files."""
+        repo = Repo(private=False, gated=gated)
+        for path, data in files.items():
+            if path.endswith((".safetensors", ".pth")) or len(data) >= LFS_MIN_BYTES:
+                oid = hashlib.sha256(data).hexdigest()
+                self.lfs[oid] = data
+                repo.files[path] = {"lfs": oid, "size": len(data)}
+            else:
+                repo.files[path] = {"data": data, "size": len(data)}
+        repo.commits.append({"summary": "upload", "files": sorted(files)})
+        self.repos[repo_id] = repo
 
     def file_bytes(self, repo_id: str, path: str) -> bytes:
         entry = self.repos[repo_id].files[path]
@@ -102,7 +120,8 @@ class Handler(BaseHTTPRequestHandler):
         if error_code:
             self.send_header("X-Error-Code", error_code)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _error(self, status: int, message: str, error_code: str | None = None) -> None:
         self._send(status, {"error": message}, error_code)
@@ -127,6 +146,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlparse(self.path).path
         self.hub.requests.append(("GET", path))
+        if self._resolve(head=False):
+            return
         if path == "/api/whoami-v2":
             who = self.hub.tokens.get(self._token() or "")
             return self._send(200, who) if who else self._error(401, "Invalid credentials in Authorization header")
@@ -147,6 +168,46 @@ class Handler(BaseHTTPRequestHandler):
                 entries.append(item)
             return self._send(200, entries)
         self._error(404, f"no route {path}")
+
+    def _resolve(self, head: bool) -> bool:
+        """HEAD or GET /REPO/resolve/REVISION/PATH: a file's bytes (from a byte offset with Range)."""
+        match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", urlparse(self.path).path)
+        if not match:
+            return False
+        repo = self._repo(match[1])
+        entry = repo.files.get(match[2]) if repo else None
+        if repo is None or entry is None:
+            self._error(404, "Entry not found", "EntryNotFound" if repo else "RepoNotFound")
+            return True
+        if repo.gated and self._token() not in self.hub.tokens:
+            self._error(401, f"Access to model {match[1]} is restricted. You must have access to it and be "
+                             "authenticated to access it.", "GatedRepo")
+            return True
+        data = self.hub.lfs[entry["lfs"]] if "lfs" in entry else entry["data"]
+        if match[2] in self.hub.tampered:
+            data = bytes(byte ^ 1 for byte in data)
+        start = int(re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("X-Repo-Commit", repo.head())
+        if "lfs" in entry:
+            self.send_header("ETag", f'"{entry["lfs"]}"')
+            self.send_header("X-Linked-Etag", f'"{entry["lfs"]}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+        else:
+            self.send_header("ETag", f'"{git_blob_id(data)}"')
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if not head:
+            self.wfile.write(data[start:])
+        return True
+
+    def do_HEAD(self) -> None:
+        self.hub.requests.append(("HEAD", urlparse(self.path).path))
+        if not self._resolve(head=True):
+            self._error(404, "no route")
 
     def do_PUT(self) -> None:
         path = urlparse(self.path).path

@@ -81,7 +81,7 @@ def python312_bin() -> str:
 
 #: playbooks/host.yml variables for what this machine allows: no apt upgrade, uv from PyPI, and a
 #: small real package in place of MaxText (whose install needs the PyTorch index and GitHub).
-TEST_VARS = ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false"]
+TEST_VARS = ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "extra_deps=false", "hf_model="]
 
 
 @dataclass

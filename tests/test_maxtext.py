@@ -40,9 +40,10 @@ def job_home(folder) -> tuple[dict, Path]:
     return {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)}, record
 
 
-def run_ours(folder, run: maxtext.Run) -> dict[str, dict]:
-    """Each of our scripts run in bash on a home with a venv and the token file, `python3` recording."""
-    env, record = job_home(folder)
+def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dict]:
+    """Each of our scripts run in bash on a home with a venv and the token file (`env`: a job_home of
+    `folder` already made), `python3` recording."""
+    env, record = (env, folder / "ours.jsonl") if env else job_home(folder)
     for step in maxtext.STEPS:
         subprocess.run(["bash", "-c", maxtext.script(run, step)], check=True, cwd=env["HOME"], env=env)
     found = {}
@@ -78,6 +79,22 @@ def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
         extra = set(ours[module]["env"]) - set(theirs[module]["env"]) - {"PWD", "SHLVL", "_", "OLDPWD"}
         assert extra <= OURS_ONLY, (module, extra - OURS_ONLY)
         assert tutorial_only & set(theirs[module]["env"]) <= set(ours[module]["env"])
+
+
+def test_the_conversion_reads_the_model_provisioning_downloaded_the_one_argument_the_tutorial_lacks(tmp_path):
+    """With the base model downloaded and verified on the data disk (playbooks/host.yml, "model download"),
+    to_maxtext gets `--hf_model_path` to it, after the tutorial's arguments; everything else is the tutorial's."""
+    (tmp_path / "theirs").mkdir()
+    theirs = tutorial.calls(tmp_path / "theirs", TEST_TOKEN, RUN.run_name)
+    env, _ = job_home(tmp_path)
+    folder = Path(env["HOME"]) / "tpu-grpo/base-models/meta-llama/Llama-3.1-8B-Instruct"
+    folder.mkdir(parents=True)
+    folder.with_name(folder.name + ".complete").write_text("2026-12-04T09:00:00Z\n")
+    ours = run_ours(tmp_path, RUN, env)
+    module = "maxtext.checkpoint_conversion.to_maxtext"
+    assert ours[module]["argv"][-1] == f"--hf_model_path={folder}"
+    ours[module]["argv"].pop()
+    assert_same_as_tutorial(ours, theirs)
 
 
 def test_the_token_is_never_on_a_command_line():

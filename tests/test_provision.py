@@ -15,7 +15,7 @@ import yaml
 
 from infra import tpu_host
 from tests.conftest import ROOT, TUTORIAL
-from tpu_grpo import engine, lock as host_lock, playbook
+from tpu_grpo import engine, lock as host_lock, playbook, settings
 from tpu_grpo.playbook import PlaybookError
 
 BOOK = playbook.load()
@@ -66,8 +66,8 @@ def test_the_venv_is_activated_as_in_the_tutorial_before_installing():
 def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
     assert [s.name for s in BOOK.steps] == [
         "apt update and upgrade", "build tools", "data disk", "caches on the data disk", "Hugging Face token",
-        "idle stop", "no idle stop", "uv (installer)", "uv (pip)", "Python", "venv", "MaxText", "MaxText post-training extra deps",
-        "packages exactly as the lock"]
+        "idle stop", "no idle stop", "uv (installer)", "uv (pip)", "Python", "model download started", "venv", "MaxText",
+        "MaxText post-training extra deps", "packages exactly as the lock", "model downloaded"]
 
 
 def test_defaults_are_the_tutorials_and_the_infra_data_disk():
@@ -92,9 +92,26 @@ def test_when_conditions_pick_the_steps():
     runs = {s.name for s in BOOK.steps if playbook.applies(s, chosen)}
     assert runs == {"build tools", "Hugging Face token", "no idle stop", "uv (pip)", "Python", "venv", "MaxText"}
     assert {s.name for s in BOOK.steps if playbook.applies(s, DEFAULTS)} == {
-        s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock", "idle stop"}
+        s.name for s in BOOK.steps} - {"uv (pip)", "packages exactly as the lock", "idle stop", "model download started",
+                                       "model downloaded"}
     idle = playbook.resolve(BOOK, ["idle_stop_minutes=30"])
     assert {s.name for s in BOOK.steps if s.tags == ("idle",) and playbook.applies(s, idle)} == {"idle stop"}
+
+
+def test_the_stacks_model_is_downloaded_from_the_laptops_hub(stack_dir, monkeypatch):
+    """invoke provision passes the stack's model as its Hub id, and $HF_ENDPOINT; without them nothing downloads."""
+    monkeypatch.chdir(stack_dir)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9/hub")
+    values = playbook.resolve(BOOK, [], stack=playbook.stack_values(settings.load(None, lenient=True)))
+    assert (values["hf_model"], values["hf_endpoint"]) == ("meta-llama/Llama-3.1-8B-Instruct", "http://127.0.0.1:9/hub")
+    assert {s.name for s in BOOK.steps if s.tags == ("download",) and playbook.applies(s, values)} == {
+        "model download started", "model downloaded"}
+    started = rendered_run("model download started", values)
+    assert ("hf download meta-llama/Llama-3.1-8B-Instruct --include '*.safetensors' --include '*.json' "
+            "--include 'tokenizer*' --exclude 'original/*' --local-dir \"$folder\"") in started
+    assert 'hf cache verify meta-llama/Llama-3.1-8B-Instruct --local-dir "$folder" --fail-on-extra-files' in started
+    assert "date -u +%FT%TZ > \"$folder.complete\"" in started  # complete only once verified
+    assert 'export HF_ENDPOINT="http://127.0.0.1:9/hub"' in started and "HF_TOKEN=$(cat ~/.cache/huggingface/token)" in started
 
 
 def test_tags_select_steps_and_an_unknown_tag_is_refused():

@@ -36,7 +36,8 @@ def test_first_run_makes_every_step_right(converged):
         "apt update and upgrade": "skipped", "build tools": statuses(first)["build tools"],
         "data disk": "changed", "caches on the data disk": "changed", "Hugging Face token": "changed",
         "idle stop": "skipped", "no idle stop": "ok", "uv (installer)": "skipped", "uv (pip)": "changed", "Python": "ok", "venv": "changed",
-        "MaxText": "changed", "MaxText post-training extra deps": "skipped", "packages exactly as the lock": "skipped"}
+        "MaxText": "changed", "MaxText post-training extra deps": "skipped", "packages exactly as the lock": "skipped",
+        "model download started": "skipped", "model downloaded": "skipped"}
     assert statuses(first)["build tools"] in {"ok", "changed"}
     home, mount = host.user.home, host.disk.mount
     assert host.run_as_user("findmnt -rn -o SOURCE " + mount).stdout.strip() == host.disk.device

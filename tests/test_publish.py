@@ -20,7 +20,7 @@ from huggingface_hub import ModelCard
 from tests.conftest import ROOT, TEST_TOKEN, give_hub_client
 from tests.hub import HubServer, whoami
 from tests.test_workloads import FAST, job_dirs, scan_for_token
-from tpu_grpo import maxtext, publish
+from tpu_grpo import maxtext, publish, settings
 from tpu_grpo.hub_host import refusal
 from tpu_grpo.progress import Eval
 
@@ -46,10 +46,10 @@ def test_a_name_not_starting_with_llama_gets_the_licenses_note():
 
 def test_hf_endpoint_must_be_a_url(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
-    assert publish.endpoint() == "http://127.0.0.1:8080"
+    assert settings.hub_endpoint() == "http://127.0.0.1:8080"
     monkeypatch.setenv("HF_ENDPOINT", "hub; rm -rf ~")
-    with pytest.raises(maxtext.CommandError, match="HF_ENDPOINT .* is not an http"):
-        publish.endpoint()
+    with pytest.raises(settings.SettingsError, match="HF_ENDPOINT='hub; rm -rf ~' is not an http"):
+        settings.hub_endpoint()
 
 
 @pytest.mark.parametrize("answer, repo, expected", [

@@ -662,3 +662,14 @@ def test_a_conversion_kept_on_the_data_disk_is_restored_after_a_reboot_not_conve
         assert "restored" not in result.stdout and len(host.records()) == conversions + 1
         assert "converted checkpoint kept in" in result.stdout
         conversions += 1
+
+
+def test_the_conversion_reads_the_model_that_provisioning_downloaded(workload_host):
+    host = workload_host
+    folder = host.host.user.home / "tpu-grpo/base-models/meta-llama/Llama-3.1-8B-Instruct"
+    folder.mkdir(parents=True)
+    folder.with_name(folder.name + ".complete").write_text("2026-12-04T09:00:00Z\n")
+    host.host.own(host.host.user.home / "tpu-grpo")
+    assert host.invoke("convert").returncode == 0
+    inside = f"/home/{host.host.user.name}/tpu-grpo/base-models/meta-llama/Llama-3.1-8B-Instruct"
+    assert host.records()[-1]["argv"][-1] == f"--hf_model_path={inside}"

@@ -4,6 +4,7 @@ them as values the engine sets (not `--var`s), so what provisioning makes is wha
 VENV = "~/maxtext_venv"  # the tutorial's
 TOKEN_FILE = "~/.cache/huggingface/token"  # where huggingface_hub looks for the token
 ROOT = "~/tpu-grpo"  # jobs, step records, runs and saved models; a link to the data disk
+BASE_MODELS = f"{ROOT}/base-models"  # the Hub's models the conversion reads, downloaded by provisioning
 TPU_LOCK = f"{ROOT}/tpu.lock"  # held by a running job's processes: one TPU job at a time
 IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # the idle-stop timer's settings (playbooks/host.yml, "idle stop")
 
@@ -11,4 +12,5 @@ IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # the idle-stop timer's settings (playboo
 def playbook_values() -> dict[str, str]:
     """The paths as playbook values; the home-relative ones without their `~/`."""
     return {"venv": VENV, "token_file": TOKEN_FILE.removeprefix("~/"), "jobs_root": ROOT.removeprefix("~/"),
-            "tpu_lock": TPU_LOCK.removeprefix("~/"), "idle_conf": IDLE_CONF}
+            "tpu_lock": TPU_LOCK.removeprefix("~/"), "idle_conf": IDLE_CONF,
+            "base_models": BASE_MODELS.removeprefix("~/")}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tpu_grpo.errors import UserError
-from tpu_grpo.host_paths import ROOT, TOKEN_FILE, VENV
+from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
 from tpu_grpo.progress import RESUMES
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
@@ -244,6 +244,11 @@ def kept_conversion(run: Run) -> str:
     return f"{KEPT}/{run.model}-{digest}"
 
 
+def downloaded_model(run: Run) -> str:
+    """Where provisioning downloads the model the conversion reads (playbooks/host.yml, "model download")."""
+    return f"{BASE_MODELS}/{HF_IDS[run.model]}"
+
+
 def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
     """Bash around a conversion into /dev/shm: before it, restore the copy the data disk keeps of the
     same conversion (same inputs, same MaxText version, every file checked) and stop there; after it,
@@ -300,6 +305,10 @@ def script(run: Run, step: str) -> str:
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
+    if step == "convert":  # the model provisioning downloaded and verified, when it did (else MaxText downloads it)
+        before = [f"hf_model_path={downloaded_model(run)}",
+                  '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
+        arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
     lines += [*before, f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments), *after]
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo import host_paths
+from tpu_grpo import host_paths, maxtext, settings
 from tpu_grpo.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
@@ -207,8 +207,10 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
 
 
 def stack_values(chosen) -> dict[str, Any]:
-    """The playbook variables that follow from the stack's settings (before any `--var`)."""
-    return {"idle_stop_minutes": chosen.idle_stop_minutes}
+    """The playbook variables that follow from the stack's settings and the laptop's $HF_ENDPOINT
+    (before any `--var`): the Hub model the conversion reads is downloaded while MaxText installs."""
+    return {"idle_stop_minutes": chosen.idle_stop_minutes, "hf_model": maxtext.HF_IDS[chosen.model],
+            "hf_endpoint": settings.hub_endpoint() or ""}
 
 
 def resolve(book: Playbook, overrides: list[str] | None = None, lock=None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, watch
+from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, settings, watch
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES
 from tpu_grpo.progress import Eval, parse_line
@@ -33,7 +32,6 @@ TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "gsm8k", "tpu-grpo")
 HUB_PROGRAM = Path(__file__).with_name("hub_host.py")
 REFUSED_EXIT = 3
 _NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
-_ENDPOINT = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(?:/[A-Za-z0-9._~/-]*)?")
 _PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes")
 _UPLOADED = re.compile(r"tpu-grpo: uploaded (\S+) (\d+)$")
 _COMMITTED = re.compile(r"tpu-grpo: committed (\S+) (\S+)$")
@@ -66,17 +64,6 @@ def license_note(repo_id: str) -> str | None:
         return None
     return (f"note: the Llama 3.1 license asks that a model built with Llama be named starting with \"Llama\" "
             f"(e.g. --repo {repo_id.split('/')[0]}/Llama-{name})")
-
-
-def endpoint() -> str | None:
-    """The Hub to publish to: $HF_ENDPOINT on the laptop (a mirror, a private Hub), else huggingface_hub's own."""
-    value = os.environ.get("HF_ENDPOINT")
-    if value is None:
-        return None
-    if not _ENDPOINT.fullmatch(value):
-        raise maxtext.CommandError(f"HF_ENDPOINT {value!r} is not an http(s) URL; fix: unset it, or e.g. "
-                                   "HF_ENDPOINT=https://huggingface.co")
-    return value.rstrip("/")
 
 
 def _environment(hub: str | None) -> list[str]:
@@ -289,7 +276,7 @@ class UploadView(watch.LogView):
 def publish(session: jobs.Session, run: str | None, repo_id: str, private: bool, console: Console,
             verbose: bool = False) -> Outcome:
     """Check with the Hub, write the card, then upload in a detached job and follow it."""
-    hub = endpoint()
+    hub = settings.hub_endpoint()
     connection = session.connection
     run = run or results.newest_saved(connection)
     found = facts(connection, run)

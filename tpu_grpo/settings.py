@@ -28,6 +28,8 @@ from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
 STACK_ENV = "TPU_GRPO_STACK"
+HUB_ENV = "HF_ENDPOINT"  # huggingface_hub's own: a mirror or a private Hub instead of huggingface.co
+_HUB_URL = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(?:/[A-Za-z0-9._~/-]*)?")
 STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default: .tpu-grpo/)
 
 MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
@@ -467,6 +469,16 @@ def project_root(start: Path | None = None) -> Path:
 
 def stack_name() -> str:
     return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
+def hub_endpoint() -> str | None:
+    """The Hugging Face Hub the host talks to ($HF_ENDPOINT on the laptop, passed on), or None: huggingface.co."""
+    value = os.environ.get(HUB_ENV)
+    if value is None:
+        return None
+    if not _HUB_URL.fullmatch(value):
+        raise SettingsError(HUB_ENV, value, "is not an http(s) URL", f"unset it, or e.g. {HUB_ENV}=https://huggingface.co")
+    return value.rstrip("/")
 
 
 def state_dir() -> Path:
