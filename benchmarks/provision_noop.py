@@ -62,7 +62,7 @@ _RECAP = re.compile(r"^\S+\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+
 
 
 def say(message: str) -> None:
-    print(f"[provision_noop] {message}", file=sys.stderr, flush=True)
+    print(f"[benchmark] {message}", file=sys.stderr, flush=True)
 
 
 def sh(*argv: str, **kwargs) -> subprocess.CompletedProcess:

@@ -49,6 +49,18 @@ def connection(host):
     opened.close()
 
 
+@pytest.fixture(params=["openssh", "sftp"])
+def fetch(request, host):
+    """artifacts.fetch over OpenSSH's client (several files at once), and over paramiko's SFTP, which it
+    uses when the laptop has no `ssh`."""
+    target = hosts.parse(host.spec, str(host.key)) if request.param == "openssh" else None
+
+    def fetched(connection, remote_dir, local_dir, on_progress=None):
+        return artifacts.fetch(connection, remote_dir, local_dir, on_progress, host=target)
+    fetched.connections_per_file = 1 if target else 0  # OpenSSH: one connection a file; SFTP: the task's own
+    return fetched
+
+
 def save(connection, source: str = "~/hf-trained/", dest: str = SAVED):
     return connection.run(artifacts.save_script(source, dest), hide=True, warn=True)
 
@@ -162,10 +174,12 @@ def safetensors_header(path: Path) -> dict:
     return json.loads(data[8:8 + length])
 
 
-def test_fetch_downloads_every_file_checked(connection, saved, tmp_path):
+def test_fetch_downloads_every_file_checked(host, connection, saved, tmp_path, fetch):
     seen = []
     local = tmp_path / "models" / "run one"
-    result = artifacts.fetch(connection, SAVED, local, lambda done, total, name: seen.append((done, total, name)))
+    before = host.vm.accepted(host.user.name)
+    result = fetch(connection, SAVED, local, lambda done, total, name: seen.append((done, total, name)))
+    assert host.vm.accepted(host.user.name) - before == fetch.connections_per_file * len(result.files)
     for path in EXPORT.iterdir():
         assert (local / path.name).read_bytes() == path.read_bytes()
     assert (local / "SHA256SUMS").read_text() == expected_sums()
@@ -182,35 +196,35 @@ def test_fetch_downloads_every_file_checked(connection, saved, tmp_path):
     assert artifacts.verify_local(local)
 
 
-def test_fetch_again_transfers_nothing_and_refetches_a_changed_file(connection, saved, tmp_path):
-    artifacts.fetch(connection, SAVED, tmp_path)
-    again = artifacts.fetch(connection, SAVED, tmp_path)
+def test_fetch_again_transfers_nothing_and_refetches_a_changed_file(connection, saved, tmp_path, fetch):
+    fetch(connection, SAVED, tmp_path)
+    again = fetch(connection, SAVED, tmp_path)
     assert again.bytes_transferred == 0 and again.skipped == again.files
     (tmp_path / "config.json").write_text("{}")
-    repaired = artifacts.fetch(connection, SAVED, tmp_path)
+    repaired = fetch(connection, SAVED, tmp_path)
     assert repaired.bytes_transferred == (EXPORT / "config.json").stat().st_size
     assert repaired.skipped == [name for name in repaired.files if name != "config.json"]
     assert (tmp_path / "config.json").read_bytes() == (EXPORT / "config.json").read_bytes()
 
 
-def test_fetch_does_not_trust_a_local_file_by_its_size(connection, saved, tmp_path):
-    artifacts.fetch(connection, SAVED, tmp_path)
+def test_fetch_does_not_trust_a_local_file_by_its_size(connection, saved, tmp_path, fetch):
+    fetch(connection, SAVED, tmp_path)
     model = tmp_path / MODEL
     size = model.stat().st_size
     model.write_bytes(b"\0" * size)  # the right size, the wrong bytes
-    again = artifacts.fetch(connection, SAVED, tmp_path)
+    again = fetch(connection, SAVED, tmp_path)
     assert again.bytes_transferred == size and MODEL not in again.skipped
     assert model.read_bytes() == (EXPORT / MODEL).read_bytes()
     assert artifacts.verify_local(tmp_path)
 
 
-def test_fetch_resumes_from_a_partial_file(connection, saved, tmp_path):
-    artifacts.fetch(connection, SAVED, tmp_path)
+def test_fetch_resumes_from_a_partial_file(connection, saved, tmp_path, fetch):
+    fetch(connection, SAVED, tmp_path)
     size, have = (EXPORT / MODEL).stat().st_size, 100_000
     (tmp_path / MODEL).unlink()
     (tmp_path / f"{MODEL}.part").write_bytes((EXPORT / MODEL).read_bytes()[:have])
     seen = []
-    result = artifacts.fetch(connection, SAVED, tmp_path, lambda done, total, name: seen.append(done))
+    result = fetch(connection, SAVED, tmp_path, lambda done, total, name: seen.append(done))
     assert result.bytes_transferred == size - have
     assert result.skipped == [name for name in result.files if name != MODEL]
     assert (tmp_path / MODEL).read_bytes() == (EXPORT / MODEL).read_bytes()
@@ -218,23 +232,23 @@ def test_fetch_resumes_from_a_partial_file(connection, saved, tmp_path):
     assert seen[-1] == result.bytes_total and seen == sorted(seen)
 
 
-def test_fetch_downloads_a_corrupt_partial_again_from_zero(connection, saved, tmp_path):
+def test_fetch_downloads_a_corrupt_partial_again_from_zero(connection, saved, tmp_path, fetch):
     size, have = (EXPORT / MODEL).stat().st_size, 100_000
     (tmp_path / f"{MODEL}.part").write_bytes(b"\xff" * have)
-    result = artifacts.fetch(connection, SAVED, tmp_path)
+    result = fetch(connection, SAVED, tmp_path)
     others = sum(path.stat().st_size for path in EXPORT.iterdir() if path.name != MODEL)
     assert result.bytes_transferred == others + (size - have) + size
     assert (tmp_path / MODEL).read_bytes() == (EXPORT / MODEL).read_bytes()
     assert artifacts.verify_local(tmp_path)
 
 
-def test_fetch_gives_up_when_the_host_copy_does_not_match_its_sums(connection, saved, tmp_path):
+def test_fetch_gives_up_when_the_host_copy_does_not_match_its_sums(connection, saved, tmp_path, fetch):
     (saved / MODEL).chmod(0o644)
     with (saved / MODEL).open("r+b") as model:
         model.seek(5000)
         model.write(b"bitrot")
     with pytest.raises(ArtifactError, match=r"model.safetensors: sha256 \w{64} after downloading twice"):
-        artifacts.fetch(connection, SAVED, tmp_path)
+        fetch(connection, SAVED, tmp_path)
     assert not (tmp_path / MODEL).exists() and not (tmp_path / f"{MODEL}.part").exists()
     assert not (tmp_path / "SHA256SUMS").exists()
     assert not artifacts.verify_local(tmp_path)
@@ -254,18 +268,43 @@ def test_an_unwritable_destination_fails_before_connecting(host, tmp_path, where
     assert not never_opened.is_connected and host.vm.accepted(host.user.name) == 0
 
 
-def test_check_destination_creates_nothing_and_fetch_makes_the_folder(connection, saved, tmp_path):
+def test_check_destination_creates_nothing_and_fetch_makes_the_folder(connection, saved, tmp_path, fetch):
     assert artifacts.check_destination(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert list(tmp_path.iterdir()) == []
-    artifacts.fetch(connection, SAVED, tmp_path / "a" / "b")
+    fetch(connection, SAVED, tmp_path / "a" / "b")
     assert artifacts.verify_local(tmp_path / "a" / "b")
 
 
-def test_verify_local_needs_sums_and_matching_files(connection, saved, tmp_path):
+def test_verify_local_needs_sums_and_matching_files(connection, saved, tmp_path, fetch):
     assert not artifacts.verify_local(tmp_path)
-    artifacts.fetch(connection, SAVED, tmp_path)
+    fetch(connection, SAVED, tmp_path)
     assert artifacts.verify_local(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     assert not artifacts.verify_local(tmp_path)
     (tmp_path / "config.json").unlink()
     assert not artifacts.verify_local(tmp_path)
+
+
+def test_the_openssh_path_checks_the_recorded_host_key(host, connection, saved, tmp_path):
+    """OpenSSH's client trusts only the key tpu-grpo recorded: another key there, and nothing is fetched."""
+    known = Path(os.environ["TPU_GRPO_STATE"]) / "known_hosts"
+    name, kind, _ = known.read_text().split(" ", 2)
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known.write_text(f"{name} {(other.with_suffix('.pub')).read_text().split(' ', 1)[0]} "
+                     f"{(other.with_suffix('.pub')).read_text().split(' ')[1]}\n")
+    with pytest.raises(hosts.ConnectError, match=r"OpenSSH refuses the host's key: it is not the one recorded in "
+                                                 r".*; if the VM was really rebuilt, forget the old key: ssh-keygen -R"):
+        artifacts.fetch(connection, SAVED, tmp_path / "model", host=hosts.parse(host.spec, str(host.key)))
+    assert not [path for path in (tmp_path / "model").iterdir() if not path.name.endswith(".part")]
+
+
+def test_save_of_a_folder_of_one_file_checks_it_on_every_core_count(host, connection):
+    """The check shares the files among the cores: a core with no file to check has nothing to fail."""
+    (host.user.home / "one").mkdir()
+    (host.user.home / "one/events.out.tfevents.1").write_bytes(b"events")
+    host.own(host.user.home / "one")
+    result = save(connection, "~/one", "~/tpu-grpo/runs/x/tensorboard")
+    assert result.exited == 0, result.stderr
+    saved = host.user.home / "tpu-grpo/runs/x/tensorboard"
+    assert (saved / "SHA256SUMS").read_text() == f"{hashlib.sha256(b'events').hexdigest()}  events.out.tfevents.1\n"

@@ -104,7 +104,8 @@ def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Con
                   console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
         result = artifacts.fetch(connection, pipeline.saved_dir(run), target,
-                                 lambda done, total, name: bar.update(task, completed=done, total=total))
+                                 lambda done, total, name: bar.update(task, completed=done, total=total),
+                                 host=session.host)
     record = _fetched_record(run)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve())}))
