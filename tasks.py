@@ -615,6 +615,23 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
         raise Exit(code=INTERRUPTED) from None
 
 
+@task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
+def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
+    """Where the VM's hours went since it booted: each phase (provisioning, download, jobs, training steps, evals,
+    saves, fetches, idle), the paid time and its training share; a table and .tpu-grpo/timeline.png."""
+    from tpu_grpo import timeline as timeline_module
+
+    with one_line_errors():
+        session = _session(host, identity, stack, wait)
+        found = timeline_module.gather(session.connection)
+    built = timeline_module.build(session.host.name, found, timeline_module.fetches())
+    png = timeline_module.plot(built, settings_module.state_dir() / "timeline.png")
+    if json_:
+        print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))
+        return
+    timeline_module.show(_console(), built, png)
+
+
 @task(iterable=["host"], check=_check_hosts, help=_help(
     *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
 def down(c, force=False, stack=None, host=None, identity=None, wait=None):

@@ -53,6 +53,15 @@ def test_first_run_makes_every_step_right(converged):
     venv_python = host.run_as_user("~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'")
     assert venv_python.stdout.strip() == "(3, 12) 1.16.0"
     assert_no_token(first.stdout, first.stderr, host.vm.log.read_text(), *host.user.commands())
+    # each step that ran is kept on the host with when it began, for `invoke timeline`
+    (record,) = host.vm.path(f"{mount}/tpu-grpo/provisioning").iterdir()
+    ran = {step["step"]: step for step in json.loads(record.read_text())["steps"]}
+    assert set(ran) == {name for name, status in statuses(first).items() if status == "changed"}
+    shown = host.invoke("timeline", "--json", vars=False)
+    assert shown.returncode == 0, shown.stderr
+    timeline = json.loads(shown.stdout)
+    venv = next(phase for phase in timeline["phases"] if phase["label"] == "provision: venv")
+    assert venv["start"] == ran["venv"]["started"] and venv["seconds"] == ran["venv"]["seconds"]
 
 
 def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(converged):

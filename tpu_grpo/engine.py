@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tpu_grpo import hosts as hosts_module
+from tpu_grpo.host_paths import PROVISIONING
 from tpu_grpo.playbook import Playbook, Step, applies, render, selected
 
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them
@@ -51,6 +53,7 @@ class StepResult:
     step: str
     status: str  # ok | changed | failed | skipped
     seconds: float = 0.0
+    started: float | None = None  # when a step that ran began (epoch seconds), for `invoke timeline`
     note: str = ""
     exit_code: int | None = None
     output: str = ""
@@ -218,6 +221,8 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
                 report.error = f"{host.name}: connection lost while checking ({error or type(error).__name__})"
                 return
             _apply_host(connection, report, planned, parse_gathered(gathered.stdout), check_mode, notify, retry_delays)
+            if any(result.started for result in report.steps) and connection.is_connected:
+                _record(connection, report)
         finally:
             connection.close()
 
@@ -251,7 +256,7 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
             notify("done", report.host, name, report.steps[-1])
             continue
         notify("start", report.host, name, None)
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time()
         try:
             result = _make_right(connection, item, lambda line, step=name: notify("output", report.host, step, line),
                                  retry_delays)
@@ -259,7 +264,7 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
             result = StepResult(name, "failed", note=f"connection lost ({error or type(error).__name__}); "
                                                      "re-run to continue from this step")
             report.error = f"{report.host}: connection lost during '{name}'"
-        result.seconds = round(time.monotonic() - started, 2)
+        result.seconds, result.started = round(time.monotonic() - started, 2), round(began, 3)
         report.steps.append(result)
         changed_something = True
         notify("done", report.host, name, result)
@@ -268,6 +273,17 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
                 report.steps.append(StepResult(rest.step.name, "skipped", note=f"not run: '{name}' failed"))
                 notify("done", report.host, rest.step.name, report.steps[-1])
             return
+
+
+def _record(connection, report: HostReport) -> None:
+    """Keep on the host when each step that ran began and how long it took (`invoke timeline` reads it)."""
+    ran = [{"step": result.step, "status": result.status, "started": result.started, "seconds": result.seconds}
+           for result in report.steps if result.started]
+    encoded = base64.b64encode(json.dumps({"host": report.host, "steps": ran}).encode()).decode()
+    name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(ran[0]["started"]))
+    hosts_module.run_script(connection, f"mkdir -p {PROVISIONING} && echo {encoded} | base64 -d > "
+                                        f"{PROVISIONING}/{name}.json.tmp && mv {PROVISIONING}/{name}.json.tmp "
+                                        f"{PROVISIONING}/{name}.json")
 
 
 def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:

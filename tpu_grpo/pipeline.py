@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -281,6 +282,7 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
     of the exported step (to train on from it; a bucket store keeps both itself); then record
     what the model was exported with.
     `replace=False` keeps a model already saved with these inputs; returns where the model is."""
+    started = time.time()
     paths = maxtext.paths(run)
     destination = saved_dir(run.run_name)
     _copy(connection, paths["hf_export"], destination, replace)
@@ -290,6 +292,8 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
     _write_record(connection, saved_record(run.run_name), identity(run, "export"))
+    _write_record(connection, f"{run_archive(run.run_name)}/saved-at.json",
+                  json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
     return destination
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -100,6 +101,7 @@ def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Con
     run = run or newest_saved(connection)
     target = folder / run if folder == settings.project_root() / "models" else folder
     artifacts.check_destination(target)
+    started = time.time()
     with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
@@ -108,7 +110,8 @@ def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Con
                                  host=session.host)
     record = _fetched_record(run)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve())}))
+    record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve()),
+                                  "started": started, "finished": time.time()}))
     console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
                   f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
     return result
