@@ -214,13 +214,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def ssh_command(host: hosts.Host, remote_command: str) -> list[str] | None:
-    """OpenSSH's client running `remote_command` on the host, with the host key checked against the one
-    tpu-grpo recorded (never accepted anew) and the user's own ssh config left out, as paramiko does;
-    None when this laptop has no `ssh`."""
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        return None
+def ssh_command(ssh: str, host: hosts.Host, remote_command: str) -> list[str]:
+    """OpenSSH's client (`ssh`, its path) running `remote_command` on the host, with the host key checked
+    against the one tpu-grpo recorded (never accepted anew) and the user's own ssh config left out, as
+    paramiko does."""
     argv = [ssh, "-F", "/dev/null", "-T", "-x", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={hosts.known_hosts_path()}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
@@ -275,18 +272,20 @@ def _over_sftp(connection) -> Callable:
 def _over_openssh(host: hosts.Host) -> Callable | None:
     """A file's download as the output of `tail` on the host, through OpenSSH's client (its ciphers run
     in C, at the link's speed); None without `ssh` on this laptop."""
-    if ssh_command(host, "true") is None:
+    ssh = shutil.which("ssh")
+    if ssh is None:
         return None
 
     def download(remote: str, part: Path, size: int, progress: Callable[[int], None]) -> tuple[int, str]:
         digest = hashlib.sha256()
         have = _resume_point(part, size, digest)
-        argv = ssh_command(host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
-        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as ssh:
-            read = _receive(ssh.stdout, part, have, size, digest, progress)
-            ssh.stdout.close()
-            said = ssh.stderr.read().decode(errors="replace").strip().splitlines()
-            code = ssh.wait()
+        argv = ssh_command(ssh, host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
+        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) as client:
+            read = _receive(client.stdout, part, have, size, digest, progress)
+            client.stdout.close()
+            said = client.stderr.read().decode(errors="replace").strip().splitlines()
+            code = client.wait()
         if have + read < size:
             if any("Host key verification failed" in line for line in said):
                 raise hosts.ConnectError(

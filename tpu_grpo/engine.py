@@ -279,11 +279,8 @@ def _record(connection, report: HostReport) -> None:
     """Keep on the host when each step that ran began and how long it took (`invoke timeline` reads it)."""
     ran = [{"step": result.step, "status": result.status, "started": result.started, "seconds": result.seconds}
            for result in report.steps if result.started]
-    encoded = base64.b64encode(json.dumps({"host": report.host, "steps": ran}).encode()).decode()
     name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(ran[0]["started"]))
-    hosts_module.run_script(connection, f"mkdir -p {PROVISIONING} && echo {encoded} | base64 -d > "
-                                        f"{PROVISIONING}/{name}.json.tmp && mv {PROVISIONING}/{name}.json.tmp "
-                                        f"{PROVISIONING}/{name}.json")
+    hosts_module.write_text(connection, f"{PROVISIONING}/{name}.json", json.dumps({"host": report.host, "steps": ran}))
 
 
 def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:

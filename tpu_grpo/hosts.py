@@ -7,6 +7,7 @@ link fails within seconds (keepalive plus TCP_USER_TIMEOUT) instead of hanging f
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 import shutil
@@ -249,6 +250,13 @@ def run(connection, command: str, **kwargs):
 def run_script(connection, script: str, become: bool = False):
     """Run a bash script on the host and return its result, whatever its exit code (the caller judges it)."""
     return run(connection, bash_command(script, become), hide=True, warn=True, in_stream=False)
+
+
+def write_text(connection, path: str, text: str) -> None:
+    """Write a small file on the host whole or not at all (a temporary file, then a rename)."""
+    encoded = base64.b64encode(text.encode()).decode()
+    run_script(connection, f'mkdir -p "$(dirname {path})" && echo {encoded} | base64 -d > {path}.tmp '
+                           f'&& mv {path}.tmp {path}')
 
 
 def _explained(host: Host, error: Exception) -> HostError:

@@ -291,22 +291,15 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
     if keep_checkpoint and not in_bucket(run):
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
-    _write_record(connection, saved_record(run.run_name), identity(run, "export"))
-    _write_record(connection, f"{run_archive(run.run_name)}/saved-at.json",
+    hosts.write_text(connection, saved_record(run.run_name), identity(run, "export"))
+    hosts.write_text(connection, f"{run_archive(run.run_name)}/saved-at.json",
                   json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
     return destination
 
 
-def _write_record(connection, path: str, text: str) -> None:
-    """Write a small record on the host whole or not at all (a temporary file, then a rename)."""
-    encoded = base64.b64encode(text.encode()).decode()
-    hosts.run_script(connection, f'mkdir -p "$(dirname {path})" && echo {encoded} | base64 -d > {path}.tmp '
-                                 f'&& mv {path}.tmp {path}')
-
-
 def write_record(connection, run: maxtext.Run) -> None:
     """Note that this run was started with these inputs: a re-run without --run-name continues it."""
-    _write_record(connection, f"{PIPELINES}/{run.run_name}.json",
+    hosts.write_text(connection, f"{PIPELINES}/{run.run_name}.json",
                   json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
 
 

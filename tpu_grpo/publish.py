@@ -32,7 +32,7 @@ TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "gsm8k", "tpu-grpo")
 HUB_PROGRAM = Path(__file__).with_name("hub_host.py")
 REFUSED_EXIT = 3
 _NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
-_PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes")
+_PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes, to \S+ \((\d+) already there\)")
 _UPLOADED = re.compile(r"tpu-grpo: uploaded (\S+) (\d+)$")
 _COMMITTED = re.compile(r"tpu-grpo: committed (\S+) (\S+)$")
 
@@ -259,6 +259,7 @@ class UploadView(watch.LogView):
 
     def _line(self, line: str) -> None:
         if match := _PLAN.match(line):
+            self.outcome.already_there = int(match[3])
             self.progress.update(self.task, total=int(match[2]), completed=0)
             self.progress.console.print(line.removeprefix("tpu-grpo: "))
         elif match := _UPLOADED.match(line):
@@ -292,15 +293,9 @@ def publish(session: jobs.Session, run: str | None, repo_id: str, private: bool,
     with UploadView(console, job_id, outcome, verbose) as view:
         code = jobs.follow(session, job_id, view.feed, on_reconnect=view.note)
     if code != 0:
-        tail = jobs.read_log(connection, job_id).decode(errors="replace").strip().splitlines()[-5:]
+        tail = view.path.read_text(errors="replace").strip().splitlines()[-5:]  # the log as followed
         raise UploadFailed(f"the upload failed (job {job_id}, exit {code}); last lines of its log:\n"
                            + "\n".join(f"  {line}" for line in tail)
                            + "\nfix the cause, then run the same command again: files already on the Hub are "
                            "not sent again")
-    outcome.already_there = _already(jobs.read_log(connection, job_id).decode(errors="replace"))
     return outcome
-
-
-def _already(log: str) -> int:
-    match = re.search(r"\((\d+) already there\)", log)
-    return int(match[1]) if match else 0

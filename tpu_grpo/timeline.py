@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from tpu_grpo import host_paths, hosts, jobs, settings
+from tpu_grpo import host_paths, hosts, jobs, settings, watch
 from tpu_grpo.progress import message
 
 #: A gap between phases at least this long is shown as idle.
@@ -113,9 +113,12 @@ def training_phases(run: str, started: float, ended: float, log_end: float, line
     return [phase for phase in phases if phase.seconds > 0 or phase.kind == "train"]
 
 
-def _script() -> str:
+def _script(trainings: list[str]) -> str:
     """One round trip: the boot, sshd's start, provisioning records, the download's times, save records,
     and each training job's landmark lines with its log's modification time."""
+    logs = "".join(f"""cd {jobs.JOBS}/{job_id} && echo log {job_id} $(stat -c %Y log) && \
+  {{ grep -aE '{_LANDMARKS}' log | sed 's/^/line {job_id} /'; }}
+""" for job_id in trainings)
     return f"""ticks=$(getconf CLK_TCK); btime=$(awk '/^btime/ {{print $2}}' /proc/stat)
 started() {{ awk -v b="$btime" -v t="$ticks" '{{printf "%.3f\\n", b + $22 / t}}' "/proc/$1/stat"; }}
 echo boot $(started 1)
@@ -125,15 +128,16 @@ for f in {host_paths.BASE_MODELS}/*/*.sh; do
   [ -f "$f" ] && echo download "${{f%.sh}}" $(stat -c %Y "$f") $(stat -c %Y "${{f%.sh}}.complete" 2>/dev/null || echo -)
 done
 for f in {jobs.ROOT}/runs/*/saved-at.json; do [ -f "$f" ] && echo save $(base64 -w0 "$f"); done
-echo now $(date +%s.%N)
+{logs}echo now $(date +%s.%N)
 true
 """
 
 
 def gather(connection) -> dict:
     """What the host recorded, as data: {boot, sshd, provisioning, downloads, saves, jobs, logs}."""
-    found = {"provisioning": [], "downloads": [], "saves": [], "logs": {}}
-    for line in hosts.run_script(connection, _script()).stdout.splitlines():
+    found = {"provisioning": [], "downloads": [], "saves": [], "logs": {}, "jobs": jobs.list_jobs(connection)}
+    trainings = [job.id for job in found["jobs"] if job.step == "train"]
+    for line in hosts.run_script(connection, _script(trainings)).stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind in ("boot", "sshd", "now") and rest:
             found[kind] = float(rest)
@@ -145,13 +149,12 @@ def gather(connection) -> dict:
                                        "finished": None if end == "-" else float(end)})
         elif kind == "save":
             found["saves"].append(json.loads(base64.b64decode(rest)))
-    found["jobs"] = jobs.list_jobs(connection)
-    for job in found["jobs"]:
-        if job.step == "train":
-            result = hosts.run_script(connection, f"cd {jobs.JOBS}/{job.id} && stat -c %Y log && "
-                                                  f"grep -aE '{_LANDMARKS}' log")
-            mtime, _, text = result.stdout.partition("\n")
-            found["logs"][job.id] = (float(mtime or job.started), text.splitlines())
+        elif kind == "log":
+            job_id, mtime = rest.split(" ")
+            found["logs"][job_id] = (float(mtime), [])
+        elif kind == "line":
+            job_id, _, text = rest.partition(" ")
+            found["logs"][job_id][1].append(text)
     return found
 
 
@@ -211,11 +214,6 @@ def _clock(stamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp))
 
 
-def duration(seconds: float) -> str:
-    hours, rest = divmod(int(round(seconds)), 3600)
-    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
 def show(console, timeline: Timeline, png: Path) -> None:
     from rich.table import Table
 
@@ -223,11 +221,11 @@ def show(console, timeline: Timeline, png: Path) -> None:
     for column in ("start", "end", "took", "phase"):
         table.add_column(column)
     for phase in sorted(timeline.phases, key=lambda phase: phase.start):
-        table.add_row(_clock(phase.start), _clock(phase.end), duration(phase.seconds), phase.label)
+        table.add_row(_clock(phase.start), _clock(phase.end), watch.duration(phase.seconds), phase.label)
     console.print(table)
     share = timeline.training_s / timeline.paid_s if timeline.paid_s > 0 else 0.0
-    console.print(f"paid since boot: {duration(timeline.paid_s)}; training (GRPO steps): "
-                  f"{duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
+    console.print(f"paid since boot: {watch.duration(timeline.paid_s)}; training (GRPO steps): "
+                  f"{watch.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
 
 
 COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "train": "#2ca02c",
@@ -252,7 +250,7 @@ def plot(timeline: Timeline, path: Path) -> Path:
     axes.set_yticks(range(len(kinds)), kinds)
     axes.invert_yaxis()
     axes.set_xlabel(f"{'hours' if scale == 3600 else 'minutes'} since boot")
-    axes.set_title(f"{timeline.host}: {duration(timeline.paid_s)} paid, "
+    axes.set_title(f"{timeline.host}: {watch.duration(timeline.paid_s)} paid, "
                    f"{timeline.training_s / timeline.paid_s:.0%} training" if timeline.paid_s else timeline.host)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -143,9 +143,9 @@ def idle_stop(connection) -> dict | None:
     return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
 
 
-def _duration(job: jobs.Job) -> str:
-    seconds = int((job.finished or time.time()) - job.started)
-    hours, rest = divmod(seconds, 3600)
+def duration(seconds: float) -> str:
+    """A span as a person reads it in a table: 1h02m, or 4m05s under an hour."""
+    hours, rest = divmod(int(seconds), 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
@@ -171,7 +171,8 @@ def print_status(console: Console, host: str, found: list[jobs.Job], progress: d
         colour = colours.get(job.state, "white") if state != "failed" else "red"
         table.add_row(job.id, job.step, job.run, f"[{colour}]{state}[/]",
                       "" if job.exit_code is None else str(job.exit_code),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job.started)), _duration(job))
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job.started)),
+                      duration((job.finished or time.time()) - job.started))
     console.print(table)
     if progress:
         evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
