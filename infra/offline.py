@@ -38,6 +38,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
             interfaces[0]["accessConfigs"] = [{"natIp": self.computed.get("external_ip", UNKNOWN)}]
             state["networkInterfaces"] = interfaces
             state["currentStatus"] = self.computed.get("status", UNKNOWN)
+        if args.typ == "gcp:container/cluster:Cluster":
+            state["endpoint"] = self.computed.get("endpoint", UNKNOWN)
+            state["masterAuth"] = {"clusterCaCertificate": self.computed.get("cluster_ca_certificate", UNKNOWN)}
         return f"(id of {args.name})", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):

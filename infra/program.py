@@ -1,5 +1,5 @@
 """The Pulumi program's body: read the stack settings through `pulumi.Config`, declare the
-TPU host, return its outputs. `__main__.py` exports them; the offline plan and the tests
+TPU host (or slice), return its outputs. `__main__.py` exports them; the offline plan and the tests
 run the same function under Pulumi's mocks."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 import pulumi
 
 from infra.tpu_host import TpuHost
+from infra.tpu_slice import TpuSlice
 from tpu_grpo.settings import KEYS, PROJECT, Settings, parse, project_root
 
 
@@ -30,4 +31,5 @@ def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = N
 
 
 def declare(settings: Settings) -> dict[str, Any]:
-    return TpuHost(settings).outputs
+    """The one VM, or a multi-host slice's GKE cluster (`tpu-grpo:slice`)."""
+    return (TpuSlice(settings) if settings.tpu_slice else TpuHost(settings)).outputs

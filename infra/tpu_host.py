@@ -15,9 +15,9 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.common import declare_bucket, declare_network, labels
 from tpu_grpo.capacity import RESERVATION_KEY
 from tpu_grpo.settings import PROJECT, Settings
-from tpu_grpo.stores import bucket_of
 
 # The tutorial's flags (section 2); its scheduling flags are the capacity table's `reservation` row.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
@@ -32,7 +32,6 @@ IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
 DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
 DATA_DEVICE_NAME = "data"
 DATA_DISK_DEVICE = f"/dev/disk/by-id/google-{DATA_DEVICE_NAME}"
-SUBNET_RANGE = "10.130.0.0/24"
 SCOPES = (  # Cloud Storage for checkpoints and models; logs and metrics for the ops agent
     "https://www.googleapis.com/auth/devstorage.read_write",
     "https://www.googleapis.com/auth/logging.write",
@@ -44,10 +43,6 @@ def ssh_tag(settings: Settings) -> str:
     return f"{settings.vm_name}-ssh"
 
 
-def labels(settings: Settings) -> dict[str, str]:
-    return {"app": PROJECT, "stack": settings.stack, **settings.labels}
-
-
 class TpuHost(pulumi.ComponentResource):
     """A reservation-bound TPU VM with its data disk, network, firewall and outputs."""
 
@@ -57,21 +52,7 @@ class TpuHost(pulumi.ComponentResource):
         common = {"project": settings.project}
         resource_labels = labels(settings)
 
-        if settings.network:
-            network = settings.network
-            subnetwork = settings.subnetwork
-        else:
-            net = gcp.compute.Network(
-                f"{settings.vm_name}-net", name=f"{settings.vm_name}-net",
-                auto_create_subnetworks=False, **common, opts=child,
-            )
-            subnet = gcp.compute.Subnetwork(
-                f"{settings.vm_name}-subnet", name=f"{settings.vm_name}-subnet",
-                network=net.id, region=settings.region, ip_cidr_range=SUBNET_RANGE,
-                private_ip_google_access=True, **common, opts=child,
-            )
-            network, subnetwork = net.id, subnet.id
-
+        network, subnetwork = declare_network(settings, child)
         self.firewall = gcp.compute.Firewall(
             f"{settings.vm_name}-ssh", name=f"{settings.vm_name}-ssh", network=network,
             direction="INGRESS", allows=[{"protocol": "tcp", "ports": ["22"]}],
@@ -87,7 +68,7 @@ class TpuHost(pulumi.ComponentResource):
             **common, opts=child,
         )
         if settings.bucket:
-            self.declare_bucket(settings, resource_labels, common, child)
+            self.bucket = declare_bucket(settings, child)
         obtained = settings.obtained
         scheduling = {**obtained.scheduling, "provisioning_model": obtained.provisioning_model}
         if settings.max_run_hours is not None:
@@ -148,24 +129,6 @@ class TpuHost(pulumi.ComponentResource):
             "topology": machine.topology,
         }
         self.register_outputs(self.outputs)
-
-    def declare_bucket(self, settings: Settings, resource_labels: dict, common: dict, child) -> None:
-        """The checkpoint store's bucket: in the VM's region (no cross-region traffic or charges),
-        uniform bucket-level access (IAM only, no object ACLs), public access prevention enforced.
-        Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
-        never force-destroy it. A service account named in the stack gets object access to it; the
-        project's default compute account has it through its project role."""
-        self.bucket = gcp.storage.Bucket(
-            f"{settings.vm_name}-store", name=bucket_of(settings.store), location=settings.region.upper(),
-            uniform_bucket_level_access=True, public_access_prevention="enforced", force_destroy=False,
-            labels=resource_labels, **common,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)),
-        )
-        if settings.service_account:
-            gcp.storage.BucketIAMMember(
-                f"{settings.vm_name}-store-access", bucket=self.bucket.name, role="roles/storage.objectAdmin",
-                member=f"serviceAccount:{settings.service_account}", opts=child,
-            )
 
 
 def gcloud_create_command(settings: Settings) -> list[str]:

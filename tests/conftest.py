@@ -93,6 +93,14 @@ def stack_dir(tmp_path, stack_values) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def home(tmp_path):
+    """An empty home for a task run (its environment): no Google credentials, no Pulumi login."""
+    folder = tmp_path / "home"
+    folder.mkdir()
+    return {"HOME": str(folder)}
+
+
 # ---------------------------------------------------------------- real SSH hosts (tests/sshd.py)
 
 TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for

@@ -24,14 +24,6 @@ def invoke(*args: str, cwd: Path, env: dict | None = None, python_flags: tuple[s
     )
 
 
-@pytest.fixture
-def home(tmp_path):
-    """An empty home: no Google credentials, no Pulumi login."""
-    folder = tmp_path / "home"
-    folder.mkdir()
-    return {"HOME": str(folder)}
-
-
 def imported_modules(stderr: str) -> set[str]:
     return {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 

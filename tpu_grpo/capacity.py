@@ -56,6 +56,48 @@ class Capacity:
         return flags
 
 
+    def node_pool(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> dict:
+        """This capacity's GKE TPU node pool inputs (pulumi-gcp `container.NodePool`), as xpk 1.16.0 asks for
+        them: spot and reservation pools hold the slice's hosts; a flex-start pool starts empty, and GKE's
+        autoscaler asks Dynamic Workload Scheduler for all its hosts at once when a pod wants them, and
+        gives them back when none does (no idle hours). Queued provisioning is xpk's for GPUs only."""
+        node_config: dict = {}
+        pool: dict = {"node_count": hosts}
+        if self.name == "spot":
+            node_config["spot"] = True
+        if self.affinity == "SPECIFIC_RESERVATION":
+            node_config["reservation_affinity"] = {"consume_reservation_type": self.affinity,
+                                                   "key": RESERVATION_KEY, "values": [reservation]}
+        if self.name == "flex-start":
+            node_config["flex_start"] = True
+            node_config["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
+            pool = {"initial_node_count": 0, "management": {"auto_repair": False},
+                    "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts}}
+        if max_run_hours is not None:
+            node_config["max_run_duration"] = f"{max_run_hours * 3600}s"
+        return {**pool, "node_config": node_config}
+
+    def gke_flags(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> list[str]:
+        """The same as `gcloud container node-pools create` flags, in xpk's order."""
+        flags = {"spot": ["--spot"],
+                 "flex-start": ["--flex-start", "--enable-autoscaling", "--location-policy=ANY",
+                                "--reservation-affinity=none", "--no-enable-autorepair", f"--max-nodes={hosts}",
+                                "--num-nodes=0"],
+                 "reservation": ["--reservation-affinity=specific", f"--reservation={reservation}"],
+                 }.get(self.name, [])
+        if self.name != "flex-start":
+            flags.append(f"--num-nodes={hosts}")
+        if max_run_hours is not None:
+            flags.append(f"--max-run-duration={max_run_hours * 3600}s")
+        return flags
+
+
+#: A multi-host slice's other hourly costs (tpu_grpo/slices.py): its CPU host, an n2-standard-64 on demand (64
+#: vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
+#: cluster management fee ($0.10 per cluster-hour; GKE's free tier credits one zonal cluster).
+CPU_HOST_USD_PER_HOUR = 3.11
+GKE_CLUSTER_USD_PER_HOUR = 0.10
+
 ON_DEMAND_SOURCE = ("on-demand v6e list price, $2.70 per chip-hour in us-east5 (Google's Cloud TPU pricing, "
                     "as reported by secondary sources)")
 

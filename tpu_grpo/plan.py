@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_grpo import settings as settings_module
-from tpu_grpo.capacity import PRICES_READ
+from tpu_grpo.slices import SLICES
+from tpu_grpo.capacity import CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, PRICES_READ
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15
@@ -26,6 +27,7 @@ HIDDEN_INPUTS = {"project", "name"}
 
 @dataclass
 class Cost:
+    slice: str
     machine_type: str
     capacity: str
     chips: int
@@ -56,12 +58,13 @@ def build(stack: str | None = None) -> Plan:
     """Run the program offline on the stack file; placeholders become `pending`, not errors."""
     from infra import offline
     from infra.tpu_host import gcloud_create_command
+    from infra.tpu_slice import gcloud_node_pool_command
     from tpu_grpo import stack as stack_module
 
     stack = stack or settings_module.stack_name()
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
-    machine, obtained = settings.machine, settings.obtained
+    machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
@@ -69,24 +72,31 @@ def build(stack: str | None = None) -> Plan:
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(settings_module.PROJECT)],
         outputs=outputs,
-        gcloud=gcloud_create_command(settings),
+        gcloud=gcloud_node_pool_command(settings) if multi_host else gcloud_create_command(settings),
         cost=Cost(
+            slice=settings.slice,
             machine_type=machine.machine_type,
             capacity=settings.capacity,
-            chips=machine.chips,
+            chips=settings.chips,
             usd_per_chip_hour=obtained.usd_per_chip_hour,
             usd_per_hour=settings.usd_per_hour,
             usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             note=cost_note(settings),
         ),
-        provision=provision_steps(settings),
-        jobs=job_scripts(stack),
+        provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
+        jobs=[] if multi_host else job_scripts(stack),
     )
 
 
 def cost_note(settings) -> str:
     """When the chips cost money, for this capacity."""
+    if settings.tpu_slice:
+        when = ("a flex-start pool has hosts only while a job wants them (GKE's autoscaler gives them back)"
+                if settings.capacity == "flex-start" else
+                "its TPU node pools hold their hosts, training or not, until `invoke down`")
+        return (f"Billed while {when}; the price includes the CPU host (${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's "
+                f"cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
     if settings.obtained.billed_when_stopped:
         return ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
                 "whether or not the VM runs, until the reservation ends.")
@@ -157,23 +167,28 @@ def render(plan: Plan, console: Console) -> None:
     for name, value in plan.outputs.items():
         outputs.add_row(name, str(value))
     console.print(outputs)
-    console.rule("The same VM with gcloud", align="left")
+    multi_host = plan.cost.slice in SLICES
+    console.rule("The same TPU node pool with gcloud" if multi_host else "The same VM with gcloud", align="left")
     console.print(Text(render_command(plan.gcloud)), soft_wrap=True)
-    console.rule("`invoke provision`: playbooks/host.yml with its default variables", align="left")
-    console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
+    if plan.provision:
+        console.rule("`invoke provision`: playbooks/host.yml with its default variables", align="left")
+        console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
     for number, step in enumerate(plan.provision, 1):
         if not step["runs"]:
             console.print(f"[dim]{number:2}. {step['step']}: skipped (when: {', '.join(step['when'])})[/]")
             continue
         console.print(f"[bold]{number:2}. {step['step']}[/] [dim](as {step['as']})[/]")
         console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
-    console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
+    if plan.jobs:
+        console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
     for job in plan.jobs:
         console.print(Text(job["script"]), soft_wrap=True)
     cost = plan.cost
+    extra = " + CPU host and GKE fee" if multi_host else ""
+    what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type
     console.print(Panel(Group(
-        f"{cost.machine_type}, capacity {cost.capacity}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} "
-        f"per chip-hour = [bold]${cost.usd_per_hour:.2f} per hour[/]",
+        f"{what}, capacity {cost.capacity}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} "
+        f"per chip-hour{extra} = [bold]${cost.usd_per_hour:.2f} per hour[/]",
         f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
         f"${cost.usd_per_tutorial_run:.2f}",
         cost.note,

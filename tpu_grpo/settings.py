@@ -20,9 +20,11 @@ from typing import Any, Mapping
 
 import yaml
 
-from tpu_grpo.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS, Capacity
+from tpu_grpo.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY, GKE_CLUSTER_USD_PER_HOUR,
+                               MAX_RUN_HOURS, Capacity)
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
+from tpu_grpo.slices import HOST_MACHINE_TYPE, MAX_SLICES, ONE_VM, SLICES, Slice
 from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for
 
 PROJECT = "tpu-grpo"
@@ -85,6 +87,8 @@ class Key:
     help: str
     example: str
     required: bool = True
+    #: Only the one VM reads it; a multi-host slice (GKE) neither needs nor checks it.
+    vm_only: bool = False
 
     @property
     def namespace(self) -> str:
@@ -117,8 +121,14 @@ KEYS: tuple[Key, ...] = (
         f"{MAX_RUN_HOURS[1]}; capacity flex-start only)", "24", required=False),
     Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or SSH session before the VM powers "
         "itself off; 0: never (default 60, reservation: 0)", "60", required=False),
-    Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME)", "tpu-grpo"),
-    Key(f"{PROJECT}:machineType", str, "TPU machine type: " + ", ".join(MACHINES), "ct6e-standard-8t"),
+    Key(f"{PROJECT}:slice", str, f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
+        "on GKE with Pathways: " + ", ".join(SLICES), "v6e-16", required=False),
+    Key(f"{PROJECT}:numSlices", int, f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; "
+        "default 1)", "2", required=False),
+    Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
+        "tpu-grpo"),
+    Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
+        vm_only=True),
     Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         "gs://BUCKET[/PREFIX] (default shm; disk for spot and flex-start, which refuse shm)", "disk", required=False),
     Key(f"{PROJECT}:bucket", bool, "declare checkpointStore's bucket in this stack (default: it exists already)",
@@ -128,16 +138,19 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
         "on shm, 2 on disk)", "2", required=False),
     Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB (at least {MIN_BOOT_DISK_GB})", "200"),
-    Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500"),
+    Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
+        vm_only=True),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default {DEFAULT_DATA_DISK_IOPS})", str(DEFAULT_DATA_DISK_IOPS), required=False),
     Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
         f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default "
         f"{DEFAULT_DATA_DISK_THROUGHPUT_MIBPS}: a checkpoint in about 40 s)", str(DEFAULT_DATA_DISK_THROUGHPUT_MIBPS),
         required=False),
-    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu"),
-    Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub"),
-    Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32"),
+    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True),
+    Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
+        vm_only=True),
+    Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32",
+        vm_only=True),
     Key(f"{PROJECT}:allowSshFromAnywhere", bool, "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to "
         "the whole internet)", "true", required=False),
     Key(f"{PROJECT}:network", str, "existing VPC network to use (default: the stack makes its own)", "default", required=False),
@@ -166,6 +179,8 @@ class Settings:
     reservation: str | None
     max_run_hours: int | None
     idle_stop_minutes: int
+    slice: str
+    num_slices: int
     vm_name: str
     machine_type: str
     checkpoint_store: str
@@ -198,8 +213,19 @@ class Settings:
         return self.zone.rsplit("-", 1)[0]
 
     @property
+    def tpu_slice(self) -> Slice | None:
+        """The multi-host slice shape (GKE), or None for the one VM."""
+        return SLICES.get(self.slice)
+
+    @property
     def machine(self) -> Machine:
+        """The one VM's machine, or a slice's host machine (machine_type is then the slice's)."""
         return MACHINES[self.machine_type]
+
+    @property
+    def chips(self) -> int:
+        shape = self.tpu_slice
+        return shape.chips * self.num_slices if shape else self.machine.chips
 
     @property
     def obtained(self) -> Capacity:
@@ -213,7 +239,9 @@ class Settings:
 
     @property
     def usd_per_hour(self) -> float:
-        return round(self.machine.chips * self.obtained.usd_per_chip_hour, 2)
+        """The chips' price per hour; a slice adds its CPU host and the GKE cluster's fee."""
+        extra = CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR if self.tpu_slice else 0.0
+        return round(self.chips * self.obtained.usd_per_chip_hour + extra, 2)
 
 
 def _coerce(key: Key, value: Any) -> Any:
@@ -303,6 +331,10 @@ def _problem(key: Key, value: Any) -> str | None:
         return "is outside 0 (never) to 10080 minutes"
     if short in ("vmName", "network", "subnetwork") and not _GCE_NAME.fullmatch(value):
         return "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)"
+    if short == "slice" and value != ONE_VM and value not in SLICES:
+        return f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")"
+    if short == "numSlices" and not 1 <= value <= MAX_SLICES:
+        return f"is outside 1 to {MAX_SLICES} slices"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
     if short == "checkpointStore" and value not in STORES and not BUCKET_URL.fullmatch(value):
@@ -386,6 +418,30 @@ def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
     values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or DEFAULT_DATA_DISK_THROUGHPUT_MIBPS
 
 
+def _check_slice(values: dict[str, Any]) -> None:
+    """A multi-host slice runs under Pathways on GKE, with its runs in a bucket; the one VM takes no slice count."""
+    shape = values["slice"] = values["slice"] or ONE_VM
+    count = KEY[f"{PROJECT}:numSlices"]
+    if shape == ONE_VM:
+        if values["numSlices"] is not None:
+            raise SettingsError(count.name, values["numSlices"], f"is set, but slice {ONE_VM} is one VM",
+                                f"pulumi config rm {count.name} (or pulumi config set {PROJECT}:slice v6e-16)")
+        values["numSlices"] = 1
+        return
+    values["numSlices"] = values["numSlices"] or 1
+    values["machineType"] = HOST_MACHINE_TYPE
+    if not values["usePathways"]:
+        pathways = KEY[f"{PROJECT}:usePathways"]
+        raise SettingsError(pathways.name, False, f"but slice {shape} has several hosts, and MaxText 0.2.3 runs RL on "
+                            "several hosts only under Pathways", pathways.set_command("true"))
+    if store_for(values["checkpointStore"]).name != "gs":
+        store = KEY[f"{PROJECT}:checkpointStore"]
+        raise SettingsError(store.name, values["checkpointStore"], f"is not a bucket, and the pods of slice {shape} "
+                            "share no disk (and are gone when their job ends)",
+                            f"{store.set_command('gs://BUCKET/runs')} (and pulumi config set {PROJECT}:bucket true "
+                            "to declare it here)")
+
+
 def unknown_key(name: str, value: Any) -> SettingsError:
     """A key of this project's namespace that is no setting: a typo `pulumi up` would silently drop."""
     names = {key.name.lower(): key.name for key in KEYS}
@@ -418,10 +474,13 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
             raise unknown_key(name, raw[name])
     pending: list[SettingsError] = []
     values: dict[str, Any] = {}
+    multi_host = raw.get(f"{PROJECT}:slice") in SLICES
     for key in KEYS:
         value = raw.get(key.name)
+        if multi_host and key.vm_only:
+            value = None  # not read: a slice has no VM of its own to log into or attach a disk to
         if value is None or value == "":
-            if key.required:
+            if key.required and not (multi_host and key.vm_only):
                 raise SettingsError(key.name, None, "is not set", key.set_command())
             values[key.short] = {dict: {}, bool: False}.get(key.kind)  # an unset int or str: None
             continue
@@ -443,17 +502,18 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                             "your own address, e.g. pulumi config set --path 'tpu-grpo:sshSourceRanges[0]' "
                             "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
     _check_capacity(values)
+    _check_slice(values)
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
                             KEY[f"{PROJECT}:network"].set_command())
     try:
-        public_key = read_public_key(values["sshPublicKeyPath"], root)
+        public_key = read_public_key(values["sshPublicKeyPath"], root) if not multi_host else ""
     except SettingsError as error:
         if not (lenient and error.problem == "is not a file"):
             raise
         pending.append(error)
         public_key = ""
-    values["sshSourceRanges"] = tuple(values["sshSourceRanges"])
+    values["sshSourceRanges"] = tuple(values["sshSourceRanges"] or ())
     fields = {re.sub("([A-Z])", r"_\1", short).lower(): value for short, value in values.items()}
     return Settings(stack=stack, ssh_public_key=public_key, pending=tuple(pending), **fields)
 

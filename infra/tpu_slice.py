@@ -1,0 +1,128 @@
+"""A multi-host v6e slice as a Pulumi ComponentResource: a GKE cluster, a CPU node pool for the
+Pathways head and the conversion and export jobs, one TPU node pool per slice with the stack's
+capacity, an Artifact Registry repository for the post-training image, the checkpoint bucket, and
+JobSet from its pinned Helm chart.
+
+Modelled on what `xpk cluster create-pathways` 1.16.0 runs (its `--dry-run` prints the gcloud
+commands), with these differences: the cluster is zonal (xpk's is regional with one node
+location; one zone is all a slice uses, and GKE's free tier covers one zonal cluster), has no
+default pool (xpk keeps an e2-standard-16 pool of 6 nodes for its Kueue and system pods; GKE's
+system pods fit on the CPU pool), installs JobSet from its Helm chart, not Kueue (tpu-grpo runs one
+workload at a time and needs no queue), and gives nodes the one VM's scopes (Cloud Storage
+read-write, logging, monitoring) rather than cloud-platform.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra.common import declare_bucket, declare_network, labels
+from infra.tpu_host import SCOPES
+from tpu_grpo import images
+from tpu_grpo.jobset import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
+from tpu_grpo.kube import kubeconfig
+from tpu_grpo.settings import PROJECT, Settings
+from tpu_grpo.slices import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
+
+RELEASE_CHANNEL = "RAPID"  # xpk's: the newest GKE versions, which new TPU features need
+#: xpk's TPU pool flags: --max-pods-per-node 15, --host-maintenance-interval=AS_NEEDED, --enable-gvnic and,
+#: for v6e, --accelerator-network-profile=auto with the node label that enables the DRA network driver.
+TPU_MAX_PODS_PER_NODE = 15
+TPU_NODE_LABELS = {"cloud.google.com/gke-networking-dra-driver": "true"}
+
+
+class TpuSlice(pulumi.ComponentResource):
+    """A GKE cluster holding `settings.num_slices` slices of `settings.slice`, ready for JobSets."""
+
+    def __init__(self, settings: Settings, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{PROJECT}:index:TpuSlice", settings.vm_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        shape, obtained, name = settings.tpu_slice, settings.obtained, settings.vm_name
+        resource_labels = labels(settings)
+        network, subnetwork = declare_network(settings, child)
+        self.cluster = gcp.container.Cluster(
+            name, name=name, location=settings.zone, project=settings.project,
+            network=network, subnetwork=subnetwork,
+            ip_allocation_policy={"stack_type": "IPV4"},  # VPC-native, ranges chosen by GKE
+            datapath_provider="ADVANCED_DATAPATH",  # xpk's --enable-dataplane-v2
+            enable_multi_networking=True,  # xpk's; the TPU pools' accelerator network profile needs it
+            release_channel={"channel": RELEASE_CHANNEL},
+            remove_default_node_pool=True, initial_node_count=1,
+            deletion_protection=False,  # `pulumi destroy` removes it; the runs are in the bucket
+            resource_labels=resource_labels, opts=child,
+        )
+        node_config = {"oauth_scopes": list(SCOPES), "resource_labels": resource_labels,
+                       "service_account": settings.service_account}
+        self.cpu_pool = gcp.container.NodePool(
+            f"{name}-{CPU_POOL}", name=CPU_POOL, cluster=self.cluster.name, location=settings.zone,
+            project=settings.project, node_count=1,
+            node_config={**node_config, "machine_type": CPU_MACHINE_TYPE}, opts=child,
+        )
+        self.tpu_pools = []
+        for index in range(settings.num_slices):
+            capacity = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
+            pool = shape.pool(name, index)
+            self.tpu_pools.append(gcp.container.NodePool(
+                pool, name=pool, cluster=self.cluster.name, location=settings.zone, project=settings.project,
+                placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
+                max_pods_per_node=TPU_MAX_PODS_PER_NODE,
+                network_config={"accelerator_network_profile": "auto"},
+                node_config={**node_config, "machine_type": HOST_MACHINE_TYPE, "disk_size_gb": settings.boot_disk_gb,
+                             "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
+                             "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"},
+                             **capacity.pop("node_config")},
+                **capacity, opts=child,
+            ))
+        self.repository = gcp.artifactregistry.Repository(
+            f"{name}-images", repository_id=images.REPOSITORY, location=settings.region, format="DOCKER",
+            description="tpu-grpo's MaxText post-training image (invoke image)", labels=resource_labels,
+            project=settings.project, opts=child,
+        )
+        if settings.bucket:
+            self.bucket = declare_bucket(settings, child)
+        config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
+            lambda parts: kubeconfig(name, parts[0], parts[1]))
+        provider = k8s.Provider(f"{name}-k8s", kubeconfig=config, opts=child)
+        self.jobset = k8s.helm.v3.Release(
+            f"{name}-jobset", name="jobset", chart=JOBSET_CHART, version=JOBSET_VERSION,
+            namespace=JOBSET_NAMESPACE, create_namespace=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.cpu_pool]),
+        )
+        self.outputs = {
+            "name": self.cluster.name,
+            "zone": settings.zone,
+            "project": settings.project,
+            "endpoint": self.cluster.endpoint,
+            "cluster_ca_certificate": self.cluster.master_auth.cluster_ca_certificate,
+            "slice": shape.name,
+            "num_slices": settings.num_slices,
+            "topology": shape.topology,
+            "hosts": shape.hosts * settings.num_slices,
+            "chips": settings.chips,
+            "machine_type": HOST_MACHINE_TYPE,
+            "capacity": settings.capacity,
+            "checkpoint_store": settings.store.root,
+            "image": images.post_training_image(settings.project, settings.region),
+            "jobset_version": JOBSET_VERSION,
+        }
+        self.register_outputs(self.outputs)
+
+
+def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:
+    """The `gcloud container node-pools create` that makes the same TPU node pool (xpk's flags, in its order)."""
+    shape, name = settings.tpu_slice, settings.vm_name
+    service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
+    return [
+        "gcloud", "container", "node-pools", "create", shape.pool(name, index),
+        f"--location={settings.zone}", f"--cluster={name}", f"--project={settings.project}",
+        f"--machine-type={HOST_MACHINE_TYPE}", "--host-maintenance-interval=AS_NEEDED",
+        *settings.obtained.gke_flags(settings.reservation, settings.max_run_hours, shape.hosts),
+        "--enable-gvnic", "--accelerator-network-profile=auto",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in TPU_NODE_LABELS.items()),
+        f"--disk-size={settings.boot_disk_gb}",
+        "--scopes=" + ",".join(SCOPES), *service_account,
+        "--placement-type=COMPACT", f"--tpu-topology={shape.topology}",
+        f"--max-pods-per-node={TPU_MAX_PODS_PER_NODE}",
+    ]
