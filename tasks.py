@@ -221,10 +221,59 @@ def _session(host, identity, stack, wait):
     return jobs.session(host, identity, stack, wait)
 
 
+def _slice_stack(stack, host):
+    """The stack's settings when its jobs run on a multi-host slice (and no --host says otherwise), else None."""
+    if host:
+        return None
+    chosen = settings_module.load(stack, lenient=True)
+    return chosen if chosen.tpu_slice else None
+
+
+def _cluster(stack):
+    from tpu_grpo.kube import Cluster
+
+    return Cluster.of_stack(stack)
+
+
+def _slice_run(chosen, step):
+    """The run of the newest finished `step` on the slice's cluster."""
+    from tpu_grpo import slice_jobs
+
+    return slice_jobs.newest_run(_cluster(chosen.stack), step, chosen.capacity)
+
+
+def _run_folder(chosen, run):
+    """A slice run's folder in the bucket (its checkpoints, TensorBoard events and export)."""
+    from tpu_grpo import maxtext, pipeline
+
+    return maxtext.paths(pipeline.build_run(chosen.stack, run_name=run))["run"]
+
+
+def _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given=True):
+    """A step as a JobSet on the slice's cluster: print it, or create it and follow it."""
+    import yaml
+
+    from tpu_grpo import slice_jobs
+
+    if dry_run:
+        print(yaml.safe_dump(slice_jobs.manifest(chosen, run, step), sort_keys=False), end="")
+        return
+    with one_line_errors():
+        cluster = _cluster(chosen.stack)
+        if step == "export":
+            run = slice_jobs.for_export(cluster, run, run_name_given, chosen.capacity)
+        code = slice_jobs.launch(cluster, chosen, run, step, _console(), detach, verbose)
+    _exit_on_failure(code)
+
+
 def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
     from tpu_grpo import maxtext, pipeline
 
+    chosen = _slice_stack(stack, host)
+    if chosen:
+        _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given)
+        return
     if dry_run:
         print(maxtext.script(run, step), end="")
         return
@@ -354,6 +403,10 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     with one_line_errors():
         run, need, recoveries, values = _check_pipeline(batches, run_name, set_, need_gb, stack, recover, var,
                                                         host=host, identity=identity, wait=wait)
+    chosen = _slice_stack(stack, host)
+    if chosen:
+        _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries)
+        return
     if dry_run:
         save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
                 f"disk, with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''}"
@@ -407,13 +460,42 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
 
 
+def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries):
+    import yaml
+
+    from tpu_grpo import maxtext, slice_jobs
+
+    if recoveries:
+        raise Exit("error: --recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure "
+                   "policy); fix: run without --recover", code=2)
+    if dry_run:
+        print("---\n".join(yaml.safe_dump(slice_jobs.manifest(chosen, run, step), sort_keys=False)
+                           for step in maxtext.STEPS), end="")
+        return
+    with one_line_errors():
+        code = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(), verbose)
+    _exit_on_failure(code)
+
+
 @task(iterable=["host"], check=_check_hosts, help=_help(
     *HOST_FLAGS, "verbose", job="job id (default: the running job, else the newest)",
     follow="keep streaming until the job ends (resumes after a dropped link)"))
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
-    from tpu_grpo import jobs
+    from tpu_grpo import jobs, slice_jobs
 
+    chosen = _slice_stack(stack, host)
+    if chosen:
+        with one_line_errors():
+            cluster = _cluster(chosen.stack)
+            found = slice_jobs.find(cluster, job, chosen.capacity)
+            if not follow:
+                for chunk in slice_jobs.read_log(cluster, found.name):
+                    sys.stdout.buffer.write(chunk)
+                return
+            code = slice_jobs.follow(cluster, found.name, found.step, _console(), chosen.capacity, verbose=verbose)
+        _exit_on_failure(code)
+        return
     with one_line_errors():
         session = _session(host, identity, stack, wait)
         chosen = jobs.find(jobs.list_jobs(session.connection), job)
@@ -426,8 +508,18 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """The host's jobs (state, exit code, run, duration, progress), its TPU chips (HBM, duty cycle), its idle stop."""
-    from tpu_grpo import chips, jobs, watch
+    from tpu_grpo import chips, jobs, slice_jobs, watch
 
+    chosen = _slice_stack(stack, host)
+    if chosen:
+        with one_line_errors():
+            cluster = _cluster(chosen.stack)
+            found = slice_jobs.status(cluster, chosen.capacity)
+        if json_:
+            print(json.dumps({"cluster": chosen.vm_name, "slice": chosen.slice, "jobs": found}, indent=2))
+        else:
+            slice_jobs.print_status(_console(), chosen, found)
+        return
     with one_line_errors():
         session = _session(host, identity, stack, wait)
         found = jobs.list_jobs(session.connection)
@@ -445,9 +537,17 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))
 def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
-    """Stop a job: its whole process group, then free the TPU (/dev/vfio holders, /tmp/libtpu_lockfile)."""
-    from tpu_grpo import jobs
+    """Stop a job: its whole process group, then free the TPU (/dev/vfio holders, /tmp/libtpu_lockfile); on a
+    slice, delete its JobSet with its pods."""
+    from tpu_grpo import jobs, slice_jobs
 
+    chosen = _slice_stack(stack, host)
+    if chosen:
+        with one_line_errors():
+            gone = slice_jobs.cancel(_cluster(chosen.stack), job, chosen.capacity)
+        print(f"cancelled {', '.join(gone)}: deleted with their pods" if gone else "no job is pending or running; "
+              "nothing to cancel")
+        return
     with one_line_errors():
         session = _session(host, identity, stack, wait)
         chosen = jobs.find(jobs.list_jobs(session.connection), job)
@@ -475,8 +575,14 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
 
     with one_line_errors():
         destination = _check_fetch(run, to, host=host, identity=identity, stack=stack, wait=wait)
-        session = _session(host, identity, stack, wait)
-        result = results.fetch_run(session, run, destination, _console(stderr=json_))
+        chosen = _slice_stack(stack, host)
+        if chosen:
+            run = run or _slice_run(chosen, "export")
+            result = results.fetch_from_bucket(f"{_run_folder(chosen, run)}/hf-trained", run, destination,
+                                               _console(stderr=json_))
+        else:
+            session = _session(host, identity, stack, wait)
+            result = results.fetch_run(session, run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 
@@ -543,8 +649,16 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
 
     with one_line_errors():
         path = _check_metrics(run, out, events, force, host=host, identity=identity, stack=stack, wait=wait)
-        session = None if events else _session(host, identity, stack, wait)
-        found, path = results.metrics_of(session, run, events, path)
+        chosen = None if events else _slice_stack(stack, host)
+        if chosen:
+            from tpu_grpo import slice_jobs
+
+            run = run or _slice_run(chosen, "train")
+            found, path = results.metrics_from_bucket(_run_folder(chosen, run), run,
+                                                      slice_jobs.train_log(_cluster(chosen.stack), run), path)
+        else:
+            session = None if events else _session(host, identity, stack, wait)
+            found, path = results.metrics_of(session, run, events, path)
     if json_:
         print(json.dumps({**found.to_json(), "plot": str(path)}, indent=2))
         return
@@ -632,15 +746,46 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     timeline_module.show(_console(), built, png)
 
 
+def _check_image(stack=None, builder="auto", dry_run=False, **_):
+    from tpu_grpo import image_build
+
+    chosen = settings_module.load(stack, lenient=True)
+    if not chosen.tpu_slice:
+        raise image_build.UserError(f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
+                                    "fix: pulumi config set tpu-grpo:slice v6e-16 for a multi-host slice")
+    return chosen, (builder if dry_run else image_build.choose(builder))
+
+
+@task(check=_check_image, help=_help(
+    "stack", builder="docker (a local Docker), cloud-build (gcloud builds submit) or auto (default: Docker when "
+                     "its daemon answers, else Cloud Build)",
+    dry_run="print the Dockerfile and the commands, and exit"))
+def image(c, stack=None, builder="auto", dry_run=False):
+    """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
+    from tpu_grpo import image_build
+
+    with one_line_errors():
+        chosen, builder = _check_image(stack, builder, dry_run)
+        if dry_run:
+            print(image_build.dockerfile())
+            for command in image_build.commands(chosen, builder, "CONTEXT"):
+                print("$ " + " ".join(command))
+            return
+        pushed = image_build.build(chosen, builder)
+        _cluster(chosen.stack).record_image(pushed)
+    print(f"pushed {pushed}; the slice's jobs run it")
+
+
 @task(iterable=["host"], check=_check_hosts, help=_help(
     *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
 def down(c, force=False, stack=None, host=None, identity=None, wait=None):
-    """`pulumi destroy` the VM and its disks, refused while a trained model is not yet on this laptop."""
+    """`pulumi destroy` the VM and its disks, refused while a trained model is not yet on this laptop. A slice's
+    runs are in its bucket, which the destroy keeps."""
     from tpu_grpo import results, stack as stack_module
 
     with one_line_errors():
         chosen = settings_module.load(stack, lenient=True)
-        if not force:
+        if not force and not chosen.tpu_slice:
             unsaved = results.unfetched(_session(host, identity, stack, wait))
             if unsaved:
                 lines = "\n".join(f"  - {line}" for line in unsaved)

@@ -365,3 +365,19 @@ def workload_host(make_host):
     """One fresh host with the stand-in MaxText in its venv: a throwaway host, whose /dev/shm and
     processes are its own and go with it."""
     return prepare_workload(make_host(disk_mb=0))
+
+
+XPK_VERSION = "1.16.0"
+
+
+@pytest.fixture(scope="session")
+def xpk() -> Path:
+    """xpk, the tool MaxText's multi-host tutorial launches Pathways workloads with, in a venv of its own in
+    the test cache (its pins, pyyaml==6.0.2 and urllib3<2.6 among them, would hold this project's back)."""
+    folder = rootfs.CACHE / f"xpk-{XPK_VERSION}"
+    if not (folder / "bin" / "xpk").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(folder)], check=True)
+        subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
+                        f"xpk=={XPK_VERSION}"], check=True)
+    return folder / "bin" / "xpk"

@@ -20,7 +20,7 @@ from tests.conftest import FIXTURES, ROOT
 from tests.test_tasks import invoke
 
 TASKS = ("plan", "settings", "up", "provision", "freeze", "convert", "train", "export", "pipeline", "logs",
-         "status", "cancel", "fetch", "publish", "metrics", "tensorboard", "timeline", "down")
+         "status", "cancel", "fetch", "publish", "metrics", "tensorboard", "timeline", "image", "down")
 #: Invoke's core short flags: no task may take one of them.
 CORE_SHORT = set("cdDefFhlprRTVw")
 

@@ -161,12 +161,12 @@ def test_plan_shows_the_node_pool_as_gcloud_and_the_slice_cost(stack_dir, stack_
     assert plan["provision"] == [] and plan["jobs"] == []
 
 
-def test_ssh_tasks_refuse_a_slice_stack_in_one_line(stack_dir, stack_values, home):
+def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values, home):
     import yaml
 
     values = {k: v for k, v in {**stack_values, **SLICE}.items() if v is not None}
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    result = invoke("status", cwd=stack_dir, env=home)
+    result = invoke("provision", cwd=stack_dir, env=home)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this task on a one-VM stack "

@@ -9,6 +9,7 @@ that STORAGE_EMULATOR_HOST names, which the library honours itself.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from tpu_grpo.errors import UserError
 
@@ -66,3 +67,49 @@ def download(url: str, folder: Path) -> list[str]:
             blob.download_to_filename(str(folder / name))
             names.append(name)
     return sorted(names)
+
+
+def fetch_folder(url: str, local_dir: Path, on_progress: Callable[[int, int, str], None]):
+    """Every object right under the URL into `local_dir`, like `artifacts.fetch` from a host: a file already
+    here with the object's MD5 is skipped, the rest arrive as `.part` files (the library checks each
+    download against the object's checksum) and take their names once whole; SHA256SUMS is written last."""
+    import os
+
+    from tpu_grpo.artifacts import SUMS, FetchResult, check_destination, sha256_file
+
+    local_dir = check_destination(local_dir)
+    blobs, _, prefix = _listing(url, delimiter="/")
+    blobs = [blob for blob in blobs if blob.name[len(prefix):]]
+    if not blobs:
+        raise StoreError(f"nothing in {url}; fix: export the run first (uv run invoke export --run-name RUN)")
+    local_dir.mkdir(parents=True, exist_ok=True)
+    names = {blob.name[len(prefix):]: blob for blob in blobs}
+    result = FetchResult(local_dir, sorted(names), sum(blob.size or 0 for blob in blobs))
+    done = 0
+    for name in result.files:
+        blob, target = names[name], local_dir / name
+        if target.is_file() and blob.md5_hash and _md5(target) == blob.md5_hash:
+            result.skipped.append(name)
+        else:
+            part = local_dir / f"{name}.part"
+            blob.download_to_filename(str(part))
+            os.replace(part, target)
+            result.bytes_transferred += blob.size or 0
+        done += blob.size or 0
+        on_progress(done, result.bytes_total, name)
+    sums = local_dir / (SUMS + ".tmp")
+    sums.write_text("".join(f"{sha256_file(local_dir / name)}  {name}\n" for name in result.files))
+    os.replace(sums, local_dir / SUMS)
+    return result
+
+
+def _md5(path: Path) -> str:
+    """A file's MD5 as Cloud Storage gives an object's (base64), read a MiB at a time."""
+    import base64
+    import hashlib
+
+    digest = hashlib.md5()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return base64.b64encode(digest.digest()).decode()

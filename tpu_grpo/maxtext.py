@@ -51,6 +51,16 @@ _SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 #: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
 COUNT_KEYS = ("rl.num_iterations",)
 
+#: Where a slice's export writes the Hugging Face model (to_huggingface writes gs:// paths itself).
+SLICE_EXPORT = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
+#: The tutorial's exports that describe one VM's own chips to libtpu. A slice's trainer runs under Pathways
+#: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
+ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
+               "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+#: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/jobset.py).
+POD_TOKEN_CHECK = ('[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
+                   'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }')
+
 
 class CommandError(UserError, ValueError):
     """Bad input for a command line; one line naming the value and the fix."""
@@ -149,8 +159,9 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def environment(run: Run, step: str) -> list[tuple[str, str]]:
-    """The tutorial's exports up to this step, in its order, as (name, shell text of the value)."""
+def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, str]]:
+    """The tutorial's exports up to this step, in its order, as (name, shell text of the value). In a
+    slice's pod the export goes into the run's folder in the bucket: the pod's /dev/shm goes with it."""
     machine = run.machine.tpu_env()
     convert = [
         ("MODEL_NAME", _q(run.model)),
@@ -175,7 +186,7 @@ def environment(run: Run, step: str) -> list[tuple[str, str]]:
     ]
     step_dir = "$NUM_BATCHES" if run.export_step == run.batches else str(run.export_step)
     export = [
-        ("HF_EXPORT", "/dev/shm/$MODEL_NAME/hf-trained/"),
+        ("HF_EXPORT", SLICE_EXPORT if in_slice else "/dev/shm/$MODEL_NAME/hf-trained/"),
         ("HF_MODEL_NAME", _q(run.export_model)),
         ("POST_TRAIN_PATH", f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/{step_dir}/model_params"),
     ]
@@ -287,17 +298,21 @@ def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
     return before, after
 
 
-def script(run: Run, step: str) -> str:
-    """The whole remote script of one step: what `--dry-run` prints and what the job runs."""
+def script(run: Run, step: str, in_slice: bool = False) -> str:
+    """The whole remote script of one step: what `--dry-run` prints and what the job runs. `in_slice`: the
+    script a slice's pod runs in the post-training image, which has MaxText on its PATH and no VM's files
+    (no venv, token file or downloaded model), and whose environment says where Pathways is."""
     lines = [
         f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
         "set -eo pipefail",
-        f"source {VENV}/bin/activate",
+        *([] if in_slice else [f"source {VENV}/bin/activate"]),
         "set -u",
-        *token_lines(),
+        *([POD_TOKEN_CHECK] if in_slice else token_lines()),
         "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
     ]
-    for name, value in environment(run, step):
+    for name, value in environment(run, step, in_slice):
+        if in_slice and name in ONE_VM_ONLY:
+            continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
         lines.append('newest=$( (ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" | grep -E \'^[0-9]+$\' '
@@ -305,7 +320,7 @@ def script(run: Run, step: str) -> str:
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
-    if step == "convert":  # the model provisioning downloaded and verified, when it did (else MaxText downloads it)
+    if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
         before = [f"hf_model_path={downloaded_model(run)}",
                   '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
         arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')

@@ -117,6 +117,41 @@ def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Con
     return result
 
 
+def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
+    """A slice's exported model from its run's folder in the bucket into `folder` (models/RUN unless --to)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+
+    target = folder / run if folder == settings.project_root() / "models" else folder
+    started = time.time()
+    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                  console=console) as bar:
+        task = bar.add_task(f"fetch {run}", total=None)
+        result = gcs.fetch_folder(url, target, lambda done, total, name: bar.update(task, completed=done, total=total))
+    record = _fetched_record(run)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"run": run, "host": url, "dir": str(target.resolve()), "started": started,
+                                  "finished": time.time()}))
+    console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
+                  f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
+    return result
+
+
+def metrics_from_bucket(run_url: str, run: str, train_log: bytes, out: Path | None):
+    """A slice run's metrics: its TensorBoard events from the bucket, its eval lines from the training log."""
+    from tpu_grpo import metrics
+
+    board = events_dir(run)
+    board.mkdir(parents=True, exist_ok=True)
+    if not [name for name in gcs.download(f"{run_url}/tensorboard", board) if name.startswith("events.")]:
+        raise metrics.MetricsError(f"no TensorBoard events of run {run} in {run_url}/tensorboard; "
+                                   "fix: point --events at a copy")
+    (board.parent / "train.log").write_bytes(train_log)
+    found = metrics.load(board, board.parent / "train.log", run=run)
+    path = out or settings.state_dir() / "runs" / run / "metrics.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return found, metrics.plot(found, path)
+
+
 def _train_job(connection, run: str | None) -> jobs.Job:
     trained = [job for job in jobs.list_jobs(connection) if job.step == "train" and job.state != "running"
                and (run is None or job.run == run)]

@@ -1,0 +1,329 @@
+"""A step on a multi-host slice: rendered as a JobSet, created through the Kubernetes API, followed by
+its head's log (the same progress view as on one VM), ended by the JobSet's own status, cancelled by
+deleting it. What keeps a slice's job from running (no capacity, an image that cannot be pulled, a
+crashed worker) is said in one line with what to do."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+
+from rich.console import Console
+
+from tpu_grpo import images, jobset, maxtext, watch
+from tpu_grpo.kube import Cluster, ClusterError
+from tpu_grpo.settings import Settings
+
+#: The replicated job whose pod runs the step's script: the Pathways head, or the CPU job's only one.
+SCRIPT_JOBS = ("pathways-head", "main")
+POLL_SECONDS = 2.0
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: A Kubernetes label value: the run name is one on each of its jobs.
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+
+
+@dataclass
+class SliceJob:
+    name: str
+    step: str
+    run: str
+    state: str  # pending, running, finished, failed
+    exit_code: int | None
+    created: str
+    problem: str | None
+
+
+def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
+    """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
+    if not _LABEL_VALUE.fullmatch(run.run_name):
+        raise maxtext.CommandError(f"--run-name {run.run_name!r} cannot label a slice's jobs (Kubernetes labels: at most "
+                                   "63 characters, starting and ending with a letter or digit); fix: e.g. "
+                                   "--run-name gsm8k-1")
+    name = jobset.job_name(step, run.run_name)
+    image = images.post_training_image(settings.project, settings.region)
+    script = maxtext.script(run, step, in_slice=True)
+    if step == "train":
+        return jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
+                               f"{settings.store.root}/pathways-scratch")
+    return jobset.cpu(name, step, run.run_name, image, script)
+
+
+def _container_statuses(pod: dict) -> list[dict]:
+    status = pod.get("status", {})
+    return status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
+
+
+def trouble(pods: list[dict], capacity: str) -> str | None:
+    """What keeps the job's pods from running, in one line with the fix, or None."""
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        for container in _container_statuses(pod):
+            waiting = container.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") in PULL_ERRORS:
+                fix = ("uv run invoke image" if container.get("image", "").endswith(f":{images.MAXTEXT_VERSION}")
+                       else "check the image's tag and the nodes' access to its registry")
+                return (f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
+                        f"{waiting.get('message', '').strip()}); fix: {fix}")
+            ended = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
+            if container["name"] == "pathways-worker" and ended and ended.get("exitCode"):
+                return (f"worker {name} crashed (exit {ended['exitCode']}, {ended.get('reason', 'Error')}); fix: read "
+                        f"its log (kubectl logs {name} -c pathways-worker --previous); the JobSet restarts it")
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                wait = (" (flex-start: GKE is asking for the whole slice; this can take a while)"
+                        if capacity == "flex-start" else "")
+                return (f"{name} cannot be scheduled{wait}: {condition.get('message', '').strip()}; fix: check the "
+                        "TPU node pool's capacity and quota (gcloud container node-pools describe; the reservation, "
+                        "spot availability, TPU quota in the zone)")
+    return None
+
+
+def describe(cluster: Cluster, found: dict, capacity: str) -> SliceJob:
+    """A JobSet's state from its own status: Completed or Failed conditions end it; the exit code is the
+    script's (its container's), else 1 for a failure."""
+    meta, status = found["metadata"], found.get("status", {})
+    conditions = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
+    pods = cluster.pods(meta["name"])
+    exit_code, problem = None, None
+    if "Completed" in conditions:
+        state, exit_code = "finished", 0
+    elif "Failed" in conditions:
+        state, exit_code = "failed", _script_exit_code(pods) or 1
+        problem = trouble(pods, capacity) or next(
+            (c.get("message") for c in status.get("conditions", []) if c["type"] == "Failed"), None)
+    else:
+        running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
+        state, problem = ("running" if running else "pending"), trouble(pods, capacity)
+    labels = meta.get("labels", {})
+    return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
+                    exit_code, meta.get("creationTimestamp", ""), problem)
+
+
+def _script_pod(pods: list[dict]) -> dict | None:
+    return next((pod for pod in pods if pod["metadata"].get("labels", {}).get(
+        "jobset.sigs.k8s.io/replicatedjob-name") in SCRIPT_JOBS), None)
+
+
+def _script_exit_code(pods: list[dict]) -> int | None:
+    pod = _script_pod(pods)
+    for container in (pod or {}).get("status", {}).get("containerStatuses", []):
+        if container["name"] == jobset.CONTAINER and container.get("state", {}).get("terminated"):
+            return container["state"]["terminated"].get("exitCode")
+    return None
+
+
+def put_token(cluster: Cluster) -> None:
+    """The laptop's Hugging Face token into the cluster's Secret (replaced when given again); a job without
+    one is refused before it is created."""
+    token = os.environ.get("HF_TOKEN") or _token_file()
+    if token:
+        cluster.put_token(token.strip())
+    elif not cluster.has_token():
+        raise maxtext.CommandError("no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
+                                   f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+
+
+def _token_file() -> str | None:
+    from pathlib import Path
+
+    path = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "token"
+    return path.read_text() if path.is_file() else None
+
+
+def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console,
+           detach: bool = False, verbose: bool = False) -> int:
+    """Create the step's JobSet and, unless detached, follow it to its end; returns its exit code."""
+    wanted = manifest(settings, run, step)
+    image = images.post_training_image(settings.project, settings.region)
+    if cluster.image_record().get("image") != image:
+        raise maxtext.CommandError(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
+    put_token(cluster)
+    name = wanted["metadata"]["name"]
+    before = cluster.jobset(name)
+    if before is not None:
+        if describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
+            raise maxtext.CommandError(f"job {name} ({step} of run {run.run_name}) is still on the cluster; fix: "
+                                       f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
+                                       f"(uv run invoke cancel --job {name})")
+        _replace_ended(cluster, name)
+    cluster.create(wanted)
+    where = f"slice {settings.slice}" if step == "train" else "the slice's CPU host"
+    console.print(f"{step}: job {name} created on {where} (cluster {settings.vm_name})")
+    if detach:
+        console.print(f"detached: follow it with uv run invoke logs --job {name}")
+        return 0
+    return follow(cluster, name, step, console, settings.capacity, _total_steps(run, step), verbose)
+
+
+def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> None:
+    """Delete an ended JobSet of the same name (a step run again), and wait until the API has let it go."""
+    cluster.delete(name)
+    deadline = time.monotonic() + timeout_s
+    while cluster.jobset(name) is not None:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"job {name} is still being deleted after {timeout_s:.0f} s; fix: try again shortly")
+        time.sleep(POLL_SECONDS)
+
+
+def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console, verbose: bool = False) -> int:
+    """convert -> train -> export on the slice, each a JobSet followed to its end; a step whose output is in
+    the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped."""
+    from tpu_grpo import gcs
+
+    for step in maxtext.STEPS:
+        manifest(settings, run, step)  # every step's input checked before the first is created
+    paths = maxtext.paths(run)
+    for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
+        if output and gcs.exists(output):
+            console.print(f"{step}: skipped ({output} is in the store)")
+            continue
+        code = launch(cluster, settings, run, step, console, verbose=verbose)
+        if code:
+            return code
+    console.print(f"[green]run {run.run_name} is complete[/]: the model is in {paths['run']}/hf-trained/; get it with: "
+                  f"uv run invoke fetch --run {run.run_name}")
+    return 0
+
+
+def _total_steps(run: maxtext.Run, step: str) -> int | None:
+    from tpu_grpo.progress import total_steps
+
+    if step != "train":
+        return None
+    return total_steps(run.batches, int(run.sets.get("train", {}).get("rl.num_iterations", 1)))
+
+
+def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str,
+           total_steps: int | None = None, verbose: bool = False) -> int:
+    """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
+    each; the exit code is the JobSet's verdict."""
+    said: set[str] = set()
+    streamed = False
+    with watch.JobView(console, name, step, total_steps, verbose) as view:
+        while True:
+            found = cluster.jobset(name)
+            if found is None:
+                view.note(f"job {name} is gone from the cluster (cancelled?)")
+                code = 130
+                break
+            job = describe(cluster, found, capacity)
+            if job.problem and job.problem not in said:
+                said.add(job.problem)
+                view.note(job.problem)
+            if job.state in ("finished", "failed"):
+                code = job.exit_code
+                if not streamed:
+                    _stream(cluster, name, view, follow_log=False)
+                break
+            pod = _script_pod(cluster.pods(name))
+            if not streamed and pod and pod.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed"):
+                _stream(cluster, name, view, follow_log=True)
+                streamed = True
+                continue
+            time.sleep(POLL_SECONDS)
+    verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
+    console.print(f"{step} {verdict}: job {name}, {view.lines} log lines (saved in {view.path})")
+    return code
+
+
+def _stream(cluster: Cluster, name: str, view: watch.JobView, follow_log: bool) -> None:
+    pod = _script_pod(cluster.pods(name))
+    if pod:
+        for chunk in cluster.log(pod["metadata"]["name"], jobset.CONTAINER, follow=follow_log):
+            view.feed(chunk)
+
+
+def status(cluster: Cluster, capacity: str) -> list[dict]:
+    return [asdict(describe(cluster, found, capacity)) for found in cluster.jobsets()]
+
+
+def newest(cluster: Cluster, capacity: str, states: tuple[str, ...] | None = None) -> SliceJob | None:
+    found = [describe(cluster, item, capacity) for item in cluster.jobsets()]
+    found = [job for job in found if states is None or job.state in states]
+    return found[-1] if found else None
+
+
+def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
+    """Delete the named JobSet, else every one still pending or running; the names deleted."""
+    if name:
+        if not cluster.delete(name):
+            raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
+        return [name]
+    running = [job.name for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
+               if job.state in ("pending", "running")]
+    for job in running:
+        cluster.delete(job)
+    return running
+
+
+def find(cluster: Cluster, name: str | None, capacity: str) -> SliceJob:
+    """The named job, else the running one, else the newest."""
+    found = [describe(cluster, item, capacity) for item in cluster.jobsets()]
+    if name:
+        chosen = next((job for job in found if job.name == name), None)
+        if chosen is None:
+            raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
+        return chosen
+    if not found:
+        raise maxtext.CommandError("no jobs on the cluster yet; fix: uv run invoke pipeline --batches 50")
+    return next((job for job in reversed(found) if job.state == "running"), found[-1])
+
+
+def read_log(cluster: Cluster, name: str):
+    """A job's script log as it stands (not followed)."""
+    pod = _script_pod(cluster.pods(name))
+    return cluster.log(pod["metadata"]["name"], jobset.CONTAINER) if pod else iter(())
+
+
+def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacity: str) -> maxtext.Run:
+    """The run to export: the named one, else the newest whose training finished on the cluster."""
+    trained = [job for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
+               if job.step == "train" and job.state == "finished"
+               and (not run_name_given or job.run == run.run_name)]
+    if not trained:
+        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
+                                   "--batches 50 (or name a trained run: uv run invoke status)")
+    return dataclasses.replace(run, run_name=trained[-1].run)
+
+
+def print_status(console: Console, settings: Settings, found: list[dict]) -> None:
+    from rich.table import Table
+
+    where = f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, {settings.capacity})"
+    if not found:
+        console.print(f"{where}: no jobs yet (start one: uv run invoke pipeline --batches 50)")
+        return
+    table = Table(title=f"jobs on {where}", title_justify="left")
+    for column in ("job", "step", "run", "state", "exit", "created (UTC)"):
+        table.add_column(column)
+    colours = {"pending": "yellow", "running": "yellow", "finished": "green", "failed": "red"}
+    for job in found:
+        table.add_row(job["name"], job["step"], job["run"], f"[{colours[job['state']]}]{job['state']}[/]",
+                      "" if job["exit_code"] is None else str(job["exit_code"]), job["created"].replace("T", " ")[:19])
+    console.print(table)
+    for job in found:
+        if job["problem"]:
+            console.print(f"[red]{job['name']}:[/] {job['problem']}", markup=True, highlight=False)
+
+
+def newest_run(cluster: Cluster, step: str, capacity: str) -> str:
+    """The run of the newest job of `step` that finished on the cluster."""
+    done = [job for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
+            if job.step == step and job.state == "finished"]
+    if not done:
+        raise maxtext.CommandError(f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
+                                   f"it: uv run invoke pipeline --batches 50")
+    return done[-1].run
+
+
+def train_log(cluster: Cluster, run: str) -> bytes:
+    """A run's training log: the copy following it kept on this laptop, else the head pod's while it is there."""
+    name = jobset.job_name("train", run)
+    kept = watch.local_log(name)
+    if kept.is_file() and kept.stat().st_size:
+        return kept.read_bytes()
+    return b"".join(read_log(cluster, name))
