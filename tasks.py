@@ -20,7 +20,8 @@ from invoke import Exit
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
 from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
-from tpu_grpo.cli import INTERRUPTED, one_line_errors, task  # noqa: E402
+from tpu_grpo.cli import one_line_errors, task  # noqa: E402
+from tpu_grpo.errors import INTERRUPTED  # noqa: E402
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
@@ -405,7 +406,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                                                         host=host, identity=identity, wait=wait)
     chosen = _slice_stack(stack, host)
     if chosen:
-        _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries)
+        _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_)
         return
     if dry_run:
         save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
@@ -460,7 +461,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
 
 
-def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries):
+def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_):
     import yaml
 
     from tpu_grpo import maxtext, slice_jobs
@@ -473,7 +474,9 @@ def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries):
                            for step in maxtext.STEPS), end="")
         return
     with one_line_errors():
-        code = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(), verbose)
+        code, outcome = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(stderr=json_), verbose)
+    if json_:
+        print(json.dumps(outcome, indent=2))
     _exit_on_failure(code)
 
 
@@ -493,7 +496,8 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
                 for chunk in slice_jobs.read_log(cluster, found.name):
                     sys.stdout.buffer.write(chunk)
                 return
-            code = slice_jobs.follow(cluster, found.name, found.step, _console(), chosen.capacity, verbose=verbose)
+            code = slice_jobs.follow(cluster, found.name, found.step, _console(), chosen.capacity, found.total_steps,
+                                     verbose)
         _exit_on_failure(code)
         return
     with one_line_errors():

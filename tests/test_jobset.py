@@ -81,6 +81,7 @@ def jobset_schema():
     ("v6e-16", 1, ["--reservation=v6e-calendar"]),
     ("v6e-256", 1, ["--spot"]),
     ("v6e-64", 2, ["--on-demand"]),
+    ("v6e-32", 1, ["--flex"]),  # xpk's workload is the same for every capacity: that lives in the node pool
 ])
 def test_the_pathways_jobset_is_xpks_with_each_difference_named(xpk, tmp_path, jobset_schema, shape, num_slices,
                                                                  capacity):

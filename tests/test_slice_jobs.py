@@ -128,11 +128,27 @@ def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(
     kube.scenario = kubeapi.Scenario()
     _, _, bucket = slice_stack
     storage.Client().bucket(bucket).blob("runs/llama3.1-8b-Instruct/mt-format/0/items/_METADATA").upload_from_string("{}")
-    result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-5", "--batches", "4")
+    result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-5", "--batches", "4", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "convert: skipped (gs://" in result.stdout
+    assert "convert: skipped (gs://" in result.stderr and "run gsm8k-5 is complete" in result.stderr
     assert [j["metadata"]["labels"][jobset.STEP_LABEL] for j in kube.jobsets.values()] == ["train", "export"]
-    assert "run gsm8k-5 is complete" in result.stdout
+    assert json.loads(result.stdout) == {
+        "run": "gsm8k-5", "model": f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//gsm8k-5/hf-trained/",
+        "steps": [{"step": "convert", "state": "skipped", "job": None},
+                  {"step": "train", "state": "finished", "job": jobset.job_name("train", "gsm8k-5"), "exit_code": 0},
+                  {"step": "export", "state": "finished", "job": jobset.job_name("export", "gsm8k-5"), "exit_code": 0}]}
+
+
+def test_logs_prints_or_follows_a_slice_jobs_log(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-10", "--batches", "4", "--detach").returncode == 0
+    followed = run_task(slice_stack, "logs", "--follow")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "GRPO step 4/4" in followed.stdout and "train finished" in followed.stdout
+    printed = run_task(slice_stack, "logs", "--job", jobset.job_name("train", "gsm8k-10"))
+    assert printed.returncode == 0 and printed.stdout.splitlines() == TRAIN_LOG
+    unknown = run_task(slice_stack, "logs", "--job", "train-nope")
+    assert unknown.returncode == 2 and "--job 'train-nope' is no job on the cluster" in unknown.stderr
 
 
 def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_the_jobset(slice_stack, kube):
@@ -248,3 +264,11 @@ def test_image_dry_run_and_its_refusals(slice_stack, stack_values, home):
     (folder / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": stack_values}))
     one_vm = run_task(slice_stack, "image")
     assert one_vm.returncode == 2 and "is one VM, which `invoke provision` installs MaxText on" in one_vm.stderr
+
+
+def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, kube):
+    result = run_task(slice_stack, "train", "--run-name", "gsm8k-11", env={"HF_TOKEN": ""})
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster has no Secret "
+        "tpu-grpo-hf-token; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+    assert kube.jobsets == {} and kube.secrets == {}

@@ -18,10 +18,6 @@ from invoke import task as invoke_task
 
 from tpu_grpo.errors import UserError
 
-#: Exit codes, the same in every task (README: "Exit codes").
-BAD_INPUT = 2
-FAILED = 1
-INTERRUPTED = 130
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p

@@ -1,5 +1,8 @@
 """The one kind of error that the command line shows as a single line, without a traceback."""
 
+#: What a task exits with when Ctrl-C stops it (128 + SIGINT); UserError says the others.
+INTERRUPTED = 130
+
 
 class UserError(Exception):
     """Bad input, or a state the user has to change: one line naming the value and the fix.

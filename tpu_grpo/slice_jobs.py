@@ -6,7 +6,6 @@ crashed worker) is said in one line with what to do."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -14,6 +13,7 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 
 from tpu_grpo import images, jobset, maxtext, watch
+from tpu_grpo.errors import INTERRUPTED
 from tpu_grpo.kube import Cluster, ClusterError
 from tpu_grpo.settings import Settings
 
@@ -21,8 +21,9 @@ from tpu_grpo.settings import Settings
 SCRIPT_JOBS = ("pathways-head", "main")
 POLL_SECONDS = 2.0
 PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+TOTAL_STEPS = "tpu-grpo/total-steps"
 #: A Kubernetes label value: the run name is one on each of its jobs.
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class SliceJob:
     exit_code: int | None
     created: str
     problem: str | None
+    total_steps: int | None = None  # a training's GRPO steps, for the progress bar
 
 
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
@@ -45,10 +47,12 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     name = jobset.job_name(step, run.run_name)
     image = images.post_training_image(settings.project, settings.region)
     script = maxtext.script(run, step, in_slice=True)
-    if step == "train":
-        return jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
-                               f"{settings.store.root}/pathways-scratch")
-    return jobset.cpu(name, step, run.run_name, image, script)
+    if step != "train":
+        return jobset.cpu(name, step, run.run_name, image, script)
+    made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
+                           f"{settings.store.root}/pathways-scratch")
+    made["metadata"]["annotations"] = {TOTAL_STEPS: str(_total_steps(run, step))}  # for a later `logs --follow`
+    return made
 
 
 def _container_statuses(pod: dict) -> list[dict]:
@@ -70,7 +74,7 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
             ended = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
             if container["name"] == "pathways-worker" and ended and ended.get("exitCode"):
                 return (f"worker {name} crashed (exit {ended['exitCode']}, {ended.get('reason', 'Error')}); fix: read "
-                        f"its log (kubectl logs {name} -c pathways-worker --previous); the JobSet restarts it")
+                        f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it")
         for condition in pod.get("status", {}).get("conditions", []):
             if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
                 wait = (" (flex-start: GKE is asking for the whole slice; this can take a while)"
@@ -97,9 +101,9 @@ def describe(cluster: Cluster, found: dict, capacity: str) -> SliceJob:
     else:
         running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
         state, problem = ("running" if running else "pending"), trouble(pods, capacity)
-    labels = meta.get("labels", {})
+    labels, total = meta.get("labels", {}), meta.get("annotations", {}).get(TOTAL_STEPS, "")
     return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
-                    exit_code, meta.get("creationTimestamp", ""), problem)
+                    exit_code, meta.get("creationTimestamp", ""), problem, int(total) if total.isdigit() else None)
 
 
 def _script_pod(pods: list[dict]) -> dict | None:
@@ -116,21 +120,16 @@ def _script_exit_code(pods: list[dict]) -> int | None:
 
 
 def put_token(cluster: Cluster) -> None:
-    """The laptop's Hugging Face token into the cluster's Secret (replaced when given again); a job without
-    one is refused before it is created."""
-    token = os.environ.get("HF_TOKEN") or _token_file()
+    """The laptop's Hugging Face token (as huggingface_hub finds it) into the cluster's Secret, replaced when
+    given again; a job without one is refused before it is created."""
+    from tpu_grpo.engine import local_secret
+
+    token = local_secret("hf_token")
     if token:
-        cluster.put_token(token.strip())
+        cluster.put_token(token)
     elif not cluster.has_token():
         raise maxtext.CommandError("no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
                                    f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline")
-
-
-def _token_file() -> str | None:
-    from pathlib import Path
-
-    path = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "token"
-    return path.read_text() if path.is_file() else None
 
 
 def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console,
@@ -168,24 +167,32 @@ def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> Non
         time.sleep(POLL_SECONDS)
 
 
-def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console, verbose: bool = False) -> int:
+def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console,
+             verbose: bool = False) -> tuple[int, dict]:
     """convert -> train -> export on the slice, each a JobSet followed to its end; a step whose output is in
-    the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped."""
+    the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped.
+    Returns the exit code and what happened, step by step."""
     from tpu_grpo import gcs
 
     for step in maxtext.STEPS:
         manifest(settings, run, step)  # every step's input checked before the first is created
     paths = maxtext.paths(run)
+    model = f"{paths['run']}/hf-trained/"
+    outcome: dict = {"run": run.run_name, "steps": [], "model": None}
     for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
         if output and gcs.exists(output):
             console.print(f"{step}: skipped ({output} is in the store)")
+            outcome["steps"].append({"step": step, "state": "skipped", "job": None})
             continue
         code = launch(cluster, settings, run, step, console, verbose=verbose)
+        outcome["steps"].append({"step": step, "state": "finished" if code == 0 else "failed",
+                                 "job": jobset.job_name(step, run.run_name), "exit_code": code})
         if code:
-            return code
-    console.print(f"[green]run {run.run_name} is complete[/]: the model is in {paths['run']}/hf-trained/; get it with: "
+            return code, outcome
+    outcome["model"] = model
+    console.print(f"[green]run {run.run_name} is complete[/]: the model is in {model}; get it with: "
                   f"uv run invoke fetch --run {run.run_name}")
-    return 0
+    return 0, outcome
 
 
 def _total_steps(run: maxtext.Run, step: str) -> int | None:
@@ -200,6 +207,16 @@ def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: s
            total_steps: int | None = None, verbose: bool = False) -> int:
     """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
     each; the exit code is the JobSet's verdict."""
+    try:
+        return _follow(cluster, name, step, console, capacity, total_steps, verbose)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: job {name} keeps running on the cluster; reattach: uv run invoke logs --job {name} "
+                      f"--follow; stop it: uv run invoke cancel --job {name}")
+        return INTERRUPTED
+
+
+def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str, total_steps: int | None,
+            verbose: bool) -> int:
     said: set[str] = set()
     streamed = False
     with watch.JobView(console, name, step, total_steps, verbose) as view:
@@ -207,7 +224,7 @@ def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: s
             found = cluster.jobset(name)
             if found is None:
                 view.note(f"job {name} is gone from the cluster (cancelled?)")
-                code = 130
+                code = INTERRUPTED
                 break
             job = describe(cluster, found, capacity)
             if job.problem and job.problem not in said:
@@ -236,14 +253,13 @@ def _stream(cluster: Cluster, name: str, view: watch.JobView, follow_log: bool) 
             view.feed(chunk)
 
 
+def jobs_on(cluster: Cluster, capacity: str) -> list[SliceJob]:
+    """tpu-grpo's jobs on the cluster, oldest first."""
+    return [describe(cluster, found, capacity) for found in cluster.jobsets()]
+
+
 def status(cluster: Cluster, capacity: str) -> list[dict]:
-    return [asdict(describe(cluster, found, capacity)) for found in cluster.jobsets()]
-
-
-def newest(cluster: Cluster, capacity: str, states: tuple[str, ...] | None = None) -> SliceJob | None:
-    found = [describe(cluster, item, capacity) for item in cluster.jobsets()]
-    found = [job for job in found if states is None or job.state in states]
-    return found[-1] if found else None
+    return [asdict(job) for job in jobs_on(cluster, capacity)]
 
 
 def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
@@ -252,8 +268,7 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
         if not cluster.delete(name):
             raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
         return [name]
-    running = [job.name for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
-               if job.state in ("pending", "running")]
+    running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running")]
     for job in running:
         cluster.delete(job)
     return running
@@ -261,7 +276,7 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
 
 def find(cluster: Cluster, name: str | None, capacity: str) -> SliceJob:
     """The named job, else the running one, else the newest."""
-    found = [describe(cluster, item, capacity) for item in cluster.jobsets()]
+    found = jobs_on(cluster, capacity)
     if name:
         chosen = next((job for job in found if job.name == name), None)
         if chosen is None:
@@ -280,7 +295,7 @@ def read_log(cluster: Cluster, name: str):
 
 def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacity: str) -> maxtext.Run:
     """The run to export: the named one, else the newest whose training finished on the cluster."""
-    trained = [job for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
+    trained = [job for job in jobs_on(cluster, capacity)
                if job.step == "train" and job.state == "finished"
                and (not run_name_given or job.run == run.run_name)]
     if not trained:
@@ -291,6 +306,7 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
 
 
 def print_status(console: Console, settings: Settings, found: list[dict]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     where = f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, {settings.capacity})"
@@ -307,13 +323,12 @@ def print_status(console: Console, settings: Settings, found: list[dict]) -> Non
     console.print(table)
     for job in found:
         if job["problem"]:
-            console.print(f"[red]{job['name']}:[/] {job['problem']}", markup=True, highlight=False)
+            console.print(f"[red]{job['name']}:[/] {escape(job['problem'])}", highlight=False)
 
 
 def newest_run(cluster: Cluster, step: str, capacity: str) -> str:
     """The run of the newest job of `step` that finished on the cluster."""
-    done = [job for job in (describe(cluster, item, capacity) for item in cluster.jobsets())
-            if job.step == step and job.state == "finished"]
+    done = [job for job in jobs_on(cluster, capacity) if job.step == step and job.state == "finished"]
     if not done:
         raise maxtext.CommandError(f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
                                    f"it: uv run invoke pipeline --batches 50")

@@ -59,7 +59,9 @@ class LogView:
             self._line(raw.decode(errors="replace"))
 
     def note(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]{message}[/]")
+        from rich.markup import escape
+
+        self.progress.console.print(f"[yellow]{escape(message)}[/]")
 
     def _line(self, line: str) -> None:
         raise NotImplementedError
