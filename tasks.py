@@ -118,7 +118,7 @@ def settings(c, stack=None, json_=False):
 
 @task(help=_help("stack"), check=_check_settings)
 def up(c, stack=None):
-    """Create or update the TPU VM with `pulumi up`, after checking everything it needs."""
+    """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs."""
     from tpu_grpo import stack as stack_module
 
     with one_line_errors():

@@ -4,6 +4,8 @@ under Pulumi's mocks, its settings' refusals, and `invoke plan` with its cost.""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +173,31 @@ def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values,
     assert result.stderr.strip().splitlines() == [
         "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this task on a one-VM stack "
         "(README: Multi-host slices)"]
+
+
+def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, stack_values, tmp_path):
+    import yaml
+
+    from tests.test_capacity import stand_in_pulumi
+
+    values = {k: v for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": "v6e-32", **CAPACITY_VALUES["spot"]}.items()
+              if v is not None}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    env, _ = stand_in_pulumi(tmp_path, {"slice": "v6e-16", "zone": "us-east5-b", "capacity": "reservation",
+                                        "machine_type": "ct6e-standard-4t"}, None)
+    system = tmp_path / "system"  # this machine's /usr/bin may hold the plugin: the stand-in pulumi needs only cat
+    system.mkdir()
+    (system / "cat").symlink_to(shutil.which("cat"))
+    env["PATH"] = ":".join([*env["PATH"].split(":")[:2], str(system)])
+    effect = "new TPU node pools, and for a zone a new cluster (a running job stops); the runs stay in the bucket"
+    lines = [f"slice v6e-16 -> v6e-32: {effect}", f"capacity reservation -> spot: {effect}"]
+    plan = invoke("plan", "--json", cwd=stack_dir, env=env)
+    assert json.loads(plan.stdout)["replaces"] == lines
+    refused = invoke("up", cwd=stack_dir, env=env)
+    assert refused.returncode == 2 and "  - GKE's credential plugin, with which Pulumi and the tasks reach the " \
+        "slice's cluster: gcloud components install gke-gcloud-auth-plugin" in refused.stderr
+    plugin = Path(env["PATH"].split(":")[0]) / "gke-gcloud-auth-plugin"
+    plugin.write_text("#!/bin/sh\nexit 0\n")
+    plugin.chmod(0o755)
+    up = invoke("up", cwd=stack_dir, env=env)
+    assert up.returncode == 0 and all(f"replaces: {line}" in up.stdout for line in lines)

@@ -147,7 +147,7 @@ def render(plan: Plan, console: Console) -> None:
 
     console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
     for line in plan.replaces:
-        console.print(f"[bold red]replaces the VM:[/] {line}")
+        console.print(f"[bold red]replaces:[/] {line}")
     if plan.pending:
         console.print(Panel(
             "\n".join(f"[red]✗[/] {line}" for line in plan.pending),

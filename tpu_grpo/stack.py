@@ -15,14 +15,16 @@ import tempfile
 from pathlib import Path
 
 from tpu_grpo.errors import UserError
+from tpu_grpo.kube import AUTH_PLUGIN
 from tpu_grpo.settings import Settings, project_root
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running and must be started (or, if its capacity
 #: cannot be restarted, created again).
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
-#: What a settings change replaces (stack output -> what it is called).
+#: What a settings change replaces (stack output -> what it is called): the one VM, or a slice's node pools.
 REPLACING = {"machine_type": "machine type", "zone": "zone", "capacity": "capacity"}
+REPLACING_POOLS = {"slice": "slice", "zone": "zone", "capacity": "capacity"}
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
 KNOWN_ERRORS = (
@@ -72,6 +74,9 @@ def missing_for_up(settings: Settings) -> list[str]:
         missing.append("a Pulumi backend login: run `pulumi login` (or `pulumi login --local`)")
     if not google_credentials():
         missing.append("Google Cloud credentials: run `gcloud auth application-default login`")
+    if settings.tpu_slice and not shutil.which(AUTH_PLUGIN):
+        missing.append(f"GKE's credential plugin, with which Pulumi and the tasks reach the slice's cluster: "
+                       f"gcloud components install {AUTH_PLUGIN} (or apt-get install google-cloud-cli-{AUTH_PLUGIN})")
     return missing
 
 
@@ -127,11 +132,16 @@ def instance_state(stack: str) -> tuple[str, str] | None:
 
 
 def replacements(settings: Settings) -> list[str]:
-    """One line for each setting whose change replaces the existing VM, or [] (no VM yet, no CLI)."""
+    """One line for each setting whose change replaces the existing VM (or a slice's TPU node pools), or []
+    (nothing made yet, no CLI)."""
     before = outputs(settings.stack)
-    now = {"machine_type": settings.machine_type, "zone": settings.zone, "capacity": settings.capacity}
-    return [f"{what} {before[key]} -> {now[key]}: a new VM and boot disk (provisioning again, /dev/shm emptied); "
-            "the data disk stays" for key, what in REPLACING.items() if before.get(key) not in (None, now[key])]
+    now = {"machine_type": settings.machine_type, "slice": settings.slice, "zone": settings.zone,
+           "capacity": settings.capacity}
+    keys, effect = ((REPLACING_POOLS, "new TPU node pools, and for a zone a new cluster (a running job stops); the "
+                                      "runs stay in the bucket") if settings.tpu_slice else
+                    (REPLACING, "a new VM and boot disk (provisioning again, /dev/shm emptied); the data disk stays"))
+    return [f"{what} {before[key]} -> {now[key]}: {effect}" for key, what in keys.items()
+            if before.get(key) not in (None, now[key])]
 
 
 def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
@@ -148,7 +158,7 @@ def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
     if selected.returncode != 0:
         return selected.returncode, []
     for line in replacements(settings):
-        say(f"replaces the VM: {line}")
+        say(f"replaces: {line}")
     replace: list[str] = []
     if not settings.obtained.restartable:
         subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack], stdout=stdout)
