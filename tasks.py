@@ -252,12 +252,10 @@ def _run_folder(chosen, run):
 
 def _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given=True):
     """A step as a JobSet on the slice's cluster: print it, or create it and follow it."""
-    import yaml
-
-    from tpu_grpo import slice_jobs
+    from tpu_grpo import jobset, slice_jobs
 
     if dry_run:
-        print(yaml.safe_dump(slice_jobs.manifest(chosen, run, step), sort_keys=False), end="")
+        print(jobset.to_yaml([slice_jobs.manifest(chosen, run, step)]), end="")
         return
     with one_line_errors():
         cluster = _cluster(chosen.stack)
@@ -462,16 +460,13 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
 
 
 def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_):
-    import yaml
-
-    from tpu_grpo import maxtext, slice_jobs
+    from tpu_grpo import jobset, maxtext, slice_jobs
 
     if recoveries:
         raise Exit("error: --recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure "
                    "policy); fix: run without --recover", code=2)
     if dry_run:
-        print("---\n".join(yaml.safe_dump(slice_jobs.manifest(chosen, run, step), sort_keys=False)
-                           for step in maxtext.STEPS), end="")
+        print(jobset.to_yaml([slice_jobs.manifest(chosen, run, step) for step in maxtext.STEPS]), end="")
         return
     with one_line_errors():
         code, outcome = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(stderr=json_), verbose)

@@ -162,6 +162,12 @@ def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_
     printed = yaml.safe_load(dry.stdout)
     assert printed["kind"] == "JobSet" and printed["metadata"]["name"] == jobset.job_name("train", "gsm8k-7")
     kube.validator.validate(printed)
+    script = printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "\n    num_batches=\"${NUM_BATCHES?}\" \\\n" in script  # a script, line for line
+    assert "  - |\n" in dry.stdout  # shown as a block, as a person reads it
+    documents = list(yaml.safe_load_all(run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run").stdout))
+    assert [d["metadata"]["labels"][jobset.STEP_LABEL] for d in documents] == ["convert", "train", "export"]
+    assert len(kube.requests) == requests
 
 
 def test_a_run_name_that_is_no_label_is_refused_before_anything_is_sent(slice_stack, kube):

@@ -172,3 +172,17 @@ def cpu(name: str, step: str, run_name: str, image: str, script: str) -> dict:
             "suspend": False,
         },
     }
+
+
+def to_yaml(manifests: list[dict]) -> str:
+    """Manifests as `kubectl apply -f` takes them, a script shown as the block of lines it is."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    return "---\n".join(yaml.dump(manifest, Dumper=Dumper, sort_keys=False) for manifest in manifests)
