@@ -745,14 +745,16 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     timeline_module.show(_console(), built, png)
 
 
-def _check_image(stack=None, builder="auto", dry_run=False, **_):
+def _check_image(stack=None, builder="auto", **_):
+    """The stack (a slice's) and the builder's name; whether that builder can run here is asked once, in the task."""
     from tpu_grpo import image_build
 
     chosen = settings_module.load(stack, lenient=True)
     if not chosen.tpu_slice:
         raise image_build.UserError(f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
                                     "fix: pulumi config set tpu-grpo:slice v6e-16 for a multi-host slice")
-    return chosen, (builder if dry_run else image_build.choose(builder))
+    image_build.check_builder(builder)
+    return chosen
 
 
 @task(check=_check_image, help=_help(
@@ -764,13 +766,13 @@ def image(c, stack=None, builder="auto", dry_run=False):
     from tpu_grpo import image_build
 
     with one_line_errors():
-        chosen, builder = _check_image(stack, builder, dry_run)
+        chosen = _check_image(stack, builder)
         if dry_run:
             print(image_build.dockerfile())
             for command in image_build.commands(chosen, builder, "CONTEXT"):
                 print("$ " + " ".join(command))
             return
-        pushed = image_build.build(chosen, builder)
+        pushed = image_build.build(chosen, image_build.choose(builder))
         _cluster(chosen.stack).record_image(pushed)
     print(f"pushed {pushed}; the slice's jobs run it")
 

@@ -61,8 +61,8 @@ class TpuSlice(pulumi.ComponentResource):
             node_config={**node_config, "machine_type": CPU_MACHINE_TYPE}, opts=child,
         )
         self.tpu_pools = []
+        capacity, capacity_config = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
         for index in range(settings.num_slices):
-            capacity = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
             pool = shape.pool(name, index)
             self.tpu_pools.append(gcp.container.NodePool(
                 pool, name=pool, cluster=self.cluster.name, location=settings.zone, project=settings.project,
@@ -72,7 +72,7 @@ class TpuSlice(pulumi.ComponentResource):
                 node_config={**node_config, "machine_type": HOST_MACHINE_TYPE, "disk_size_gb": settings.boot_disk_gb,
                              "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
                              "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"},
-                             **capacity.pop("node_config")},
+                             **capacity_config},
                 **capacity, opts=child,
             ))
         self.repository = gcp.artifactregistry.Repository(

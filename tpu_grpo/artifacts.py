@@ -368,10 +368,15 @@ def fetch(connection, remote_dir: str, local_dir: Path,
     with ThreadPoolExecutor(max_workers=streams) as pool:
         result.bytes_transferred = sum(pool.map(one, todo))
     report(result.bytes_total, result.bytes_total, result.files[-1])
-    sums = local_dir / (SUMS + ".tmp")
-    sums.write_text("".join(f"{manifest[name][1]}  {name}\n" for name in result.files))
-    os.replace(sums, local_dir / SUMS)
+    write_sums(local_dir, {name: manifest[name][1] for name in result.files})
     return result
+
+
+def write_sums(local_dir: Path, digests: dict[str, str]) -> None:
+    """The folder's SHA256SUMS, written last and whole: its presence says every file is here and checked."""
+    sums = local_dir / (SUMS + ".tmp")
+    sums.write_text("".join(f"{digest}  {name}\n" for name, digest in digests.items()))
+    os.replace(sums, local_dir / SUMS)
 
 
 def verify_local(local_dir: Path) -> bool:

@@ -55,9 +55,9 @@ class Capacity:
             flags.append("--reservation-affinity=none")
         return flags
 
-
-    def node_pool(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> dict:
-        """This capacity's GKE TPU node pool inputs (pulumi-gcp `container.NodePool`), as xpk 1.16.0 asks for
+    def node_pool(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> tuple[dict, dict]:
+        """This capacity's GKE TPU node pool inputs (pulumi-gcp `container.NodePool`): the pool's own and its
+        `node_config`'s, as xpk 1.16.0 asks for
         them: spot and reservation pools hold the slice's hosts; a flex-start pool starts empty, and GKE's
         autoscaler asks Dynamic Workload Scheduler for all its hosts at once when a pod wants them, and
         gives them back when none does (no idle hours). Queued provisioning is xpk's for GPUs only."""
@@ -75,7 +75,7 @@ class Capacity:
                     "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts}}
         if max_run_hours is not None:
             node_config["max_run_duration"] = f"{max_run_hours * 3600}s"
-        return {**pool, "node_config": node_config}
+        return pool, node_config
 
     def gke_flags(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> list[str]:
         """The same as `gcloud container node-pools create` flags, in xpk's order."""

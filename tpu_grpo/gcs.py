@@ -75,7 +75,7 @@ def fetch_folder(url: str, local_dir: Path, on_progress: Callable[[int, int, str
     download against the object's checksum) and take their names once whole; SHA256SUMS is written last."""
     import os
 
-    from tpu_grpo.artifacts import SUMS, FetchResult, check_destination, sha256_file
+    from tpu_grpo.artifacts import FetchResult, check_destination, sha256_file, write_sums
 
     local_dir = check_destination(local_dir)
     blobs, _, prefix = _listing(url, delimiter="/")
@@ -97,9 +97,7 @@ def fetch_folder(url: str, local_dir: Path, on_progress: Callable[[int, int, str
             result.bytes_transferred += blob.size or 0
         done += blob.size or 0
         on_progress(done, result.bytes_total, name)
-    sums = local_dir / (SUMS + ".tmp")
-    sums.write_text("".join(f"{sha256_file(local_dir / name)}  {name}\n" for name in result.files))
-    os.replace(sums, local_dir / SUMS)
+    write_sums(local_dir, {name: sha256_file(local_dir / name) for name in result.files})
     return result
 
 

@@ -44,10 +44,14 @@ def dockerfile() -> str:
     ])
 
 
-def choose(builder: str) -> str:
-    """The builder asked for, or (auto) a local Docker whose daemon answers, else Cloud Build; checked here."""
+def check_builder(builder: str) -> None:
     if builder not in BUILDERS:
         raise UserError(f"--builder {builder!r} is not a builder; fix: one of {', '.join(BUILDERS)}")
+
+
+def choose(builder: str) -> str:
+    """The builder asked for (checked by check_builder), or (auto) a local Docker whose daemon answers, else
+    Cloud Build; refused when the one asked for cannot run here."""
     docker_ready = bool(shutil.which("docker")) and subprocess.run(
         ["docker", "info"], capture_output=True, timeout=30).returncode == 0
     if builder == "docker" and not docker_ready:

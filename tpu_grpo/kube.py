@@ -80,38 +80,39 @@ class Cluster:
             return cls(yaml.safe_load(Path(path).read_text()))
         return cls(_stack_kubeconfig(stack))
 
-    def _call(self, method, *args, **kwargs):
-        """One API call, its JSON body as a dict; None for 404; a ClusterError naming what failed otherwise."""
+    def _request(self, method, *args, what: str | None = None, absent: tuple[int, ...] = (404,),
+                 refused: dict[int, str] | None = None, fix: str = "check the cluster (kubectl get jobsets, pods)",
+                 **kwargs):
+        """One API call's raw response; None when its status is in `absent`; else a ClusterError: the line
+        `refused` has for the status, or one naming `what` (default: the call) and `fix`."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
-            response = method(*args, _preload_content=False, **kwargs)
+            return method(*args, _preload_content=False, **kwargs)
         except ApiException as error:
-            if error.status == 404:
+            if error.status in absent:
                 return None
-            raise ClusterError(f"the cluster at {self.server} refused {method.__name__} ({error.status} "
-                               f"{_reason(error.body)}); fix: check the cluster (kubectl get jobsets, pods)") from None
+            raise ClusterError((refused or {}).get(error.status) or (
+                f"the cluster at {self.server} refused {what or method.__name__} ({error.status} "
+                f"{_reason(error.body)}); fix: {fix}")) from None
         except HTTPError as error:
             raise ClusterError(f"the cluster at {self.server} cannot be reached ({type(error).__name__}); fix: "
                                "check that the stack is up (uv run invoke up) and your network") from None
-        return json.loads(response.data or b"{}")
+
+    def _call(self, method, *args, **kwargs):
+        """One API call, its JSON body as a dict, or None (see _request)."""
+        response = self._request(method, *args, **kwargs)
+        return None if response is None else json.loads(response.data or b"{}")
 
     # -- JobSets
     def create(self, manifest: dict) -> dict:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            response = self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, manifest, _preload_content=False)
-        except ApiException as error:
-            name = manifest["metadata"]["name"]
-            if error.status == 409:
-                raise ClusterError(f"job {name} exists already on the cluster; fix: wait for it (uv run invoke status) "
-                                   f"or cancel it (uv run invoke cancel {name})") from None
-            raise ClusterError(f"the cluster refused job {name} ({error.status} {_reason(error.body)}); fix: check "
-                               f"JobSet {VERSION} is installed (uv run invoke up)") from None
-        return json.loads(response.data)
+        name = manifest["metadata"]["name"]
+        return self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                          manifest, what=f"job {name}", absent=(),
+                          refused={409: f"job {name} exists already on the cluster; fix: wait for it (uv run invoke "
+                                        f"status) or cancel it (uv run invoke cancel {name})"},
+                          fix=f"check JobSet {VERSION} is installed (uv run invoke up)")
 
     def jobset(self, name: str) -> dict | None:
         return self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
@@ -134,18 +135,18 @@ class Cluster:
 
     def log(self, pod: str, container: str, follow: bool = False) -> Iterator[bytes]:
         """A container's log, as the kubelet hands it over (followed to the container's end)."""
-        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
-        try:
-            response = self.core.read_namespaced_pod_log(pod, self.namespace, container=container, follow=follow,
-                                                         _preload_content=False)
-        except ApiException as error:
-            if error.status in (400, 404):  # not started yet, or gone
-                return
-            raise ClusterError(f"the cluster refused the log of {pod} ({error.status} {_reason(error.body)}); "
-                               "fix: uv run invoke status") from None
+        response = self._request(self.core.read_namespaced_pod_log, pod, self.namespace, container=container,
+                                 follow=follow, what=f"the log of {pod}", absent=(400, 404),  # not started, or gone
+                                 fix="uv run invoke status")
+        if response is None:
+            return
         try:
             yield from response.stream(64 * 1024)
+        except HTTPError as error:
+            raise ClusterError(f"the log of {pod} broke off ({type(error).__name__}); fix: uv run invoke logs "
+                               "--follow (the job goes on)") from None
         finally:
             response.release_conn()
 

@@ -23,7 +23,7 @@ from typing import Mapping
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
-from tpu_grpo.progress import RESUMES
+from tpu_grpo.progress import RESUMES, total_steps
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
 
 STEPS = ("convert", "train", "export")
@@ -84,6 +84,11 @@ class Run:
     checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
     checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
     capacity: str = "reservation"  # how the chips were had: said in a job's record, no input of a step
+
+    @property
+    def train_steps(self) -> int:
+        """The training's GRPO steps, for the progress bar (rl.num_iterations checked by parse_sets)."""
+        return total_steps(self.batches, int(self.sets.get("train", {}).get("rl.num_iterations", 1)))
 
     @property
     def export_step(self) -> int:

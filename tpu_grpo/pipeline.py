@@ -16,7 +16,6 @@ from typing import Callable
 
 from tpu_grpo import artifacts, gcs, host_paths, hosts, jobs, maxtext, settings, stores
 from tpu_grpo.errors import UserError
-from tpu_grpo.progress import total_steps
 
 PIPELINE = ("convert", "train", "export", "save")
 MODELS = f"{jobs.ROOT}/models"
@@ -239,8 +238,7 @@ def job_meta(run: maxtext.Run, step: str) -> dict:
     meta = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
             "paths": maxtext.paths(run), "capacity": run.capacity}
     if step == "train":
-        iterations = int(run.sets.get("train", {}).get("rl.num_iterations", 1))  # checked by parse_sets
-        meta["total_steps"] = total_steps(run.batches, iterations)
+        meta["total_steps"] = run.train_steps
     return meta
 
 
@@ -293,14 +291,14 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
               f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
     hosts.write_text(connection, saved_record(run.run_name), identity(run, "export"))
     hosts.write_text(connection, f"{run_archive(run.run_name)}/saved-at.json",
-                  json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
+                     json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
     return destination
 
 
 def write_record(connection, run: maxtext.Run) -> None:
     """Note that this run was started with these inputs: a re-run without --run-name continues it."""
     hosts.write_text(connection, f"{PIPELINES}/{run.run_name}.json",
-                  json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
+                     json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
 
 
 def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:

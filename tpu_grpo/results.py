@@ -95,42 +95,33 @@ def newest_saved(connection) -> str:
 
 def fetch_run(session: jobs.Session, run: str | None, folder: Path, console: Console):
     """Download the run's saved model into `folder` (models/RUN unless --to), with a progress bar."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
-
     connection = session.connection
     run = run or newest_saved(connection)
+    return _fetch(run, folder, session.host.name, console, lambda target, progress: artifacts.fetch(
+        connection, pipeline.saved_dir(run), target, progress, host=session.host))
+
+
+def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
+    """A slice's exported model from its run's folder in the bucket into `folder` (models/RUN unless --to)."""
+    return _fetch(run, folder, url, console, lambda target, progress: gcs.fetch_folder(url, target, progress))
+
+
+def _fetch(run: str, folder: Path, source: str, console: Console, download):
+    """A run's model into `folder` (models/RUN unless --to) by `download(target, progress)`, with a progress bar,
+    recorded as fetched (for `down`'s guard and `invoke timeline`)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+
     target = folder / run if folder == settings.project_root() / "models" else folder
     artifacts.check_destination(target)
     started = time.time()
     with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
-        result = artifacts.fetch(connection, pipeline.saved_dir(run), target,
-                                 lambda done, total, name: bar.update(task, completed=done, total=total),
-                                 host=session.host)
+        result = download(target, lambda done, total, name: bar.update(task, completed=done, total=total))
     record = _fetched_record(run)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run": run, "host": session.host.name, "dir": str(target.resolve()),
+    record.write_text(json.dumps({"run": run, "host": source, "dir": str(target.resolve()),
                                   "started": started, "finished": time.time()}))
-    console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
-                  f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
-    return result
-
-
-def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
-    """A slice's exported model from its run's folder in the bucket into `folder` (models/RUN unless --to)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
-
-    target = folder / run if folder == settings.project_root() / "models" else folder
-    started = time.time()
-    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=console) as bar:
-        task = bar.add_task(f"fetch {run}", total=None)
-        result = gcs.fetch_folder(url, target, lambda done, total, name: bar.update(task, completed=done, total=total))
-    record = _fetched_record(run)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run": run, "host": url, "dir": str(target.resolve()), "started": started,
-                                  "finished": time.time()}))
     console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
                   f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
     return result
@@ -138,18 +129,8 @@ def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
 
 def metrics_from_bucket(run_url: str, run: str, train_log: bytes, out: Path | None):
     """A slice run's metrics: its TensorBoard events from the bucket, its eval lines from the training log."""
-    from tpu_grpo import metrics
-
-    board = events_dir(run)
-    board.mkdir(parents=True, exist_ok=True)
-    if not [name for name in gcs.download(f"{run_url}/tensorboard", board) if name.startswith("events.")]:
-        raise metrics.MetricsError(f"no TensorBoard events of run {run} in {run_url}/tensorboard; "
-                                   "fix: point --events at a copy")
-    (board.parent / "train.log").write_bytes(train_log)
-    found = metrics.load(board, board.parent / "train.log", run=run)
-    path = out or settings.state_dir() / "runs" / run / "metrics.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return found, metrics.plot(found, path)
+    _events_from_bucket(f"{run_url}/tensorboard", run)
+    return _load_and_plot(run, train_log, out)
 
 
 def _train_job(connection, run: str | None) -> jobs.Job:
@@ -188,16 +169,12 @@ def events_dir(run: str) -> Path:
 def sync_events(connection, job: jobs.Job) -> int:
     """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
     events file only grows), read from the offset the local copy has. Returns the bytes copied."""
-    from tpu_grpo import metrics
-
     board = events_dir(job.run)
     board.mkdir(parents=True, exist_ok=True)
     live = f"{job.meta['paths']['run']}/tensorboard"
     if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
         before = sum(path.stat().st_size for path in board.glob("events.*"))
-        if not [name for name in gcs.download(live, board) if name.startswith("events.")]:
-            raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live}; "
-                                       "fix: point --events at a copy")
+        _events_from_bucket(live, job.run)
         return sum(path.stat().st_size for path in board.glob("events.*")) - before
     sftp = connection.sftp()
     remote, found = _events_folder(connection, sftp, job)
@@ -214,6 +191,33 @@ def sync_events(connection, job: jobs.Job) -> int:
     return copied
 
 
+def _events_from_bucket(url: str, run: str) -> None:
+    """The run's TensorBoard event files from a bucket folder into its laptop folder, or a one-line error."""
+    from tpu_grpo import metrics
+
+    board = events_dir(run)
+    board.mkdir(parents=True, exist_ok=True)
+    if not [name for name in gcs.download(url, board) if name.startswith("events.")]:
+        raise metrics.MetricsError(f"no TensorBoard events of run {run} in {url}; fix: point --events at a copy")
+
+
+def _load_and_plot(run: str, train_log: bytes, out: Path | None):
+    """The run's metrics from its laptop copy of the events and this training log; its plot written."""
+    from tpu_grpo import metrics
+
+    board = events_dir(run)
+    (board.parent / "train.log").write_bytes(train_log)
+    return _plotted(metrics.load(board, board.parent / "train.log", run=run), out)
+
+
+def _plotted(found, out: Path | None):
+    from tpu_grpo import metrics
+
+    path = out or settings.state_dir() / "runs" / found.run / "metrics.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return found, metrics.plot(found, path)
+
+
 def metrics_of(session: jobs.Session | None, run: str | None, events: Path | None, out: Path | None):
     """Load a run's metrics (the host's TensorBoard events and train log, copied to the laptop first,
     or a local events folder) and write its plot; returns (metrics, png path). The flags were
@@ -221,14 +225,8 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     from tpu_grpo import metrics
 
     if events is not None:
-        found = metrics.load(Path(events).expanduser(), run=run)
-    else:
-        connection = session.connection
-        job = _train_job(connection, run)
-        sync_events(connection, job)
-        board = events_dir(job.run)
-        (board.parent / "train.log").write_bytes(jobs.read_log(connection, job.id))
-        found = metrics.load(board, board.parent / "train.log", run=job.run)
-    path = out or settings.state_dir() / "runs" / found.run / "metrics.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return found, metrics.plot(found, path)
+        return _plotted(metrics.load(Path(events).expanduser(), run=run), out)
+    connection = session.connection
+    job = _train_job(connection, run)
+    sync_events(connection, job)
+    return _load_and_plot(job.run, jobs.read_log(connection, job.id), out)

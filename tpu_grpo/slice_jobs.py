@@ -51,7 +51,7 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
         return jobset.cpu(name, step, run.run_name, image, script)
     made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
                            f"{settings.store.root}/pathways-scratch")
-    made["metadata"]["annotations"] = {TOTAL_STEPS: str(_total_steps(run, step))}  # for a later `logs --follow`
+    made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps)}  # for a later `logs --follow`
     return made
 
 
@@ -86,11 +86,14 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
 
 
 def describe(cluster: Cluster, found: dict, capacity: str) -> SliceJob:
+    return _state(found, cluster.pods(found["metadata"]["name"]), capacity)
+
+
+def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
     """A JobSet's state from its own status: Completed or Failed conditions end it; the exit code is the
-    script's (its container's), else 1 for a failure."""
+    script's (its container's), else 1 for a failure. Its pods say what keeps it from running."""
     meta, status = found["metadata"], found.get("status", {})
     conditions = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
-    pods = cluster.pods(meta["name"])
     exit_code, problem = None, None
     if "Completed" in conditions:
         state, exit_code = "finished", 0
@@ -154,7 +157,8 @@ def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, co
     if detach:
         console.print(f"detached: follow it with uv run invoke logs --job {name}")
         return 0
-    return follow(cluster, name, step, console, settings.capacity, _total_steps(run, step), verbose)
+    return follow(cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None,
+                  verbose)
 
 
 def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> None:
@@ -195,14 +199,6 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
     return 0, outcome
 
 
-def _total_steps(run: maxtext.Run, step: str) -> int | None:
-    from tpu_grpo.progress import total_steps
-
-    if step != "train":
-        return None
-    return total_steps(run.batches, int(run.sets.get("train", {}).get("rl.num_iterations", 1)))
-
-
 def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str,
            total_steps: int | None = None, verbose: bool = False) -> int:
     """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
@@ -226,18 +222,18 @@ def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: 
                 view.note(f"job {name} is gone from the cluster (cancelled?)")
                 code = INTERRUPTED
                 break
-            job = describe(cluster, found, capacity)
+            pods = cluster.pods(name)
+            job, pod = _state(found, pods, capacity), _script_pod(pods)
             if job.problem and job.problem not in said:
                 said.add(job.problem)
                 view.note(job.problem)
             if job.state in ("finished", "failed"):
                 code = job.exit_code
-                if not streamed:
-                    _stream(cluster, name, view, follow_log=False)
+                if not streamed and pod:
+                    _stream(cluster, pod, view, follow_log=False)
                 break
-            pod = _script_pod(cluster.pods(name))
             if not streamed and pod and pod.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed"):
-                _stream(cluster, name, view, follow_log=True)
+                _stream(cluster, pod, view, follow_log=True)
                 streamed = True
                 continue
             time.sleep(POLL_SECONDS)
@@ -246,11 +242,9 @@ def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: 
     return code
 
 
-def _stream(cluster: Cluster, name: str, view: watch.JobView, follow_log: bool) -> None:
-    pod = _script_pod(cluster.pods(name))
-    if pod:
-        for chunk in cluster.log(pod["metadata"]["name"], jobset.CONTAINER, follow=follow_log):
-            view.feed(chunk)
+def _stream(cluster: Cluster, pod: dict, view: watch.JobView, follow_log: bool) -> None:
+    for chunk in cluster.log(pod["metadata"]["name"], jobset.CONTAINER, follow=follow_log):
+        view.feed(chunk)
 
 
 def jobs_on(cluster: Cluster, capacity: str) -> list[SliceJob]:
