@@ -114,6 +114,8 @@ def settings(c, stack=None, json_=False):
     console.print(table)
     for pending in chosen.pending:
         console.print(escape(f"still to set before `pulumi up`: {pending}"))
+    for warning in chosen.warnings:
+        console.print(escape(f"warning: {warning}"))
 
 
 @task(help=_help("stack"), check=_check_settings)
@@ -131,7 +133,10 @@ def up(c, stack=None):
             f"See what it would create, offline and with none of these: uv run invoke plan",
             code=2,
         )
-    code, explanations = stack_module.up(chosen, say=_console().print)
+    console = _console()
+    for warning in chosen.warnings:
+        console.print(f"warning: {warning}", markup=False)
+    code, explanations = stack_module.up(chosen, say=console.print)
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     _exit_on_failure(code)
@@ -228,6 +233,14 @@ def _slice_stack(stack, host):
         return None
     chosen = settings_module.load(stack, lenient=True)
     return chosen if chosen.tpu_slice else None
+
+
+def _after_stop(stack):
+    """What a stop of the stack's VM means for its capacity, or None when the stack cannot say."""
+    try:
+        return settings_module.load(stack, lenient=True).obtained.after_stop
+    except settings_module.SettingsError:
+        return None
 
 
 def _cluster(stack):
@@ -443,9 +456,9 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
         return pipeline_module.run_pipeline(session, run, run_name_given=run_name is not None, need_gb=need,
                                             follow=follow, on_step=report, keep_checkpoint=keep_checkpoint)
 
-    def bring_back(recreated):
+    def bring_back():
         recovery.bring_back(chosen, lambda: _provision_again(values, host, identity, stack, console),
-                            lambda: hosts.resolve(host or [], identity, stack), recreated,
+                            lambda: hosts.resolve(host or [], identity, stack),
                             stdout=sys.stderr if json_ else None)
         return recovery.where_training_stands(_session(host, identity, stack, wait).connection, run)
 
@@ -466,7 +479,12 @@ def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_):
         raise Exit("error: --recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure "
                    "policy); fix: run without --recover", code=2)
     if dry_run:
-        print(jobset.to_yaml([slice_jobs.manifest(chosen, run, step) for step in maxtext.STEPS]), end="")
+        manifests = [slice_jobs.manifest(chosen, run, step) for step in maxtext.STEPS]
+        if json_:
+            print(json.dumps({"run": run.run_name, "steps": [
+                {"step": step, "jobset": manifest} for step, manifest in zip(maxtext.STEPS, manifests)]}, indent=2))
+        else:
+            print(jobset.to_yaml(manifests), end="")
         return
     with one_line_errors():
         code, outcome = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(stderr=json_), verbose)
@@ -523,7 +541,7 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
         session = _session(host, identity, stack, wait)
         found = jobs.list_jobs(session.connection)
         progress = watch.progress_of(session.connection, found)
-        idle = watch.idle_stop(session.connection)
+        idle = watch.idle_stop(session.connection, None if host else _after_stop(stack))
         tpu = chips.read(session.connection)
     if json_:
         print(json.dumps({"host": session.host.name, "jobs": [job.to_json() for job in found],

@@ -10,6 +10,13 @@ from tpu_grpo.settings import PROJECT, Settings
 from tpu_grpo.stores import bucket_of
 
 SUBNET_RANGE = "10.130.0.0/24"
+#: What a service account of the stack's own (`tpu-grpo:serviceAccount`) needs; the project's default compute
+#: account has it all through its project Editor role. Object access to the checkpoint store; on a slice, to
+#: pull the post-training image, and GKE's own role for a node's account (logging, monitoring: GKE's
+#: "Use least privilege IAM service accounts").
+BUCKET_ROLE = "roles/storage.objectAdmin"
+IMAGE_ROLE = "roles/artifactregistry.reader"
+NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 
 
 def labels(settings: Settings) -> dict[str, str]:
@@ -46,7 +53,22 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions) -> gcp.sto
     )
     if settings.service_account:
         gcp.storage.BucketIAMMember(
-            f"{settings.vm_name}-store-access", bucket=bucket.name, role="roles/storage.objectAdmin",
-            member=f"serviceAccount:{settings.service_account}", opts=child,
+            f"{settings.vm_name}-store-access", bucket=bucket.name, role=BUCKET_ROLE,
+            member=member(settings), opts=child,
         )
     return bucket
+
+
+def member(settings: Settings) -> str:
+    return f"serviceAccount:{settings.service_account}"
+
+
+def access_to_grant(settings: Settings) -> list[str]:
+    """What the stack's own service account needs and the stack cannot grant, as the command that grants it:
+    object access to a checkpoint bucket the stack does not declare."""
+    if not (settings.service_account and settings.store.name == "gs" and not settings.bucket):
+        return []
+    bucket = bucket_of(settings.store)
+    return [f"{settings.service_account} needs {BUCKET_ROLE} on gs://{bucket}, which this stack does not declare: "
+            f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member={member(settings)} "
+            f"--role={BUCKET_ROLE}"]

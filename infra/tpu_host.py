@@ -27,6 +27,11 @@ IMAGE_FAMILY = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
 #: middle), and the boot disk forces replacement: without this, a later `pulumi up` deletes the VM, its
 #: boot disk (the venv) and /dev/shm for a newer image. The image the VM booted is the `boot_image` output.
 IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
+#: What Compute Engine changes only on a stopped VM (terraform-provider-google refuses them on a running one
+#: without allow_stopping_for_update). A TPU VM is never stopped and started again (tpu_grpo/capacity.py,
+#: `after_stop`), so a change to any of these replaces it, as `invoke plan` and `invoke up` say first.
+REPLACED_ON_CHANGES = ["machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network",
+                       "networkInterfaces[*].subnetwork"]
 
 # Beyond the tutorial.
 DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
@@ -104,10 +109,9 @@ class TpuHost(pulumi.ComponentResource):
             service_account={"email": settings.service_account, "scopes": list(SCOPES)},
             labels=resource_labels,
             deletion_protection=False,
-            allow_stopping_for_update=True,
-            desired_status="RUNNING",  # `pulumi up` starts a stopped (restartable) VM again
             **common,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=IGNORED_CHANGES)),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                ignore_changes=IGNORED_CHANGES, replace_on_changes=REPLACED_ON_CHANGES)),
         )
         interface = self.instance.network_interfaces[0]
         machine = settings.machine
@@ -121,6 +125,8 @@ class TpuHost(pulumi.ComponentResource):
             "data_disk_device": DATA_DISK_DEVICE,
             "machine_type": machine.machine_type,
             "capacity": settings.capacity,
+            "max_run_hours": settings.max_run_hours,
+            "service_account": settings.service_account,
             "checkpoint_store": settings.store.root,
             "boot_image": self.instance.boot_disk.initialize_params.image,
             "status": self.instance.current_status,
@@ -159,6 +165,7 @@ def gcloud_create_command(settings: Settings) -> list[str]:
 
 
 def render_command(argv: list[str]) -> str:
-    """A copy-pasteable multi-line shell command."""
-    head = " ".join(shlex.quote(a) for a in argv[:5])
-    return " \\\n    ".join([head, *(shlex.quote(a) for a in argv[5:])])
+    """A copy-pasteable multi-line shell command: the command and what it names on the first line, a flag a line."""
+    words = next((i for i, arg in enumerate(argv) if arg.startswith("--")), len(argv))
+    head = " ".join(shlex.quote(a) for a in argv[:words])
+    return " \\\n    ".join([head, *(shlex.quote(a) for a in argv[words:])])

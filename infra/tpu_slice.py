@@ -18,7 +18,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.common import declare_bucket, declare_network, labels
+from infra.common import IMAGE_ROLE, NODE_ROLE, declare_bucket, declare_network, labels, member
 from infra.tpu_host import SCOPES
 from tpu_grpo import images
 from tpu_grpo.jobset import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
@@ -80,6 +80,12 @@ class TpuSlice(pulumi.ComponentResource):
             description="tpu-grpo's MaxText post-training image (invoke image)", labels=resource_labels,
             project=settings.project, opts=child,
         )
+        if settings.service_account:  # the project's default account has these through its Editor role
+            gcp.artifactregistry.RepositoryIamMember(
+                f"{name}-images-reader", repository=self.repository.repository_id, location=settings.region,
+                role=IMAGE_ROLE, member=member(settings), project=settings.project, opts=child)
+            gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE,
+                                   member=member(settings), opts=child)
         if settings.bucket:
             self.bucket = declare_bucket(settings, child)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
@@ -111,11 +117,13 @@ class TpuSlice(pulumi.ComponentResource):
 
 
 def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:
-    """The `gcloud container node-pools create` that makes the same TPU node pool (xpk's flags, in its order)."""
+    """The `gcloud beta container node-pools create` that makes the same TPU node pool (xpk's flags, in its order):
+    `--host-maintenance-interval` and `--accelerator-network-profile` exist only in gcloud's beta track, which is
+    why xpk runs it too."""
     shape, name = settings.tpu_slice, settings.vm_name
     service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
     return [
-        "gcloud", "container", "node-pools", "create", shape.pool(name, index),
+        "gcloud", "beta", "container", "node-pools", "create", shape.pool(name, index),
         f"--location={settings.zone}", f"--cluster={name}", f"--project={settings.project}",
         f"--machine-type={HOST_MACHINE_TYPE}", "--host-maintenance-interval=AS_NEEDED",
         *settings.obtained.gke_flags(settings.reservation, settings.max_run_hours, shape.hosts),

@@ -49,7 +49,7 @@ def test_each_capacity_sends_its_scheduling_and_affinity(stack_values, changes, 
     _, vm, outputs = instance(stack_values, **changes)
     assert vm["scheduling"] == scheduling
     assert vm.get("reservationAffinity") == affinity
-    assert vm["desiredStatus"] == "RUNNING"
+    assert "desiredStatus" not in vm and "allowStoppingForUpdate" not in vm  # a TPU VM is never started again
     assert outputs["capacity"] == (changes.get("tpu-grpo:capacity") or "reservation")
 
 
@@ -124,11 +124,15 @@ def test_a_newer_image_never_replaces_the_vm(stack_values):
     program()
     assert options["gcp:compute/instance:Instance"].ignore_changes == ["bootDisk.initializeParams.image"]
     assert not options["gcp:compute/disk:Disk"].ignore_changes  # the data disk keeps every change
+    # No allow_stopping_for_update: what the provider changes only on a stopped VM (terraform-provider-google:
+    # machine_type, service_account, scheduling, the network) replaces the VM instead.
+    assert options["gcp:compute/instance:Instance"].replace_on_changes == [
+        "machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network", "networkInterfaces[*].subnetwork"]
 
 
 @pytest.mark.parametrize("capacity, changes, per_hour", [
     ("reservation", {}, "$21.60 per hour"), ("spot", SPOT, "$8.64 per hour"),
-    ("flex-start", FLEX, "$21.60 per hour"), ("on-demand", ON_DEMAND, "$21.60 per hour")])
+    ("flex-start", FLEX, "$10.80 per hour"), ("on-demand", ON_DEMAND, "$21.60 per hour")])
 def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, capacity, changes, per_hour):
     import yaml
 
@@ -142,6 +146,34 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
     assert plan["cost"]["usd_per_chip_hour"] == CAPACITIES[capacity].usd_per_chip_hour
     assert "(read 2026-12-04)" in plan["cost"]["price_source"]
     assert f"--provisioning-model={CAPACITIES[capacity].provisioning_model}" in plan["gcloud"]
+    assert plan["cost"]["quota"] == CAPACITIES[capacity].quota and f"quota: {plan['cost']['quota']}" in text.stdout
+    assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.")
+    stopped = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
+    assert stopped in plan["cost"]["note"] and "creates the VM anew around the same data disk" in plan["cost"]["note"]
+
+
+def test_spot_and_flex_start_draw_on_the_preemptible_quota_the_others_on_the_on_demand_one():
+    assert [name for name, row in CAPACITIES.items() if "preemptible" in row.quota] == ["spot", "flex-start"]
+    assert all("on-demand TPU quota" in CAPACITIES[name].quota for name in ("reservation", "on-demand"))
+
+
+@pytest.mark.parametrize("zone, warned", [("us-east5-b", True), ("us-east5-a", False), ("asia-northeast1-b", False)])
+def test_a_flex_start_stack_outside_its_zones_is_warned_not_refused(stack_dir, stack_values, tmp_path, zone, warned):
+    """Google's Flex-start page lists v6e in asia-northeast1-b and us-east5-a (SkyPilot adds us-south1-ai1b): another
+    zone gets one line from `settings`, `plan` and `up`, and goes on (the list grows)."""
+    with_capacity(stack_dir, stack_values, {**FLEX, "gcp:zone": zone})
+    line = (f"warning: gcp:zone {zone} is not among the zones known to offer v6e flex-start (asia-northeast1-b, "
+            "us-east5-a, us-south1-ai1b")
+    env, calls = stand_in_pulumi(tmp_path, {"capacity": "flex-start", "zone": zone}, "RUNNING")
+    for task in (["settings"], ["plan"], ["up"]):
+        result = invoke(*task, cwd=stack_dir, env=env)
+        assert result.returncode == 0, result.stderr
+        assert (line in " ".join(result.stdout.split())) == warned, task
+    assert [line for line in calls.read_text().splitlines() if line.startswith("up ")]  # warned, not refused
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    assert len(plan["warnings"]) == warned
+    with_capacity(stack_dir, stack_values, {**SPOT, "gcp:zone": zone})  # only flex-start has a list of zones
+    assert json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["warnings"] == []
 
 
 # ---------------------------------------------------------------- invoke up against a stand-in Pulumi CLI
@@ -181,31 +213,28 @@ def with_capacity(stack_dir, stack_values, changes):
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
 
 
-@pytest.mark.parametrize("status, replaced", [("TERMINATED", True), ("RUNNING", False)])
-def test_up_creates_a_stopped_spot_vm_anew_instead_of_starting_it(stack_dir, stack_values, tmp_path, status,
-                                                                 replaced):
-    with_capacity(stack_dir, stack_values, SPOT)
+CAPACITY_CHANGES = {"reservation": {}, "spot": SPOT, "flex-start": FLEX, "on-demand": ON_DEMAND}
+
+
+@pytest.mark.parametrize("capacity", list(CAPACITY_CHANGES))
+@pytest.mark.parametrize("status, replaced", [("TERMINATED", True), ("STOPPED", True), ("RUNNING", False)])
+def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_values, tmp_path, capacity, status,
+                                                            replaced):
+    """Compute Engine never starts a stopped TPU VM again (SkyPilot: "TPU VMs cannot be stopped. Delete them
+    instead"): `invoke up` replaces it around the same data disk, for every capacity."""
+    with_capacity(stack_dir, stack_values, CAPACITY_CHANGES[capacity])
     env, calls = stand_in_pulumi(tmp_path, {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
-                                            "capacity": "spot"}, status)
+                                            "capacity": capacity}, status)
     result = invoke("up", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
     assert "refresh --yes --skip-preview --stack dev" in lines and "stack export --stack dev" in lines
     [up] = [line for line in lines if line.startswith("up ")]
+    assert up.startswith("up --refresh --stack dev ")
     urn = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
     assert (f"--replace {urn}" in up) == replaced
-    assert ("cannot be started again: creating it anew around the same data disk" in result.stdout) == replaced
-
-
-def test_up_starts_a_stopped_on_demand_vm_through_its_desired_status(stack_dir, stack_values, tmp_path):
-    with_capacity(stack_dir, stack_values, ON_DEMAND)
-    env, calls = stand_in_pulumi(tmp_path, {"capacity": "on-demand"}, "TERMINATED")
-    result = invoke("up", cwd=stack_dir, env=env)
-    assert result.returncode == 0, result.stderr
-    lines = calls.read_text().splitlines()
-    assert not [line for line in lines if line.startswith(("refresh", "stack export"))]
-    [up] = [line for line in lines if line.startswith("up ")]
-    assert up.startswith("up --refresh --stack dev --event-log ") and "--replace" not in up
+    assert (f"the {capacity} VM is {status} (stopped when idle, or preempted), and a TPU VM is never started again: "
+            "creating it anew around the same data disk" in result.stdout) == replaced
 
 
 def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values, tmp_path):

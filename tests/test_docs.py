@@ -74,3 +74,27 @@ def test_the_repository_points_nowhere_outside_itself():
             found += [f"{name}: {line.strip()}" for line in path.read_text(errors="replace").splitlines()
                       if outside.search(line)]
     assert found == []
+
+
+def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
+    """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
+    at it, a slice's other costs, or the README's v6e-16 example, all from tpu_grpo/capacity.py."""
+    from tpu_grpo.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
+
+    prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
+    known = {f"${figure:.2f}" for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR,
+                                             GKE_CLUSTER_USD_PER_HOUR)}
+    on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
+    known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
+    readme = (ROOT / "README.md").read_text()
+    figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
+    assert figures and figures <= known, figures - known
+    rows = {line.split("|")[1].strip().strip("`"): line for line in readme.splitlines()
+            if line.startswith("| `") and line.split("|")[1].strip().strip("`") in CAPACITIES}
+    assert set(rows) == set(CAPACITIES)
+    for name, row in rows.items():
+        capacity = CAPACITIES[name]
+        assert f"${capacity.usd_per_chip_hour:.2f}" in row, name
+        assert ("| preemptible |" in row) == ("preemptible" in capacity.quota), name
+        assert (f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row)
+        assert all(f"`{zone}`" in row for zone in capacity.zones[:2]), name  # Google's own list

@@ -194,7 +194,7 @@ def test_named_service_account_and_extra_labels(stack_values):
 
 def test_destroy_is_not_blocked(vm):
     assert vm["deletionProtection"] is False
-    assert vm["allowStoppingForUpdate"] is True
+    assert "allowStoppingForUpdate" not in vm and "desiredStatus" not in vm  # never stopped and started again
 
 
 def test_outputs_give_the_invoke_side_what_it_needs(program):
@@ -209,6 +209,8 @@ def test_outputs_give_the_invoke_side_what_it_needs(program):
         "data_disk_device": "/dev/disk/by-id/google-data",
         "machine_type": "ct6e-standard-8t",
         "capacity": "reservation",
+        "max_run_hours": None,
+        "service_account": None,
         "checkpoint_store": "/dev/shm",
         "boot_image": "ubuntu-os-accelerator-images/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
         "status": "(known after apply)",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -237,3 +239,88 @@ def test_plan_includes_the_scripts(stack_dir):
     assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
     assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
 
+
+
+# ---------------------------------------------------------------- what a script does where it runs
+
+
+def _lines_about_the_newest_checkpoint(script: str) -> str:
+    return "\n".join(line for line in script.splitlines() if line.startswith(("newest=", '[ -z "$newest" ]')))
+
+
+@pytest.mark.parametrize("store", ["disk", "gs"])
+def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbers(tmp_path, bucket, store):
+    """The line the progress bar starts from: the newest checkpoint by number (100 after 90), listed with `ls` on a
+    disk and with the Cloud Storage client (as MaxText's extra installs it) in a bucket, where `ls` lists nothing."""
+    from dataclasses import replace
+
+    from google.cloud import storage
+
+    from tpu_grpo.progress import RESUMES
+    from tpu_grpo.stores import store_for
+
+    root = f"gs://{bucket}/runs" if store == "gs" else str(tmp_path / "maxtext")
+    run = replace(RUN, store=store_for(root if store == "gs" else "disk"))
+    base = f"{root}/llama3.1-8b-Instruct/post-train/"  # as the script exports it: `$BASE/$RUN` holds a `//`
+    for step in ("9", "90", "100", "10"):
+        if store == "gs":
+            name = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}/model_params/x"
+            storage.Client().bucket(bucket).blob(name).upload_from_string(b"x")
+        else:
+            (tmp_path / f"maxtext/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}").mkdir(
+                parents=True)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # with google-cloud-storage, as
+    (tools / "python3").chmod(0o755)  # the host's venv has it
+    lines = _lines_about_the_newest_checkpoint(maxtext.script(run, "train"))
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "BASE_OUTPUT_DIRECTORY": base, "RUN_NAME": RUN.run_name,
+           "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
+    said = subprocess.run(["bash", "-c", lines], env=env, capture_output=True, text=True)
+    assert said.stdout == f"{RESUMES} 100\n", said.stderr
+    fresh = subprocess.run(["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True,
+                           text=True)
+    assert fresh.returncode == 0 and fresh.stdout == ""  # nothing to resume from: no line
+
+
+@pytest.mark.needs_root
+def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
+    """A pod's script is PID 1 of its container (here: of a PID namespace of its own), which ignores a SIGTERM it
+    has no handler for; it passes it on to MaxText (the stand-in, which records it), and exits with its code."""
+    import signal
+    import time
+    from dataclasses import replace
+
+    from tests.conftest import FIXTURES
+    from tpu_grpo.stores import store_for
+
+    run = replace(RUN, store=store_for(f"gs://{bucket}/runs"), use_pathways=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".standin.json").write_text(json.dumps({"fixtures": str(FIXTURES), "hold_s": 120}))
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (tools / "python3").chmod(0o755)
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home), "HF_TOKEN": TEST_TOKEN,
+           "PYTHONPATH": str(Path(__file__).parent / "standin"),
+           "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
+    pod = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "bash", "-c",
+                            maxtext.script(run, "convert", in_slice=True)], env=env)
+    try:
+        records = home / ".standin/records.jsonl"
+        for _ in range(300):
+            if records.is_file():
+                break
+            time.sleep(0.05)
+        time.sleep(1)  # the stand-in is converting (then holding: hold_s)
+        [script] = [int(pid) for pid in Path(f"/proc/{pod.pid}/task/{pod.pid}/children").read_text().split()]
+        status = Path(f"/proc/{script}/status").read_text()
+        assert [line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")] == ["1"], status
+        os.kill(script, signal.SIGTERM)
+        assert pod.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        pod.kill()
+        pod.wait()
+    [received] = [json.loads(line) for line in (home / ".standin/signals.jsonl").read_text().splitlines()]
+    assert received["module"] == maxtext.MODULES["convert"] and received["signal"] == "SIGTERM"

@@ -70,6 +70,35 @@ def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
         "MaxText post-training extra deps", "packages exactly as the lock", "model downloaded"]
 
 
+def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkeypatch):
+    """tpu_grpo/release.py holds the release: the playbook's spec, the slice image's tag and what it installs, and
+    the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
+    from tpu_grpo import image_build, images, maxtext, pipeline, release
+    from tpu_grpo.machines import MACHINES
+
+    monkeypatch.setattr(release, "MAXTEXT_VERSION", "9.8.7")
+    monkeypatch.setattr(release, "MAXTEXT_SPEC", "maxtext[tpu-post-train]==9.8.7")
+    monkeypatch.setitem(playbook.RELEASE_DEFAULTS, "maxtext_spec", release.MAXTEXT_SPEC)
+    assert playbook.resolve(playbook.load())["maxtext_spec"] == "maxtext[tpu-post-train]==9.8.7"
+    assert images.post_training_image("p", "us-east5").endswith("/maxtext-post-training:9.8.7")
+    assert 'uv pip install "maxtext[tpu-post-train]==9.8.7"' in image_build.dockerfile()
+    run = maxtext.Run(model="llama3.1-8b-Instruct", export_model="llama3.1-8b", batches=1, test_batches=1,
+                      use_pathways=False, lazy_load_tensors=False, machine=MACHINES["ct6e-standard-8t"], run_name="r")
+    assert '[ "$version" = 9.8.7 ] || echo "fail: MaxText in ~/maxtext_venv is $version, not 9.8.7' in \
+        pipeline.preflight_script(run, {"shm": 1, "data": 1}, check_tpu=False)
+    with pytest.raises(PlaybookError, match="pins MaxText 0.2.3, but tpu-grpo runs MaxText 9.8.7"):
+        playbook.resolve(playbook.load(), ["maxtext_spec=maxtext[tpu-post-train]==0.2.3"])
+    # a distribution of your own standing in for MaxText (as the tests' stand-ins do) is taken as it is
+    assert playbook.resolve(playbook.load(), ["maxtext_spec=six==1.16.0"])["maxtext_spec"] == "six==1.16.0"
+
+
+def test_the_release_default_is_the_engines_not_the_playbooks(tmp_path):
+    text = playbook.PLAYBOOK.read_text().replace("default: ~  # tpu-grpo's MaxText release", "default: maxtext==0.2.4  #")
+    with pytest.raises(PlaybookError, match="variable 'maxtext_spec' takes its default from tpu_grpo/release.py; "
+                                            "fix: default: ~"):
+        playbook.load(write_book(tmp_path, text, dedent=False))
+
+
 def test_defaults_are_the_tutorials_and_the_infra_data_disk():
     assert {name: DEFAULTS[name] for name in ("apt_upgrade", "uv_source", "python_version", "venv", "maxtext_spec",
                                               "extra_deps")} == {
@@ -128,6 +157,10 @@ BAD_OVERRIDES = [
     ("uv_source=brew", "--var uv_source: uv_source='brew' is not one of installer, pip; fix: uv_source=installer"),
     ("python_version=3.12; rm -rf ~", "--var python_version: python_version='3.12; rm -rf ~' does not match"),
     ("maxtext_spec=maxtext", "--var maxtext_spec: maxtext_spec='maxtext' does not match"),
+    ("maxtext_spec=maxtext[tpu-post-train]==0.2.4", "--var 'maxtext_spec=maxtext[tpu-post-train]==0.2.4' pins "
+     "MaxText 0.2.4, but tpu-grpo runs MaxText 0.2.3 (its command lines, the slice's image and the preflight: "
+     "tpu_grpo/release.py); fix: remove this --var"),
+    ("maxtext_spec=MaxText==0.3.0", "--var 'maxtext_spec=MaxText==0.3.0' pins MaxText 0.3.0"),
     ("venv=$(reboot)", "--var 'venv=$(reboot)': venv is set by tpu-grpo itself"),
     ("colour=blue", "--var 'colour=blue': unknown variable 'colour'; fix: one of apt_upgrade,"),
     ("apt_upgrade", "--var 'apt_upgrade': not KEY=VALUE; fix: one of apt_upgrade,"),
@@ -142,9 +175,9 @@ def test_bad_var_is_one_clear_line(override, message):
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
-def write_book(tmp_path, text: str) -> Path:
+def write_book(tmp_path, text: str, dedent: bool = True) -> Path:
     path = tmp_path / "book.yml"
-    path.write_text(textwrap.dedent(text))
+    path.write_text(textwrap.dedent(text) if dedent else text)
     return path
 
 
@@ -317,7 +350,9 @@ def test_every_variable_has_help_and_a_valid_default():
     document = yaml.safe_load(playbook.PLAYBOOK.read_text())
     for name, spec in document["vars"].items():
         assert spec.get("help"), name
-        assert playbook.resolve(BOOK, [f"{name}={str(spec['default']).lower()}"])[name] == spec["default"]
+        default = BOOK.vars[name].default  # the YAML's, or the engine's (the release: `default: ~`)
+        assert default == (spec["default"] if name not in playbook.RELEASE_DEFAULTS else playbook.RELEASE_DEFAULTS[name])
+        assert playbook.resolve(BOOK, [f"{name}={str(default).lower()}"])[name] == default
 
 
 def test_maxtext_check_reads_the_installed_version_from_its_dist_info(tmp_path):

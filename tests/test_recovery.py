@@ -128,10 +128,10 @@ def lost_at(host, point: tuple[str, int]) -> bool:
 
 
 @pytest.mark.parametrize("losses, modules_after", [
-    ([("train", 4)], ["train_rl", "to_huggingface"]),
-    ([("train", 4), ("train", 6)], ["train_rl", "to_huggingface"]),
-    ([("export", 0)], ["to_huggingface"]),
-], ids=["once-in-training", "twice-in-training", "during-export"])
+    ([("train", 4, None)], ["train_rl", "to_huggingface"]),
+    ([("train", 4, None), ("train", 6, "TERMINATED")], ["train_rl", "to_huggingface"]),
+    ([("export", 0, None)], ["to_huggingface"]),
+], ids=["once-in-training", "deleted-then-stopped", "during-export"])
 def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, spot_project, tmp_path, losses,
                                                              modules_after):
     address = bridge.address("a")
@@ -150,10 +150,12 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     hosts = [first]
 
     def the_cloud() -> None:
-        """Preempts the VM at each point; creates it anew (the same data disk) when `up` asks."""
-        for number, point in enumerate(losses, 1):
+        """Loses the VM at each point (deleted, as a spot preemption with instance_termination_action DELETE, or
+        stopped: TERMINATED); creates it anew (the same data disk) when `up` asks."""
+        for number, (step, at, status) in enumerate(losses, 1):
+            point = (step, at)
             wait_for(lambda: lost_at(hosts[-1], point), 300, f"the run to reach {point}")
-            cloud.set_status(None)  # spot, instance_termination_action DELETE: the VM is gone
+            cloud.set_status(status)
             hosts[-1].vm.lose()
             wait_for(lambda: sum(call.startswith("up --refresh") for call in cloud.calls()) == number, 300,
                      "pulumi up")
@@ -175,13 +177,16 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
 
     assert pipeline.returncode == 0, out[-3000:] + err[-3000:]
     assert len(hosts) == len(losses) + 1
-    for number in range(1, len(losses) + 1):
-        assert (f"the VM is lost (DELETED); bringing it back ({number} of {len(losses)}): invoke up, provision, "
-                "then the same pipeline") in out
+    ups = [call for call in cloud.calls() if call.startswith("up --refresh")]
+    for number, (_, _, status) in enumerate(losses, 1):
+        assert (f"the VM is lost ({status or 'DELETED'}); bringing it back ({number} of {len(losses)}): invoke up, "
+                "provision, then the same pipeline") in out
+        assert (f"--replace {INSTANCE}" in ups[number - 1]) == (status == "TERMINATED")  # a stopped VM: replaced
+    assert (first.state / "known_hosts").read_text().split() == hosts[-1].vm.known_hosts_line.split()  # new key
     assert "convert: done (done before)" in out and "run durable is complete" in out
     timeline = [json.loads(line) for line in (first.state / "runs/durable/timeline.jsonl").read_text().splitlines()]
     assert [entry["event"] for entry in timeline] == ["lost", "resumed"] * len(losses)
-    for (step, number), resumed in zip(losses, timeline[1::2]):
+    for (step, number, _), resumed in zip(losses, timeline[1::2]):
         assert resumed["gone_s"] > 0
         if step == "train":  # resumed after the checkpoint it was lost at, or a later one; at most checkpointPeriod redone
             assert resumed["from_checkpoint"] >= number and 0 <= resumed["steps_redone"] <= 2
@@ -192,7 +197,7 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     assert [record["module"].rsplit(".", 1)[-1] for record in records] == modules_after
     trainings = sorted(job for job in host.vm.path("/mnt/disks/data/tpu-grpo/jobs").iterdir()
                        if job.name.endswith("-train"))
-    assert len(trainings) == 1 + sum(step == "train" for step, _ in losses)
+    assert len(trainings) == 1 + sum(step == "train" for step, _, _ in losses)
     if losses[-1][0] == "train":
         resumed_log = (trainings[-1] / "log").read_bytes()
         assert f"restored checkpoint {timeline[-1]['from_checkpoint']} from ".encode() in resumed_log

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 import yaml
@@ -165,8 +166,14 @@ def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_
     script = printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert "\n    num_batches=\"${NUM_BATCHES?}\" \\\n" in script  # a script, line for line
     assert "  - |\n" in dry.stdout  # shown as a block, as a person reads it
-    documents = list(yaml.safe_load_all(run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run").stdout))
+    text = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run").stdout
+    documents = list(yaml.safe_load_all(text))
     assert [d["metadata"]["labels"][jobset.STEP_LABEL] for d in documents] == ["convert", "train", "export"]
+    assert not re.search(r"[&*]id\d+", text)  # plain YAML: a value that repeats is written where it stands
+    as_json = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"run": "gsm8k-7", "steps": [
+        {"step": step, "jobset": document} for step, document in zip(("convert", "train", "export"), documents)]}
     assert len(kube.requests) == requests
 
 

@@ -121,6 +121,60 @@ def test_a_slice_needs_no_ssh_key_nor_vm_settings(stack_values, tmp_path):
     assert settings.machine_type == "ct6e-standard-4t" and settings.pending == ()
 
 
+def test_a_slice_stack_needs_only_what_a_slice_uses(stack_values):
+    """No boot disk size (default: the tutorial's 200 GB a host), data disk, SSH user, key or ranges."""
+    vm_only = ("tpu-grpo:bootDiskGb", "tpu-grpo:dataDiskGb", "tpu-grpo:sshUser", "tpu-grpo:sshPublicKeyPath",
+               "tpu-grpo:sshSourceRanges", "tpu-grpo:machineType")
+    values = {key: value for key, value in stack_values.items() if key not in vm_only}
+    settings, by_type, _ = declared(values)
+    assert settings.boot_disk_gb == 200 and settings.pending == ()
+    tpu = [pool for pool in by_type["gcp:container/nodePool:NodePool"] if pool.name == "tpu-grpo-np-0"]
+    assert tpu[0].inputs["nodeConfig"]["diskSizeGb"] == 200
+
+
+def test_a_slices_own_service_account_can_pull_the_image_and_run_gke_nodes(stack_values):
+    """A fresh account on every node: it reads the stack's image repository, holds GKE's node role (logging,
+    monitoring) and gets object access to the bucket the stack declares."""
+    account = "trainer@grpo-lab-123.iam.gserviceaccount.com"
+    _, by_type, _ = declared(stack_values, **{"tpu-grpo:serviceAccount": account})
+    member = f"serviceAccount:{account}"
+    [reader] = by_type["gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"]
+    assert reader.name == "tpu-grpo-images-reader" and reader.inputs == {
+        "repository": "tpu-grpo", "location": "us-east5", "project": "grpo-lab-123",
+        "role": "roles/artifactregistry.reader", "member": member}
+    [node] = by_type["gcp:projects/iAMMember:IAMMember"]
+    assert node.name == "tpu-grpo-node-role" and node.inputs == {
+        "project": "grpo-lab-123", "role": "roles/container.defaultNodeServiceAccount", "member": member}
+    [store] = by_type["gcp:storage/bucketIAMMember:BucketIAMMember"]
+    assert store.inputs == {"bucket": "grpo-lab-runs", "role": "roles/storage.objectAdmin", "member": member}
+    assert all(pool.inputs["nodeConfig"]["serviceAccount"] == account
+               for pool in by_type["gcp:container/nodePool:NodePool"])
+    _, default, _ = declared(stack_values)  # the default account has all of it through its project role
+    assert not {t for t in default if "IAMMember" in t or "IamMember" in t}
+
+
+@pytest.mark.parametrize("slice_values", [SLICE, {}], ids=["slice", "one-vm"])
+def test_plan_says_what_an_undeclared_bucket_must_grant_the_stacks_own_account(stack_dir, stack_values, home,
+                                                                               slice_values):
+    import yaml
+
+    account = "trainer@grpo-lab-123.iam.gserviceaccount.com"
+    values = {**stack_values, **slice_values, "tpu-grpo:checkpointStore": "gs://shared-runs/grpo",
+              "tpu-grpo:serviceAccount": account}
+    values.pop("tpu-grpo:bucket", None)
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)
+    assert plan["access"] == [
+        f"{account} needs roles/storage.objectAdmin on gs://shared-runs, which this stack does not declare: gcloud "
+        f"storage buckets add-iam-policy-binding gs://shared-runs --member=serviceAccount:{account} "
+        "--role=roles/storage.objectAdmin"]
+    text = invoke("plan", cwd=stack_dir, env=home).stdout
+    assert "access to grant: " in text and "gcloud storage buckets add-iam-policy-binding" in text
+    values["tpu-grpo:bucket"] = "true"  # declared here: the stack grants it itself
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    assert json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)["access"] == []
+
+
 @pytest.mark.parametrize("changes, key, problem", [
     ({"tpu-grpo:slice": "v6e-12"}, "tpu-grpo:slice", "is not a slice (v6e-8, the one VM, or v6e-16, v6e-32, "),
     ({"tpu-grpo:numSlices": "5"}, "tpu-grpo:numSlices", "is outside 1 to 4 slices"),
@@ -154,7 +208,8 @@ def test_plan_shows_the_node_pool_as_gcloud_and_the_slice_cost(stack_dir, stack_
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     command = plan["gcloud"]
-    assert command[:5] == ["gcloud", "container", "node-pools", "create", "tpu-grpo-np-0"]
+    # --host-maintenance-interval and --accelerator-network-profile are flags of gcloud's beta track (xpk runs it too)
+    assert command[:6] == ["gcloud", "beta", "container", "node-pools", "create", "tpu-grpo-np-0"]
     start = command.index("--host-maintenance-interval=AS_NEEDED") + 1
     assert command[start:start + len(flags)] == flags
     assert command[-3:] == ["--placement-type=COMPACT", "--tpu-topology=8x8", "--max-pods-per-node=15"]

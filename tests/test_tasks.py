@@ -155,8 +155,9 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     result = invoke("up", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
-    assert lines[:3] == ["whoami", "stack select --create dev", "stack output --json --stack dev"]
-    assert lines[3].startswith("up --refresh --stack dev --event-log /")  # a VM GCE deleted is made again
+    assert lines[:5] == ["whoami", "stack select --create dev", "stack output --json --stack dev",
+                         "refresh --yes --skip-preview --stack dev", "stack export --stack dev"]  # a stopped VM?
+    assert lines[5].startswith("up --refresh --stack dev --event-log /")  # a VM GCE deleted is made again
 
 
 def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):

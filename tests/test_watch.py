@@ -56,3 +56,17 @@ def test_a_last_line_without_newline_is_counted_once():
     events, lines, copy, _ = followed([text[:-5], text[-5:]])
     assert lines == text.count(b"\n") + 1 and copy == text
     assert events == followed([text])[0]
+
+
+@pytest.mark.parametrize("capacity", ["reservation", "spot", "flex-start", "on-demand"])
+def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
+    from tpu_grpo.capacity import CAPACITIES
+    from tpu_grpo.watch import print_status
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=400)
+    after = CAPACITIES[capacity].after_stop
+    print_status(console, "vm", [], None, {"idle_minutes": 60, "stops_at_earliest": 0, "after_stop": after})
+    shown = " ".join(console.file.getvalue().split())
+    billing = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
+    assert f"at the earliest; then {billing}" in shown
+    assert "the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM is never started" in shown

@@ -1,6 +1,6 @@
 """How the chips are obtained (`tpu-grpo:capacity`): one row per way, with its Compute Engine
-scheduling arguments, the equivalent gcloud flags, whether a stopped VM can be started again,
-its idle-stop and checkpoint-store defaults and its price. The Pulumi program, `invoke plan`, `invoke up` and the
+scheduling arguments, the equivalent gcloud flags, its idle-stop and checkpoint-store defaults,
+what a stopped VM still costs and its price. The Pulumi program, `invoke plan`, `invoke up` and the
 cost line all read this table.
 """
 
@@ -13,8 +13,17 @@ RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 #: The range of `tpu-grpo:maxRunHours`: flex-start VMs run for at most 7 days (Cloud TPU
 #: documentation, "Request Cloud TPUs using Flex-start": "for a duration of up to 7 days").
 MAX_RUN_HOURS = (1, 7 * 24)
-#: The date the prices below were read.
+#: The date the prices, zones and quotas below were read.
 PRICES_READ = "2026-12-04"
+#: Where Compute Engine offers v6e flex-start: Google's "Request Cloud TPUs using Flex-start" lists
+#: asia-northeast1-b and us-east5-a; SkyPilot's Compute Engine TPU code adds us-south1-ai1b
+#: (`_COMPUTE_TPU_FLEX_START_ZONES`, sky/clouds/gcp.py). The list grows: another zone is warned of, not refused.
+FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a", "us-south1-ai1b")
+#: Google's "Plan your Cloud TPU resources" and "Request Cloud TPUs using Flex-start": spot and flex-start draw on
+#: the project's preemptible TPU quota (64 v5e and v6e cores by default), on-demand VMs and reservations on the
+#: on-demand quota.
+PREEMPTIBLE_QUOTA = "the project's preemptible TPU quota (64 v6e cores by default; IAM & Admin > Quotas)"
+ON_DEMAND_QUOTA = "the project's on-demand TPU quota (IAM & Admin > Quotas)"
 
 
 @dataclass(frozen=True)
@@ -25,8 +34,6 @@ class Capacity:
     scheduling: dict = field(default_factory=dict)
     #: `reservation_affinity.type`, or None for no affinity block.
     affinity: str | None = None
-    #: Whether Compute Engine can start this VM again after it stopped (else: delete and create).
-    restartable: bool = True
     #: Minutes without a job or an SSH session before the VM powers itself off; 0: never.
     idle_stop_minutes: int = 60
     #: USD per v6e chip-hour, and where the figure comes from.
@@ -38,6 +45,30 @@ class Capacity:
     #: that outlives it, and is refused /dev/shm.
     checkpoint_store: str = "shm"
     shm_refused_because: str = ""
+    #: The quota a VM or node pool of this capacity draws on.
+    quota: str = ON_DEMAND_QUOTA
+    #: The zones that offer this capacity for v6e, where such a list exists (else any zone with v6e).
+    zones: tuple[str, ...] = ()
+
+    def zone_warning(self, zone: str) -> str | None:
+        """One line when `zone` is not known to offer this capacity, or None."""
+        if not self.zones or zone in self.zones:
+            return None
+        return (f"gcp:zone {zone} is not among the zones known to offer v6e {self.name} ({', '.join(self.zones)}: "
+                f"Google's Flex-start page and SkyPilot, read {PRICES_READ}); `pulumi up` may fail there with no "
+                "capacity; fix: pulumi config set gcp:zone ZONE, one of those")
+
+    @property
+    def after_stop(self) -> str:
+        """What an idle stop (or any stop) means for this capacity. No stopped TPU VM is started again,
+        whatever its capacity: SkyPilot refuses to stop Compute Engine TPU VMs ("TPU VMs cannot be stopped.
+        Delete them instead", sky/clouds/gcp.py), after Google's "Manage TPUs on Compute Engine"; the next
+        `invoke up` creates it anew around the same data disk."""
+        billing = ("the reservation is still billed, powered off or not" if self.billed_when_stopped
+                   else "the chips are no longer billed (the disks are, until `invoke down`)")
+        return (f"{billing}; the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM "
+                "is never started again), and `invoke provision` finds the caches, packages and kept conversion "
+                "there")
 
     def gcloud_flags(self, reservation: str | None, max_run_hours: int | None) -> list[str]:
         """This capacity's `gcloud compute instances create` flags, in the tutorial's order."""
@@ -105,7 +136,7 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     # The tutorial's: a VM bound to a (calendar-mode) reservation, deleted when it ends.
     Capacity("reservation", "RESERVATION_BOUND",
              {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
-             affinity="SPECIFIC_RESERVATION", restartable=True, idle_stop_minutes=0,
+             affinity="SPECIFIC_RESERVATION", idle_stop_minutes=0,
              usd_per_chip_hour=2.70, billed_when_stopped=True,
              price_source=f"{ON_DEMAND_SOURCE}; a reservation is billed at its own (committed-use) rate, "
                           "at most this, whether the VM runs or not"),
@@ -113,19 +144,21 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("spot", "SPOT",
              {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
               "instance_termination_action": "DELETE"},
-             restartable=False, usd_per_chip_hour=1.08, checkpoint_store="disk",
+             usd_per_chip_hour=1.08, checkpoint_store="disk",
              shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
+             quota=PREEMPTIBLE_QUOTA,
              price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
                           "documentation); 60% off the on-demand $2.70; the real price varies by region and day"),
     # Dynamic Workload Scheduler: runs at most max_run_duration, then is deleted.
     Capacity("flex-start", "FLEX_START",
              {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
-             affinity="NO_RESERVATION", restartable=False, usd_per_chip_hour=2.70, checkpoint_store="disk",
+             affinity="NO_RESERVATION", usd_per_chip_hour=1.35, checkpoint_store="disk",
              shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
                                  "whole run",
-             price_source=f"upper bound: flex-start is billed below on-demand, by a discount that varies; "
-                          f"{ON_DEMAND_SOURCE}"),
-    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, restartable=True,
-             usd_per_chip_hour=2.70, price_source=ON_DEMAND_SOURCE),
+             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES,
+             price_source=f"estimate: half the on-demand price, as SkyPilot prices Compute Engine TPU flex-start "
+                          f"(`_COMPUTE_TPU_FLEX_START_PRICE_FACTOR` 0.5, after Google's published Dynamic Workload "
+                          f"Scheduler price); {ON_DEMAND_SOURCE}"),
+    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, usd_per_chip_hour=2.70, price_source=ON_DEMAND_SOURCE),
 )}
 DEFAULT = "reservation"

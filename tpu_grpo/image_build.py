@@ -5,7 +5,7 @@ its daemon answers), else with Cloud Build.
 MaxText documents `build_maxtext_docker_image WORKFLOW=post-training` from a MaxText checkout; this
 image installs the same release the one VM's playbook does (playbooks/host.yml: uv, the pinned
 `maxtext_spec` with `--resolution=lowest`, then `install_tpu_post_train_extra_deps`), so both paths
-run the same MaxText, with JAX pinned to what the Pathways images are built for (tpu_grpo/images.py).
+run the same MaxText, with JAX pinned to what the Pathways images are built for (tpu_grpo/release.py).
 Once pushed, the image is recorded in a ConfigMap of the cluster, and a slice's jobs refuse to start
 until it names the image they run.
 """
@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tpu_grpo import images, playbook
+from tpu_grpo import images, playbook, release
 from tpu_grpo.errors import UserError
 from tpu_grpo.settings import Settings
 
@@ -37,8 +37,8 @@ def dockerfile() -> str:
         "&& rm -rf /var/lib/apt/lists/*",
         f"RUN pip install --no-cache-dir uv=={defaults['uv_version']}",
         "ENV VIRTUAL_ENV=/opt/maxtext_venv PATH=/opt/maxtext_venv/bin:$PATH PYTHONUNBUFFERED=1",
-        f"RUN uv venv $VIRTUAL_ENV && UV_TORCH_BACKEND=cpu uv pip install \"{defaults['maxtext_spec']}\" "
-        f"jax=={images.JAX_VERSION} jaxlib=={images.JAX_VERSION} --resolution=lowest",
+        f"RUN uv venv $VIRTUAL_ENV && UV_TORCH_BACKEND=cpu uv pip install \"{release.MAXTEXT_SPEC}\" "
+        f"jax=={release.JAX_VERSION} jaxlib=={release.JAX_VERSION} --resolution=lowest",
         "RUN install_tpu_post_train_extra_deps",
         "",
     ])

@@ -68,8 +68,8 @@ def pathways(name: str, step: str, run_name: str, image: str, script: str, shape
     bucket (xpk's default is Google's own staging bucket); no Kueue queue label and no priority class
     (the cluster has neither: tpu-grpo runs one workload at a time); the token from a Secret and
     ENABLE_PATHWAYS_PERSISTENCE=1 (MaxText's multi-host tutorial) in the user container's environment;
-    tpu-grpo's labels; and `script` as the command, without xpk's wrapper (bash runs it in the
-    foreground, so its exit code is the container's and SIGTERM reaches it)."""
+    tpu-grpo's labels; and `script` as the command, without xpk's wrapper around it (the script passes a
+    SIGTERM on to MaxText itself, as the wrapper does, and exits with MaxText's exit code: tpu_grpo/maxtext.py)."""
     head_env = _env(PATHWAYS_HEAD=_field(COORDINATOR), JAX_PLATFORMS="proxy", XCLOUD_ENVIRONMENT="GCP",
                     JAX_BACKEND_TARGET=f"grpc://$(PATHWAYS_HEAD):{PROXY_PORT}", ENABLE_PATHWAYS_PERSISTENCE="1",
                     HF_TOKEN=TOKEN_ENV)
@@ -175,11 +175,13 @@ def cpu(name: str, step: str, run_name: str, image: str, script: str) -> dict:
 
 
 def to_yaml(manifests: list[dict]) -> str:
-    """Manifests as `kubectl apply -f` takes them, a script shown as the block of lines it is."""
+    """Manifests as `kubectl apply -f` takes them, a script shown as the block of lines it is, and every value
+    written out where it stands (no `&id001` anchors and `*id001` aliases for values that repeat)."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data):
+            return True
 
     def text(dumper, value: str):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)

@@ -58,6 +58,21 @@ SLICE_EXPORT = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
 ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
                "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 #: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/jobset.py).
+#: The steps of a bucket's folder, listed with the Cloud Storage client that MaxText's tpu-post-train extra brings
+#: (google-cloud-storage), which `ls` cannot do; MaxText's paths hold `//`, which its objects' names do not.
+GCS_CHILDREN = ("python3 -c 'import sys; from google.cloud import storage; "
+                "bucket, _, prefix = sys.argv[1][len(\"gs://\"):].partition(\"/\"); "
+                "prefix = \"/\".join(part for part in prefix.split(\"/\") if part) + \"/\"; "
+                "found = storage.Client().list_blobs(bucket, prefix=prefix, delimiter=\"/\"); list(found); "
+                "print(*(name[len(prefix):].strip(\"/\") for name in found.prefixes), sep=chr(10))'")
+#: A slice's script is PID 1 of its container, which ignores a SIGTERM it has no handler for: a cancel, a
+#: preemption or a node drain would wait out the grace period, then SIGKILL MaxText. So it traps SIGTERM and
+#: passes it on to MaxText, run in the background, as xpk's wrapper does (`exec` would not help: MaxText as PID
+#: 1 ignores it just the same).
+FORWARD_TERM = "trap 'kill -TERM \"$child\" 2>/dev/null' TERM  # PID 1 of its pod: a cancel or preemption reaches MaxText"
+WAIT_CHILD = ['child=$!',
+              'while code=0; wait "$child" || code=$?; kill -0 "$child" 2>/dev/null; do :; done  # a TERM ends wait early',
+              '[ "$code" = 0 ] || exit "$code"']
 POD_TOKEN_CHECK = ('[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
                    'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }')
 
@@ -320,8 +335,9 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
             continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
-        lines.append('newest=$( (ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" | grep -E \'^[0-9]+$\' '
-                     "| sort -n | tail -1) 2>/dev/null || true)")
+        lister = GCS_CHILDREN if run.store.name == "gs" else "ls -1"
+        lines.append(f'newest=$( ({lister} "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" '
+                     "| grep -E '^[0-9]+$' | sort -n | tail -1) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
@@ -329,7 +345,10 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
         before = [f"hf_model_path={downloaded_model(run)}",
                   '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
         arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
-    lines += [*before, f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments), *after]
+    command = [f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments)]
+    if in_slice:
+        command = [FORWARD_TERM, *command[:-1], command[-1] + " &", *WAIT_CHILD]
+    lines += [*before, *command, *after]
     return "\n".join(lines) + "\n"
 
 

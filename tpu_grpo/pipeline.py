@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, gcs, host_paths, hosts, jobs, maxtext, settings, stores
+from tpu_grpo import artifacts, gcs, host_paths, hosts, jobs, maxtext, release, settings, stores
 from tpu_grpo.errors import UserError
 
 PIPELINE = ("convert", "train", "export", "save")
@@ -201,7 +201,7 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
            f'or check the machine type"') if check_tpu else ""
     return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
 version=$({venv}/bin/python -c "import importlib.metadata as m; print(m.version('maxtext'))" 2>/dev/null || echo none)
-[ "$version" = 0.2.3 ] || echo "fail: MaxText in {venv} is $version, not 0.2.3; fix: uv run invoke provision"
+[ "$version" = {release.MAXTEXT_VERSION} ] || echo "fail: MaxText in {venv} is $version, not {release.MAXTEXT_VERSION}; fix: uv run invoke provision"
 [ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
 free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
 [ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"

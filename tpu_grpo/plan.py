@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -35,6 +36,7 @@ class Cost:
     usd_per_hour: float
     usd_per_tutorial_run: float
     price_source: str
+    quota: str
     note: str
 
 
@@ -42,7 +44,9 @@ class Cost:
 class Plan:
     stack: str
     pending: list[str]
+    warnings: list[str]
     replaces: list[str]
+    access: list[str]
     resources: list[dict[str, Any]]
     outputs: dict[str, Any]
     gcloud: list[str]
@@ -57,6 +61,7 @@ class Plan:
 def build(stack: str | None = None) -> Plan:
     """Run the program offline on the stack file; placeholders become `pending`, not errors."""
     from infra import offline
+    from infra.common import access_to_grant
     from infra.tpu_host import gcloud_create_command
     from infra.tpu_slice import gcloud_node_pool_command
     from tpu_grpo import stack as stack_module
@@ -68,7 +73,9 @@ def build(stack: str | None = None) -> Plan:
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
+        warnings=settings.warnings,
         replaces=stack_module.replacements(settings),
+        access=access_to_grant(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(settings_module.PROJECT)],
         outputs=outputs,
@@ -82,6 +89,7 @@ def build(stack: str | None = None) -> Plan:
             usd_per_hour=settings.usd_per_hour,
             usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
+            quota=obtained.quota,
             note=cost_note(settings),
         ),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
@@ -97,13 +105,16 @@ def cost_note(settings) -> str:
                 "its TPU node pools hold their hosts, training or not, until `invoke down`")
         return (f"Billed while {when}; the price includes the CPU host (${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's "
                 f"cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
-    if settings.obtained.billed_when_stopped:
-        return ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
-                "whether or not the VM runs, until the reservation ends.")
+    obtained = settings.obtained
+    if obtained.billed_when_stopped:
+        when = ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
+                "whether or not the VM runs, until the reservation ends")
+    else:
+        when = "Billed while the VM runs, training or not"
     idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or an SSH session "
             "(tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
             "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
-    return f"Billed while the VM runs, training or not: {idle}. Its disks are billed until `invoke down`."
+    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}."
 
 
 def job_scripts(stack: str) -> list[dict[str, str]]:
@@ -148,6 +159,10 @@ def render(plan: Plan, console: Console) -> None:
     console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
     for line in plan.replaces:
         console.print(f"[bold red]replaces:[/] {line}")
+    for line in plan.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}")
+    for line in plan.access:
+        console.print(f"[bold yellow]access to grant:[/] {escape(line)}")
     if plan.pending:
         console.print(Panel(
             "\n".join(f"[red]✗[/] {line}" for line in plan.pending),
@@ -192,5 +207,6 @@ def render(plan: Plan, console: Console) -> None:
         f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
         f"${cost.usd_per_tutorial_run:.2f}",
         cost.note,
+        f"quota: {cost.quota}",
         f"[dim]price: {cost.price_source}[/]",
     ), title="Cost", title_align="left"))

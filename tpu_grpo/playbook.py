@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo import host_paths, maxtext, settings
+from tpu_grpo import host_paths, maxtext, release, settings
 from tpu_grpo.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
@@ -24,6 +24,9 @@ VAR_KEYS = {"default", "help", "pattern", "choices"}
 PLAYBOOK_KEYS = {"prelude", "vars", "steps"}
 #: Set by the engine, not by `--var`: `--locked` and its lock, and the host paths the jobs use.
 BUILTINS = {"locked": False, "lock_requirements": "", **host_paths.playbook_values()}
+#: Defaults the engine gives, which the playbook declares with `default: ~`: the MaxText release
+#: (tpu_grpo/release.py), so the VM, the slice's image and the preflight cannot disagree.
+RELEASE_DEFAULTS = {"maxtext_spec": release.MAXTEXT_SPEC}
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}")
 _CONDITION = re.compile(r"^(?:(?P<negate>not\s+)?(?P<flag>[A-Za-z_]\w*)|(?P<name>[A-Za-z_]\w*)\s*==\s*(?P<value>\S+))$")
 
@@ -129,7 +132,13 @@ def load(path: Path | None = None) -> Playbook:
         _unknown_keys(spec, VAR_KEYS, f"{book.where(spec['__line__'])}: variable '{name}'")
         if name in BUILTINS:
             raise PlaybookError(f"{book.where(spec['__line__'])}: variable '{name}' is set by the engine; fix: rename it")
-        var = Var(name, spec["default"], spec.get("help", ""), spec.get("pattern"), tuple(spec.get("choices") or ()))
+        default = spec["default"]
+        if name in RELEASE_DEFAULTS:
+            if default is not None:
+                raise PlaybookError(f"{book.where(spec['__line__'])}: variable '{name}' takes its default from "
+                                    "tpu_grpo/release.py; fix: default: ~")
+            default = RELEASE_DEFAULTS[name]
+        var = Var(name, default, spec.get("help", ""), spec.get("pattern"), tuple(spec.get("choices") or ()))
         if isinstance(var.default, str):
             var.validate(var.default, f"{book.where(spec['__line__'])}: default")
         variables[name] = var
@@ -234,6 +243,11 @@ def resolve(book: Playbook, overrides: list[str] | None = None, lock=None,
             raise PlaybookError(f"--var {item!r}: {'unknown variable' if equals else 'not KEY=VALUE'}"
                                 f"{' ' + repr(name) if equals else ''}; fix: one of {known}")
         values[name] = book.vars[name].coerce(text, f"--var {name}")
+        pinned = release.other_maxtext(text) if name in RELEASE_DEFAULTS else None
+        if pinned:
+            raise PlaybookError(f"--var {item!r} pins MaxText {pinned}, but tpu-grpo runs MaxText "
+                                f"{release.MAXTEXT_VERSION} (its command lines, the slice's image and the preflight: "
+                                "tpu_grpo/release.py); fix: remove this --var")
     return values
 
 

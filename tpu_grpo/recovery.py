@@ -5,7 +5,7 @@ refresh of the stack: it reads the VM from the Compute Engine API with the crede
 resource identity `pulumi up` already uses, and tells a deleted VM (gone from the state) from a
 stopped one, with no second client library or credential path on the laptop. A VM that still
 runs is a network problem, left to the follow's own reconnection; a stopped, preempted or deleted
-one is brought back (`invoke up`: started again, or created anew around the same data disk),
+one is brought back (`invoke up`: created anew around the same data disk, never started again),
 provisioned (fast: the caches are on the data disk), and the same pipeline runs again, which
 skips the steps done and lets MaxText resume training after its newest checkpoint.
 
@@ -78,11 +78,11 @@ def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int
 
 
 def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
-               bring_back: Callable[[bool], tuple[int | None, int | None]], recover: int, timeline: Timeline,
+               bring_back: Callable[[], tuple[int | None, int | None]], recover: int, timeline: Timeline,
                say: Callable[[str], None]):
     """Run `attempt` (the pipeline) until it finishes, bringing the VM back up to `recover` times
     after it was lost. Anything else (a failed step, bad input, a VM that runs but does not answer)
-    ends it as without --recover. `bring_back(recreated)` returns where the training stands."""
+    ends it as without --recover. `bring_back()` returns where the training stands."""
     losses = 0
     while True:
         try:
@@ -98,7 +98,7 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
             timeline.add("lost", state=state, error=str(error))
             say(f"the VM is lost ({state}); bringing it back ({losses} of {recover}): invoke up, provision, then "
                 "the same pipeline")
-            newest, printed = bring_back(state == "DELETED" or not chosen.obtained.restartable)
+            newest, printed = bring_back()
             redone = printed - newest if newest is not None and printed is not None and printed > newest else 0
             entry = timeline.add("resumed", gone_s=round(time.time() - lost_at, 1), from_checkpoint=newest,
                                  last_step_before=printed, steps_redone=redone)
@@ -107,15 +107,15 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
 
 
 def bring_back(chosen: settings_module.Settings, provision: Callable[[], None],
-               targets: Callable[[], list[hosts.Host]], recreated: bool, stdout=None) -> None:
-    """`invoke up`, then provisioning; a VM created anew has a new host key, so the old one of each
-    of its `targets` is forgotten first (the next connection records the new one and says so)."""
+               targets: Callable[[], list[hosts.Host]], stdout=None) -> None:
+    """`invoke up`, then provisioning. The VM is always new (deleted, or stopped and replaced), with a new
+    host key, so the old one of each of its `targets` is forgotten first (the next connection records the
+    new one and says so)."""
     code, meanings = stack.up(chosen, say=lambda line: None, stdout=stdout)
     if code != 0:
         raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
                             + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "
                             "run the same pipeline again")
-    if recreated:
-        for target in targets():
-            hosts.forget_host_key(target)
+    for target in targets():
+        hosts.forget_host_key(target)
     provision()

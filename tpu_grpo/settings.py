@@ -137,7 +137,8 @@ KEYS: tuple[Key, ...] = (
         "(default 50 on shm, 10 on disk)", "10", required=False),
     Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
         "on shm, 2 on disk)", "2", required=False),
-    Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB (at least {MIN_BOOT_DISK_GB})", "200"),
+    Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB of the VM, or of each slice host (at least and by "
+        f"default {MIN_BOOT_DISK_GB}, the tutorial's)", "200", required=False),
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
         vm_only=True),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
@@ -231,6 +232,12 @@ class Settings:
     def obtained(self) -> Capacity:
         """The capacity row: how the chips are obtained, billed and restarted."""
         return CAPACITIES[self.capacity]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What is allowed but likely to fail: said by `invoke settings`, `plan` and `up`, never refused."""
+        warning = self.obtained.zone_warning(self.zone)
+        return [warning] if warning else []
 
     @property
     def store(self) -> Store:
@@ -503,6 +510,8 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                             "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
     _check_capacity(values)
     _check_slice(values)
+    if values["bootDiskGb"] is None:
+        values["bootDiskGb"] = MIN_BOOT_DISK_GB
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
                             KEY[f"{PROJECT}:network"].set_command())

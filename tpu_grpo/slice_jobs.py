@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from rich.console import Console
 
-from tpu_grpo import images, jobset, maxtext, watch
+from tpu_grpo import images, jobset, maxtext, release, watch
 from tpu_grpo.errors import INTERRUPTED
 from tpu_grpo.kube import Cluster, ClusterError
 from tpu_grpo.settings import Settings
@@ -67,7 +67,7 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
         for container in _container_statuses(pod):
             waiting = container.get("state", {}).get("waiting") or {}
             if waiting.get("reason") in PULL_ERRORS:
-                fix = ("uv run invoke image" if container.get("image", "").endswith(f":{images.MAXTEXT_VERSION}")
+                fix = ("uv run invoke image" if container.get("image", "").endswith(f":{release.MAXTEXT_VERSION}")
                        else "check the image's tag and the nodes' access to its registry")
                 return (f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
                         f"{waiting.get('message', '').strip()}); fix: {fix}")

@@ -19,11 +19,13 @@ from tpu_grpo.kube import AUTH_PLUGIN
 from tpu_grpo.settings import Settings, project_root
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"
-#: Compute Engine states of a VM that is not running and must be started (or, if its capacity
-#: cannot be restarted, created again).
+#: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
+#: again (tpu_grpo/capacity.py, `after_stop`).
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
-#: What a settings change replaces (stack output -> what it is called): the one VM, or a slice's node pools.
-REPLACING = {"machine_type": "machine type", "zone": "zone", "capacity": "capacity"}
+#: What a settings change replaces (stack output -> what it is called): the one VM (what Compute Engine
+#: changes only on a stopped VM: infra/tpu_host.py, REPLACED_ON_CHANGES), or a slice's node pools.
+REPLACING = {"machine_type": "machine type", "zone": "zone", "capacity": "capacity", "max_run_hours": "maxRunHours",
+             "service_account": "service account"}
 REPLACING_POOLS = {"slice": "slice", "zone": "zone", "capacity": "capacity"}
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
@@ -136,19 +138,20 @@ def replacements(settings: Settings) -> list[str]:
     (nothing made yet, no CLI)."""
     before = outputs(settings.stack)
     now = {"machine_type": settings.machine_type, "slice": settings.slice, "zone": settings.zone,
-           "capacity": settings.capacity}
+           "capacity": settings.capacity, "max_run_hours": settings.max_run_hours,
+           "service_account": settings.service_account}
     keys, effect = ((REPLACING_POOLS, "new TPU node pools, and for a zone a new cluster (a running job stops); the "
                                       "runs stay in the bucket") if settings.tpu_slice else
                     (REPLACING, "a new VM and boot disk (provisioning again, /dev/shm emptied); the data disk stays"))
-    return [f"{what} {before[key]} -> {now[key]}: {effect}" for key, what in keys.items()
-            if before.get(key) not in (None, now[key])]
+    return [f"{what} {before[key] or '(default)'} -> {now[key] or '(default)'}: {effect}" for key, what in keys.items()
+            if key in before and before[key] != now[key]]
 
 
 def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
     """Select (or create) the stack and run `pulumi up --refresh` on it, attached to this terminal: the
     refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
-    ended) and creates it again, and `desired_status` starts a stopped on-demand one. A stopped VM whose
-    capacity cannot start it again (spot, flex-start) is replaced instead.
+    ended) and creates it again. A stopped VM (an idle stop, a preemption) is replaced: no TPU VM is
+    started again, whatever its capacity.
 
     Returns the exit code and, when it failed, what the known errors in it mean. The CLI's output goes
     to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
@@ -160,12 +163,12 @@ def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
     for line in replacements(settings):
         say(f"replaces: {line}")
     replace: list[str] = []
-    if not settings.obtained.restartable:
+    if not settings.tpu_slice:
         subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack], stdout=stdout)
         found = instance_state(stack)
         if found and found[1] in STOPPED:
-            say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted) and cannot be started "
-                "again: creating it anew around the same data disk")
+            say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
+                "started again: creating it anew around the same data disk")
             replace = ["--replace", found[0]]
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"

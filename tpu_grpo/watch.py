@@ -134,15 +134,15 @@ def progress_of(connection, found: list[jobs.Job]) -> dict | None:
     return {"job": job.id, "run": job.run, **tracker.summary()}
 
 
-def idle_stop(connection) -> dict | None:
-    """When the VM powers itself off (its idle-stop timer), or None when it never does. This very
-    session counts as activity, so the earliest is the idle time from now."""
+def idle_stop(connection, after_stop: str | None = None) -> dict | None:
+    """When the VM powers itself off (its idle-stop timer), and what that means for its capacity (`after_stop`),
+    or None when it never does. This very session counts as activity, so the earliest is the idle time from now."""
     result = hosts.run_script(connection, f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
     values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and line[0] != "#")
     minutes = int(values.get("IDLE_MINUTES") or 0)
     if not minutes:
         return None
-    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
+    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60, "after_stop": after_stop}
 
 
 def duration(seconds: float) -> str:
@@ -158,7 +158,8 @@ def print_status(console: Console, host: str, found: list[jobs.Job], progress: d
     if idle:
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
         console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
-                      f"and its last SSH session closes (this one too): at {at} UTC at the earliest")
+                      f"and its last SSH session closes (this one too): at {at} UTC at the earliest"
+                      + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
     if not found:

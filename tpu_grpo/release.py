@@ -1,0 +1,26 @@
+"""The MaxText release tpu-grpo runs, in one place: the one VM's playbook installs its spec, the slice's image
+is built from that spec and tagged with its version, and the pipeline's preflight refuses a host with another.
+
+Pathways' server and proxy must speak the JAX version of the trainer that connects to them: MaxText 0.2.3's
+tpu-post-train extra asks for jax>=0.10.1, so the image pins JAX_VERSION and the Pathways images are the ones
+built for it (the tag MaxText's own RL workflows use with 0.10.1).
+"""
+
+from __future__ import annotations
+
+import re
+
+MAXTEXT_VERSION = "0.2.3"
+MAXTEXT_SPEC = f"maxtext[tpu-post-train]=={MAXTEXT_VERSION}"
+JAX_VERSION = "0.10.1"
+PATHWAYS_TAG = f"20260623-jax_{JAX_VERSION}"
+_SPEC = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==(?P<version>\S+)")
+
+
+def other_maxtext(spec: str) -> str | None:
+    """The version a requirement pins MaxText to when it is not this release's, else None. A requirement of
+    another distribution (a wheel of your own standing in for MaxText) is taken as it is."""
+    match = _SPEC.fullmatch(spec)
+    if not match or re.sub(r"[-_.]+", "-", match["name"]).lower() != "maxtext":
+        return None
+    return None if match["version"] == MAXTEXT_VERSION else match["version"]
