@@ -8,8 +8,10 @@ tasks that need them, so `invoke --list` stays instant.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from invoke import Exit
@@ -109,7 +111,8 @@ def settings(c, stack=None, json_=False):
     table.columns[0].no_wrap = True
     for key in settings_module.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
         value = values.get(key.name)
-        table.add_row(key.name, escape("(unset)" if value is None else str(value)), escape(key.help))
+        table.add_row(key.name, escape(str(value) if value is not None else chosen.default_shown(key)),
+                      escape(key.help))
     console = _console()
     console.print(table)
     for pending in chosen.pending:
@@ -355,8 +358,10 @@ def export(c, run_name=None, step=None, host=None, identity=None, stack=None, se
     with one_line_errors():
         run = _step_run("export", stack, run_name=run_name, set_=set_, export_step=step, host=host,
                         identity=identity, wait=wait)
-    if dry_run and run_name is None:
-        print("# run name: the newest trained run on the host, known once connected")
+    if dry_run and run_name is None:  # which run is known only once the host (or the cluster) is asked
+        where = "on the cluster" if _slice_stack(stack, host) else "on the host"
+        run = replace(run, run_name="NEWEST")
+        print(f"# run name NEWEST: the newest trained run {where}, known once connected")
     _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
@@ -368,7 +373,10 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
 
     run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
     need = pipeline.parse_need_gb(need_gb, run)
-    recoveries = maxtext.check_count("--recover", recover, minimum=0) if recover is not None else 0
+    recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
+    if recoveries and _slice_stack(stack, flags.get("host")):
+        raise maxtext.CommandError("--recover brings a lost VM back; a slice's JobSet restarts its own pods (its "
+                                   "failure policy); fix: run without --recover")
     if var and not recoveries:
         raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
                                    "--recover N, or provision with uv run invoke provision --var ...")
@@ -417,7 +425,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                                                         host=host, identity=identity, wait=wait)
     chosen = _slice_stack(stack, host)
     if chosen:
-        _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_)
+        _pipeline_on_slice(chosen, run, dry_run, verbose, json_)
         return
     if dry_run:
         save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
@@ -472,12 +480,9 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
 
 
-def _pipeline_on_slice(chosen, run, dry_run, verbose, recoveries, json_):
+def _pipeline_on_slice(chosen, run, dry_run, verbose, json_):
     from tpu_grpo import jobset, maxtext, slice_jobs
 
-    if recoveries:
-        raise Exit("error: --recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure "
-                   "policy); fix: run without --recover", code=2)
     if dry_run:
         manifests = [slice_jobs.manifest(chosen, run, step) for step in maxtext.STEPS]
         if json_:
@@ -554,8 +559,10 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))
 def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
-    """Stop a job: its whole process group, then free the TPU (/dev/vfio holders, /tmp/libtpu_lockfile); on a
-    slice, delete its JobSet with its pods."""
+    """Stop a job and free the TPU; on a slice, delete its JobSet.
+
+    On the VM: the job's whole process group, then whatever holds /dev/vfio and /tmp/libtpu_lockfile. On a
+    slice: the JobSet with its pods."""
     from tpu_grpo import jobs, slice_jobs
 
     chosen = _slice_stack(stack, host)
@@ -692,7 +699,7 @@ def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, f
     if run is not None:
         maxtext.check_run_name(run, "--run")
     number = str(port if port is not None else 6006)
-    if not number.isdigit() or not 1 <= int(number) <= 65535:
+    if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
         raise maxtext.CommandError(f"--port {port!r} is not a TCP port; fix: e.g. --port 6006")
     try:
         seconds = float(every if every is not None else 5)
@@ -748,8 +755,10 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
-    """Where the VM's hours went since it booted: each phase (provisioning, download, jobs, training steps, evals,
-    saves, fetches, idle), the paid time and its training share; a table and .tpu-grpo/timeline.png."""
+    """Where the VM's hours went since it booted: a table and a chart.
+
+    Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
+    its training share; the chart is .tpu-grpo/timeline.png."""
     from tpu_grpo import timeline as timeline_module
 
     with one_line_errors():
@@ -795,14 +804,23 @@ def image(c, stack=None, builder="auto", dry_run=False):
     print(f"pushed {pushed}; the slice's jobs run it")
 
 
-@task(iterable=["host"], check=_check_hosts, help=_help(
+def _check_down(**flags):
+    from tpu_grpo import stack as stack_module
+
+    _check_hosts(**flags)
+    stack_module.require_cli()  # before any connection: without it, the destroy cannot happen
+
+
+@task(iterable=["host"], check=_check_down, help=_help(
     *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
 def down(c, force=False, stack=None, host=None, identity=None, wait=None):
-    """`pulumi destroy` the VM and its disks, refused while a trained model is not yet on this laptop. A slice's
-    runs are in its bucket, which the destroy keeps."""
+    """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
+
+    The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
     from tpu_grpo import results, stack as stack_module
 
     with one_line_errors():
+        stack_module.require_cli()
         chosen = settings_module.load(stack, lenient=True)
         if not force and not chosen.tpu_slice:
             unsaved = results.unfetched(_session(host, identity, stack, wait))
@@ -810,5 +828,4 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None):
                 lines = "\n".join(f"  - {line}" for line in unsaved)
                 raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
                            f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
-        stack_module.require_cli()
     _exit_on_failure(stack_module.destroy(chosen.stack))

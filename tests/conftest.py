@@ -28,25 +28,45 @@ TUTORIAL = DATA / "tutorial.md"
 #: A test using one, directly or through another fixture, is part of it; so is a test marked
 #: `needs_root` (it runs something as root on this machine itself).
 HOST_TIER_FIXTURES = {"make_host", "throwaway_host"}
-HOST_TIER_COMMAND = "sudo uv run pytest"
+HOST_TIER_COMMAND = "sudo tests/run"
+
+
+def missing_host_packages() -> list[str]:
+    """The Debian packages of tests/host-packages.txt whose command is not on this machine."""
+    rows = [line.split() for line in (ROOT / "tests/host-packages.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return [package for package, command in rows if not shutil.which(command, path=path)]
+
+
+def host_tier_missing() -> str | None:
+    """Why the host tier cannot run here, in one line with the command that fixes it, or None."""
+    if os.geteuid() != 0:
+        return (f"the host tier (real SSH hosts, with users, sudo, mounts and namespaces) needs root; run it with: "
+                f"{HOST_TIER_COMMAND}")
+    missing = missing_host_packages()
+    if missing:
+        return (f"the host tier needs the Debian packages {', '.join(missing)}; install them: "
+                "tests/install-host-packages (or run the tests with tests/run)")
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
-    """As a non-root user, run the unit tier and skip the host tier (it needs root)."""
-    if os.geteuid() == 0:
+    """Without root, or without the host tier's Debian packages, run the unit tier and skip the host tier."""
+    why = host_tier_missing()
+    if why is None:
         return
-    skip = pytest.mark.skip(reason=f"the host tier needs root: {HOST_TIER_COMMAND}")
+    skip = pytest.mark.skip(reason=why)
     for item in items:
         if HOST_TIER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("needs_root"):
             item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if os.geteuid() != 0:
+    why = host_tier_missing()
+    if why:
         skipped = len(terminalreporter.stats.get("skipped", []))
-        terminalreporter.write_line(f"ran the unit tier only: the host tier ({skipped} skipped: real SSH hosts, "
-                                    f"with users, sudo, mounts and namespaces) needs root; run it with: "
-                                    f"{HOST_TIER_COMMAND}")
+        terminalreporter.write_line(f"ran the unit tier only ({skipped} skipped): {why}")
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +131,7 @@ def machine_unchanged():
     """After the whole suite, the machine that ran it has the same packages, users, /etc, /usr/local
     and mounts as before: everything the tests provisioned went to their throwaway hosts. (As a
     non-root user nothing here can change the machine, and the host tier does not run.)"""
-    if os.geteuid() != 0:
+    if host_tier_missing():
         yield
         return
     rootfs.base_root()  # built (or found) before the snapshot: it lives in its cache folder

@@ -80,6 +80,9 @@ class Scenario:
     unschedulable: str | None = None
     pull_error: str | None = None  # the container whose image cannot be pulled
     line_delay: float = 0.0
+    #: A failed JobSet's pods are gone with their statuses (a node preempted, deleted by the failure policy):
+    #: nothing says what the script exited with.
+    pods_gone: bool = False
 
 
 class KubeAPI:
@@ -159,6 +162,10 @@ class KubeAPI:
                                             "message": "jobset failed due to one or more job failures"})
             jobset["status"] = {"conditions": [{**condition, "status": "True", "lastTransitionTime": now()}],
                                 "terminalState": condition["type"], "restarts": 0}
+            if code and self.scenario.pods_gone:
+                for pod_name in [pod_name for pod_name, pod in self.pods.items()
+                                 if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name]:
+                    del self.pods[pod_name]
 
     def _pod(self, jobset: str, replicated_job: str, index: int) -> dict:
         template = next(job for job in self.jobsets[jobset]["spec"]["replicatedJobs"] if job["name"] == replicated_job)

@@ -97,11 +97,26 @@ def test_a_wrong_capacity_setting_is_one_line_before_anything_is_declared(stack_
     assert problem in str(raised.value) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("changes, minutes", [({}, 0), (SPOT, 60), (FLEX, 60), (ON_DEMAND, 60),
-                                              ({**SPOT, "tpu-grpo:idleStopMinutes": "15"}, 15)])
+@pytest.mark.parametrize("changes, minutes", [
+    ({}, 0), (SPOT, 60), (FLEX, 60), (ON_DEMAND, 60), ({**SPOT, "tpu-grpo:idleStopMinutes": "15"}, 15),
+    ({**SPOT, "tpu-grpo:idleStopMinutes": "0"}, 0), ({**FLEX, "tpu-grpo:idleStopMinutes": "0"}, 0),
+    ({**ON_DEMAND, "tpu-grpo:idleStopMinutes": "0"}, 0)])
 def test_idle_stop_defaults_follow_the_capacity(stack_values, changes, minutes):
+    """0 means never, on every capacity: the provisioning removes the timer rather than installing one."""
+    from tpu_grpo import playbook
+
     settings, _, _ = instance(stack_values, **changes)
     assert settings.idle_stop_minutes == minutes
+    book = playbook.load()
+    values = playbook.resolve(book, stack=playbook.stack_values(settings))
+    applied = {step.name for step in book.steps if playbook.applies(step, values)}
+    assert ("idle stop" in applied, "no idle stop" in applied) == (minutes > 0, minutes == 0)
+
+
+@pytest.mark.parametrize("hours", ["1", "168"])
+def test_flex_start_takes_one_hour_to_seven_days(stack_values, hours):
+    _, vm, _ = instance(stack_values, **{**FLEX, "tpu-grpo:maxRunHours": hours})
+    assert vm["scheduling"]["maxRunDuration"] == {"seconds": int(hours) * 3600}
 
 
 def test_a_newer_image_never_replaces_the_vm(stack_values):

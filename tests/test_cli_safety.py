@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -251,6 +253,24 @@ BAD_SETTINGS = [  # (key, value) written into a stack file of its own; the messa
     ("tpu-grpo:lazyLoadTensors", "2"), ("tpu-grpo:machinetype", "ct6e-standard-8t"),
     ("tpu-grpo:serviceAccount", "not-an-email"), ("tpu-grpo:subnetwork", "sub"),
     ("tpu-grpo:allowSshFromAnywhere", "sometimes"),
+    # a value of the wrong YAML type; the Pulumi CLI's text for a boolean is true or false only
+    ("tpu-grpo:slice", ["v6e-16"]), ("tpu-grpo:labels", ["team"]), ("tpu-grpo:usePathways", "no"),
+    ("tpu-grpo:bucket", "yes"),
+    # what Cloud Storage refuses, or a folder that is not the one it names
+    ("tpu-grpo:checkpointStore", "gs://my-bucket/../other"), ("tpu-grpo:checkpointStore", "gs://my-bucket/./x"),
+    ("tpu-grpo:checkpointStore", "gs://goog-bucket"), ("tpu-grpo:checkpointStore", "gs://192.168.5.4"),
+    ("tpu-grpo:checkpointStore", "gs://my-google-runs"),
+    ("tpu-grpo:maxRunHours", "1e3"), ("tpu-grpo:idleStopMinutes", "٣"),
+]
+#: Stack files that are not what a stack file is, as a user may write them: (name, bytes, what the line names).
+RAW_STACK_FILES = [
+    ("list", b"- a\n", "Pulumi.list.yaml"), ("scalar", b"hello\n", "Pulumi.scalar.yaml"),
+    ("number-key", b"config:\n  123: x\n", "'123'"), ("null-key", b"config:\n  ~: x\n", "'~'"),
+    ("bare-key", b"config:\n  zone: us-east5-b\n", "'zone'"),
+    ("latin1", b"config:\n  gcp:zone: us-east5-b # caf\xe9\n", "UTF-8"),
+    ("twice", b"config:\n  gcp:zone: us-east5-b\n  gcp:zone: us-east5-a\n", "twice"),
+    ("unquoted-no", b"tpu-grpo:usePathways: no", "usePathways"),  # the key alone: with the valid rest
+    ("unquoted-list", b"tpu-grpo:slice: [v6e-16]", "slice"),
 ]
 SETTINGS_TASKS = ("settings", "up", "plan", "pipeline --dry-run", "provision", "down")
 
@@ -303,7 +323,26 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
         (("up", "provision", "pipeline", "--batches", "0"), "'0'"),
         (("plan", "pipeline", "--set", "deploy:x=1"), "'deploy:x=1'"),
         (("provision", *host, "train", "--run-name", "x.partial"), "'x.partial'"),
+        # stack names as Pulumi takes them; numbers in ASCII digits, bounded where they mean something
+        (("settings", "--stack", ""), "''"), (("plan", "--stack", "../../etc/passwd"), "'../../etc/passwd'"),
+        (("settings", "--stack", "ünï"), "'ünï'"), (("tensorboard", "--port", "²", *host), "'²'"),
+        (("tensorboard", "--port", "٣", *host), "'٣'"),
+        (("train", "--dry-run", "--set", "rl.num_iterations=²"), "'rl.num_iterations=²'"),
+        (("train", "--dry-run", "--set", "rl.num_iterations=٣"), "'rl.num_iterations=٣'"),
+        (("train", "--batches", "99999999999999999999", *host), "'99999999999999999999'"),
+        (("pipeline", "--batches", "٣", *host), "'٣'"), (("export", "--step", "100001", *host), "'100001'"),
+        (("pipeline", "--recover", "1000", *host), "'1000'"), (("fetch", "--to", "", *host), "--to ''"),
+        (("provision", "--var", "idle_stop_minutes=-3", *host), "is negative"),
+        (("provision", "--var", "idle_stop_minutes=٣", *host), "'٣'"),
+        (("timeline", "--wait", "-5", *host), "is negative"),
+        # Invoke's own parse errors, in the project's words and exit code
+        (("train", "--bogus"), "--bogus"), (("train", "-x"), "-x"), (("train", "--batches"), "--batches"),
+        (("nosuchtask",), "'nosuchtask'"), (("train", "--batches", "3", "--batches", "4"), "'4'"),
+        # refusals that must come first: no Pulumi CLI here (down), a slice takes no --recover
+        (("down", *host), "pulumi"), (("pipeline", "--recover", "1", "--dry-run", "--stack", "slice"), "--recover"),
     ]
+    for name, _, named in RAW_STACK_FILES:
+        cases.append((("settings", "--stack", name), named))
     for number, (key, _) in enumerate(BAD_SETTINGS):
         task = SETTINGS_TASKS[number % len(SETTINGS_TASKS)].split()
         cases.append(((*task, "--stack", f"bad{number}"), key.split(":")[1]))
@@ -319,6 +358,15 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
     for number, (key, value) in enumerate(BAD_SETTINGS):
         (stack_dir / f"Pulumi.bad{number}.yaml").write_text(yaml.safe_dump({"config": {**stack_values, key: value}}))
     (stack_dir / "Pulumi.broken.yaml").write_text("config:\n  gcp:zone: [unclosed\n")
+    for name, data, _ in RAW_STACK_FILES:
+        if not data.startswith((b"config:", b"- ", b"hello")):  # one setting, written as is beside the valid rest
+            key = data.decode().split(": ")[0]
+            rest = yaml.safe_dump({"config": {k: v for k, v in stack_values.items() if k != key}})
+            data = rest.encode() + b"  " + data + b"\n"
+        (stack_dir / f"Pulumi.{name}.yaml").write_bytes(data)
+    (stack_dir / "Pulumi.slice.yaml").write_text(yaml.safe_dump({"config": {
+        **stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
+        "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}}))
     write_events(stack_dir / "events")
     write_events(stack_dir / "damaged", "corrupt")
     (stack_dir / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n someone else's picture")
@@ -326,7 +374,7 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
     checkout = {path: path.stat().st_mtime_ns for path in ROOT.iterdir() if path.is_file()}
     before = tree(stack_dir)
     cases = bad_inputs(listener.port)
-    assert len(cases) >= 60
+    assert len(cases) >= 135
 
     def run(case):
         argv, named = case
@@ -340,8 +388,82 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
         if not (result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
                 and "fix" in lines[0] and result.stdout == "" and "Traceback" not in result.stderr):
             failures.append((argv, result.returncode, result.stdout[-300:], result.stderr[-500:]))
-    assert failures == []
+    assert failures == [], "\n".join(map(str, failures))
     assert listener.accepted == 0
     assert tree(stack_dir) == before
     assert not state.exists()
     assert {path: path.stat().st_mtime_ns for path in ROOT.iterdir() if path.is_file()} == checkout
+
+
+def test_events_with_no_maxtext_scalar_are_said_not_plotted(stack_dir, tmp_path):
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    folder = tmp_path / "other-events"
+    writer = EventFileWriter(str(folder))
+    writer.add_event(event_pb2.Event(step=1, wall_time=1.0, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag="someone/else", simple_value=1.0)])))
+    writer.close()
+    out = tmp_path / "m.png"
+    result = invoke("metrics", "--events", str(folder), "--out", str(out), cwd=stack_dir)
+    assert result.returncode == 2 and result.stdout == "" and not out.exists()
+    assert result.stderr.startswith(f"error: --events '{folder}' holds no MaxText scalar (none of ")
+    assert len(result.stderr.splitlines()) == 1 and "fix: " in result.stderr
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(stack_dir):
+    """`invoke pipeline --dry-run | head -1`: the reader goes away (here before the first line); no
+    BrokenPipeError, 128 + SIGPIPE."""
+    command = (f"{sys.executable} -m invoke -r {ROOT} pipeline --dry-run --run-name r1 --batches 3 | true;"
+               " echo ${PIPESTATUS[0]}")
+    result = subprocess.run(["bash", "-c", command], cwd=stack_dir, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "141" and result.stderr == ""
+
+
+def test_settings_shows_what_an_unset_setting_comes_to_and_whence(stack_dir, stack_values):
+    values = {k: v for k, v in stack_values.items() if k != "tpu-grpo:reservation"}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**values, "tpu-grpo:capacity": "spot"}}))
+    result = invoke("settings", cwd=stack_dir, env={"COLUMNS": "300"})
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines()
+            if line.startswith("│ ") and line.split("│")[1].strip()}
+    assert rows["tpu-grpo:idleStopMinutes"] == "60 (capacity spot's default)"
+    assert rows["tpu-grpo:checkpointStore"] == "disk (capacity spot's default)"
+    assert rows["tpu-grpo:checkpointPeriod"] == "10 (the disk store's default)"
+    assert rows["tpu-grpo:checkpointsToKeep"] == "2 (the disk store's default)"
+    assert rows["tpu-grpo:bootDiskGb"] == "200"  # set: shown as written
+    assert rows["tpu-grpo:reservation"] == "(unset)"
+
+
+def test_a_public_key_path_naming_a_folder_says_so(stack_dir, stack_values, tmp_path):
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
+        **stack_values, "tpu-grpo:sshPublicKeyPath": str(tmp_path)}}))
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and result.stderr == (
+        f"error: tpu-grpo:sshPublicKeyPath={str(tmp_path)!r} is a folder, not a public key file; fix: pulumi config "
+        f"set tpu-grpo:sshPublicKeyPath {tmp_path}/id_ed25519.pub\n")
+
+
+def test_a_host_that_answers_tcp_but_not_ssh_is_one_line_without_paramikos_tracebacks(stack_dir):
+    """paramiko logs the failed handshake with its traceback; tpu-grpo says it once, in one line."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    held = []
+
+    def hold():  # accept, say a line that is no SSH banner, then close
+        connection, _ = server.accept()
+        held.append(connection)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        connection.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        result = invoke("status", "--host", f"nobody@127.0.0.1:{port}", cwd=stack_dir,
+                        env={"TPU_GRPO_STATE": str(stack_dir / "state")})
+    finally:
+        thread.join(timeout=5)
+        server.close()
+    assert result.returncode == 1, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr and "paramiko" not in result.stderr

@@ -18,8 +18,28 @@ def test_readme_documents_every_setting():
 def test_ci_runs_the_readmes_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "```\nuv run pytest\n```" in readme
-    assert ci.rstrip().splitlines()[-1] == "uv run pytest"
+    assert "```\ntests/run\n```" in readme
+    assert ci.rstrip().splitlines()[-1] == "tests/run"
+    assert "tests/install-host-packages" in ci  # the one list of Debian packages, as tests/run installs it
+
+
+def test_a_run_without_the_host_tiers_packages_says_so_in_one_line(tmp_path):
+    """`uv run pytest` on a machine without the host tier's Debian packages (here: none on PATH) runs the unit
+    tier and says in one line what is missing and the command that installs it; no traceback per test."""
+    import os
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_rootfs.py"],
+                            cwd=ROOT, env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:]
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("ran the unit tier only")]
+    if os.geteuid() == 0:
+        assert "the host tier needs the Debian packages openssh-client, " in line and "mmdebstrap" in line
+        assert line.endswith("install them: tests/install-host-packages (or run the tests with tests/run)")
+    else:
+        assert line.endswith("needs root; run it with: sudo tests/run")
+    assert "FileNotFoundError" not in result.stdout and "Traceback" not in result.stdout
 
 
 def test_example_stack_sets_every_required_key():
@@ -98,3 +118,14 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
         assert ("| preemptible |" in row) == ("preemptible" in capacity.quota), name
         assert (f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row)
         assert all(f"`{zone}`" in row for zone in capacity.zones[:2]), name  # Google's own list
+
+
+def test_invoke_list_shows_each_task_in_a_first_line_that_stands_alone():
+    """`invoke --list` shows a docstring's first line: a whole sentence, never one cut mid-way."""
+    import ast
+
+    tree = ast.parse((ROOT / "tasks.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("task" in ast.unparse(d) for d in node.decorator_list):
+            first = (ast.get_docstring(node, clean=False) or "").splitlines()[0]
+            assert first.endswith((".", ")")) and len(first) <= 120, node.name

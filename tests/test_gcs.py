@@ -34,3 +34,17 @@ def test_a_bucket_that_cannot_be_read_is_one_line(bucket):
         gcs.children("gs://no-such-bucket-here/runs")
     assert str(raised.value).startswith("cannot list gs://no-such-bucket-here/runs (404 ")
     assert "\n" not in str(raised.value) and "fix: gcloud auth application-default login" in str(raised.value)
+
+
+def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
+    """Resuming and exporting take the newest checkpoint: 100 after 90, 10 after 9, whatever the names sort as."""
+    from dataclasses import replace
+
+    from tests.test_maxtext import RUN
+    from tpu_grpo import pipeline
+    from tpu_grpo.stores import store_for
+
+    run = replace(RUN, store=store_for(f"gs://{bucket}/runs"))
+    folder = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor"
+    put(bucket, *(f"{folder}/{step}/model_params/x" for step in ("100", "9", "90", "10", "2")), f"{folder}/tmp-3/x")
+    assert pipeline.checkpoint_steps(None, run) == [2, 9, 10, 90, 100]

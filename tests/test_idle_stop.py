@@ -61,9 +61,14 @@ def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
     assert (verified.returncode, verified.stderr) == (0, ""), verified.stderr
     timer = (root / UNITS[1]).read_text()
     assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
+    assert "OnBootSec=1min" in timer.splitlines()  # a first trigger: a freshly booted VM is watched too
     again = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var",
                              f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
     assert statuses(again)["idle stop"] == "ok"
+    longer = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=7", "--var",
+                              f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
+    assert statuses(longer)["idle stop"] == "changed"  # another idleStopMinutes is applied, not kept as it was
+    assert "IDLE_MINUTES=7" in (root / CONF).read_text().splitlines()
     off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
     assert statuses(off) == {"idle stop": "skipped", "no idle stop": "changed"}
     assert not any((root / path).exists() for path in (CONF, *UNITS, CHECK.lstrip("/")))

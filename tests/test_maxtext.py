@@ -91,9 +91,13 @@ def test_the_conversion_reads_the_model_provisioning_downloaded_the_one_argument
     env, _ = job_home(tmp_path)
     folder = Path(env["HOME"]) / "tpu-grpo/base-models/meta-llama/Llama-3.1-8B-Instruct"
     folder.mkdir(parents=True)
+    (folder / "model-00001-of-00004.safetensors").write_bytes(b"half")  # a download still going, or unverified
+    module = "maxtext.checkpoint_conversion.to_maxtext"
+    partial = run_ours(tmp_path, RUN, env)
+    assert not [arg for arg in partial[module]["argv"] if "hf_model_path" in arg]  # MaxText downloads it itself
+    (tmp_path / "ours.jsonl").unlink()
     folder.with_name(folder.name + ".complete").write_text("2026-12-04T09:00:00Z\n")
     ours = run_ours(tmp_path, RUN, env)
-    module = "maxtext.checkpoint_conversion.to_maxtext"
     assert ours[module]["argv"][-1] == f"--hf_model_path={folder}"
     ours[module]["argv"].pop()
     assert_same_as_tutorial(ours, theirs)
@@ -193,13 +197,13 @@ def test_bad_set_is_refused(item, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("train", "--batches", "0"), "error: --batches '0' is not a whole number of at least 1; fix: e.g. --batches 50"),
-    (("train", "--batches", "-1"), "error: --batches '-1' is not a whole number of at least 1"),
-    (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number of at least 1"),
-    (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number of at least 1"),
+    (("train", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000; fix: e.g. --batches 50"),
+    (("train", "--batches", "-1"), "error: --batches '-1' is negative; fix: e.g. --batches 50"),
+    (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number from 1 to 100000"),
+    (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000"),
     (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
     (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a run name"),
-    (("export", "--step", "x"), "error: --step 'x' is not a whole number of at least 1"),
+    (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
     (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
     (("status", "--host", "other@192.0.2.2"), "error: MaxText jobs run on one host, got 2 (other@192.0.2.2, "
                                               "nobody@192.0.2.1); fix: pass one --host"),

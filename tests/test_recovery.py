@@ -225,3 +225,55 @@ def test_a_failure_that_is_not_a_lost_vm_stops_at_once(workload_host, tmp_path):
     assert "error: train failed (job " in result.stderr and ", exit 3)" in result.stderr
     assert not any(call.startswith(("up", "refresh")) for call in cloud.calls())
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl"]
+
+
+# ---------------------------------------------------------------- the recovery loop itself, at its seams
+
+
+@pytest.mark.parametrize("recover", [0, 1, 3])
+def test_recover_n_brings_back_at_most_n_lost_vms_and_the_next_loss_fails(tmp_path, monkeypatch, recover):
+    """Every attempt loses the VM: N losses are brought back, the (N+1)th ends the run with its error; the
+    timeline holds each loss and resume, with the steps redone exactly (last step printed - checkpoint)."""
+    from tpu_grpo import jobs, recovery
+
+    monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
+    attempts, brought = [], []
+
+    def attempt():
+        attempts.append(1)
+        raise jobs.VmGone(f"lost {len(attempts)}", "TERMINATED")
+
+    def bring_back():
+        brought.append(1)
+        return 10 * len(brought), 10 * len(brought) + 7  # the newest checkpoint, the last step printed
+
+    timeline = recovery.Timeline.of("r")
+    said = []
+    with pytest.raises(jobs.VmGone, match=f"lost {recover + 1}"):
+        recovery.keep_going(attempt, None, bring_back, recover, timeline, said.append)
+    assert (len(attempts), len(brought)) == (recover + 1, recover)
+    entries = [json.loads(line) for line in timeline.path.read_text().splitlines()] if recover else []
+    assert [entry["event"] for entry in entries] == ["lost", "resumed"] * recover
+    for number, resumed in enumerate(entries[1::2], 1):
+        assert (resumed["from_checkpoint"], resumed["last_step_before"], resumed["steps_redone"]) == (
+            10 * number, 10 * number + 7, 7)
+    assert len([line for line in said if line.startswith("the VM is lost (TERMINATED)")]) == recover
+
+
+def test_a_run_that_succeeds_after_a_loss_returns_its_outcome(
+        tmp_path, monkeypatch):
+    from tpu_grpo import jobs, recovery
+
+    monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
+    results = iter([jobs.VmGone("lost", "DELETED"), "done"])
+
+    def attempt():
+        outcome = next(results)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    timeline = recovery.Timeline.of("r")
+    assert recovery.keep_going(attempt, None, lambda: (None, 3), 1, timeline, lambda line: None) == "done"
+    [lost, resumed] = [json.loads(line) for line in timeline.path.read_text().splitlines()]
+    assert lost["state"] == "DELETED" and (resumed["from_checkpoint"], resumed["steps_redone"]) == (None, 0)

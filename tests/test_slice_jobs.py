@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -109,10 +110,20 @@ def test_an_image_that_cannot_be_pulled_points_at_invoke_image(slice_stack, kube
     assert job["problem"].endswith("; fix: uv run invoke image")
 
 
+def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
+    """What a training writes into the bucket (the stand-in cluster runs no MaxText): its checkpoints."""
+    from google.cloud import storage
+
+    for step in steps:
+        storage.Client().bucket(bucket).blob(f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}/"
+                                             "model_params/_METADATA").upload_from_string("{}")
+
+
 def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):
     kube.scenario = kubeapi.Scenario()
     assert run_task(slice_stack, "export").returncode == 2  # nothing trained yet
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-4").returncode == 0
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-4", 25, 50)
     result = run_task(slice_stack, "export")
     assert result.returncode == 0, result.stdout + result.stderr
     made = kube.jobsets[jobset.job_name("export", "gsm8k-4")]
@@ -121,6 +132,25 @@ def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trai
     script = pod["containers"][0]["command"][2]
     assert "export RUN_NAME=gsm8k-4" in script
     assert "export HF_EXPORT=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/" in script
+    assert "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the newest: 50, the stack's batches
+
+
+def test_a_slice_export_of_a_step_with_no_checkpoint_in_the_bucket_is_refused_before_a_job(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-14", "--batches", "90").returncode == 0
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-14", 9, 10, 90)  # ordered as numbers: 90 is the newest
+    exports = len(kube.jobsets)
+    refused = run_task(slice_stack, "export", "--step", "100")
+    assert refused.returncode == 2 and refused.stderr.strip().endswith("it has: 9, 10, 90; fix: --step 90")
+    assert "run gsm8k-14 has no checkpoint at step 100 in gs://" in refused.stderr and len(kube.jobsets) == exports
+    newest = run_task(slice_stack, "export")
+    assert newest.returncode == 0, newest.stderr
+    made = kube.jobsets[jobset.job_name("export", "gsm8k-14")]
+    script = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "/checkpoints/actor/90/model_params" in script
+    dry = run_task(slice_stack, "export", "--dry-run")  # which run is known once the cluster is asked
+    assert dry.returncode == 0 and dry.stdout.startswith("# run name NEWEST: the newest trained run on the cluster")
+    assert "RUN_NAME=NEWEST" in dry.stdout
 
 
 def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(slice_stack, kube):
@@ -189,6 +219,7 @@ def test_fetch_and_metrics_read_a_slice_run_from_the_bucket(slice_stack, kube):
     folder, _, bucket = slice_stack
     kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-8", "--batches", "4").returncode == 0
+    checkpoints_in_bucket(bucket, "gsm8k-8", 2, 4)
     kube.scenario = kubeapi.Scenario()
     assert run_task(slice_stack, "export").returncode == 0
     store = storage.Client().bucket(bucket)
@@ -285,3 +316,49 @@ def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, ku
         "error: no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster has no Secret "
         "tpu-grpo-hf-token; fix: HF_TOKEN=hf_... uv run invoke pipeline")
     assert kube.jobsets == {} and kube.secrets == {}
+
+
+def test_cloud_build_without_a_gcloud_login_is_refused_before_gcloud_runs(slice_stack, kube):
+    """No Docker daemon and no gcloud login: one line naming `gcloud auth login`, and gcloud never runs (it would
+    write its configuration folder and print its own errors)."""
+    folder, base, _ = slice_stack
+    tools = folder / "gcloud-bin"
+    tools.mkdir()
+    ran = folder / "gcloud-ran"
+    (tools / "gcloud").write_text(f"#!/bin/sh\necho \"$*\" >> {ran}\nexit 1\n")
+    (tools / "gcloud").chmod(0o755)
+    refused = run_task(slice_stack, "image", env={"PATH": f"{tools}:/usr/bin:/bin"})
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its configuration folder); "
+        "fix: gcloud auth login (or start Docker: --builder docker)")
+    assert not ran.exists() and not (Path(base["HOME"]) / ".config/gcloud").exists()
+    config = folder / "gcloud-config"
+    config.mkdir()
+    (config / "credentials.db").write_bytes(b"")  # logged in: Cloud Build is asked (the stand-in fails it)
+    failed = run_task(slice_stack, "image", env={"PATH": f"{tools}:/usr/bin:/bin", "CLOUDSDK_CONFIG": str(config)})
+    assert failed.returncode == 1 and ran.read_text().startswith("builds submit --project=grpo-lab-123")
+
+
+def test_a_failed_slice_job_that_left_no_exit_code_still_fails_and_stops_the_pipeline(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(exit_code=137, pods_gone=True)  # the pods went with the node
+    result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-15", "--batches", "4")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert set(kube.jobsets) == {jobset.job_name("convert", "gsm8k-15")}  # no training, no export after it
+    found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert [(job["step"], job["state"], job["exit_code"]) for job in found] == [("convert", "failed", 1)]
+
+
+def test_status_and_cancel_on_a_slice_see_only_tpu_grpos_jobsets(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-16", "--detach").returncode == 0
+    kube.jobsets["someone-elses"] = {"apiVersion": jobset.API_VERSION, "kind": "JobSet",
+                                     "metadata": {"name": "someone-elses", "labels": {"team": "serving"},
+                                                  "creationTimestamp": "2026-12-04T10:00:00Z"},
+                                     "spec": {"replicatedJobs": []}}
+    found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert [job["name"] for job in found] == [jobset.job_name("train", "gsm8k-16")]
+    cancelled = run_task(slice_stack, "cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert set(kube.jobsets) == {"someone-elses"}  # ours deleted, theirs untouched
+    other = run_task(slice_stack, "cancel", "--job", "someone-elses")
+    assert other.returncode == 2 and "someone-elses" in kube.jobsets

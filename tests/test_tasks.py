@@ -118,6 +118,18 @@ def test_up_without_a_cloud_account_says_what_is_missing(stack_dir, home):
     assert lines[-1].endswith("uv run invoke plan")
 
 
+def test_up_counts_a_credentials_path_to_no_file_as_missing_credentials(stack_dir, pulumi_cli, tmp_path):
+    env, calls, _ = pulumi_cli
+    result = invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent.json"})
+    assert result.returncode == 2 and not [line for line in calls.read_text().splitlines() if line.startswith("up")]
+    assert ("  - Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names /nonexistent.json, which is no "
+            "readable file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+            in result.stderr.splitlines())
+    unreadable = tmp_path / "folder.json"
+    unreadable.mkdir()
+    assert invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(unreadable)}).returncode == 2
+
+
 def test_up_names_placeholders_too(home):
     result = invoke("up", cwd=ROOT, env=home)
     assert result.returncode == 2

@@ -10,13 +10,16 @@ task's flags first, then hands them to an executor: ours (named in `invoke.yaml`
 from __future__ import annotations
 
 import functools
+import os
+import re
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from invoke import Executor, Exit, Task
+from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
 
-from tpu_grpo.errors import UserError
+from tpu_grpo.errors import BROKEN_PIPE, UserError
 
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
@@ -64,4 +67,42 @@ class CheckingExecutor(Executor):
             if check is not None:
                 with one_line_errors():
                     check(**call.kwargs)
-        return super().execute(*tasks)
+        try:
+            return super().execute(*tasks)
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as command-line tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+            raise Exit(code=BROKEN_PIPE) from None
+
+
+def parse_error_line(error: ParseError) -> str:
+    """Invoke's own words for a command line it cannot parse ("No idea what '-x' is!"), as one line naming the
+    value and the fix, like every other bad input."""
+    task = getattr(error.context, "name", None)
+    where = f"uv run invoke {task} --help" if task else "uv run invoke --list"
+    text = str(error)
+    unknown = re.fullmatch(r"No idea what '(.*)' is!", text)
+    needs = re.fullmatch(r"Flag <Argument: (\w+).*> needed value and was not given one!", text)
+    if unknown and unknown[1].startswith("-"):
+        return f"{task or 'invoke'} has no flag {unknown[1]}; fix: its flags: {where}"
+    if unknown:
+        what = f"no flag or value of {task} (a flag given twice?)" if task else "no task"
+        return f"{unknown[1]!r} is {what}; fix: {where}"
+    if needs:
+        return f"--{needs[1].replace('_', '-')} needs a value; fix: {where}"
+    return f"{text}; fix: {where}"
+
+
+_parse_tasks = Program.parse_tasks
+
+
+def _parse_tasks_in_one_line(program: Program) -> None:
+    try:
+        _parse_tasks(program)
+    except ParseError as error:
+        raise Exit(f"error: {parse_error_line(error)}", code=UserError.exit_code) from None
+
+
+# Invoke has no hook for its parse errors: it prints them in its own words and exits 1. Its tasks are parsed
+# after this module is imported (with tasks.py), so wrapping Program.parse_tasks gives them the project's
+# one line and exit code 2.
+Program.parse_tasks = _parse_tasks_in_one_line

@@ -2,6 +2,8 @@
 
 #: What a task exits with when Ctrl-C stops it (128 + SIGINT); UserError says the others.
 INTERRUPTED = 130
+#: What a task exits with when its output's reader went away (`| head`): 128 + SIGPIPE, as a tool killed by it.
+BROKEN_PIPE = 141
 
 
 class UserError(Exception):

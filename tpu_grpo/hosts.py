@@ -8,6 +8,7 @@ link fails within seconds (keepalive plus TCP_USER_TIMEOUT) instead of hanging f
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import shlex
 import shutil
@@ -20,11 +21,15 @@ from pathlib import Path
 from tpu_grpo import settings
 from tpu_grpo.errors import UserError
 
+# paramiko logs a failed connection with its traceback (Python's last-resort handler prints it on stderr);
+# tpu-grpo says each failure itself, in one line with the fix.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
 CONNECT_TIMEOUT_S = 5
 KEEPALIVE_S = 2
 TCP_USER_TIMEOUT_MS = 5000
 RETRY_CONNECT_S = 2
-_HOST_SPEC = re.compile(r"(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?")
+_HOST_SPEC = re.compile(r"(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{1,5}))?")
 
 
 class HostError(UserError):
@@ -115,8 +120,10 @@ def wait_seconds(text: str | None) -> float:
     """`--wait SECONDS` -> seconds, or a one-line HostError."""
     if text is None:
         return 0.0
-    if not re.fullmatch(r"\d{1,5}", str(text)):
-        raise HostError(f"--wait {text!r} is not a whole number of seconds; fix: e.g. --wait 120")
+    if re.fullmatch(r"-[0-9]+", str(text)):
+        raise HostError(f"--wait {text!r} is negative; fix: e.g. --wait 120 (0: no retries)")
+    if not re.fullmatch(r"[0-9]{1,5}", str(text)):
+        raise HostError(f"--wait {text!r} is not a whole number of seconds (at most 99999); fix: e.g. --wait 120")
     return float(text)
 
 

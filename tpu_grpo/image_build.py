@@ -12,6 +12,7 @@ until it names the image they run.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -61,7 +62,20 @@ def choose(builder: str) -> str:
     if chosen == "cloud-build" and not shutil.which("gcloud"):
         raise UserError("no Docker daemon here and no gcloud for Cloud Build; fix: install Docker, or the Google "
                         "Cloud CLI (cloud.google.com/sdk)")
+    if chosen == "cloud-build" and not gcloud_logged_in():
+        raise UserError("Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its "
+                        "configuration folder); fix: gcloud auth login (or start Docker: --builder docker)")
     return chosen
+
+
+def gcloud_logged_in() -> bool:
+    """Whether gcloud has credentials to run `gcloud builds submit` with, read from its files as the Google Cloud
+    CLI keeps them (`credentials.db` in $CLOUDSDK_CONFIG or ~/.config/gcloud, or a credential file or token it is
+    pointed at), without running gcloud, which would write its configuration folder."""
+    if os.environ.get("CLOUDSDK_AUTH_CREDENTIAL_FILE_OVERRIDE") or os.environ.get("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"):
+        return True
+    folder = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    return (folder / "credentials.db").is_file()
 
 
 def commands(settings: Settings, builder: str, context: str) -> list[list[str]]:

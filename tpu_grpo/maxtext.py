@@ -138,12 +138,18 @@ def check_run_name(name: str, flag: str = "--run-name") -> str:
     return name
 
 
-def check_count(flag: str, text: object, minimum: int = 1) -> int:
-    """`--batches 50` -> 50; below `minimum`, negatives and non-numbers are refused."""
+#: The most GRPO batches (or a checkpoint step) a run takes: GSM8K's 7,473 training questions many times over.
+MAX_BATCHES = 100_000
+
+
+def check_count(flag: str, text: object, minimum: int = 1, maximum: int = MAX_BATCHES) -> int:
+    """`--batches 50` -> 50; negatives, numbers out of range and non-numbers (ASCII digits only) are refused."""
     value = str(text).strip()
-    if not re.fullmatch(r"[0-9]+", value) or int(value) < minimum:
-        raise CommandError(f"{flag} {text!r} is not a whole number of at least {minimum}; fix: e.g. {flag} "
-                           f"{50 if minimum else 3}")
+    example = f"fix: e.g. {flag} {50 if minimum else 3}"
+    if re.fullmatch(r"-[0-9]+", value):
+        raise CommandError(f"{flag} {text!r} is negative; {example}")
+    if not re.fullmatch(r"[0-9]+", value) or not minimum <= int(value) <= maximum:
+        raise CommandError(f"{flag} {text!r} is not a whole number from {minimum} to {maximum}; {example}")
     return int(value)
 
 
@@ -169,7 +175,7 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
             raise CommandError(f"--set {item!r} is not KEY=VALUE; fix: e.g. --set rl.num_generations=4")
         if key in OWNED_KEYS:
             raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
-        if key in COUNT_KEYS and not (value.isdigit() and int(value) >= 1):
+        if key in COUNT_KEYS and not (re.fullmatch(r"[0-9]{1,6}", value) and int(value) >= 1):
             raise CommandError(f"--set {item!r}: {key} must be a whole number of at least 1; fix: e.g. --set {key}=1")
         sets.setdefault(step, {})[key] = value
     return sets

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
@@ -136,7 +137,7 @@ def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
         names = gcs.children(folder)
     else:
         names = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null; true").stdout.split()
-    return sorted(int(name) for name in names if name.isdigit())
+    return sorted(int(name) for name in names if re.fullmatch(r"[0-9]+", name))
 
 
 def probe_script(run: maxtext.Run) -> str:

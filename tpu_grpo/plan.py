@@ -66,7 +66,7 @@ def build(stack: str | None = None) -> Plan:
     from infra.tpu_slice import gcloud_node_pool_command
     from tpu_grpo import stack as stack_module
 
-    stack = stack or settings_module.stack_name()
+    stack = settings_module.check_stack_name(settings_module.stack_name() if stack is None else stack)
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)

@@ -63,7 +63,9 @@ class Var:
                 raise PlaybookError(f"{where}: {self.name}={text!r} is not a boolean; fix: {self.name}=true or {self.name}=false")
             return text.lower() == "true"
         if isinstance(self.default, int):
-            if not re.fullmatch(r"\d+", text):
+            if re.fullmatch(r"-[0-9]+", text):
+                raise PlaybookError(f"{where}: {self.name}={text!r} is negative; fix: e.g. {self.name}={self.default}")
+            if not re.fullmatch(r"[0-9]{1,9}", text):
                 raise PlaybookError(f"{where}: {self.name}={text!r} is not a whole number; fix: e.g. {self.name}={self.default}")
             return int(text)
         self.validate(text, where)

@@ -19,6 +19,8 @@ def destination(run: str | None, to: str | None) -> Path:
     """Where fetch writes, checked writable (and nothing made) before anything connects."""
     if run is not None:
         maxtext.check_run_name(run, "--run")
+    if to is not None and not to.strip():
+        raise maxtext.CommandError("--to '' names no folder; fix: e.g. --to models/gsm8k (or leave it out: models/RUN)")
     return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
 
 
@@ -225,7 +227,12 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     from tpu_grpo import metrics
 
     if events is not None:
-        return _plotted(metrics.load(Path(events).expanduser(), run=run), out)
+        found = metrics.load(Path(events).expanduser(), run=run)
+        if not found.rows:
+            raise metrics.MetricsError(f"--events {str(events)!r} holds no MaxText scalar (none of "
+                                       f"{', '.join(sorted(metrics.SERIES.values()))}); fix: give a run's tensorboard "
+                                       "folder, e.g. .tpu-grpo/runs/RUN/tensorboard")
+        return _plotted(found, out)
     connection = session.connection
     job = _train_job(connection, run)
     sync_events(connection, job)

@@ -25,7 +25,7 @@ from tpu_grpo.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEF
 from tpu_grpo.errors import UserError
 from tpu_grpo.machines import MACHINES, Machine
 from tpu_grpo.slices import HOST_MACHINE_TYPE, MAX_SLICES, ONE_VM, SLICES, Slice
-from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for
+from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for, url_problem
 
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
@@ -66,6 +66,9 @@ _LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[a-z]+")
 _PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
+_CONFIG_KEY = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+")
+#: Pulumi's stack names: letters, digits, `-`, `_` and `.`, at most 100 (no path: Pulumi.NAME.yaml is a file here).
+_STACK_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 _KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
@@ -233,6 +236,17 @@ class Settings:
         """The capacity row: how the chips are obtained, billed and restarted."""
         return CAPACITIES[self.capacity]
 
+    def default_shown(self, key: Key) -> str:
+        """What an unset key comes to, and whence (`invoke settings`): a capacity's or a store's default."""
+        value = getattr(self, re.sub("([A-Z])", r"_\1", key.short).lower(), None)
+        if value is None or (key.vm_only and self.tpu_slice):
+            return "(unset)"
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        whence = {"idleStopMinutes": f"capacity {self.capacity}'s default", "checkpointStore":
+                  f"capacity {self.capacity}'s default", "checkpointPeriod": f"the {self.store.name} store's default",
+                  "checkpointsToKeep": f"the {self.store.name} store's default"}.get(key.short, "default")
+        return f"{shown or '(none)'} ({whence})"
+
     @property
     def warnings(self) -> list[str]:
         """What is allowed but likely to fail: said by `invoke settings`, `plan` and `up`, never refused."""
@@ -298,6 +312,9 @@ def read_public_key(path: str, root: Path) -> str:
     key = KEY[f"{PROJECT}:sshPublicKeyPath"]
     file = Path(os.path.expanduser(path))
     file = file if file.is_absolute() else root / file
+    if file.is_dir():
+        raise SettingsError(key.name, path, "is a folder, not a public key file",
+                            key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"))
     if not file.is_file():
         raise SettingsError(
             key.name, path, "is not a file",
@@ -344,8 +361,10 @@ def _problem(key: Key, value: Any) -> str | None:
         return f"is outside 1 to {MAX_SLICES} slices"
     if short == "machineType" and value not in MACHINES:
         return "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"
-    if short == "checkpointStore" and value not in STORES and not BUCKET_URL.fullmatch(value):
-        return "is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])"
+    if short == "checkpointStore" and value not in STORES:
+        if not BUCKET_URL.fullmatch(value):
+            return "is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])"
+        return url_problem(value)
     if short in ("checkpointPeriod", "checkpointsToKeep") and value < 1:
         return "must be at least 1"
     if short == "dataDiskIops" and not DATA_DISK_IOPS[0] <= value <= DATA_DISK_IOPS[1]:
@@ -481,7 +500,8 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
             raise unknown_key(name, raw[name])
     pending: list[SettingsError] = []
     values: dict[str, Any] = {}
-    multi_host = raw.get(f"{PROJECT}:slice") in SLICES
+    shape = raw.get(f"{PROJECT}:slice")
+    multi_host = isinstance(shape, str) and shape in SLICES
     for key in KEYS:
         value = raw.get(key.name)
         if multi_host and key.vm_only:
@@ -555,6 +575,23 @@ def state_dir() -> Path:
     return Path(os.environ.get(STATE_ENV) or project_root() / ".tpu-grpo")
 
 
+class StackFileLoader(yaml.SafeLoader):
+    """Reads a stack file as the Pulumi CLI does before it hands the values to the program: every value is
+    text (`50`, `true`, `no` alike; lists and mappings stay so), and a key given twice is refused."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+StackFileLoader.yaml_implicit_resolvers = {}  # no int, bool, float or null: text, as the Pulumi CLI passes it
+
+
 def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
     path = root / f"Pulumi.{stack}.yaml"
@@ -562,21 +599,38 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
         raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
                             f"pulumi stack init {stack} && pulumi config set ... (or {STACK_ENV}={DEFAULT_STACK})")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=StackFileLoader) or {}
+    except UnicodeDecodeError as error:
+        raise SettingsError(path.name, stack, f"is not UTF-8 text (byte {error.start})",
+                            f"save {path.name} as UTF-8") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(error, "problem", None) or "unreadable"
         raise SettingsError(path.name, stack, f"is not valid YAML ({problem} at {where})",
                             f"fix {path.name} at {where}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(path.name, stack, "is not a mapping with a `config:` key",
+                            f"fix {path.name} (e.g. `pulumi config set gcp:zone us-east5-b` writes one)")
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")
+    for name in config:
+        if not _CONFIG_KEY.fullmatch(name):
+            raise SettingsError(f"{path.name} config", name, "is not a setting's name (NAMESPACE:NAME, as the "
+                                "Pulumi CLI wants it)", f"remove it from {path.name}, or name it e.g. gcp:zone")
     return config
+
+
+def check_stack_name(stack: str) -> str:
+    if not _STACK_NAME.fullmatch(stack):
+        raise SettingsError("--stack", stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
+                            f"e.g. --stack {DEFAULT_STACK} (pulumi stack ls lists them)")
+    return stack
 
 
 def load(stack: str | None = None, root: Path | None = None, *, lenient: bool = False) -> Settings:
     """The Invoke side's settings: the same stack file `pulumi up` reads, validated the same way."""
-    stack = stack or stack_name()
+    stack = check_stack_name(stack_name() if stack is None else stack)
     root = root or project_root()
     return parse(read_stack_file(stack, root), stack, root, lenient=lenient)

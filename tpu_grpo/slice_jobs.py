@@ -106,7 +106,7 @@ def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
         state, problem = ("running" if running else "pending"), trouble(pods, capacity)
     labels, total = meta.get("labels", {}), meta.get("annotations", {}).get(TOTAL_STEPS, "")
     return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
-                    exit_code, meta.get("creationTimestamp", ""), problem, int(total) if total.isdigit() else None)
+                    exit_code, meta.get("creationTimestamp", ""), problem, int(total) if re.fullmatch(r"[0-9]+", total) else None)
 
 
 def _script_pod(pods: list[dict]) -> dict | None:
@@ -257,10 +257,12 @@ def status(cluster: Cluster, capacity: str) -> list[dict]:
 
 
 def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
-    """Delete the named JobSet, else every one still pending or running; the names deleted."""
+    """Delete the named JobSet of tpu-grpo's, else every one of them still pending or running; the names deleted.
+    Another JobSet in the cluster is never touched."""
     if name:
-        if not cluster.delete(name):
-            raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
+        if name not in {job.name for job in jobs_on(cluster, capacity)} or not cluster.delete(name):
+            raise maxtext.CommandError(f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke "
+                                       "status")
         return [name]
     running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running")]
     for job in running:
@@ -288,7 +290,10 @@ def read_log(cluster: Cluster, name: str):
 
 
 def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacity: str) -> maxtext.Run:
-    """The run to export: the named one, else the newest whose training finished on the cluster."""
+    """The run to export (the named one, else the newest whose training finished on the cluster), at the checkpoint
+    asked for (default: its newest), checked to be in the bucket."""
+    from tpu_grpo import pipeline
+
     trained = [job for job in jobs_on(cluster, capacity)
                if job.step == "train" and job.state == "finished"
                and (not run_name_given or job.run == run.run_name)]
@@ -296,7 +301,13 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
         which = f"run {run.run_name!r}" if run_name_given else "any run"
         raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
                                    "--batches 50 (or name a trained run: uv run invoke status)")
-    return dataclasses.replace(run, run_name=trained[-1].run)
+    run = dataclasses.replace(run, run_name=trained[-1].run)
+    steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
+    if not steps or (run.step is not None and run.step not in steps):
+        raise maxtext.CommandError(f"run {run.run_name} has no checkpoint at step {run.step or 'any'} in "
+                                   f"{maxtext.paths(run)['checkpoints']}; it has: {', '.join(map(str, steps)) or 'none'}; "
+                                   f"fix: --step {steps[-1] if steps else 'N'}")
+    return dataclasses.replace(run, step=run.step or steps[-1])
 
 
 def print_status(console: Console, settings: Settings, found: list[dict]) -> None:

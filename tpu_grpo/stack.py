@@ -58,9 +58,12 @@ KNOWN_ERRORS = (
 
 def google_credentials() -> str | None:
     """Where the Google provider would find credentials, or None (it tries these in order)."""
-    for variable in ("GOOGLE_CREDENTIALS", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_OAUTH_ACCESS_TOKEN"):
+    for variable in ("GOOGLE_CREDENTIALS", "GOOGLE_OAUTH_ACCESS_TOKEN"):
         if os.environ.get(variable):
             return f"${variable}"
+    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if path:  # a path: credentials only when there is a file to read
+        return f"$GOOGLE_APPLICATION_CREDENTIALS ({path})" if os.access(path, os.R_OK) and Path(path).is_file() else None
     gcloud_dir = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
     adc = gcloud_dir / "application_default_credentials.json"
     return str(adc) if adc.is_file() else None
@@ -75,7 +78,10 @@ def missing_for_up(settings: Settings) -> list[str]:
     elif subprocess.run([pulumi, "whoami"], capture_output=True).returncode != 0:
         missing.append("a Pulumi backend login: run `pulumi login` (or `pulumi login --local`)")
     if not google_credentials():
-        missing.append("Google Cloud credentials: run `gcloud auth application-default login`")
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        missing.append(f"Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names {named}, which is no readable "
+                       "file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+                       if named else "Google Cloud credentials: run `gcloud auth application-default login`")
     if settings.tpu_slice and not shutil.which(AUTH_PLUGIN):
         missing.append(f"GKE's credential plugin, with which Pulumi and the tasks reach the slice's cluster: "
                        f"gcloud components install {AUTH_PLUGIN} (or apt-get install google-cloud-cli-{AUTH_PLUGIN})")
