@@ -54,6 +54,7 @@ class Hub:
     requests: list[tuple[str, str]] = field(default_factory=list)
     uploads: list[str] = field(default_factory=list)  # LFS oids whose bytes arrived
     refused_names: dict[str, str] = field(default_factory=dict)  # repo id -> the Hub's error message
+    refused_commit: str | None = None  # the Hub's error message for any commit (422), as for a rejected one
     authorizations: set[str] = field(default_factory=set)
     tampered: set[str] = field(default_factory=set)  # paths served with other bytes than their checksum's
     url: str = ""
@@ -287,6 +288,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(404, "Repository not found", "RepoNotFound")
             if not self.hub.may_write(token, repo_id.split("/")[0]):
                 return self._error(403, "no write access")
+            if self.hub.refused_commit:
+                return self._error(422, self.hub.refused_commit)
             lines = [json.loads(line) for line in body.splitlines() if line.strip()]
             header, changed = lines[0]["value"], []
             for line in lines[1:]:

@@ -15,6 +15,7 @@ import fabric
 import pytest
 
 from tests.conftest import statuses
+from tests.test_workloads import namespaced_workload_host  # noqa: F401,F811 - a fixture
 
 
 CHECK = "/usr/local/sbin/tpu-grpo-idle"
@@ -25,11 +26,9 @@ RECORDER = "/usr/local/bin/record-poweroff"
 POWEROFFS = "var/log/tpu-grpo-poweroffs"
 
 
-@pytest.fixture
-def idle_host(workload_host):
-    """A throwaway workload host provisioned with a 1-minute idle stop whose power-off only records
-    that it ran: (the host, its root as this machine sees it, the provisioning report)."""
-    host = workload_host
+def with_idle_stop(host):
+    """`host` provisioned with a 1-minute idle stop whose power-off only records that it ran: (the host, its
+    root as this machine sees it, the provisioning report)."""
     root = host.host.vm.root
     (root / RECORDER.lstrip("/")).write_text(f"#!/bin/sh\ndate +%s >> /{POWEROFFS}\n")
     (root / RECORDER.lstrip("/")).chmod(0o755)
@@ -40,11 +39,18 @@ def idle_host(workload_host):
     return host, root, done
 
 
-def run_check(root: Path, idle_seconds_ago: int | None) -> subprocess.CompletedProcess:
-    """Run the timer's check on the host as systemd would (as root), after it was last busy so long ago."""
+@pytest.fixture
+def idle_host(workload_host):
+    return with_idle_stop(workload_host)
+
+
+def run_check(root: Path, idle_seconds_ago: int | None, netns: str | None = None) -> subprocess.CompletedProcess:
+    """Run the timer's check on the host as systemd would (as root, in the host's network namespace when it has
+    one of its own), after it was last busy so long ago."""
     if idle_seconds_ago is not None:
         (root / LAST_ACTIVE).write_text(f"{int(time.time()) - idle_seconds_ago}\n")
-    return subprocess.run(["/usr/sbin/chroot", str(root), CHECK], capture_output=True, text=True, timeout=30)
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run([*inside, "/usr/sbin/chroot", str(root), CHECK], capture_output=True, text=True, timeout=30)
 
 
 def fired(root: Path) -> int:
@@ -109,6 +115,27 @@ def test_an_open_ssh_session_keeps_the_vm_up(idle_host):
         session.close()
     time.sleep(0.5)  # the server side of the connection closes
     assert run_check(root, 3600).returncode == 0 and fired(root) == 1
+
+
+def test_an_ssh_session_from_another_host_keeps_the_vm_up(namespaced_workload_host):  # noqa: F811
+    """The VM sees only its own end of a session (the laptop's end is on the laptop): a client in another
+    network namespace, so a check that counted the client's end (the wrong port) would fail here."""
+    bridge, workload = namespaced_workload_host
+    host, root, _ = with_idle_stop(workload)
+    netns = bridge.netns("a")
+    session = fabric.Connection(bridge.address("a"), user=host.host.user.name, port=22,
+                                connect_kwargs={"key_filename": str(host.host.key)})
+    session.client.load_host_keys(str(host.host.state / "known_hosts"))
+    session.open()
+    try:
+        seen = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Htn", "state", "established"],
+                              capture_output=True, text=True).stdout.splitlines()
+        assert len(seen) == 1 and f"{bridge.address('a')}:22 " in seen[0]  # the server's end alone
+        assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 0
+    finally:
+        session.close()
+    time.sleep(0.5)  # the server side of the connection closes
+    assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 1
 
 
 def test_status_says_when_the_vm_stops(idle_host):

@@ -204,3 +204,54 @@ def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing
     fetched = host.invoke("fetch", "--run", "pub", "--to", str(tmp_path / "model"))
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert (tmp_path / "model/README.md").read_bytes() == saved["README.md"]
+
+
+def test_a_run_trained_in_two_jobs_is_scored_before_by_the_first_and_after_by_the_last():
+    """A training resumed after a lost VM evaluates again before it goes on: the card's "before training" is the
+    first job's evaluation, of the model as it was converted, and "after" the last job's."""
+    import base64
+    import json as json_module
+
+    from tpu_grpo import publish
+    from tpu_grpo.jobs import Job
+
+    def eval_line(stage: str, correct: int) -> str:
+        return (f"W1202 14:23:07.528425 140671093824384 train_rl.py:716] {stage} RL Training: corr={correct}, total=8, "
+                f"accuracy={correct * 12.5}%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0000")
+
+    first = Job("20261204-100000000-train", "train", "r", "lost", None, 1000.0, None, 10, {"capacity": "spot"})
+    second = Job("20261204-120000000-train", "train", "r", "finished", 0, 5000.0, 6000.0, 10, {"capacity": "spot"})
+    record = base64.b64encode(json_module.dumps({"batches": 8}).encode()).decode()
+    answer = "\n".join([f"job {first.id}", eval_line("Pre", 1), f"job {second.id}", eval_line("Pre", 3),
+                        eval_line("Post", 5), f"trained {record}", f"saved {record}", "maxtext 0.2.3"])
+    found = publish.read_facts("r", [first, second], answer)
+    assert (found.pre.correct, found.post.correct, found.trainings) == (1, 5, 2)
+    assert found.train_seconds == 1000.0 and found.maxtext_version == "0.2.3"
+
+
+def test_a_file_is_reported_uploaded_only_once_the_hubs_commit_holds_it(workload_host, hub_client):
+    """Small files (the card, config.json, the tokenizer's) travel in the commit itself: when the Hub refuses the
+    commit, no file is reported uploaded (sent ones are said sent), and the run again uploads them all."""
+    host = workload_host
+    give_hub_client(host, hub_client)
+    trained = host.invoke("pipeline", "--batches", "4", "--run-name", "pub2", *FAST)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    with HubServer() as hub:
+        hub.tokens[TEST_TOKEN] = whoami("alice")
+        env = {"HF_ENDPOINT": hub.url}
+        hub.refused_commit = "Your push was rejected"
+        failed = host.invoke("publish", "--repo", REPO, "--json", env=env)
+        assert failed.returncode == 1 and failed.stdout == "", failed.stderr
+        [job] = [job for job in job_dirs(host) if job.name.endswith("-publish")]
+        log = (job / "log").read_text()
+        assert re.search(r"^tpu-grpo: sent README\.md \d+$", log, re.MULTILINE)  # sent, and refused with the commit
+        assert not re.search(r"uploaded \S+ \d+", log + failed.stderr)
+        assert [commit["summary"] for commit in hub.repos[REPO].commits] == ["initial commit"]
+        hub.refused_commit = None
+        again = host.invoke("publish", "--repo", REPO, "--json", env=env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        outcome = json.loads(again.stdout)
+        assert sorted(outcome["uploaded"]) == sorted(_saved_files(host, "pub2"))
+        assert outcome["bytes_uploaded"] == outcome["bytes_sent"]
+        for name in outcome["uploaded"]:
+            assert hub.file_bytes(REPO, name) == _saved_files(host, "pub2")[name], name

@@ -81,3 +81,18 @@ def test_timeline_of_a_host_that_provisioned_trained_and_fetched(workload_host, 
     assert (host.host.state / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     shown = host.invoke("timeline")
     assert "where the hours of" in shown.stdout and "paid since boot" in shown.stdout
+
+
+def test_idle_is_only_where_nothing_ran_when_phases_overlap():
+    """The base model's download runs beside the provisioning steps, and outlasts them: no idle is shown while
+    it still runs, only after it (and before the training)."""
+    booted = 2_000_000.0
+    job = jobs.Job("20261204-010000.000-train", "train", "r", "finished", 0, booted + 2500, booted + 3000, 10, {})
+    found = {"boot": booted, "sshd": booted + 30, "now": booted + 3000, "provisioning": [
+        {"steps": [{"step": "uv", "status": "changed", "started": booted + 60, "seconds": 20},
+                   {"step": "MaxText", "status": "changed", "started": booted + 100, "seconds": 200}]}],
+        "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 2000}],
+        "saves": [], "jobs": [job], "logs": {}}
+    built = timeline.build("u@vm", found, [])
+    idle = [(phase.start - booted, phase.end - booted) for phase in built.phases if phase.kind == "idle"]
+    assert idle == [(2000, 2500)]

@@ -126,7 +126,12 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert status["progress"]["step"] == 50 and status["progress"]["run"] == run_name
 
     # down refuses while the model is only on the VM ...
-    refused = host.invoke("down")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > {tmp_path}/pulumi-args\n")
+    (tools / "pulumi").chmod(0o755)
+    with_pulumi = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    refused = host.invoke("down", env=with_pulumi)
     assert refused.returncode == 1
     assert f"run {run_name}: saved on the data disk only; fix: uv run invoke fetch --run {run_name}" in refused.stderr
 
@@ -144,11 +149,7 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert "model.embed_tokens.weight" in json.loads(header[8:8 + size])
 
     # ... and then down hands over to `pulumi destroy`.
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > {tmp_path}/pulumi-args\n")
-    (tools / "pulumi").chmod(0o755)
-    with_pulumi = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    assert not (tmp_path / "pulumi-args").exists()
     done = host.invoke("down", env=with_pulumi)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "pulumi-args").read_text().strip() == "destroy --stack dev"
@@ -268,7 +269,7 @@ def test_killing_the_pipeline_during_training_then_rerunning_skips_convert(workl
     assert "train: GRPO step 8/8" in rerun.stdout
 
 
-def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host):
+def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_path):
     host = workload_host
     chained = host.chain(("convert",), ("train", "--batches", "4"))  # a finished step lets the next one run
     assert chained.returncode == 0, chained.stderr
@@ -285,11 +286,17 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host):
     # The trained model is only in /dev/shm: down refuses and names the command that saves it,
     # which finishes this run (no second training) when run as given.
     run_name = host.records()[1]["env"]["RUN_NAME"]
-    refused = host.invoke("down")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "pulumi").write_text("#!/bin/sh\nexit 0\n")  # there, as `down` needs it; never reached here
+    (tools / "pulumi").chmod(0o755)
+    refused = host.invoke("down", env={"PATH": f"{tools}:{os.environ['PATH']}"})
     assert refused.returncode == 1
     fix = (f"run {run_name}: trained, not saved (in /dev/shm, if its store is shm); fix: uv run invoke pipeline "
            f"--run-name {run_name} --batches 4 (exports and saves it), then uv run invoke fetch --run {run_name}")
     assert fix in refused.stderr
+    unsaved = host.invoke("fetch", "--run", run_name, "--to", str(tmp_path / "never"))  # nothing saved to fetch
+    assert unsaved.returncode != 0 and unsaved.stderr.startswith("error: ") and not (tmp_path / "never").exists()
     finished = host.invoke(*fix.split("fix: uv run invoke ")[1].split(" (")[0].split(), *FAST)
     assert finished.returncode == 0, finished.stderr
     assert "train: done (done before)" in finished.stdout
@@ -575,6 +582,17 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     assert exported.returncode == 0, exported.stderr
     assert host.records()[-1]["env"]["POST_TRAIN_PATH"] == (
         f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//cloud/checkpoints/actor/6/model_params")
+
+    # A step is done only while its output is in the bucket: the converted checkpoint deleted there, the next
+    # run converts again (the host's record of the conversion notwithstanding) before it trains.
+    for blob in list(storage.Client().list_blobs(bucket, prefix=f"{store}/mt-format/")):
+        blob.delete()
+    before = len(host.records())
+    again = host.invoke("pipeline", "--run-name", "cloud2", "--batches", "2", *FAST, project=bucket_store, env=laptop)
+    assert again.returncode == 0, again.stderr
+    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()[before:]] == [
+        "to_maxtext", "train_rl", "to_huggingface"]
+    assert any(name.startswith(f"{store}/mt-format/0/items/") for name in names())
 
 
 # ---------------------------------------------------------------- TensorBoard on the laptop

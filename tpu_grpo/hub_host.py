@@ -4,7 +4,8 @@ laptop sends this file as the program of `python3 -` and reads what it prints.
 
     check REPO PRIVATE   may the host's token write REPO? then create it if missing: one JSON line
     upload REPO FOLDER   upload what the Hub does not hold yet of FOLDER (listed in its SHA256SUMS),
-                         in one commit, printing a `tpu-grpo:` line per file
+                         in one commit, printing a `tpu-grpo:` line per file sent, and one per file
+                         uploaded once the commit holds them all
 
 The token comes from HF_TOKEN in the environment (the job script reads it from the token file),
 never from the command line. Standard library at import time, so the laptop can test the parts
@@ -124,8 +125,9 @@ def already_there(entry, path: str, sha256: str) -> bool:
 
 
 def upload(repo_id: str, folder: str) -> int:
-    """Upload the files of `folder` that the Hub does not hold yet, one at a time (a line after each, for
-    the laptop's progress bar), then commit them together; a re-run finds them there and uploads nothing."""
+    """Send the files of `folder` that the Hub does not hold yet, one at a time (a `sent` line after each, for
+    the laptop's progress bar), then commit them together: only then does the Hub have them (a small file is
+    only sent in the commit), and an `uploaded` line says so for each. A re-run finds them and uploads nothing."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     api = HfApi()
@@ -145,10 +147,12 @@ def upload(repo_id: str, folder: str) -> int:
         operation = CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name))
         api.preupload_lfs_files(repo_id, additions=[operation])
         operations.append(operation)
-        print(f"{LINE} uploaded {name} {os.path.getsize(os.path.join(folder, name))}", flush=True)
+        print(f"{LINE} sent {name} {os.path.getsize(os.path.join(folder, name))}", flush=True)
     commit = api.create_commit(repo_id, operations=operations,
                                commit_message=f"tpu-grpo: {os.path.basename(folder.rstrip('/'))}")
     print(f"{LINE} committed {commit.oid} {commit.commit_url}", flush=True)
+    for name in todo:
+        print(f"{LINE} uploaded {name} {os.path.getsize(os.path.join(folder, name))}", flush=True)
     return 0
 
 

@@ -33,6 +33,7 @@ HUB_PROGRAM = Path(__file__).with_name("hub_host.py")
 REFUSED_EXIT = 3
 _NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
 _PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes, to \S+ \((\d+) already there\)")
+_SENT = re.compile(r"tpu-grpo: sent (\S+) (\d+)$")
 _UPLOADED = re.compile(r"tpu-grpo: uploaded (\S+) (\d+)$")
 _COMMITTED = re.compile(r"tpu-grpo: committed (\S+) (\S+)$")
 
@@ -103,10 +104,15 @@ def facts(connection, run: str) -> Facts:
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
     lines.append(f"echo maxtext $({host_paths.VENV}/bin/python -c \"import importlib.metadata as m; "
                  f"print(m.version('maxtext'))\" 2>/dev/null || echo unknown)")
-    result = hosts.run_script(connection, "\n".join(lines) + "\ntrue")
+    return read_facts(run, trainings, hosts.run_script(connection, "\n".join(lines) + "\ntrue").stdout)
+
+
+def read_facts(run: str, trainings: list, answer: str) -> Facts:
+    """The facts in the host's answer to `facts`' script, for the run's training jobs (oldest first): before
+    training as the first training measured it, after as the last one did."""
     records, evals, version = {}, {}, "unknown"
     job = None
-    for line in result.stdout.splitlines():
+    for line in answer.splitlines():
         kind, _, rest = line.partition(" ")
         if kind in ("trained", "saved"):
             records[kind] = json.loads(base64.b64decode(rest))
@@ -239,8 +245,9 @@ class Outcome:
     created: bool
     private: bool
     card: str
-    uploaded: list[str] = field(default_factory=list)
+    uploaded: list[str] = field(default_factory=list)  # in a commit on the Hub
     bytes_uploaded: int = 0
+    bytes_sent: int = 0  # sent so far, the commit still to come
     already_there: int = 0
     commit: str | None = None
 
@@ -262,10 +269,12 @@ class UploadView(watch.LogView):
             self.outcome.already_there = int(match[3])
             self.progress.update(self.task, total=int(match[2]), completed=0)
             self.progress.console.print(line.removeprefix("tpu-grpo: "))
+        elif match := _SENT.match(line):
+            self.outcome.bytes_sent += int(match[2])
+            self.progress.update(self.task, completed=self.outcome.bytes_sent)
         elif match := _UPLOADED.match(line):
             self.outcome.uploaded.append(match[1])
             self.outcome.bytes_uploaded += int(match[2])
-            self.progress.update(self.task, completed=self.outcome.bytes_uploaded)
         elif match := _COMMITTED.match(line):
             self.outcome.commit = match[1]
         elif line.startswith("tpu-grpo: "):
