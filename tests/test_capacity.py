@@ -271,3 +271,19 @@ def test_up_explains_a_reservation_that_cannot_be_named(tmp_path):
 
     [meaning] = explain(["Error 400: Reservation r is not specificReservationRequired"])
     assert "--require-specific-reservation" in meaning
+
+
+def test_no_code_branches_on_a_capacitys_name():
+    """Every difference between capacities is a field of its row (tpu_grpo/capacity.py): no comparison with, and
+    no table keyed by, a capacity's name anywhere else."""
+    import re
+
+    from tests.conftest import ROOT
+
+    names = "|".join(re.escape(name) for name in CAPACITIES)
+    # (`short == "reservation"` and `values["reservation"]` name the setting `tpu-grpo:reservation`, not a capacity)
+    branch = re.compile(rf'(?<!short )[=!]=\s*"({names})"|"({names})"\s*:|\bin\s*\(\s*"({names})"')
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in [*(ROOT / "tpu_grpo").glob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
+             for number, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
+    assert found == []

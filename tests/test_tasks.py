@@ -236,3 +236,14 @@ def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_
     assert result.returncode == 1
     assert "stack output --json --stack dev" in calls.read_text()
     assert json.loads(result.stdout)["hosts"][0]["error"].startswith("tpuuser@127.0.0.1: cannot connect")
+
+
+@pytest.mark.parametrize("capacity, meaning", [
+    ("reservation", "no capacity outside reservations"), ("spot", "spot capacity comes and goes"),
+    ("flex-start", "a zone that offers v6e flex-start"), ("on-demand", "a reservation is what guarantees capacity")])
+def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
+    from tpu_grpo.capacity import CAPACITIES
+    from tpu_grpo.stack import explain
+
+    [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
+    assert meaning in explanation

@@ -49,6 +49,21 @@ class Capacity:
     quota: str = ON_DEMAND_QUOTA
     #: The zones that offer this capacity for v6e, where such a list exists (else any zone with v6e).
     zones: tuple[str, ...] = ()
+    #: Runs at most `tpu-grpo:maxRunHours`, then is deleted (`max_run_duration`), which it then needs.
+    run_limited: bool = False
+    #: The GKE node_config switch of this capacity (`spot`, `flex_start`), whose gcloud flag is its name in
+    #: kebab case; None: no switch.
+    gke_switch: str | None = None
+    #: A GKE node pool that starts empty: its autoscaler asks for all its hosts when a pod wants them and gives
+    #: them back when none does (no idle hours, and a pod may wait a while to be scheduled).
+    scales_to_zero: bool = False
+    #: What Compute Engine's RESOURCE_POOL_EXHAUSTED means for this capacity, and what to do.
+    no_capacity: str = ("no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
+                        "another zone with v6e (a reservation is what guarantees capacity)")
+
+    @property
+    def needs_reservation(self) -> bool:
+        return self.affinity == "SPECIFIC_RESERVATION"
 
     def zone_warning(self, zone: str) -> str | None:
         """One line when `zone` is not known to offer this capacity, or None."""
@@ -80,7 +95,7 @@ class Capacity:
             flags.append("--no-restart-on-failure")
         if max_run_hours is not None:
             flags.append(f"--max-run-duration={max_run_hours}h")
-        if self.affinity == "SPECIFIC_RESERVATION":
+        if self.needs_reservation:
             flags += ["--reservation-affinity=specific", f"--reservation={reservation}"]
         elif self.affinity == "NO_RESERVATION":
             flags.append("--reservation-affinity=none")
@@ -88,39 +103,47 @@ class Capacity:
 
     def node_pool(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> tuple[dict, dict]:
         """This capacity's GKE TPU node pool inputs (pulumi-gcp `container.NodePool`): the pool's own and its
-        `node_config`'s, as xpk 1.16.0 asks for
-        them: spot and reservation pools hold the slice's hosts; a flex-start pool starts empty, and GKE's
-        autoscaler asks Dynamic Workload Scheduler for all its hosts at once when a pod wants them, and
-        gives them back when none does (no idle hours). Queued provisioning is xpk's for GPUs only."""
-        node_config: dict = {}
-        pool: dict = {"node_count": hosts}
-        if self.name == "spot":
-            node_config["spot"] = True
-        if self.affinity == "SPECIFIC_RESERVATION":
-            node_config["reservation_affinity"] = {"consume_reservation_type": self.affinity,
-                                                   "key": RESERVATION_KEY, "values": [reservation]}
-        if self.name == "flex-start":
-            node_config["flex_start"] = True
-            node_config["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
-            pool = {"initial_node_count": 0, "management": {"auto_repair": False},
-                    "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts}}
+        `node_config`'s, as xpk 1.16.0 asks for them: a pool holds the slice's hosts, or (`scales_to_zero`) starts
+        empty, and GKE's autoscaler asks Dynamic Workload Scheduler for all its hosts at once when a pod wants
+        them, and gives them back when none does. Queued provisioning is xpk's for GPUs only."""
+        node_config: dict = {self.gke_switch: True} if self.gke_switch else {}
+        if self.affinity:
+            node_config["reservation_affinity"] = {"consume_reservation_type": self.affinity}
+        if self.needs_reservation:
+            node_config["reservation_affinity"].update(key=RESERVATION_KEY, values=[reservation])
         if max_run_hours is not None:
             node_config["max_run_duration"] = f"{max_run_hours * 3600}s"
+        pool: dict = ({"initial_node_count": 0, "management": {"auto_repair": False},
+                       "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts}}
+                      if self.scales_to_zero else {"node_count": hosts})
         return pool, node_config
 
     def gke_flags(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> list[str]:
         """The same as `gcloud container node-pools create` flags, in xpk's order."""
-        flags = {"spot": ["--spot"],
-                 "flex-start": ["--flex-start", "--enable-autoscaling", "--location-policy=ANY",
-                                "--reservation-affinity=none", "--no-enable-autorepair", f"--max-nodes={hosts}",
-                                "--num-nodes=0"],
-                 "reservation": ["--reservation-affinity=specific", f"--reservation={reservation}"],
-                 }.get(self.name, [])
-        if self.name != "flex-start":
-            flags.append(f"--num-nodes={hosts}")
+        flags = [f"--{self.gke_switch.replace('_', '-')}"] if self.gke_switch else []
+        if self.scales_to_zero:
+            flags += ["--enable-autoscaling", "--location-policy=ANY"]
+        if self.needs_reservation:
+            flags += ["--reservation-affinity=specific", f"--reservation={reservation}"]
+        elif self.affinity == "NO_RESERVATION":
+            flags.append("--reservation-affinity=none")
+        flags += (["--no-enable-autorepair", f"--max-nodes={hosts}", "--num-nodes=0"] if self.scales_to_zero
+                  else [f"--num-nodes={hosts}"])
         if max_run_hours is not None:
             flags.append(f"--max-run-duration={max_run_hours * 3600}s")
         return flags
+
+    @property
+    def slice_billing(self) -> str:
+        """When a slice's TPU hosts are billed."""
+        return ("a flex-start pool has hosts only while a job wants them (GKE's autoscaler gives them back)"
+                if self.scales_to_zero else "its TPU node pools hold their hosts, training or not, until `invoke down`")
+
+    @property
+    def unschedulable_note(self) -> str:
+        """What a pod that cannot be scheduled yet means for this capacity, said after the fact."""
+        return (f" ({self.name}: GKE is asking for the whole slice; this can take a while)" if self.scales_to_zero
+                else "")
 
 
 #: A multi-host slice's other hourly costs (tpu_grpo/slices.py): its CPU host, an n2-standard-64 on demand (64
@@ -137,6 +160,8 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("reservation", "RESERVATION_BOUND",
              {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
              affinity="SPECIFIC_RESERVATION", idle_stop_minutes=0,
+             no_capacity="the zone has no capacity outside reservations: a reservation-bound VM must land in its "
+                         "reservation, so check that the reservation is active and in gcp:zone",
              usd_per_chip_hour=2.70, billed_when_stopped=True,
              price_source=f"{ON_DEMAND_SOURCE}; a reservation is billed at its own (committed-use) rate, "
                           "at most this, whether the VM runs or not"),
@@ -144,7 +169,9 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("spot", "SPOT",
              {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
               "instance_termination_action": "DELETE"},
-             usd_per_chip_hour=1.08, checkpoint_store="disk",
+             usd_per_chip_hour=1.08, checkpoint_store="disk", gke_switch="spot",
+             no_capacity="no spot v6e capacity in gcp:zone right now (spot capacity comes and goes): run `invoke up` "
+                         "again later, or use another zone with v6e",
              shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
              quota=PREEMPTIBLE_QUOTA,
              price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
@@ -155,7 +182,10 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
              affinity="NO_RESERVATION", usd_per_chip_hour=1.35, checkpoint_store="disk",
              shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
                                  "whole run",
-             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES,
+             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
+             scales_to_zero=True,
+             no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
+                         "offers v6e flex-start (asia-northeast1-b, us-east5-a)",
              price_source=f"estimate: half the on-demand price, as SkyPilot prices Compute Engine TPU flex-start "
                           f"(`_COMPUTE_TPU_FLEX_START_PRICE_FACTOR` 0.5, after Google's published Dynamic Workload "
                           f"Scheduler price); {ON_DEMAND_SOURCE}"),

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from tpu_grpo.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.machines import Machine
@@ -98,7 +99,7 @@ class Run:
     store: Store = STORES["shm"]
     checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
     checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
-    capacity: str = "reservation"  # how the chips were had: said in a job's record, no input of a step
+    capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
 
     @property
     def train_steps(self) -> int:

@@ -100,10 +100,7 @@ def build(stack: str | None = None) -> Plan:
 def cost_note(settings) -> str:
     """When the chips cost money, for this capacity."""
     if settings.tpu_slice:
-        when = ("a flex-start pool has hosts only while a job wants them (GKE's autoscaler gives them back)"
-                if settings.capacity == "flex-start" else
-                "its TPU node pools hold their hosts, training or not, until `invoke down`")
-        return (f"Billed while {when}; the price includes the CPU host (${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's "
+        return (f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host (${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's "
                 f"cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
     obtained = settings.obtained
     if obtained.billed_when_stopped:

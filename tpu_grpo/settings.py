@@ -112,18 +112,33 @@ class Key:
         return f"pulumi config set {self.name} {value}"
 
 
+def _capacities(where) -> str:
+    """The capacities whose row says `where`, as the settings' help names them."""
+    return ", ".join(name for name, row in CAPACITIES.items() if where(row))
+
+
+def _by_capacity(value) -> str:
+    """Each capacity's default of a setting, from its row: `0 for reservation; 60 for spot, ...`."""
+    groups: dict[str, list[str]] = {}
+    for name, row in CAPACITIES.items():
+        groups.setdefault(str(value(row)), []).append(name)
+    return "; ".join(f"{default} for {', '.join(names)}" for default, names in groups.items())
+
+
 KEYS: tuple[Key, ...] = (
     Key("gcp:project", str, "Google Cloud project that holds the reservation", "<your-project-id>"),
     Key("gcp:zone", str, "zone of the reservation (region-letter)", "us-east5-b"),
     Key(f"{PROJECT}:capacity", str, "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
         "spot", required=False),
-    Key(f"{PROJECT}:reservation", str, "the v6e reservation the VM is bound to (capacity reservation): NAME, or "
+    Key(f"{PROJECT}:reservation", str, "the v6e reservation the VM is bound to (capacity "
+        f"{_capacities(lambda row: row.needs_reservation)}): NAME, or "
         "projects/PROJECT/reservations/NAME for another project's shared one", "<your-reservation-name>",
         required=False),
-    Key(f"{PROJECT}:maxRunHours", int, f"hours a flex-start VM runs before it is deleted ({MAX_RUN_HOURS[0]} to "
-        f"{MAX_RUN_HOURS[1]}; capacity flex-start only)", "24", required=False),
+    Key(f"{PROJECT}:maxRunHours", int, f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
+        f"deleted ({MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]}; capacity {_capacities(lambda row: row.run_limited)} "
+        "only)", "24", required=False),
     Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or SSH session before the VM powers "
-        "itself off; 0: never (default 60, reservation: 0)", "60", required=False),
+        f"itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})", "60", required=False),
     Key(f"{PROJECT}:slice", str, f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
         "on GKE with Pathways: " + ", ".join(SLICES), "v6e-16", required=False),
     Key(f"{PROJECT}:numSlices", int, f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; "
@@ -133,7 +148,8 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
         vm_only=True),
     Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
-        "gs://BUCKET[/PREFIX] (default shm; disk for spot and flex-start, which refuse shm)", "disk", required=False),
+        f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
+        "disk", required=False),
     Key(f"{PROJECT}:bucket", bool, "declare checkpointStore's bucket in this stack (default: it exists already)",
         "true", required=False),
     Key(f"{PROJECT}:checkpointPeriod", int, "training steps between checkpoints, MaxText's checkpoint_period "
@@ -402,24 +418,27 @@ def _problem(key: Key, value: Any) -> str | None:
 def _check_capacity(values: dict[str, Any]) -> None:
     """The settings that only some capacities take; fills in the capacity's defaults."""
     capacity = values["capacity"] = values["capacity"] or DEFAULT_CAPACITY
+    row = CAPACITIES[capacity]
     reservation, hours = KEY[f"{PROJECT}:reservation"], KEY[f"{PROJECT}:maxRunHours"]
-    if capacity == "reservation" and not values["reservation"]:
-        raise SettingsError(reservation.name, None, "is not set, and capacity reservation needs it",
+    booking = next(name for name, other in CAPACITIES.items() if other.needs_reservation)
+    limited = ", ".join(name for name, other in CAPACITIES.items() if other.run_limited)
+    if row.needs_reservation and not values["reservation"]:
+        raise SettingsError(reservation.name, None, f"is not set, and capacity {capacity} needs it",
                             f"{reservation.set_command()} (or another capacity: "
                             f"pulumi config set {PROJECT}:capacity spot)")
-    if capacity != "reservation" and values["reservation"]:
+    if not row.needs_reservation and values["reservation"]:
         raise SettingsError(reservation.name, values["reservation"], f"is set, but capacity {capacity} uses no "
                             "reservation", f"pulumi config rm {reservation.name} (or pulumi config set "
-                            f"{PROJECT}:capacity reservation)")
-    if capacity == "flex-start" and values["maxRunHours"] is None:
-        raise SettingsError(hours.name, None, "is not set, and a flex-start VM needs its maximum run time",
+                            f"{PROJECT}:capacity {booking})")
+    if row.run_limited and values["maxRunHours"] is None:
+        raise SettingsError(hours.name, None, f"is not set, and a {capacity} VM needs its maximum run time",
                             hours.set_command())
-    if capacity != "flex-start" and values["maxRunHours"] is not None:
-        raise SettingsError(hours.name, values["maxRunHours"], f"is set, but only flex-start VMs have a maximum "
+    if not row.run_limited and values["maxRunHours"] is not None:
+        raise SettingsError(hours.name, values["maxRunHours"], f"is set, but only {limited} VMs have a maximum "
                             f"run time (capacity is {capacity})", f"pulumi config rm {hours.name}")
     if values["idleStopMinutes"] is None:
-        values["idleStopMinutes"] = CAPACITIES[capacity].idle_stop_minutes
-    _check_store(values, CAPACITIES[capacity])
+        values["idleStopMinutes"] = row.idle_stop_minutes
+    _check_store(values, row)
 
 
 def _check_store(values: dict[str, Any], capacity: Capacity) -> None:

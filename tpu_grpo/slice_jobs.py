@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 
 from tpu_grpo import images, jobset, maxtext, release, watch
+from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.errors import INTERRUPTED
 from tpu_grpo.kube import Cluster, ClusterError
 from tpu_grpo.settings import Settings
@@ -77,9 +78,7 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
                         f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it")
         for condition in pod.get("status", {}).get("conditions", []):
             if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                wait = (" (flex-start: GKE is asking for the whole slice; this can take a while)"
-                        if capacity == "flex-start" else "")
-                return (f"{name} cannot be scheduled{wait}: {condition.get('message', '').strip()}; fix: check the "
+                return (f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: {condition.get('message', '').strip()}; fix: check the "
                         "TPU node pool's capacity and quota (gcloud container node-pools describe; the reservation, "
                         "spot availability, TPU quota in the zone)")
     return None

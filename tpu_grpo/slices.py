@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_grpo.machines import MACHINES
+
 ONE_VM = "v6e-8"
+#: A slice's host: a row of the machine table (machines.py), its chips read from there.
 HOST_MACHINE_TYPE = "ct6e-standard-4t"
-CHIPS_PER_HOST = 4
+CHIPS_PER_HOST = MACHINES[HOST_MACHINE_TYPE].chips
 #: GKE's node label for v6e slice hosts (cloud.google.com/gke-tpu-accelerator).
 GKE_ACCELERATOR = "tpu-v6e-slice"
 #: The CPU host of the Pathways head (its proxy, resource manager and the trainer process) and of the

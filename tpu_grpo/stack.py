@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tpu_grpo.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.errors import UserError
 from tpu_grpo.kube import AUTH_PLUGIN
 from tpu_grpo.settings import Settings, project_root
@@ -43,11 +44,6 @@ KNOWN_ERRORS = (
      "run `invoke up` again once it is READY"),
     ("must exist in the same project as the instance",
      "the reservation belongs to another project: set gcp:project to the reservation's project"),
-    ("ZONE_RESOURCE_POOL_EXHAUSTED",
-     "the zone has no capacity outside reservations: a reservation-bound VM must land in its "
-     "reservation, so check that the reservation is active and in gcp:zone"),
-    ("RESOURCE_POOL_EXHAUSTED",
-     "no capacity for this request right now: check that the reservation is active and in gcp:zone"),
     ("specificReservationRequired",
      "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
      "only such a reservation can be named by a VM; create it so, or ask its owner to"),
@@ -101,11 +97,13 @@ def error_messages(event_log: Path) -> list[str]:
     return messages
 
 
-def explain(messages: list[str]) -> list[str]:
-    """What each known Compute Engine error in these messages means, once each."""
+def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> list[str]:
+    """What each known Compute Engine error in these messages means, once each; a zone out of capacity means
+    what it means for the capacity `obtained` (ZONE_RESOURCE_POOL_EXHAUSTED holds the marker too)."""
     found = []
+    known = (*KNOWN_ERRORS, ("RESOURCE_POOL_EXHAUSTED", obtained.no_capacity))
     for message in messages:
-        for marker, meaning in KNOWN_ERRORS:
+        for marker, meaning in known:
             if marker in message:
                 if meaning not in found:
                     found.append(meaning)
@@ -180,7 +178,7 @@ def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
         event_log = Path(folder) / "events.jsonl"
         code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace,
                                "--event-log", str(event_log)], stdout=stdout).returncode
-        return code, explain(error_messages(event_log)) if code else []
+        return code, explain(error_messages(event_log), settings.obtained) if code else []
 
 
 def require_cli() -> None:
