@@ -1,4 +1,5 @@
-"""The README stays true: every setting documented, the test command the one CI runs."""
+"""The README and its pages in docs/ stay true: every setting documented, every link landing on a heading, the
+test command the one CI runs."""
 
 from __future__ import annotations
 
@@ -8,9 +9,42 @@ import subprocess
 from tests.conftest import ROOT
 from tpu_grpo.settings import KEYS
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def documentation() -> str:
+    """The README and every page of docs/, as one text: what the tests below hold true."""
+    return "\n".join(page.read_text() for page in PAGES)
+
+
+def anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_pages_lands_on_a_heading():
+    anchors = {page: {anchor(line.lstrip("#").strip()) for line in page.read_text().splitlines()
+                      if line.startswith("#")} for page in PAGES}
+    broken = []
+    for page in PAGES:
+        for target, fragment in re.findall(r"\]\(([^)#\s]*\.md|)#([^)]+)\)", page.read_text()):
+            where = (page.parent / target).resolve() if target else page
+            if where not in anchors or fragment not in anchors[where]:
+                broken.append(f"{page.name}: {target}#{fragment}")
+    assert broken == []
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"(docs/{page.name})" in readme for page in PAGES[1:])  # the README maps every page
+
+
+def test_the_readme_is_what_a_newcomer_reads_first():
+    """What the project is, the quick start (the offline plan first), the two commands, the map of docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme) < 12_000
+    assert readme.index("uv run invoke plan") < readme.index("uv run invoke up provision --wait 120 pipeline")
+    assert "```\ntests/run\n```" in readme and "## Documentation" in readme
+
 
 def test_readme_documents_every_setting():
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
     assert {key.name for key in KEYS} <= rows
 
@@ -52,7 +86,7 @@ def test_example_stack_sets_every_required_key():
 def test_readme_documents_provisioning_and_every_playbook_variable():
     from tpu_grpo import playbook
 
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
         assert text in readme
     assert all(f"`{name}`" in readme for name in playbook.load().vars)
@@ -61,7 +95,7 @@ def test_readme_documents_provisioning_and_every_playbook_variable():
 def test_readme_walks_a_newcomer_through_every_task():
     import ast
 
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     tree = ast.parse((ROOT / "tasks.py").read_text())
     tasks = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
              and any("task" in ast.unparse(decorator) for decorator in node.decorator_list)]
@@ -106,10 +140,11 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
                                              GKE_CLUSTER_USD_PER_HOUR)}
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
     assert figures and figures <= known, figures - known
-    rows = {line.split("|")[1].strip().strip("`"): line for line in readme.splitlines()
+    table = (ROOT / "docs" / "capacity.md").read_text()  # the capacity table
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines()
             if line.startswith("| `") and line.split("|")[1].strip().strip("`") in CAPACITIES}
     assert set(rows) == set(CAPACITIES)
     for name, row in rows.items():

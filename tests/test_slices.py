@@ -227,7 +227,7 @@ def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values,
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this task on a one-VM stack "
-        "(README: Multi-host slices)"]
+        "(docs/slices.md)"]
 
 
 def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, stack_values, tmp_path):

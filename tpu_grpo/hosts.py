@@ -92,7 +92,7 @@ def from_stack(stack: str | None = None, identity: str | None = None) -> list[Ho
     chosen = settings.load(stack, lenient=True)
     if chosen.tpu_slice:
         raise HostError(f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
-                        "fix: run this task on a one-VM stack (README: Multi-host slices)")
+                        "fix: run this task on a one-VM stack (docs/slices.md)")
     if shutil.which("pulumi") is None:
         raise HostError(f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
                         "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`")
