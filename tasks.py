@@ -238,14 +238,6 @@ def _slice_stack(stack, host):
     return chosen if chosen.tpu_slice else None
 
 
-def _after_stop(stack):
-    """What a stop of the stack's VM means for its capacity, or None when the stack cannot say."""
-    try:
-        return settings_module.load(stack, lenient=True).obtained.after_stop
-    except settings_module.SettingsError:
-        return None
-
-
 def _cluster(stack):
     from tpu_grpo.kube import Cluster
 
@@ -308,17 +300,11 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, ru
 
 
 def _follow(session, job, step, total_steps, verbose, console=None) -> int:
-    """Follow to the end; Ctrl-C detaches (the job goes on) and says how to come back."""
+    """Follow to the end (Ctrl-C detaches); a lost link goes on up when the cloud is to be asked about the VM."""
     from tpu_grpo import hosts, watch
 
-    console = console or _console()
-    try:
-        with one_line_errors(keep=(hosts.ConnectError,) if session.vm_gone else ()):
-            return watch.follow(session, job, step, console, total_steps, verbose)
-    except KeyboardInterrupt:
-        console.print(f"\ndetached: job {job} keeps running on {session.host.name}; "
-                      f"reattach: uv run invoke logs --job {job} --follow; stop it: uv run invoke cancel --job {job}")
-        return INTERRUPTED
+    with one_line_errors(keep=(hosts.ConnectError,) if session.vm_gone else ()):
+        return watch.follow(session, job, step, console or _console(), total_steps, verbose)
 
 
 def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
@@ -503,58 +489,30 @@ def _pipeline_on_slice(chosen, run, dry_run, verbose, json_):
     follow="keep streaming until the job ends (resumes after a dropped link)"))
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
-    from tpu_grpo import jobs, slice_jobs
+    from tpu_grpo import targets
 
-    chosen = _slice_stack(stack, host)
-    if chosen:
-        with one_line_errors():
-            cluster = _cluster(chosen.stack)
-            found = slice_jobs.find(cluster, job, chosen.capacity)
-            if not follow:
-                for chunk in slice_jobs.read_log(cluster, found.name):
-                    sys.stdout.buffer.write(chunk)
-                return
-            code = slice_jobs.follow(cluster, found.name, found.step, _console(), chosen.capacity, found.total_steps,
-                                     verbose)
-        _exit_on_failure(code)
-        return
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
-        chosen = jobs.find(jobs.list_jobs(session.connection), job)
+        target = targets.pick(host, identity, stack, wait)
         if not follow:
-            sys.stdout.buffer.write(jobs.read_log(session.connection, chosen.id))
+            for chunk in target.read_log(job):
+                sys.stdout.buffer.write(chunk)
             return
-    _exit_on_failure(_follow(session, chosen.id, chosen.step, chosen.meta.get("total_steps"), verbose))
+        code = target.follow(job, _console(), verbose)
+    _exit_on_failure(code)
 
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
-    """The host's jobs (state, exit code, run, duration, progress), its TPU chips (HBM, duty cycle), its idle stop."""
-    from tpu_grpo import chips, jobs, slice_jobs, watch
+    """The jobs (state, exit code, run, duration, progress); on the VM its TPU chips (HBM, duty cycle), its idle stop."""
+    from tpu_grpo import targets
 
-    chosen = _slice_stack(stack, host)
-    if chosen:
-        with one_line_errors():
-            cluster = _cluster(chosen.stack)
-            found = slice_jobs.status(cluster, chosen.capacity)
-        if json_:
-            print(json.dumps({"cluster": chosen.vm_name, "slice": chosen.slice, "jobs": found}, indent=2))
-        else:
-            slice_jobs.print_status(_console(), chosen, found)
-        return
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
-        found = jobs.list_jobs(session.connection)
-        progress = watch.progress_of(session.connection, found)
-        idle = watch.idle_stop(session.connection, None if host else _after_stop(stack))
-        tpu = chips.read(session.connection)
+        target = targets.pick(host, identity, stack, wait)
+        found = target.status()
     if json_:
-        print(json.dumps({"host": session.host.name, "jobs": [job.to_json() for job in found],
-                          "progress": progress, "idle_stop": idle, "tpu": tpu}, indent=2))
-        return
-    console = _console()
-    watch.print_status(console, session.host.name, found, progress, idle)
-    chips.show(console, tpu)
+        print(json.dumps(found, indent=2))
+    else:
+        target.show_status(_console(), found)
 
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))
@@ -563,23 +521,11 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
 
     On the VM: the job's whole process group, then whatever holds /dev/vfio and /tmp/libtpu_lockfile. On a
     slice: the JobSet with its pods."""
-    from tpu_grpo import jobs, slice_jobs
+    from tpu_grpo import targets
 
-    chosen = _slice_stack(stack, host)
-    if chosen:
-        with one_line_errors():
-            gone = slice_jobs.cancel(_cluster(chosen.stack), job, chosen.capacity)
-        print(f"cancelled {', '.join(gone)}: deleted with their pods" if gone else "no job is pending or running; "
-              "nothing to cancel")
-        return
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
-        chosen = jobs.find(jobs.list_jobs(session.connection), job)
-        if chosen.state != "running":
-            print(f"job {chosen.id} is not running ({chosen.state}); nothing to cancel")
-            return
-        jobs.cancel(session.connection, chosen)
-    print(f"cancelled job {chosen.id} ({chosen.step} of run {chosen.run}); the TPU is free")
+        said = targets.pick(host, identity, stack, wait).cancel(job)
+    print(said)
 
 
 def _check_fetch(run=None, to=None, **flags):

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tpu_grpo import host_paths, hosts, jobs, settings
+from tpu_grpo.errors import INTERRUPTED
 from tpu_grpo.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
@@ -109,9 +110,15 @@ class JobView(LogView):
 
 def follow(session: jobs.Session, job: str, step: str, console: Console, total_steps: int | None = None,
            verbose: bool = False) -> int:
-    """Follow the job to its end with a progress view; returns its exit code."""
-    with JobView(console, job, step, total_steps, verbose) as view:
-        code = jobs.follow(session, job, view.feed, on_reconnect=view.note)
+    """Follow the job to its end with a progress view; returns its exit code. Ctrl-C detaches (the job goes on)
+    and says how to come back."""
+    try:
+        with JobView(console, job, step, total_steps, verbose) as view:
+            code = jobs.follow(session, job, view.feed, on_reconnect=view.note)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: job {job} keeps running on {session.host.name}; reattach: uv run invoke logs "
+                      f"--job {job} --follow; stop it: uv run invoke cancel --job {job}")
+        return INTERRUPTED
     verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
     console.print(f"{step} {verdict}: job {job}, {view.lines} log lines (saved in {view.path})")
     return code

@@ -1,0 +1,121 @@
+"""Where a stack's jobs run, behind one interface: the one VM over SSH (tpu_grpo/jobs.py) or a multi-host
+slice's cluster through the Kubernetes API (tpu_grpo/slice_jobs.py). A task asks `pick` for the target and
+then never which kind it has, in the spirit of SkyPilot's per-cloud backends and xpk's `core/`.
+
+The first of issue 41's targets: reading, following and cancelling a job, and the status. Launching, fetching
+and the pipeline still choose in tasks.py.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich.console import Console
+
+from tpu_grpo import settings as settings_module
+
+
+class VmTarget:
+    """The one VM (the stack's, or `--host`): its jobs are detached processes with a folder each."""
+
+    def __init__(self, host: list[str] | None, identity: str | None, stack: str | None, wait: str | None,
+                 after_stop: str | None):
+        from tpu_grpo import jobs
+
+        self.session = jobs.session(host, identity, stack, wait)  # connects on first use
+        self.after_stop = after_stop  # what an idle stop means, for a stack's VM
+
+    def _job(self, job: str | None):
+        from tpu_grpo import jobs
+
+        return jobs.find(jobs.list_jobs(self.session.connection), job)
+
+    def read_log(self, job: str | None) -> Iterable[bytes]:
+        from tpu_grpo import jobs
+
+        return [jobs.read_log(self.session.connection, self._job(job).id)]
+
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        from tpu_grpo import watch
+
+        found = self._job(job)
+        return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
+
+    def cancel(self, job: str | None) -> str:
+        from tpu_grpo import jobs
+
+        found = self._job(job)
+        if found.state != "running":
+            return f"job {found.id} is not running ({found.state}); nothing to cancel"
+        jobs.cancel(self.session.connection, found)
+        return f"cancelled job {found.id} ({found.step} of run {found.run}); the TPU is free"
+
+    def status(self) -> dict:
+        from tpu_grpo import chips, jobs, watch
+
+        connection = self.session.connection
+        found = jobs.list_jobs(connection)
+        return {"host": self.session.host.name, "jobs": [job.to_json() for job in found],
+                "progress": watch.progress_of(connection, found),
+                "idle_stop": watch.idle_stop(connection, self.after_stop), "tpu": chips.read(connection)}
+
+    def show_status(self, console: Console, status: dict) -> None:
+        from tpu_grpo import chips, jobs, watch
+
+        watch.print_status(console, status["host"], [jobs.Job(**job) for job in status["jobs"]], status["progress"],
+                           status["idle_stop"])
+        chips.show(console, status["tpu"])
+
+
+class SliceTarget:
+    """A multi-host slice's GKE cluster: its jobs are tpu-grpo's JobSets."""
+
+    def __init__(self, settings: settings_module.Settings):
+        from tpu_grpo.kube import Cluster
+
+        self.settings, self.cluster = settings, Cluster.of_stack(settings.stack)
+
+    def _job(self, job: str | None):
+        from tpu_grpo import slice_jobs
+
+        return slice_jobs.find(self.cluster, job, self.settings.capacity)
+
+    def read_log(self, job: str | None) -> Iterable[bytes]:
+        from tpu_grpo import slice_jobs
+
+        return slice_jobs.read_log(self.cluster, self._job(job).name)
+
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        from tpu_grpo import slice_jobs
+
+        found = self._job(job)
+        return slice_jobs.follow(self.cluster, found.name, found.step, console, self.settings.capacity,
+                                 found.total_steps, verbose)
+
+    def cancel(self, job: str | None) -> str:
+        from tpu_grpo import slice_jobs
+
+        gone = slice_jobs.cancel(self.cluster, job, self.settings.capacity)
+        return (f"cancelled {', '.join(gone)}: deleted with their pods" if gone
+                else "no job is pending or running; nothing to cancel")
+
+    def status(self) -> dict:
+        from tpu_grpo import slice_jobs
+
+        return {"cluster": self.settings.vm_name, "slice": self.settings.slice,
+                "jobs": slice_jobs.status(self.cluster, self.settings.capacity)}
+
+    def show_status(self, console: Console, status: dict) -> None:
+        from tpu_grpo import slice_jobs
+
+        slice_jobs.print_status(console, self.settings, status["jobs"])
+
+
+def pick(host: list[str] | None, identity: str | None, stack: str | None, wait: str | None) -> VmTarget | SliceTarget:
+    """The target of a task's host flags: `--host`'s VM, else the stack's slice or VM."""
+    if host:
+        return VmTarget(host, identity, stack, wait, None)  # a VM of no stack: what a stop means is not known
+    chosen = settings_module.load(stack, lenient=True)
+    if chosen.tpu_slice:
+        return SliceTarget(chosen)
+    return VmTarget(host, identity, stack, wait, chosen.obtained.after_stop)
