@@ -244,20 +244,6 @@ def _cluster(stack):
     return Cluster.of_stack(stack)
 
 
-def _slice_run(chosen, step):
-    """The run of the newest finished `step` on the slice's cluster."""
-    from tpu_grpo import slice_jobs
-
-    return slice_jobs.newest_run(_cluster(chosen.stack), step, chosen.capacity)
-
-
-def _run_folder(chosen, run):
-    """A slice run's folder in the bucket (its checkpoints, TensorBoard events and export)."""
-    from tpu_grpo import maxtext, pipeline
-
-    return maxtext.paths(pipeline.build_run(chosen.stack, run_name=run))["run"]
-
-
 def _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given=True):
     """A step as a JobSet on the slice's cluster: print it, or create it and follow it."""
     from tpu_grpo import jobset, slice_jobs
@@ -541,18 +527,11 @@ def _check_fetch(run=None, to=None, **flags):
     to="local folder (default: models/RUN)"))
 def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
-    from tpu_grpo import results
+    from tpu_grpo import targets
 
     with one_line_errors():
         destination = _check_fetch(run, to, host=host, identity=identity, stack=stack, wait=wait)
-        chosen = _slice_stack(stack, host)
-        if chosen:
-            run = run or _slice_run(chosen, "export")
-            result = results.fetch_from_bucket(f"{_run_folder(chosen, run)}/hf-trained", run, destination,
-                                               _console(stderr=json_))
-        else:
-            session = _session(host, identity, stack, wait)
-            result = results.fetch_run(session, run, destination, _console(stderr=json_))
+        result = targets.pick(host, identity, stack, wait).fetch(run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 
@@ -615,20 +594,14 @@ def _check_metrics(run=None, out=None, events=None, force=False, **flags):
 def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
             json_=False):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
-    from tpu_grpo import results
+    from tpu_grpo import results, targets
 
     with one_line_errors():
         path = _check_metrics(run, out, events, force, host=host, identity=identity, stack=stack, wait=wait)
-        chosen = None if events else _slice_stack(stack, host)
-        if chosen:
-            from tpu_grpo import slice_jobs
-
-            run = run or _slice_run(chosen, "train")
-            found, path = results.metrics_from_bucket(_run_folder(chosen, run), run,
-                                                      slice_jobs.train_log(_cluster(chosen.stack), run), path)
+        if events:  # a folder here: no host, no cluster
+            found, path = results.metrics_of(None, run, events, path)
         else:
-            session = None if events else _session(host, identity, stack, wait)
-            found, path = results.metrics_of(session, run, events, path)
+            found, path = targets.pick(host, identity, stack, wait).metrics(run, path)
     if json_:
         print(json.dumps({**found.to_json(), "plot": str(path)}, indent=2))
         return

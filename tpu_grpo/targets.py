@@ -2,8 +2,8 @@
 slice's cluster through the Kubernetes API (tpu_grpo/slice_jobs.py). A task asks `pick` for the target and
 then never which kind it has, in the spirit of SkyPilot's per-cloud backends and xpk's `core/`.
 
-The first of issue 41's targets: reading, following and cancelling a job, and the status. Launching, fetching
-and the pipeline still choose in tasks.py.
+The first of issue 41's targets: reading, following and cancelling a job, the status, a run's model fetched and
+its metrics. Launching and the pipeline still choose in tasks.py.
 """
 
 from __future__ import annotations
@@ -59,6 +59,18 @@ class VmTarget:
                 "progress": watch.progress_of(connection, found),
                 "idle_stop": watch.idle_stop(connection, self.after_stop), "tpu": chips.read(connection)}
 
+    def fetch(self, run: str | None, destination, console: Console):
+        """A run's saved model (default: the newest saved) to `destination` on this laptop."""
+        from tpu_grpo import results
+
+        return results.fetch_run(self.session, run, destination, console)
+
+    def metrics(self, run: str | None, out):
+        """A run's metrics (default: the newest trained) from its events and log on the host, and its plot."""
+        from tpu_grpo import results
+
+        return results.metrics_of(self.session, run, None, out)
+
     def show_status(self, console: Console, status: dict) -> None:
         from tpu_grpo import chips, jobs, watch
 
@@ -104,6 +116,32 @@ class SliceTarget:
 
         return {"cluster": self.settings.vm_name, "slice": self.settings.slice,
                 "jobs": slice_jobs.status(self.cluster, self.settings.capacity)}
+
+    def _newest(self, run: str | None, step: str) -> str:
+        """The run named, else the run of the newest finished `step` on the cluster."""
+        from tpu_grpo import slice_jobs
+
+        return run or slice_jobs.newest_run(self.cluster, step, self.settings.capacity)
+
+    def _run_folder(self, run: str) -> str:
+        """A run's folder in the bucket: its checkpoints, TensorBoard events and export."""
+        from tpu_grpo import maxtext, pipeline
+
+        return maxtext.paths(pipeline.build_run(self.settings.stack, run_name=run))["run"]
+
+    def fetch(self, run: str | None, destination, console: Console):
+        """A run's export (default: the newest exported) from its folder in the bucket, where the export writes."""
+        from tpu_grpo import results
+
+        run = self._newest(run, "export")
+        return results.fetch_from_bucket(f"{self._run_folder(run)}/hf-trained", run, destination, console)
+
+    def metrics(self, run: str | None, out):
+        """A run's metrics (default: the newest trained) from its events in the bucket and its training log."""
+        from tpu_grpo import results, slice_jobs
+
+        run = self._newest(run, "train")
+        return results.metrics_from_bucket(self._run_folder(run), run, slice_jobs.train_log(self.cluster, run), out)
 
     def show_status(self, console: Console, status: dict) -> None:
         from tpu_grpo import slice_jobs
