@@ -244,45 +244,17 @@ def _cluster(stack):
     return Cluster.of_stack(stack)
 
 
-def _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given=True):
-    """A step as a JobSet on the slice's cluster: print it, or create it and follow it."""
-    from tpu_grpo import jobset, slice_jobs
-
-    if dry_run:
-        print(jobset.to_yaml([slice_jobs.manifest(chosen, run, step)]), end="")
-        return
-    with one_line_errors():
-        cluster = _cluster(chosen.stack)
-        if step == "export":
-            run = slice_jobs.for_export(cluster, run, run_name_given, chosen.capacity)
-        code = slice_jobs.launch(cluster, chosen, run, step, _console(), detach, verbose)
-    _exit_on_failure(code)
-
-
 def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
-    from tpu_grpo import maxtext, pipeline
+    from tpu_grpo import targets
 
-    chosen = _slice_stack(stack, host)
-    if chosen:
-        _launch_on_slice(chosen, run, step, dry_run, detach, verbose, run_name_given)
-        return
-    if dry_run:
-        print(maxtext.script(run, step), end="")
-        return
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
-        connection = session.connection
-        if step == "export":
-            run = pipeline.for_export(connection, run, run_name_given)
-        job = pipeline.start_checked(connection, run, step)
-    console = _console()
-    console.print(f"started {step} job {job} (run {run.run_name}) on {session.host.name}")
-    if detach:
-        console.print(f"follow it: uv run invoke logs --job {job} --follow")
-        return
-    meta = pipeline.job_meta(run, step)
-    _exit_on_failure(_follow(session, job, step, meta.get("total_steps"), verbose))
+        target = targets.pick(host, identity, stack, wait)
+        if dry_run:
+            print(target.script(run, step), end="")
+            return
+        code = target.launch(run, step, _console(), detach, verbose, run_name_given)
+    _exit_on_failure(code)
 
 
 def _follow(session, job, step, total_steps, verbose, console=None) -> int:
@@ -331,9 +303,11 @@ def export(c, run_name=None, step=None, host=None, identity=None, stack=None, se
         run = _step_run("export", stack, run_name=run_name, set_=set_, export_step=step, host=host,
                         identity=identity, wait=wait)
     if dry_run and run_name is None:  # which run is known only once the host (or the cluster) is asked
-        where = "on the cluster" if _slice_stack(stack, host) else "on the host"
+        from tpu_grpo import targets
+
         run = replace(run, run_name="NEWEST")
-        print(f"# run name NEWEST: the newest trained run {where}, known once connected")
+        print(f"# run name NEWEST: the newest trained run {targets.pick(host, identity, stack, wait).where}, known "
+              "once connected")
     _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 

@@ -2,12 +2,14 @@
 slice's cluster through the Kubernetes API (tpu_grpo/slice_jobs.py). A task asks `pick` for the target and
 then never which kind it has, in the spirit of SkyPilot's per-cloud backends and xpk's `core/`.
 
-The first of issue 41's targets: reading, following and cancelling a job, the status, a run's model fetched and
-its metrics. Launching and the pipeline still choose in tasks.py.
+The first of issue 41's targets: a step's job launched (or its script shown), read, followed and cancelled, the
+status, a run's model fetched and its metrics. The pipeline still chooses in tasks.py. Nothing connects before it
+is used: a target of a dry run asks neither the host nor the cluster.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Iterable
 
 from rich.console import Console
@@ -18,12 +20,40 @@ from tpu_grpo import settings as settings_module
 class VmTarget:
     """The one VM (the stack's, or `--host`): its jobs are detached processes with a folder each."""
 
+    where = "on the host"
+
     def __init__(self, host: list[str] | None, identity: str | None, stack: str | None, wait: str | None,
                  after_stop: str | None):
+        self.flags = (host, identity, stack, wait)
+        self.after_stop = after_stop  # what an idle stop means, for a stack's VM
+
+    @cached_property
+    def session(self):
+        """The host's session (its address from the stack's outputs, or --host), which connects on first use."""
         from tpu_grpo import jobs
 
-        self.session = jobs.session(host, identity, stack, wait)  # connects on first use
-        self.after_stop = after_stop  # what an idle stop means, for a stack's VM
+        return jobs.session(*self.flags)
+
+    def script(self, run, step: str) -> str:
+        from tpu_grpo import maxtext
+
+        return maxtext.script(run, step)
+
+    def launch(self, run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+        """Start the step as a detached job (export: of the run named, else the newest trained) and follow it to
+        its exit code, or return at once with `detach`."""
+        from tpu_grpo import pipeline, watch
+
+        connection = self.session.connection
+        if step == "export":
+            run = pipeline.for_export(connection, run, run_name_given)
+        job = pipeline.start_checked(connection, run, step)
+        console.print(f"started {step} job {job} (run {run.run_name}) on {self.session.host.name}")
+        if detach:
+            console.print(f"follow it: uv run invoke logs --job {job} --follow")
+            return 0
+        total = pipeline.job_meta(run, step).get("total_steps")
+        return watch.follow(self.session, job, step, console, total, verbose)
 
     def _job(self, job: str | None):
         from tpu_grpo import jobs
@@ -82,10 +112,30 @@ class VmTarget:
 class SliceTarget:
     """A multi-host slice's GKE cluster: its jobs are tpu-grpo's JobSets."""
 
+    where = "on the cluster"
+
     def __init__(self, settings: settings_module.Settings):
+        self.settings = settings
+
+    @cached_property
+    def cluster(self):
         from tpu_grpo.kube import Cluster
 
-        self.settings, self.cluster = settings, Cluster.of_stack(settings.stack)
+        return Cluster.of_stack(self.settings.stack)
+
+    def script(self, run, step: str) -> str:
+        """The step's JobSet, as kubectl takes it."""
+        from tpu_grpo import jobset, slice_jobs
+
+        return jobset.to_yaml([slice_jobs.manifest(self.settings, run, step)])
+
+    def launch(self, run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+        """Create the step's JobSet (export: of the run named, else the newest trained) and follow it."""
+        from tpu_grpo import slice_jobs
+
+        if step == "export":
+            run = slice_jobs.for_export(self.cluster, run, run_name_given, self.settings.capacity)
+        return slice_jobs.launch(self.cluster, self.settings, run, step, console, detach, verbose)
 
     def _job(self, job: str | None):
         from tpu_grpo import slice_jobs
