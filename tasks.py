@@ -257,14 +257,6 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, ru
     _exit_on_failure(code)
 
 
-def _follow(session, job, step, total_steps, verbose, console=None) -> int:
-    """Follow to the end (Ctrl-C detaches); a lost link goes on up when the cloud is to be asked about the VM."""
-    from tpu_grpo import hosts, watch
-
-    with one_line_errors(keep=(hosts.ConnectError,) if session.vm_gone else ()):
-        return watch.follow(session, job, step, console or _console(), total_steps, verbose)
-
-
 def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
               wait=None, **_):
     """One step's run from the stack and the flags, all checked before anything connects."""
@@ -338,21 +330,6 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
     return run, need, recoveries, values
 
 
-def _provision_again(values, host, identity, stack, console) -> None:
-    """Provision a VM brought back, as `invoke provision` would (waiting while it boots)."""
-    from tpu_grpo import engine, hosts, playbook, recovery
-
-    targets = hosts.resolve(host or [], identity, stack)
-    report = engine.apply(playbook.load(), values, targets, wait_s=600)
-    counts = report.hosts[0].counts()
-    console.print(f"provisioned {targets[0].name}: {counts['changed']} changed, {counts['ok']} ok")
-    if report.failed:
-        problem = report.hosts[0].error or next(f"'{r.step}' failed: {r.output[-300:]}" for r in report.hosts[0].steps
-                                                if r.status == "failed")
-        raise recovery.RecoveryError(f"provisioning the VM brought back failed ({problem}); fix: uv run invoke "
-                                     "provision, then run the same pipeline again")
-
-
 @task(iterable=["host", "set_", "var"], check=_check_pipeline, help=_help(
     *HOST_FLAGS, "set", "dry_run", "verbose", "batches", "run_name", "json",
     recover="N: bring a lost VM back (invoke up, provision) and go on, up to N times; with the disk store, "
@@ -364,81 +341,20 @@ def _provision_again(values, host, identity, stack, console) -> None:
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
              dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False, recover=None, var=None):
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
-    from tpu_grpo import hosts, maxtext, pipeline as pipeline_module, recovery
+    from tpu_grpo import targets
 
     with one_line_errors():
         run, need, recoveries, values = _check_pipeline(batches, run_name, set_, need_gb, stack, recover, var,
                                                         host=host, identity=identity, wait=wait)
-    chosen = _slice_stack(stack, host)
-    if chosen:
-        _pipeline_on_slice(chosen, run, dry_run, verbose, json_)
-        return
-    if dry_run:
-        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline_module.saved_dir(run.run_name)} on the data "
-                f"disk, with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''}"
-                f" to {pipeline_module.run_archive(run.run_name)}")
-        if json_:
-            print(json.dumps({"run": run.run_name, "steps": [
-                *({"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS),
-                {"step": "save", "description": save}]}, indent=2))
+        target = targets.pick(host, identity, stack, wait)
+        if dry_run:
+            data, text = target.pipeline_dry_run(run, keep_checkpoint)
+            print(json.dumps(data, indent=2) if json_ else text, end="\n" if json_ else "")
             return
-        for step in maxtext.STEPS:
-            print(maxtext.script(run, step))
-        print(f"# save: {save}")
-        return
-    console = _console(stderr=json_)
-    chosen = settings_module.load(stack, lenient=True) if recoveries else None
-    total = pipeline_module.job_meta(run, "train").get("total_steps")
-
-    def report(step):
-        if step.state in ("done", "skipped"):
-            console.print(f"{step.name}: {step.state} ({step.detail})")
-        elif step.name == "save":
-            console.print(f"save: model copied to {step.detail} on the data disk")
-
-    def attempt():
-        session = _session(host, identity, stack, wait)
-        if chosen:  # a dropped link asks the cloud whether the VM is gone
-            session.vm_gone = lambda: recovery.gone(chosen)
-
-        def follow(job, step):
-            code = _follow(session, job, step, total if step == "train" else None, verbose, console)
-            if code == INTERRUPTED:
-                raise Exit(code=INTERRUPTED)
-            return code
-
-        return pipeline_module.run_pipeline(session, run, run_name_given=run_name is not None, need_gb=need,
-                                            follow=follow, on_step=report, keep_checkpoint=keep_checkpoint)
-
-    def bring_back():
-        recovery.bring_back(chosen, lambda: _provision_again(values, host, identity, stack, console),
-                            lambda: hosts.resolve(host or [], identity, stack),
-                            stdout=sys.stderr if json_ else None)
-        return recovery.where_training_stands(_session(host, identity, stack, wait).connection, run)
-
-    with one_line_errors():
-        outcome = (recovery.keep_going(attempt, chosen, bring_back, recoveries, recovery.Timeline.of(run.run_name),
-                                       console.print) if recoveries else attempt())
-    if json_:
-        print(json.dumps(outcome.to_json(), indent=2))
-    else:
-        console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
-                      f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
-
-
-def _pipeline_on_slice(chosen, run, dry_run, verbose, json_):
-    from tpu_grpo import jobset, maxtext, slice_jobs
-
-    if dry_run:
-        manifests = [slice_jobs.manifest(chosen, run, step) for step in maxtext.STEPS]
-        if json_:
-            print(json.dumps({"run": run.run_name, "steps": [
-                {"step": step, "jobset": manifest} for step, manifest in zip(maxtext.STEPS, manifests)]}, indent=2))
-        else:
-            print(jobset.to_yaml(manifests), end="")
-        return
-    with one_line_errors():
-        code, outcome = slice_jobs.pipeline(_cluster(chosen.stack), chosen, run, _console(stderr=json_), verbose)
+        code, outcome = target.pipeline(run, _console(stderr=json_), run_name_given=run_name is not None,
+                                        need_gb=need, keep_checkpoint=keep_checkpoint, verbose=verbose,
+                                        recover=recoveries, provisioning=values,
+                                        pulumi_out=sys.stderr if json_ else None)
     if json_:
         print(json.dumps(outcome, indent=2))
     _exit_on_failure(code)

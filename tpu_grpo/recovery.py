@@ -119,3 +119,17 @@ def bring_back(chosen: settings_module.Settings, provision: Callable[[], None],
     for target in targets():
         hosts.forget_host_key(target)
     provision()
+
+
+def provision_again(values: dict, targets: list[hosts.Host], say: Callable[[str], None]) -> None:
+    """Provision a VM brought back, as `invoke provision` would (waiting while it boots), with the `--var`s given."""
+    from tpu_grpo import engine, playbook
+
+    report = engine.apply(playbook.load(), values, targets, wait_s=600)
+    counts = report.hosts[0].counts()
+    say(f"provisioned {targets[0].name}: {counts['changed']} changed, {counts['ok']} ok")
+    if report.failed:
+        problem = report.hosts[0].error or next(f"'{r.step}' failed: {r.output[-300:]}" for r in report.hosts[0].steps
+                                                if r.status == "failed")
+        raise RecoveryError(f"provisioning the VM brought back failed ({problem}); fix: uv run invoke provision, "
+                            "then run the same pipeline again")

@@ -2,9 +2,9 @@
 slice's cluster through the Kubernetes API (tpu_grpo/slice_jobs.py). A task asks `pick` for the target and
 then never which kind it has, in the spirit of SkyPilot's per-cloud backends and xpk's `core/`.
 
-The first of issue 41's targets: a step's job launched (or its script shown), read, followed and cancelled, the
-status, a run's model fetched and its metrics. The pipeline still chooses in tasks.py. Nothing connects before it
-is used: a target of a dry run asks neither the host nor the cluster.
+Each target launches a step's job (or shows its script), reads, follows and cancels jobs, says the status,
+runs the whole pipeline (the VM's with its recovery from lost VMs), fetches a run's model and reads its metrics.
+Nothing connects before it is used: a target of a dry run asks neither the host nor the cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +33,67 @@ class VmTarget:
         from tpu_grpo import jobs
 
         return jobs.session(*self.flags)
+
+    def fresh_session(self):
+        """A new session: the VM may be another since the last one (brought back at another address)."""
+        self.__dict__.pop("session", None)
+        return self.session
+
+    def pipeline_dry_run(self, run, keep_checkpoint: bool) -> tuple[dict, str]:
+        """Each step's script and what save does: as data, and as text."""
+        from tpu_grpo import maxtext, pipeline
+
+        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.run_name)} on the data disk, "
+                f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
+                f"{pipeline.run_archive(run.run_name)}")
+        scripts = [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
+        return ({"run": run.run_name, "steps": [*scripts, {"step": "save", "description": save}]},
+                "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n")
+
+    def pipeline(self, run, console: Console, *, run_name_given: bool, need_gb: dict, keep_checkpoint: bool,
+                 verbose: bool, recover: int = 0, provisioning: dict | None = None, pulumi_out=None) -> tuple[int, dict]:
+        """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
+        `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with `provisioning`, the same
+        pipeline again: tpu_grpo/recovery.py), and a dropped link asks the cloud whether the VM is gone."""
+        from invoke import Exit
+
+        from tpu_grpo import errors, hosts, pipeline, recovery, watch
+
+        host, identity, stack, wait = self.flags
+        chosen = settings_module.load(stack, lenient=True) if recover else None
+        total = pipeline.job_meta(run, "train").get("total_steps")
+
+        def report(step):
+            if step.state in ("done", "skipped"):
+                console.print(f"{step.name}: {step.state} ({step.detail})")
+            elif step.name == "save":
+                console.print(f"save: model copied to {step.detail} on the data disk")
+
+        def attempt():
+            session = self.fresh_session()
+            if chosen:  # a dropped link asks the cloud whether the VM is gone
+                session.vm_gone = lambda: recovery.gone(chosen)
+
+            def follow(job, step):
+                code = watch.follow(session, job, step, console, total if step == "train" else None, verbose)
+                if code == errors.INTERRUPTED:
+                    raise Exit(code=errors.INTERRUPTED)
+                return code
+
+            return pipeline.run_pipeline(session, run, run_name_given=run_name_given, need_gb=need_gb, follow=follow,
+                                         on_step=report, keep_checkpoint=keep_checkpoint)
+
+        def bring_back():
+            recovery.bring_back(chosen, lambda: recovery.provision_again(provisioning, hosts.resolve(host or [], identity,
+                                                                                                    stack), console.print),
+                                lambda: hosts.resolve(host or [], identity, stack), stdout=pulumi_out)
+            return recovery.where_training_stands(self.fresh_session().connection, run)
+
+        outcome = (recovery.keep_going(attempt, chosen, bring_back, recover, recovery.Timeline.of(run.run_name),
+                                       console.print) if recover else attempt())
+        console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
+                      f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
+        return 0, outcome.to_json()
 
     def script(self, run, step: str) -> str:
         from tpu_grpo import maxtext
@@ -122,6 +183,22 @@ class SliceTarget:
         from tpu_grpo.kube import Cluster
 
         return Cluster.of_stack(self.settings.stack)
+
+    def pipeline_dry_run(self, run, keep_checkpoint: bool) -> tuple[dict, str]:
+        """Each step's JobSet: as data, and as kubectl takes them."""
+        from tpu_grpo import jobset, maxtext, slice_jobs
+
+        manifests = [slice_jobs.manifest(self.settings, run, step) for step in maxtext.STEPS]
+        return ({"run": run.run_name, "steps": [{"step": step, "jobset": manifest}
+                                                for step, manifest in zip(maxtext.STEPS, manifests)]},
+                jobset.to_yaml(manifests))
+
+    def pipeline(self, run, console: Console, *, verbose: bool, **_) -> tuple[int, dict]:
+        """convert -> train -> export as JobSets (a step whose output is in the bucket is skipped), each followed;
+        no recovery of its own: a JobSet restarts its own pods."""
+        from tpu_grpo import slice_jobs
+
+        return slice_jobs.pipeline(self.cluster, self.settings, run, console, verbose)
 
     def script(self, run, step: str) -> str:
         """The step's JobSet, as kubectl takes it."""
