@@ -214,17 +214,18 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
     assert again.returncode == 0, again.stderr
 
 
-def test_ctrl_c_detaches_and_the_job_goes_on(workload_host):
+@pytest.mark.parametrize("task", ["train", "pipeline"])
+def test_ctrl_c_detaches_and_the_job_goes_on(workload_host, task):
     host = workload_host
     assert host.invoke("convert").returncode == 0
     host.control(line_delay_s=0.004)  # about 6 s of log
-    train = host.popen("train", "--batches", "8")
+    train = host.popen(task, "--batches", "8", *(("--need-gb", "0.001,0.001") if task == "pipeline" else ()))
     wait_for(lambda: len(host.records()) == 2, what="the training to start")
     time.sleep(0.5)
     train.send_signal(signal.SIGINT)
     out, err = train.communicate(timeout=30)
     assert train.returncode == 130, err
-    assert "detached: job " in out and "reattach: uv run invoke logs" in out
+    assert "detached: job " in out and "reattach: uv run invoke logs" in out and "error" not in err
     status = json.loads(host.invoke("status", "--json").stdout)
     assert status["jobs"][-1]["state"] == "running"
 

@@ -55,7 +55,7 @@ def one_line_errors(keep: tuple[type, ...] = ()):
     except keep:
         raise
     except UserError as error:
-        raise Exit(f"error: {error}", code=error.exit_code) from None
+        raise Exit(f"error: {error}" if str(error) else None, code=error.exit_code) from None
 
 
 class CheckingExecutor(Executor):

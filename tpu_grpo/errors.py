@@ -12,3 +12,9 @@ class UserError(Exception):
     `invoke` prints it and exits with `exit_code`: 2 when nothing was done, 1 when a step failed."""
 
     exit_code = 2
+
+
+class Detached(UserError):
+    """Ctrl-C while following a job: the job goes on, and what to do was said already (no line of its own)."""
+
+    exit_code = INTERRUPTED

@@ -55,8 +55,6 @@ class VmTarget:
         """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
         `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with `provisioning`, the same
         pipeline again: tpu_grpo/recovery.py), and a dropped link asks the cloud whether the VM is gone."""
-        from invoke import Exit
-
         from tpu_grpo import errors, hosts, pipeline, recovery, watch
 
         host, identity, stack, wait = self.flags
@@ -77,7 +75,7 @@ class VmTarget:
             def follow(job, step):
                 code = watch.follow(session, job, step, console, total if step == "train" else None, verbose)
                 if code == errors.INTERRUPTED:
-                    raise Exit(code=errors.INTERRUPTED)
+                    raise errors.Detached()
                 return code
 
             return pipeline.run_pipeline(session, run, run_name_given=run_name_given, need_gb=need_gb, follow=follow,
