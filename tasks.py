@@ -251,6 +251,9 @@ def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, ru
     with one_line_errors():
         target = targets.pick(host, identity, stack, wait)
         if dry_run:
+            if step == "export" and not run_name_given:  # which run is known once the host (or cluster) is asked
+                run = replace(run, run_name="NEWEST")
+                print(f"# run name NEWEST: the newest trained run {target.where}, known once connected")
             print(target.script(run, step), end="")
             return
         code = target.launch(run, step, _console(), detach, verbose, run_name_given)
@@ -294,12 +297,6 @@ def export(c, run_name=None, step=None, host=None, identity=None, stack=None, se
     with one_line_errors():
         run = _step_run("export", stack, run_name=run_name, set_=set_, export_step=step, host=host,
                         identity=identity, wait=wait)
-    if dry_run and run_name is None:  # which run is known only once the host (or the cluster) is asked
-        from tpu_grpo import targets
-
-        run = replace(run, run_name="NEWEST")
-        print(f"# run name NEWEST: the newest trained run {targets.pick(host, identity, stack, wait).where}, known "
-              "once connected")
     _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
@@ -379,7 +376,7 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
-    """The jobs (state, exit code, run, duration, progress); on the VM its TPU chips (HBM, duty cycle), its idle stop."""
+    """The jobs (state, exit code, run, duration, progress); on the VM, its TPU chips and its idle stop."""
     from tpu_grpo import targets
 
     with one_line_errors():
@@ -629,7 +626,6 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None):
     from tpu_grpo import results, stack as stack_module
 
     with one_line_errors():
-        stack_module.require_cli()
         chosen = settings_module.load(stack, lenient=True)
         if not force and not chosen.tpu_slice:
             unsaved = results.unfetched(_session(host, identity, stack, wait))

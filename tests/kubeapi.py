@@ -80,8 +80,9 @@ class Scenario:
     unschedulable: str | None = None
     pull_error: str | None = None  # the container whose image cannot be pulled
     line_delay: float = 0.0
-    #: A failed JobSet's pods are gone with their statuses (a node preempted, deleted by the failure policy):
-    #: nothing says what the script exited with.
+    #: A failed JobSet's pods are gone with their statuses: Kubernetes' pod garbage collector deletes the pods bound
+    #: to a node that no longer exists (its "Pod Lifecycle" page, "Garbage collection of Pods"), as a preempted spot
+    #: or flex-start node is; nothing then says what the script exited with.
     pods_gone: bool = False
 
 

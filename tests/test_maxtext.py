@@ -248,6 +248,15 @@ def test_plan_includes_the_scripts(stack_dir):
 # ---------------------------------------------------------------- what a script does where it runs
 
 
+def this_python(folder: Path) -> Path:
+    """A folder whose `python3` is this test's (its venv has google-cloud-storage, as the host's has), for PATH."""
+    tools = folder / "bin"
+    tools.mkdir()
+    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (tools / "python3").chmod(0o755)
+    return tools
+
+
 def _lines_about_the_newest_checkpoint(script: str) -> str:
     return "\n".join(line for line in script.splitlines() if line.startswith(("newest=", '[ -z "$newest" ]')))
 
@@ -273,10 +282,7 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
         else:
             (tmp_path / f"maxtext/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}").mkdir(
                 parents=True)
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # with google-cloud-storage, as
-    (tools / "python3").chmod(0o755)  # the host's venv has it
+    tools = this_python(tmp_path)
     lines = _lines_about_the_newest_checkpoint(maxtext.script(run, "train"))
     env = {"PATH": f"{tools}:/usr/bin:/bin", "BASE_OUTPUT_DIRECTORY": base, "RUN_NAME": RUN.run_name,
            "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
@@ -302,10 +308,7 @@ def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
     home = tmp_path / "home"
     home.mkdir()
     (home / ".standin.json").write_text(json.dumps({"fixtures": str(FIXTURES), "hold_s": 120}))
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    (tools / "python3").chmod(0o755)
+    tools = this_python(tmp_path)
     env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home), "HF_TOKEN": TEST_TOKEN,
            "PYTHONPATH": str(Path(__file__).parent / "standin"),
            "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}

@@ -185,10 +185,11 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
              quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
              scales_to_zero=True,
              no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
-                         "offers v6e flex-start (asia-northeast1-b, us-east5-a)",
+                         f"offers v6e flex-start ({', '.join(FLEX_START_ZONES)})",
              price_source=f"estimate: half the on-demand price, as SkyPilot prices Compute Engine TPU flex-start "
                           f"(`_COMPUTE_TPU_FLEX_START_PRICE_FACTOR` 0.5, after Google's published Dynamic Workload "
                           f"Scheduler price); {ON_DEMAND_SOURCE}"),
-    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, usd_per_chip_hour=2.70, price_source=ON_DEMAND_SOURCE),
+    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, usd_per_chip_hour=2.70,
+             price_source=ON_DEMAND_SOURCE),
 )}
 DEFAULT = "reservation"

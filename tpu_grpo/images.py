@@ -7,13 +7,12 @@ own images, pinned by tag (never `latest`, which xpk defaults to) for the releas
 from __future__ import annotations
 
 from tpu_grpo import release
-from tpu_grpo.release import PATHWAYS_TAG
 
 #: The Artifact Registry repository the stack declares (its id) and the image in it.
 REPOSITORY = "tpu-grpo"
 POST_TRAINING = "maxtext-post-training"
-PATHWAYS_SERVER = f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:{PATHWAYS_TAG}"
-PATHWAYS_PROXY = f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:{PATHWAYS_TAG}"
+PATHWAYS_SERVER = f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:{release.PATHWAYS_TAG}"
+PATHWAYS_PROXY = f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:{release.PATHWAYS_TAG}"
 
 
 def repository_url(project: str, region: str) -> str:

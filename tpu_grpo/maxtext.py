@@ -58,7 +58,6 @@ SLICE_EXPORT = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
 #: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
 ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
                "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
-#: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/jobset.py).
 #: The steps of a bucket's folder, listed with the Cloud Storage client that MaxText's tpu-post-train extra brings
 #: (google-cloud-storage), which `ls` cannot do; MaxText's paths hold `//`, which its objects' names do not.
 GCS_CHILDREN = ("python3 -c 'import sys; from google.cloud import storage; "
@@ -74,6 +73,7 @@ FORWARD_TERM = "trap 'kill -TERM \"$child\" 2>/dev/null' TERM  # PID 1 of its po
 WAIT_CHILD = ['child=$!',
               'while code=0; wait "$child" || code=$?; kill -0 "$child" 2>/dev/null; do :; done  # a TERM ends wait early',
               '[ "$code" = 0 ] || exit "$code"']
+#: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/jobset.py).
 POD_TOKEN_CHECK = ('[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
                    'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }')
 

@@ -100,8 +100,8 @@ def build(stack: str | None = None) -> Plan:
 def cost_note(settings) -> str:
     """When the chips cost money, for this capacity."""
     if settings.tpu_slice:
-        return (f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host (${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's "
-                f"cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
+        return (f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host "
+                f"(${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
     obtained = settings.obtained
     if obtained.billed_when_stopped:
         when = ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "

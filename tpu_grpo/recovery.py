@@ -106,19 +106,20 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
                 + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)"))
 
 
-def bring_back(chosen: settings_module.Settings, provision: Callable[[], None],
-               targets: Callable[[], list[hosts.Host]], stdout=None) -> None:
-    """`invoke up`, then provisioning. The VM is always new (deleted, or stopped and replaced), with a new
-    host key, so the old one of each of its `targets` is forgotten first (the next connection records the
-    new one and says so)."""
+def bring_back(chosen: settings_module.Settings, targets: Callable[[], list[hosts.Host]], provisioning: dict,
+               say: Callable[[str], None], stdout=None) -> None:
+    """`invoke up`, then provisioning with the `provisioning` values. The VM is always new (deleted, or stopped
+    and replaced), with a new host key, so the old one of each of its `targets` (resolved once the VM is up) is
+    forgotten first (the next connection records the new one and says so)."""
     code, meanings = stack.up(chosen, say=lambda line: None, stdout=stdout)
     if code != 0:
         raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
                             + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "
                             "run the same pipeline again")
-    for target in targets():
+    found = targets()
+    for target in found:
         hosts.forget_host_key(target)
-    provision()
+    provision_again(provisioning, found, say)
 
 
 def provision_again(values: dict, targets: list[hosts.Host], say: Callable[[str], None]) -> None:

@@ -102,6 +102,11 @@ class Key:
         """The name without its namespace: `zone`, `bootDiskGb`."""
         return self.name.split(":", 1)[1]
 
+    @property
+    def field(self) -> str:
+        """Its field of Settings: `zone`, `boot_disk_gb`."""
+        return re.sub("([A-Z])", r"_\1", self.short).lower()
+
     def set_command(self, value: str | None = None) -> str:
         value = value or self.example
         if self.kind is list:
@@ -254,7 +259,7 @@ class Settings:
 
     def default_shown(self, key: Key) -> str:
         """What an unset key comes to, and whence (`invoke settings`): a capacity's or a store's default."""
-        value = getattr(self, re.sub("([A-Z])", r"_\1", key.short).lower(), None)
+        value = getattr(self, key.field, None)
         if value is None or (key.vm_only and self.tpu_slice):
             return "(unset)"
         shown = str(value).lower() if isinstance(value, bool) else str(value)
@@ -562,7 +567,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         pending.append(error)
         public_key = ""
     values["sshSourceRanges"] = tuple(values["sshSourceRanges"] or ())
-    fields = {re.sub("([A-Z])", r"_\1", short).lower(): value for short, value in values.items()}
+    fields = {key.field: values[key.short] for key in KEYS}
     return Settings(stack=stack, ssh_public_key=public_key, pending=tuple(pending), **fields)
 
 
@@ -643,8 +648,8 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
 
 def check_stack_name(stack: str) -> str:
     if not _STACK_NAME.fullmatch(stack):
-        raise SettingsError("--stack", stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
-                            f"e.g. --stack {DEFAULT_STACK} (pulumi stack ls lists them)")
+        raise SettingsError("--stack", stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most "
+                            "100)", f"e.g. --stack {DEFAULT_STACK} (pulumi stack ls lists them)")
     return stack
 
 

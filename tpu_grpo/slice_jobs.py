@@ -78,9 +78,10 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
                         f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it")
         for condition in pod.get("status", {}).get("conditions", []):
             if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return (f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: {condition.get('message', '').strip()}; fix: check the "
-                        "TPU node pool's capacity and quota (gcloud container node-pools describe; the reservation, "
-                        "spot availability, TPU quota in the zone)")
+                return (f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: "
+                        f"{condition.get('message', '').strip()}; fix: check the TPU node pool's capacity and quota "
+                        "(gcloud container node-pools describe; the reservation, spot availability, TPU quota in the "
+                        "zone)")
     return None
 
 
@@ -105,7 +106,8 @@ def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
         state, problem = ("running" if running else "pending"), trouble(pods, capacity)
     labels, total = meta.get("labels", {}), meta.get("annotations", {}).get(TOTAL_STEPS, "")
     return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
-                    exit_code, meta.get("creationTimestamp", ""), problem, int(total) if re.fullmatch(r"[0-9]+", total) else None)
+                    exit_code, meta.get("creationTimestamp", ""), problem,
+                    int(total) if re.fullmatch(r"[0-9]+", total) else None)
 
 
 def _script_pod(pods: list[dict]) -> dict | None:
@@ -259,7 +261,8 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
     """Delete the named JobSet of tpu-grpo's, else every one of them still pending or running; the names deleted.
     Another JobSet in the cluster is never touched."""
     if name:
-        if name not in {job.name for job in jobs_on(cluster, capacity)} or not cluster.delete(name):
+        ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
+        if name not in ours or not cluster.delete(name):
             raise maxtext.CommandError(f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke "
                                        "status")
         return [name]
@@ -304,8 +307,8 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
     steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
     if not steps or (run.step is not None and run.step not in steps):
         raise maxtext.CommandError(f"run {run.run_name} has no checkpoint at step {run.step or 'any'} in "
-                                   f"{maxtext.paths(run)['checkpoints']}; it has: {', '.join(map(str, steps)) or 'none'}; "
-                                   f"fix: --step {steps[-1] if steps else 'N'}")
+                                   f"{maxtext.paths(run)['checkpoints']}; it has: "
+                                   f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}")
     return dataclasses.replace(run, step=run.step or steps[-1])
 
 

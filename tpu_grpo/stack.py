@@ -59,7 +59,8 @@ def google_credentials() -> str | None:
             return f"${variable}"
     path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if path:  # a path: credentials only when there is a file to read
-        return f"$GOOGLE_APPLICATION_CREDENTIALS ({path})" if os.access(path, os.R_OK) and Path(path).is_file() else None
+        readable = os.access(path, os.R_OK) and Path(path).is_file()
+        return f"$GOOGLE_APPLICATION_CREDENTIALS ({path})" if readable else None
     gcloud_dir = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
     adc = gcloud_dir / "application_default_credentials.json"
     return str(adc) if adc.is_file() else None

@@ -51,7 +51,8 @@ class VmTarget:
                 "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n")
 
     def pipeline(self, run, console: Console, *, run_name_given: bool, need_gb: dict, keep_checkpoint: bool,
-                 verbose: bool, recover: int = 0, provisioning: dict | None = None, pulumi_out=None) -> tuple[int, dict]:
+                 verbose: bool, recover: int = 0, provisioning: dict | None = None,
+                 pulumi_out=None) -> tuple[int, dict]:
         """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
         `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with `provisioning`, the same
         pipeline again: tpu_grpo/recovery.py), and a dropped link asks the cloud whether the VM is gone."""
@@ -82,9 +83,8 @@ class VmTarget:
                                          on_step=report, keep_checkpoint=keep_checkpoint)
 
         def bring_back():
-            recovery.bring_back(chosen, lambda: recovery.provision_again(provisioning, hosts.resolve(host or [], identity,
-                                                                                                    stack), console.print),
-                                lambda: hosts.resolve(host or [], identity, stack), stdout=pulumi_out)
+            recovery.bring_back(chosen, lambda: hosts.resolve(host or [], identity, stack), provisioning, console.print,
+                                stdout=pulumi_out)
             return recovery.where_training_stands(self.fresh_session().connection, run)
 
         outcome = (recovery.keep_going(attempt, chosen, bring_back, recover, recovery.Timeline.of(run.run_name),
