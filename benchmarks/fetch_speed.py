@@ -3,7 +3,7 @@ host against `cp` followed by `sha256sum`, on one throwaway host.
 
     sudo uv run python -m benchmarks.fetch_speed [--gb 2] [--files 4] [--runs 3] [--rtt-ms MS] [--json]
 
-In one run, against ONE throwaway host (as benchmarks/provision_noop.py makes it: tests/rootfs.py, its
+In one run, against ONE throwaway host (as benchmarks/provision_noop.py makes it: tests/host/rootfs.py, its
 sshd on 127.0.0.1, behind a relay adding --rtt-ms if given):
 
 1. write a model of --files files of random bytes, --gb GB in all, into /dev/shm on the host, and

@@ -2,7 +2,7 @@
 
     uv run python -m benchmarks.provision_noop [--runs N] [--json] [--no-bytecode-cache] [--rtt-ms MS]   (as root)
 
-In one run, against ONE throwaway host (tests/rootfs.py, as the tests' `make_host` makes it: a root
+In one run, against ONE throwaway host (tests/host/rootfs.py, as the tests' `make_host` makes it: a root
 file system and namespaces of its own, its sshd on 127.0.0.1, a user with passwordless sudo, a loop
 device as the data disk):
 
@@ -73,7 +73,7 @@ class BenchError(Exception):
     """A benchmark that cannot be measured fairly: a run failed or did not report a no-op."""
 
 
-# ---------------------------------------------------------------- the test host (as in tests/conftest.py)
+# ---------------------------------------------------------------- the test host (as in tests/host/conftest.py)
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Host:
     @property
     def vars(self) -> list[str]:
         """The tests' variables: what this machine allows."""
-        from tests.rootfs import TEST_VARS
+        from tests.host.rootfs import TEST_VARS
 
         return [*TEST_VARS, f"data_device={self.disk.device}"]
 
@@ -115,10 +115,10 @@ def _guarded(what: str, action, *args) -> None:
 
 
 def make_host(stack: contextlib.ExitStack, rtt_ms: float) -> Host:
-    """A throwaway host (tests/rootfs.py: a root file system and namespaces of its own, its sshd on
+    """A throwaway host (tests/host/rootfs.py: a root file system and namespaces of its own, its sshd on
     127.0.0.1, behind a relay adding `rtt_ms` if any) with a loop-device data disk; every undo
     registered on `stack`."""
-    from tests import rootfs
+    from tests.host import rootfs
 
     rootfs.python312_bin()  # fails early, with its message, on a machine without Python 3.12
     folder = Path(tempfile.mkdtemp(prefix="tpu-grpo-bench-"))
@@ -278,7 +278,7 @@ def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]
 
 def ansible_python() -> Path:
     """The Python both tools are timed on: this machine's 3.12 (recent ansible-core needs >= 3.12)."""
-    from tests.rootfs import python312_bin
+    from tests.host.rootfs import python312_bin
 
     return Path(python312_bin()) / "python3.12"
 

@@ -21,8 +21,8 @@ import pulumi_kubernetes as k8s
 from infra.common import IMAGE_ROLE, NODE_ROLE, declare_bucket, declare_network, labels, member
 from infra.tpu_host import SCOPES
 from tpu_grpo import images
-from tpu_grpo.jobset import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
-from tpu_grpo.kube import kubeconfig
+from tpu_grpo.kubeconfig import kubeconfig
+from tpu_grpo.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
 from tpu_grpo.settings import PROJECT, Settings
 from tpu_grpo.slices import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
 

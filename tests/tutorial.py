@@ -8,7 +8,9 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.conftest import TUTORIAL
+from tests.support import TEST_TOKEN, TUTORIAL
+from tpu_grpo import maxtext
+from tpu_grpo.machines import MACHINES
 
 MODULES = ("maxtext.checkpoint_conversion.to_maxtext", "maxtext.trainers.post_train.rl.train_rl",
            "maxtext.checkpoint_conversion.to_huggingface")
@@ -55,3 +57,56 @@ def exported_names() -> list[str]:
         if match:
             names.append(match.group(1) or match.group(2))
     return names
+
+
+#: The tutorial's run: the 8B Instruct model, 50 batches, on a ct6e-standard-8t.
+RUN = maxtext.Run(model="llama3.1-8b-Instruct", export_model="llama3.1-8b", batches=50, test_batches=10,
+                  use_pathways=False, lazy_load_tensors=False, machine=MACHINES["ct6e-standard-8t"],
+                  run_name="2026-12-02-22-10-00")
+
+
+def job_home(folder) -> tuple[dict, Path]:
+    """A home with a venv and the token file, and a `python3` that records its argv and environment:
+    (the environment to run a job script in, the record file)."""
+    home = folder / "home"
+    (home / "maxtext_venv/bin").mkdir(parents=True)
+    (home / "maxtext_venv/bin/activate").write_text("")
+    (home / ".cache/huggingface").mkdir(parents=True)
+    (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
+    tools, record = folder / "bin", folder / "ours.jsonl"
+    tools.mkdir()
+    (tools / "python3").write_text("#!/usr/bin/python3\nimport json, os, sys\n"
+                                   f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
+                                   "'env': dict(os.environ)}) + '\\n')\n")
+    (tools / "python3").chmod(0o755)
+    return {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)}, record
+
+
+def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dict]:
+    """Each of our scripts run in bash on a home with a venv and the token file (`env`: a job_home of
+    `folder` already made), `python3` recording."""
+    env, record = (env, folder / "ours.jsonl") if env else job_home(folder)
+    for step in maxtext.STEPS:
+        subprocess.run(["bash", "-c", maxtext.script(run, step)], check=True, cwd=env["HOME"], env=env)
+    found = {}
+    for line in record.read_text().splitlines():
+        call = json.loads(line)
+        if call["argv"][0] == "-m":  # MaxText's modules; not the convert job's `python3 -c` asking its version
+            found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
+    return found
+
+
+def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
+    """argv equal element by element (the tutorial's hf_access_token= aside), and every variable
+    the tutorial exports equal character for character; nothing else of ours but OURS_ONLY."""
+    names = exported_names()
+    assert list(ours) == list(theirs) == list(MODULES)
+    for module in MODULES:
+        expected = [arg for arg in theirs[module]["argv"] if not arg.startswith("hf_access_token=")]
+        assert ours[module]["argv"] == expected, module
+        for name in names:
+            if name in theirs[module]["env"]:
+                assert ours[module]["env"].get(name) == theirs[module]["env"][name], (module, name)
+    token_args = [arg for arg in theirs[MODULES[0]]["argv"] if arg.startswith("hf_access_token=")]
+    assert token_args == [f"hf_access_token={TEST_TOKEN}"]  # the one difference: the token moves to HF_TOKEN
+    assert ours[MODULES[0]]["env"]["HF_TOKEN"] == TEST_TOKEN

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tpu_grpo import host_paths, hosts
+from tpu_grpo import facts, host_paths
 
 GIB = 1 << 30
 
@@ -32,16 +32,18 @@ print(json.dumps(found))
 """
 
 
-def read(connection) -> dict:
-    """The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
-    duty_cycle_pct}]}, or {"error"}."""
-    result = hosts.run_script(connection, f"{host_paths.VENV}/bin/python - <<'TPU_GRPO_CHIPS'\n{PROGRAM}\nTPU_GRPO_CHIPS")
-    lines = result.stdout.strip().splitlines()
+def parse(answer: facts.Answer) -> dict:
+    lines = answer.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"tpu-info failed on the host (exit {result.exited}): {tail[0]}"}
+        tail = (answer.stderr or answer.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"tpu-info failed on the host (exit {answer.exited}): {tail[0]}"}
+
+
+#: The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
+#: duty_cycle_pct}]}, or {"error"}.
+CHIPS = facts.Fact("chips", lambda: f"{host_paths.VENV}/bin/python - <<'TPU_GRPO_CHIPS'\n{PROGRAM}\nTPU_GRPO_CHIPS", parse)
 
 
 def summary(found: dict) -> str:

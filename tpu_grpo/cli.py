@@ -68,7 +68,10 @@ class CheckingExecutor(Executor):
                 with one_line_errors():
                     check(**call.kwargs)
         try:
-            return super().execute(*tasks)
+            try:
+                return super().execute(*tasks)
+            finally:  # what is still buffered meets a reader gone here, not in Python's exit (which exits 120)
+                sys.stdout.flush()
         except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as command-line tools do
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
             raise Exit(code=BROKEN_PIPE) from None

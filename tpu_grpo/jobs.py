@@ -15,8 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from tpu_grpo import hosts
+from tpu_grpo import facts, hosts
 from tpu_grpo.errors import UserError
+from tpu_grpo.job_records import JobRecord, utc
 from tpu_grpo.host_paths import ROOT, TPU_LOCK
 JOBS = f"{ROOT}/jobs"
 DONE = f"{ROOT}/done"
@@ -75,6 +76,12 @@ class Job:
     finished: float | None
     log_bytes: int
     meta: dict = field(default_factory=dict)
+
+    def record(self) -> JobRecord:
+        failed = self.state == "finished" and self.exit_code != 0
+        return JobRecord(self.id, self.step, self.run, "failed" if failed else self.state, self.exit_code,
+                         utc(self.started), utc(self.finished) if self.finished else None,
+                         self.meta.get("total_steps"), None)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -153,9 +160,11 @@ done
 """
 
 
-def parse_jobs(text: str) -> list[Job]:
+def parse_jobs(answer: facts.Answer) -> list[Job]:
+    if answer.exited != 0:
+        raise JobError(f"cannot list the jobs on the host: {answer.stderr.strip()}")
     jobs = []
-    for line in text.splitlines():
+    for line in answer.stdout.splitlines():
         parts = line.split("\t")
         if len(parts) != 7:
             continue
@@ -167,12 +176,12 @@ def parse_jobs(text: str) -> list[Job]:
     return jobs
 
 
+JOBS_FACT = facts.Fact("jobs", lambda: _LIST, parse_jobs)
+
+
 def list_jobs(connection) -> list[Job]:
     """Every job on the host, oldest first."""
-    result = hosts.run_script(connection, _LIST)
-    if result.exited != 0:
-        raise JobError(f"cannot list the jobs on the host: {result.stderr.strip()}")
-    return parse_jobs(result.stdout)
+    return JOBS_FACT.read(connection)
 
 
 def find(jobs: list[Job], job_id: str | None) -> Job:

@@ -9,12 +9,7 @@ import re
 from tpu_grpo import images
 from tpu_grpo.slices import CHIPS_PER_HOST, CPU_POOL, GKE_ACCELERATOR, Slice
 
-#: JobSet's release and its Helm chart (JobSet's README: `helm install jobset
-#: oci://registry.k8s.io/jobset/charts/jobset --version $VERSION --create-namespace --namespace=jobset-system`).
-JOBSET_VERSION = "0.10.1"
-JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
-JOBSET_NAMESPACE = "jobset-system"
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
+API_VERSION = "jobset.x-k8s.io/v1alpha2"  # of JobSet's release (release.JOBSET_VERSION)
 
 #: The user container's name (xpk's default docker name) and the ports of Pathways' parts (xpk's).
 CONTAINER = "jax-tpu"

@@ -14,11 +14,11 @@ from typing import Iterator
 import yaml
 
 from tpu_grpo.errors import UserError
+from tpu_grpo.kubeconfig import kubeconfig
 from tpu_grpo.jobset import API_VERSION, RUN_LABEL, TOKEN_KEY, TOKEN_SECRET
 
 #: GKE's credential plugin (gcloud's gke-gcloud-auth-plugin component), as `gcloud container clusters
 #: get-credentials` writes it: the kubeconfig holds no token.
-AUTH_PLUGIN = "gke-gcloud-auth-plugin"
 #: A kubeconfig to use instead of the one made from the stack's outputs (a cluster reached another way).
 KUBECONFIG_ENV = "TPU_GRPO_KUBECONFIG"
 NAMESPACE = "default"
@@ -32,21 +32,6 @@ class ClusterError(UserError):
     """The cluster refused or could not be reached; one line with the fix."""
 
     exit_code = 1
-
-
-def kubeconfig(cluster: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig for the cluster at `endpoint` (its CA as GKE gives it, base64 PEM)."""
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": cluster, "preferences": {},
-        "clusters": [{"name": cluster, "cluster": {"server": f"https://{endpoint}",
-                                                   "certificate-authority-data": ca_certificate}}],
-        "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": cluster}}],
-        "users": [{"name": cluster, "user": {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1", "command": AUTH_PLUGIN,
-            "provideClusterInfo": True,
-            "installHint": f"gcloud components install {AUTH_PLUGIN} (or apt-get install "
-                           f"google-cloud-cli-{AUTH_PLUGIN})"}}}],
-    }, sort_keys=False)
 
 
 def _stack_kubeconfig(stack: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -224,3 +225,15 @@ class Tracker:
             "latest_accuracy": self.latest_accuracy,
             "evals": [asdict(e) for e in self.evals],
         }
+
+
+ABSL_TIME = re.compile(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
+
+
+def absl_seconds(line: str, year: int) -> float | None:
+    """A log line's absl time as seconds on the job's own clock (naive: only differences are used)."""
+    found = ABSL_TIME.search(line)
+    if not found:
+        return None
+    month, day, hour, minute, second = found.groups()
+    return datetime(year, int(month), int(day), int(hour), int(minute)).timestamp() + float(second)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tpu_grpo import hosts, jobs, maxtext, pipeline, settings as settings_module, stack
+from tpu_grpo import facts, hosts, jobs, maxtext, pipeline, settings as settings_module, stack
 from tpu_grpo.errors import UserError
 
 #: Compute Engine's states of a VM that is not coming back by itself (a preempted VM is
@@ -67,14 +67,18 @@ class Timeline:
         return entry
 
 
+#: The last step the run's newest training printed, or None.
+LAST_STEP_PRINTED = facts.Fact("last_step_printed", lambda run_name: (
+    f"for dir in $(ls -1d {jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
+    f"grep -q '\"run\": \"{run_name}\"' $dir/job.json && "
+    "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true"),
+    lambda answer, run_name: int(answer.stdout.split()[-1]) if answer.stdout.split() else None)
+
+
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
     """(the newest checkpoint step in the run's store, the last step the lost training printed)."""
     steps = pipeline.checkpoint_steps(connection, run)
-    script = (f"for dir in $(ls -1d {jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
-              f"grep -q '\"run\": \"{run.run_name}\"' $dir/job.json && "
-              "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true")
-    printed = hosts.run_script(connection, script).stdout.split()
-    return (steps[-1] if steps else None), (int(printed[-1]) if printed else None)
+    return (steps[-1] if steps else None), LAST_STEP_PRINTED.read(connection, run.run_name)
 
 
 def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,

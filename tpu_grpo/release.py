@@ -14,6 +14,11 @@ MAXTEXT_VERSION = "0.2.3"
 MAXTEXT_SPEC = f"maxtext[tpu-post-train]=={MAXTEXT_VERSION}"
 JAX_VERSION = "0.10.1"
 PATHWAYS_TAG = f"20260623-jax_{JAX_VERSION}"
+#: JobSet, which a slice's cluster runs its steps with, and its Helm chart (JobSet's README: `helm install jobset
+#: oci://registry.k8s.io/jobset/charts/jobset --version $VERSION --create-namespace --namespace=jobset-system`).
+JOBSET_VERSION = "0.10.1"
+JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
+JOBSET_NAMESPACE = "jobset-system"
 _SPEC = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==(?P<version>\S+)")
 
 

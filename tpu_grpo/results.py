@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo import artifacts, gcs, hosts, jobs, maxtext, pipeline, settings
+from tpu_grpo import artifacts, facts, gcs, hosts, jobs, maxtext, pipeline, settings
 
 
 def destination(run: str | None, to: str | None) -> Path:
@@ -40,14 +40,9 @@ def _fetched_record(run: str) -> Path:
     return settings.state_dir() / "fetched" / f"{run}.json"
 
 
-def runs_on_host(connection) -> dict[str, dict | None]:
-    """Every run with a trained model on the host -> None when saved on the data disk, else the
-    training's record (its inputs): the model is then only in the checkpoint store, not saved."""
-    result = hosts.run_script(connection, f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
-                                   f"for f in {jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); "
-                                   "done; true")
+def _runs(answer: facts.Answer) -> dict[str, dict | None]:
     runs: dict[str, dict | None] = {}
-    for line in result.stdout.splitlines():
+    for line in answer.stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "saved" and not rest.endswith(".partial"):
             runs[rest] = None
@@ -55,6 +50,13 @@ def runs_on_host(connection) -> dict[str, dict | None]:
             meta = json.loads(base64.b64decode(rest))
             runs.setdefault(meta["run"], meta)
     return runs
+
+
+#: Every run with a trained model on the host -> None when saved on the data disk, else the training's record
+#: (its inputs): the model is then only in the checkpoint store, not saved.
+RUNS_ON_HOST = facts.Fact("runs_on_host", lambda: (
+    f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
+    f"for f in {jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); done; true"), _runs)
 
 
 def finish_command(meta: dict) -> str:
@@ -74,7 +76,7 @@ def is_fetched(run: str) -> bool:
 def unfetched(session: jobs.Session) -> list[str]:
     """A line for each run whose model would die with the VM, with the command that saves it."""
     lines = []
-    for run, trained in sorted(runs_on_host(session.connection).items()):
+    for run, trained in sorted(RUNS_ON_HOST.read(session.connection).items()):
         if is_fetched(run):
             continue
         if trained is None:

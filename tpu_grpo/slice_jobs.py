@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rich.console import Console
 
 from tpu_grpo import images, jobset, maxtext, release, watch
 from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.errors import INTERRUPTED
+from tpu_grpo.job_records import JobRecord
 from tpu_grpo.kube import Cluster, ClusterError
 from tpu_grpo.settings import Settings
 
@@ -37,6 +38,10 @@ class SliceJob:
     created: str
     problem: str | None
     total_steps: int | None = None  # a training's GRPO steps, for the progress bar
+
+    def record(self) -> JobRecord:
+        return JobRecord(self.name, self.step, self.run, self.state, self.exit_code, self.created, None,
+                         self.total_steps, self.problem)
 
 
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
@@ -253,8 +258,8 @@ def jobs_on(cluster: Cluster, capacity: str) -> list[SliceJob]:
     return [describe(cluster, found, capacity) for found in cluster.jobsets()]
 
 
-def status(cluster: Cluster, capacity: str) -> list[dict]:
-    return [asdict(job) for job in jobs_on(cluster, capacity)]
+def status(cluster: Cluster, capacity: str) -> list[JobRecord]:
+    return [job.record() for job in jobs_on(cluster, capacity)]
 
 
 def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
@@ -310,27 +315,6 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
                                    f"{maxtext.paths(run)['checkpoints']}; it has: "
                                    f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}")
     return dataclasses.replace(run, step=run.step or steps[-1])
-
-
-def print_status(console: Console, settings: Settings, found: list[dict]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    where = f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, {settings.capacity})"
-    if not found:
-        console.print(f"{where}: no jobs yet (start one: uv run invoke pipeline --batches 50)")
-        return
-    table = Table(title=f"jobs on {where}", title_justify="left")
-    for column in ("job", "step", "run", "state", "exit", "created (UTC)"):
-        table.add_column(column)
-    colours = {"pending": "yellow", "running": "yellow", "finished": "green", "failed": "red"}
-    for job in found:
-        table.add_row(job["name"], job["step"], job["run"], f"[{colours[job['state']]}]{job['state']}[/]",
-                      "" if job["exit_code"] is None else str(job["exit_code"]), job["created"].replace("T", " ")[:19])
-    console.print(table)
-    for job in found:
-        if job["problem"]:
-            console.print(f"[red]{job['name']}:[/] {escape(job['problem'])}", highlight=False)
 
 
 def newest_run(cluster: Cluster, step: str, capacity: str) -> str:

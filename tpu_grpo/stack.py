@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tpu_grpo.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.errors import UserError
-from tpu_grpo.kube import AUTH_PLUGIN
+from tpu_grpo.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.settings import Settings, project_root
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"

@@ -14,7 +14,8 @@ from typing import Iterable
 
 from rich.console import Console
 
-from tpu_grpo import settings as settings_module
+from tpu_grpo import job_records, settings as settings_module
+from tpu_grpo.job_records import JobRecord
 
 
 class VmTarget:
@@ -144,9 +145,8 @@ class VmTarget:
 
         connection = self.session.connection
         found = jobs.list_jobs(connection)
-        return {"host": self.session.host.name, "jobs": [job.to_json() for job in found],
-                "progress": watch.progress_of(connection, found),
-                "idle_stop": watch.idle_stop(connection, self.after_stop), "tpu": chips.read(connection)}
+        return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
+            connection, found), idle_stop=watch.idle_stop(connection, self.after_stop), tpu=chips.CHIPS.read(connection))
 
     def fetch(self, run: str | None, destination, console: Console):
         """A run's saved model (default: the newest saved) to `destination` on this laptop."""
@@ -161,10 +161,10 @@ class VmTarget:
         return results.metrics_of(self.session, run, None, out)
 
     def show_status(self, console: Console, status: dict) -> None:
-        from tpu_grpo import chips, jobs, watch
+        from tpu_grpo import chips, watch
 
-        watch.print_status(console, status["host"], [jobs.Job(**job) for job in status["jobs"]], status["progress"],
-                           status["idle_stop"])
+        watch.print_status(console, status["where"], [JobRecord(**job) for job in status["jobs"]],
+                           status["progress"], status["idle_stop"])
         chips.show(console, status["tpu"])
 
 
@@ -239,8 +239,8 @@ class SliceTarget:
     def status(self) -> dict:
         from tpu_grpo import slice_jobs
 
-        return {"cluster": self.settings.vm_name, "slice": self.settings.slice,
-                "jobs": slice_jobs.status(self.cluster, self.settings.capacity)}
+        return status(self.settings.vm_name, slice_jobs.status(self.cluster, self.settings.capacity),
+                      slice=f"{self.settings.slice} x{self.settings.num_slices}")
 
     def _newest(self, run: str | None, step: str) -> str:
         """The run named, else the run of the newest finished `step` on the cluster."""
@@ -269,9 +269,18 @@ class SliceTarget:
         return results.metrics_from_bucket(self._run_folder(run), run, slice_jobs.train_log(self.cluster, run), out)
 
     def show_status(self, console: Console, status: dict) -> None:
-        from tpu_grpo import slice_jobs
 
-        slice_jobs.print_status(console, self.settings, status["jobs"])
+        settings = self.settings
+        job_records.show(console, f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, "
+                                  f"{settings.capacity})", [JobRecord(**job) for job in status["jobs"]])
+
+
+def status(where: str, records: list[JobRecord], *, progress: dict | None = None, idle_stop: dict | None = None,
+           tpu: dict | None = None, slice: str | None = None) -> dict:
+    """`status --json`, one shape on both targets: where (the VM or the cluster), its jobs, and what is known of
+    the training's progress, the idle stop, the TPU chips (the VM's) and the slice (the cluster's); null if not."""
+    return {"where": where, "jobs": [record.to_json() for record in records], "progress": progress,
+            "idle_stop": idle_stop, "tpu": tpu, "slice": slice}
 
 
 def pick(host: list[str] | None, identity: str | None, stack: str | None, wait: str | None) -> VmTarget | SliceTarget:

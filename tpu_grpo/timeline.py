@@ -15,16 +15,14 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-from tpu_grpo import host_paths, hosts, jobs, settings, watch
-from tpu_grpo.progress import message
+from tpu_grpo import host_paths, hosts, job_records, jobs, settings
+from tpu_grpo.progress import absl_seconds, message
 
 #: A gap between phases at least this long is shown as idle.
 IDLE_MIN_S = 60.0
 #: absl's time of a log line (month, day, time; the year is the job's).
-_ABSL_TIME = re.compile(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
 _LANDMARKS = "Pre RL Training|Starting RL training|Train step|Intermediate Eval|RL Training Completed|Post RL Training"
 _STEP = re.compile(r"^Train step (\d+) ")
 _EVAL_STEP = re.compile(r"^Intermediate Eval \(step=(\d+)\)")
@@ -67,22 +65,13 @@ class Timeline:
                 "phases": [phase.to_json() for phase in self.phases]}
 
 
-def _absl_seconds(line: str, year: int) -> float | None:
-    """A log line's absl time as seconds on the job's own clock (naive: only differences are used)."""
-    found = _ABSL_TIME.search(line)
-    if not found:
-        return None
-    month, day, hour, minute, second = found.groups()
-    return datetime(year, int(month), int(day), int(hour), int(minute)).timestamp() + float(second)
-
-
 def training_phases(run: str, started: float, ended: float, log_end: float, lines: list[str]) -> list[Phase]:
     """A training job's phases from its log's landmark lines: start-up and the evaluation before training,
     GRPO step ranges split by the evaluations between them, the evaluation after. The log's clock is put
     on the job's by its last line, written when the log was last modified (`log_end`); every phase stays
     within the job."""
     year = time.gmtime(started).tm_year
-    marks = [(stamp, message(line)) for line in lines if (stamp := _absl_seconds(line, year)) is not None]
+    marks = [(stamp, message(line)) for line in lines if (stamp := absl_seconds(line, year)) is not None]
     if not marks:
         return [Phase("train", f"{run}: training", started, ended)]
     shift = log_end - marks[-1][0]
@@ -221,11 +210,11 @@ def show(console, timeline: Timeline, png: Path) -> None:
     for column in ("start", "end", "took", "phase"):
         table.add_column(column)
     for phase in sorted(timeline.phases, key=lambda phase: phase.start):
-        table.add_row(_clock(phase.start), _clock(phase.end), watch.duration(phase.seconds), phase.label)
+        table.add_row(_clock(phase.start), _clock(phase.end), job_records.duration(phase.seconds), phase.label)
     console.print(table)
     share = timeline.training_s / timeline.paid_s if timeline.paid_s > 0 else 0.0
-    console.print(f"paid since boot: {watch.duration(timeline.paid_s)}; training (GRPO steps): "
-                  f"{watch.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
+    console.print(f"paid since boot: {job_records.duration(timeline.paid_s)}; training (GRPO steps): "
+                  f"{job_records.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
 
 
 COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "train": "#2ca02c",
@@ -250,7 +239,7 @@ def plot(timeline: Timeline, path: Path) -> Path:
     axes.set_yticks(range(len(kinds)), kinds)
     axes.invert_yaxis()
     axes.set_xlabel(f"{'hours' if scale == 3600 else 'minutes'} since boot")
-    axes.set_title(f"{timeline.host}: {watch.duration(timeline.paid_s)} paid, "
+    axes.set_title(f"{timeline.host}: {job_records.duration(timeline.paid_s)} paid, "
                    f"{timeline.training_s / timeline.paid_s:.0%} training" if timeline.paid_s else timeline.host)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

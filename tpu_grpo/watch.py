@@ -11,9 +11,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tpu_grpo import host_paths, hosts, jobs, settings
+from tpu_grpo import facts, host_paths, job_records, jobs, settings
 from tpu_grpo.errors import INTERRUPTED
-from tpu_grpo.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep
+from tpu_grpo.job_records import JobRecord
+from tpu_grpo.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep, absl_seconds
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
 SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")
@@ -128,40 +129,51 @@ PROGRESS_LINES = ("Train step|Pre RL Training|Intermediate Eval|Post RL Training
                   + RESUMES)
 
 
+def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
+    """The lines fed at their log's own times (the year from the job id), so the rate is the training's and the
+    ETA counts from its last logged step."""
+    tracker, at = Tracker(total_steps), 0.0
+    for line in answer.stdout.splitlines():
+        at = absl_seconds(line, int(job_id[:4])) or at
+        tracker.feed(line, now=at)
+    return tracker.summary(now=at)
+
+
+#: Where a training job stands (job id, its total steps), from its log's progress lines.
+PROGRESS = facts.Fact("progress", lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {jobs.JOBS}/{job_id}/log",
+                      _progress)
+
+
 def progress_of(connection, found: list[jobs.Job]) -> dict | None:
-    """Where the running (else newest) training stands, read from its log's progress lines."""
+    """Where the running (else newest) training stands."""
     trains = [job for job in found if job.step == "train"]
     if not trains:
         return None
     job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
-    result = hosts.run_script(connection, f"grep -aE '{PROGRESS_LINES}' {jobs.JOBS}/{job.id}/log")
-    tracker = Tracker(job.meta.get("total_steps") or 0)
-    for line in result.stdout.splitlines():
-        tracker.feed(line)
-    return {"job": job.id, "run": job.run, **tracker.summary()}
+    return {"job": job.id, "run": job.run, **PROGRESS.read(connection, job.id, job.meta.get("total_steps") or 0)}
 
 
-def idle_stop(connection, after_stop: str | None = None) -> dict | None:
-    """When the VM powers itself off (its idle-stop timer), and what that means for its capacity (`after_stop`),
-    or None when it never does. This very session counts as activity, so the earliest is the idle time from now."""
-    result = hosts.run_script(connection, f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
-    values = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and line[0] != "#")
+def _idle_stop(answer: facts.Answer) -> dict | None:
+    values = dict(line.split("=", 1) for line in answer.stdout.splitlines() if "=" in line and line[0] != "#")
     minutes = int(values.get("IDLE_MINUTES") or 0)
     if not minutes:
         return None
-    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60, "after_stop": after_stop}
+    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
 
 
-def duration(seconds: float) -> str:
-    """A span as a person reads it in a table: 1h02m, or 4m05s under an hour."""
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+#: When the VM powers itself off (its idle-stop timer), or None when it never does. This very session counts as
+#: activity, so the earliest is the idle time from now.
+IDLE_STOP = facts.Fact("idle_stop", lambda: f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)", _idle_stop)
 
 
-def print_status(console: Console, host: str, found: list[jobs.Job], progress: dict | None,
+def idle_stop(connection, after_stop: str | None = None) -> dict | None:
+    """The idle stop, and what a stop means for the VM's capacity (`after_stop`)."""
+    found = IDLE_STOP.read(connection)
+    return found and {**found, "after_stop": after_stop}
+
+
+def print_status(console: Console, host: str, found: list[JobRecord], progress: dict | None,
                  idle: dict | None = None) -> None:
-    from rich.table import Table
-
     if idle:
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
         console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
@@ -169,21 +181,9 @@ def print_status(console: Console, host: str, found: list[jobs.Job], progress: d
                       + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
+    job_records.show(console, host, found)
     if not found:
-        console.print(f"{host}: no jobs yet (start one: uv run invoke pipeline --batches 50)")
         return
-    table = Table(title=f"jobs on {host}", title_justify="left")
-    for column in ("job", "step", "run", "state", "exit", "started (UTC)", "took"):
-        table.add_column(column)
-    colours = {"running": "yellow", "finished": "green", "cancelled": "magenta", "lost": "red"}
-    for job in found:
-        state = job.state if job.state != "finished" or job.exit_code == 0 else "failed"
-        colour = colours.get(job.state, "white") if state != "failed" else "red"
-        table.add_row(job.id, job.step, job.run, f"[{colour}]{state}[/]",
-                      "" if job.exit_code is None else str(job.exit_code),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job.started)),
-                      duration((job.finished or time.time()) - job.started))
-    console.print(table)
     if progress:
         evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
         resumed = progress.get("resumed_from")

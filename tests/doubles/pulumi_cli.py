@@ -1,0 +1,63 @@
+"""A Pulumi CLI double (the `pulumi` script beside this file) and what it answers: the stack's outputs, its
+state after a refresh (the VM's status as Compute Engine reports it), the engine events and exit code of `up`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support import BIN, DOUBLES
+
+INSTANCE = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
+
+
+class PulumiCli:
+    """One double's folder, and the environment that runs tasks against it."""
+
+    def __init__(self, folder: Path, outputs: dict | None = None, status: str | None = "RUNNING"):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        if outputs is not None:
+            self.set_outputs(outputs)
+        self.set_status(status)
+        (folder / "adc.json").write_text("{}")
+        (folder / "home").mkdir(exist_ok=True)
+        tools = folder / "bin"
+        tools.mkdir(exist_ok=True)
+        link = tools / "pulumi"
+        if not link.exists():
+            link.symlink_to(DOUBLES / "pulumi")
+
+    def on_path(self) -> dict:
+        """The double first on PATH (and its folder named), nothing else of the environment changed."""
+        return {"PATH": f"{self.folder / 'bin'}:{BIN}:/usr/bin:/bin", "PULUMI_DOUBLE": str(self.folder)}
+
+    def env(self) -> dict:
+        """A laptop with the Pulumi CLI and Google credentials, and nothing else in its home."""
+        return {"HOME": str(self.folder / "home"), "GOOGLE_APPLICATION_CREDENTIALS": str(self.folder / "adc.json"),
+                **self.on_path()}
+
+    def set_outputs(self, outputs: dict) -> None:
+        (self.folder / "outputs.json").write_text(json.dumps(outputs))
+
+    def set_status(self, status: str | None) -> None:
+        """The VM as Compute Engine reports it after a refresh; None: deleted (gone from the state)."""
+        resources = [] if status is None else [{"type": "gcp:compute/instance:Instance", "urn": INSTANCE,
+                                                "outputs": {"currentStatus": status}}]
+        (self.folder / "state.json").write_text(json.dumps({"deployment": {"resources": resources}}))
+
+    def up_fails(self, code: int, events: list[str]) -> None:
+        """The next `up`s exit with `code` after writing these engine events (JSON lines) to its event log."""
+        (self.folder / "up-exit").write_text(str(code))
+        (self.folder / "events.jsonl").write_text("\n".join(events))
+
+    def hold_up(self) -> None:
+        """From now on each `up` runs until `created` is called, as while Compute Engine makes the VM."""
+        (self.folder / "hold-up").touch()
+
+    def created(self) -> None:
+        (self.folder / "created").touch()
+
+    def calls(self) -> list[str]:
+        path = self.folder / "calls"
+        return path.read_text().splitlines() if path.exists() else []

@@ -1,0 +1,1 @@
+"""Stand-in package (see tests/doubles/standin/README.md)."""

@@ -1,0 +1,155 @@
+"""An idle VM stops itself: `invoke provision` installs a systemd timer whose check powers the VM
+off after `idleStopMinutes` without a tpu-grpo job or an SSH session. Tested on throwaway hosts (a
+root file system and namespaces of their own, tests/host/rootfs.py), so the units, the script and the
+configuration land there, never on this machine; the check is run as the timer would run it (no
+systemd here), with the power-off pointed at a recorder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import fabric
+import pytest
+
+from tests.support import statuses
+
+CHECK = "/usr/local/sbin/tpu-grpo-idle"
+CONF = "etc/tpu-grpo/idle.conf"
+UNITS = ["etc/systemd/system/tpu-grpo-idle.service", "etc/systemd/system/tpu-grpo-idle.timer"]
+LAST_ACTIVE = "run/tpu-grpo-last-active"
+RECORDER = "/usr/local/bin/record-poweroff"
+POWEROFFS = "var/log/tpu-grpo-poweroffs"
+
+
+def with_idle_stop(host):
+    """`host` provisioned with a 1-minute idle stop whose power-off only records that it ran: (the host, its
+    root as this machine sees it, the provisioning report)."""
+    root = host.host.vm.root
+    (root / RECORDER.lstrip("/")).write_text(f"#!/bin/sh\ndate +%s >> /{POWEROFFS}\n")
+    (root / RECORDER.lstrip("/")).chmod(0o755)
+    variables = ["idle_stop_minutes=1", f"idle_poweroff={RECORDER}", f"idle_ssh_port={host.host.vm.port}"]
+    args = [arg for item in variables for arg in ("--var", item)]
+    done = host.host.invoke("provision", "--tags", "idle", "--json", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return host, root, done
+
+
+@pytest.fixture
+def idle_host(workload_host):
+    return with_idle_stop(workload_host)
+
+
+def run_check(root: Path, idle_seconds_ago: int | None, netns: str | None = None) -> subprocess.CompletedProcess:
+    """Run the timer's check on the host as systemd would (as root, in the host's network namespace when it has
+    one of its own), after it was last busy so long ago."""
+    if idle_seconds_ago is not None:
+        (root / LAST_ACTIVE).write_text(f"{int(time.time()) - idle_seconds_ago}\n")
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run([*inside, "/usr/sbin/chroot", str(root), CHECK], capture_output=True, text=True, timeout=30)
+
+
+def fired(root: Path) -> int:
+    path = root / POWEROFFS
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
+    host, root, done = idle_host
+    assert statuses(done) == {"idle stop": "changed", "no idle stop": "skipped"}
+    assert "IDLE_MINUTES=1" in (root / CONF).read_text().splitlines()
+    verified = subprocess.run(["systemd-analyze", "verify", f"--root={root}", *(f"/{unit}" for unit in UNITS)],
+                              capture_output=True, text=True)
+    assert (verified.returncode, verified.stderr) == (0, ""), verified.stderr
+    timer = (root / UNITS[1]).read_text()
+    assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
+    assert "OnBootSec=1min" in timer.splitlines()  # a first trigger: a freshly booted VM is watched too
+    again = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var",
+                             f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
+    assert statuses(again)["idle stop"] == "ok"
+    longer = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=7", "--var",
+                              f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
+    assert statuses(longer)["idle stop"] == "changed"  # another idleStopMinutes is applied, not kept as it was
+    assert "IDLE_MINUTES=7" in (root / CONF).read_text().splitlines()
+    off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
+    assert statuses(off) == {"idle stop": "skipped", "no idle stop": "changed"}
+    assert not any((root / path).exists() for path in (CONF, *UNITS, CHECK.lstrip("/")))
+
+
+def test_it_fires_when_idle_and_not_before(idle_host):
+    _, root, _ = idle_host
+    (root / LAST_ACTIVE).unlink(missing_ok=True)
+    assert run_check(root, None).returncode == 0 and fired(root) == 0  # first look: counting starts now
+    assert run_check(root, 30).returncode == 0 and fired(root) == 0  # idle 30 s of 60
+    result = run_check(root, 61)
+    assert result.returncode == 0 and fired(root) == 1
+    assert "no job and no SSH session since" in result.stdout
+
+
+def test_a_running_job_keeps_the_vm_up(idle_host):
+    host, root, _ = idle_host
+    host.control(hold_s=60)
+    started = host.invoke("convert", "--detach")
+    assert started.returncode == 0, started.stderr
+    try:
+        assert run_check(root, 3600).returncode == 0 and fired(root) == 0
+        assert int(time.time()) - int((root / LAST_ACTIVE).read_text()) < 30  # the job counted as activity
+    finally:
+        assert host.invoke("cancel").returncode == 0
+    assert run_check(root, 3600).returncode == 0 and fired(root) == 1
+
+
+def test_an_open_ssh_session_keeps_the_vm_up(idle_host):
+    host, root, _ = idle_host
+    session = fabric.Connection("127.0.0.1", user=host.host.user.name, port=host.host.vm.port,
+                                connect_kwargs={"key_filename": str(host.host.key)})
+    session.client.load_host_keys(str(host.host.state / "known_hosts"))
+    session.open()
+    try:
+        assert run_check(root, 3600).returncode == 0 and fired(root) == 0
+    finally:
+        session.close()
+    time.sleep(0.5)  # the server side of the connection closes
+    assert run_check(root, 3600).returncode == 0 and fired(root) == 1
+
+
+def test_an_ssh_session_from_another_host_keeps_the_vm_up(namespaced_workload_host):  # noqa: F811
+    """The VM sees only its own end of a session (the laptop's end is on the laptop): a client in another
+    network namespace, so a check that counted the client's end (the wrong port) would fail here."""
+    bridge, workload = namespaced_workload_host
+    host, root, _ = with_idle_stop(workload)
+    netns = bridge.netns("a")
+    session = fabric.Connection(bridge.address("a"), user=host.host.user.name, port=22,
+                                connect_kwargs={"key_filename": str(host.host.key)})
+    session.client.load_host_keys(str(host.host.state / "known_hosts"))
+    session.open()
+    try:
+        seen = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Htn", "state", "established"],
+                              capture_output=True, text=True).stdout.splitlines()
+        assert len(seen) == 1 and f"{bridge.address('a')}:22 " in seen[0]  # the server's end alone
+        assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 0
+    finally:
+        session.close()
+    time.sleep(0.5)  # the server side of the connection closes
+    assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 1
+
+
+def test_status_says_when_the_vm_stops(idle_host):
+    host, _, _ = idle_host
+    before = int(time.time())
+    result = host.invoke("status", "--json")
+    assert result.returncode == 0, result.stderr
+    idle = json.loads(result.stdout)["idle_stop"]
+    assert idle["idle_minutes"] == 1 and before + 60 <= idle["stops_at_earliest"] <= time.time() + 60
+    text = host.invoke("status")
+    assert "idle stop: " in text.stdout and "powers itself off 1 minutes after its last job ends" in text.stdout
+
+
+def test_a_wrong_idle_setting_is_one_line(idle_host):
+    host, _, _ = idle_host
+    result = host.host.invoke("provision", "--tags", "idle", "--var", "idle_stop_minutes=soon")
+    assert result.returncode == 2
+    assert result.stderr == ("error: --var idle_stop_minutes: idle_stop_minutes='soon' is not a whole number; "
+                             "fix: e.g. idle_stop_minutes=0\n")

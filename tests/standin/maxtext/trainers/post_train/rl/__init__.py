@@ -1,1 +1,0 @@
-"""Stand-in package (see tests/standin/README.md)."""

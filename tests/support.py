@@ -1,0 +1,156 @@
+"""What the tests share that is no fixture: the repository's paths, the made-up token, and running a task
+(in this process, or as its own process where the process itself is what a test checks)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"  # what the tests read: see its README
+TUTORIAL = DATA / "tutorial.md"
+FIXTURES = DATA / "maxtext-0.2.3"
+DOUBLES = ROOT / "tests" / "doubles"
+BIN = Path(sys.executable).parent  # this venv's commands (invoke, uv's python)
+
+TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for
+
+#: A stack's changes from the committed example (a reservation) to each other capacity.
+SPOT = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None}
+FLEX = {"tpu-grpo:capacity": "flex-start", "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24"}
+ON_DEMAND = {"tpu-grpo:capacity": "on-demand", "tpu-grpo:reservation": None}
+FAST = ("--need-gb", "0.001,0.001")  # the test host's disks are small; the preflight is tested on its own
+
+
+def task_environment(env: dict | None) -> dict:
+    """A task's environment: this one without the developer's cloud settings, this venv first on PATH."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "GOOGLE_", "CLOUDSDK_"))}
+    return {**base, "PATH": f"{BIN}:/usr/bin:/bin", "COLUMNS": "200", **(env or {})}
+
+
+def invoke(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`invoke ARGS` run by Invoke's own Program in this process, in `cwd` with `env` as its whole environment;
+    its output and exit code as a process's would be (a traceback included). Saves starting Python, Invoke,
+    Pulumi and rich for each call; what only a process shows (imports, signals, pipes) uses invoke_process."""
+    from invoke import Program, __version__
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved_fds = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)  # what a task's own subprocesses print, as well as Python's
+        os.dup2(err.fileno(), 2)
+        stdout = io.TextIOWrapper(os.fdopen(os.dup(1), "wb"), encoding="utf-8", write_through=True)
+        stderr = io.TextIOWrapper(os.fdopen(os.dup(2), "wb"), encoding="utf-8", write_through=True)
+        code = 0
+        try:
+            os.environ.clear()
+            os.environ.update(task_environment(env))
+            os.chdir(cwd)
+            with redirect_stdout(stdout), redirect_stderr(stderr):
+                try:
+                    Program(name="Invoke", binary="inv[oke]", binary_names=["invoke", "inv"],
+                            version=__version__).run(["invoke", "-r", str(ROOT), *args])
+                except SystemExit as exit_:
+                    code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                    if isinstance(exit_.code, str):
+                        print(exit_.code, file=sys.stderr)
+                except Exception:  # noqa: BLE001 - as Python would: the traceback on stderr, exit code 1
+                    traceback.print_exc()
+                    code = 1
+        finally:
+            stdout.close()
+            stderr.close()
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(["invoke", *args], code, out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
+
+
+def invoke_process(*args: str, cwd: Path, env: dict | None = None, python_flags: tuple[str, ...] = (),
+                   timeout: int = 120) -> subprocess.CompletedProcess:
+    """`python -m invoke ARGS` as its own process, as a user's shell runs it."""
+    return subprocess.run([sys.executable, *python_flags, "-m", "invoke", "-r", str(ROOT), *args], cwd=cwd,
+                          env=task_environment(env), capture_output=True, text=True, timeout=timeout)
+
+
+def statuses(result) -> dict[str, str]:
+    """step -> ok / changed / failed / skipped, from a one-host `invoke provision --json`."""
+    report = json.loads(result.stdout)
+    return {step["step"]: step["status"] for step in report["hosts"][0]["steps"]}
+
+
+def wait_for(condition, timeout_s: float = 60, what: str = "the condition"):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def scan_for_token(*texts: str, folders: tuple[Path, ...] = ()) -> None:
+    """The made-up token is in none of these outputs, nor in any file under these folders."""
+    for text in texts:
+        assert TEST_TOKEN not in text
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert TEST_TOKEN.encode() not in path.read_bytes(), path
+
+
+def job_dirs(host) -> list[Path]:
+    root = host.host.user.home / "tpu-grpo/jobs"
+    return sorted(root.iterdir()) if root.exists() else []
+
+
+def run_entry_point(values: dict, mocks) -> dict:
+    """Run `infra/__main__.py` itself, as `pulumi up` does, and collect the stack's exports."""
+    import runpy
+
+    import pulumi
+
+    from infra import offline
+
+    pulumi.runtime.set_mocks(mocks, project="tpu-grpo", stack="dev", preview=False)
+    pulumi.runtime.set_all_config(offline.config_for_pulumi(values))
+    exported: dict = {}
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_path(str(ROOT / "infra" / "__main__.py"), run_name="__main__")
+        return pulumi.Output.all(**pulumi.runtime.get_root_resource().outputs).apply(exported.update)
+
+    program()
+    return exported
+
+
+def this_python(folder: Path) -> Path:
+    """A folder whose `python3` is this test's (its venv has google-cloud-storage, as the host's has), for PATH."""
+    tools = folder / "bin"
+    tools.mkdir()
+    (tools / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (tools / "python3").chmod(0o755)
+    return tools
+
+
+def write_book(tmp_path: Path, text: str, dedent: bool = True) -> Path:
+    """A playbook of this text in the test's folder."""
+    path = tmp_path / "book.yml"
+    path.write_text(textwrap.dedent(text) if dedent else text)
+    return path

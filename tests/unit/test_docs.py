@@ -1,0 +1,166 @@
+"""The README and its pages in docs/ stay true: every setting documented, every link landing on a heading, the
+test command the one CI runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from tests.support import ROOT
+from tpu_grpo.settings import KEYS
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def documentation() -> str:
+    """The README and every page of docs/, as one text: what the tests below hold true."""
+    return "\n".join(page.read_text() for page in PAGES)
+
+
+def anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_pages_lands_on_a_heading():
+    anchors = {page: {anchor(line.lstrip("#").strip()) for line in page.read_text().splitlines()
+                      if line.startswith("#")} for page in PAGES}
+    broken = []
+    for page in PAGES:
+        for target, fragment in re.findall(r"\]\(([^)#\s]*\.md|)#([^)]+)\)", page.read_text()):
+            where = (page.parent / target).resolve() if target else page
+            if where not in anchors or fragment not in anchors[where]:
+                broken.append(f"{page.name}: {target}#{fragment}")
+    assert broken == []
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"(docs/{page.name})" in readme for page in PAGES[1:])  # the README maps every page
+
+
+def test_the_readme_is_what_a_newcomer_reads_first():
+    """What the project is, the quick start (the offline plan first), the two commands, the map of docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme) < 12_000
+    assert readme.index("uv run invoke plan") < readme.index("uv run invoke up provision --wait 120 pipeline")
+    assert "```\ntests/run\n```" in readme and "## Documentation" in readme
+
+
+def test_readme_documents_every_setting():
+    readme = documentation()
+    rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
+    assert {key.name for key in KEYS} <= rows
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "```\ntests/run\n```" in readme
+    assert ci.rstrip().splitlines()[-1] == "tests/run"
+    assert "tests/install-host-packages" in ci  # the one list of Debian packages, as tests/run installs it
+
+
+def test_a_run_without_the_host_tiers_packages_says_so_in_one_line(tmp_path):
+    """`uv run pytest` on a machine without the host tier's Debian packages (here: none on PATH) runs the unit
+    tier and says in one line what is missing and the command that installs it; no traceback per test."""
+    import os
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host/test_rootfs.py"],
+                            cwd=ROOT, env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:]
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("ran the unit tier only")]
+    if os.geteuid() == 0:
+        assert "the host tier needs the Debian packages openssh-client, " in line and "mmdebstrap" in line
+        assert line.endswith("install them: tests/install-host-packages (or run the tests with tests/run)")
+    else:
+        assert line.endswith("needs root; run it with: sudo tests/run")
+    assert "FileNotFoundError" not in result.stdout and "Traceback" not in result.stdout
+
+
+def test_example_stack_sets_every_required_key():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+    assert {key.name for key in KEYS if key.required} <= set(config)
+
+
+def test_readme_documents_provisioning_and_every_playbook_variable():
+    from tpu_grpo import playbook
+
+    readme = documentation()
+    for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
+        assert text in readme
+    assert all(f"`{name}`" in readme for name in playbook.load().vars)
+
+
+def test_readme_walks_a_newcomer_through_every_task():
+    import ast
+
+    readme = documentation()
+    tree = ast.parse((ROOT / "tasks.py").read_text())
+    tasks = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+             and any("task" in ast.unparse(decorator) for decorator in node.decorator_list)]
+    assert {"pipeline", "fetch", "down", "metrics", "cancel"} <= set(tasks)
+    assert all(f"invoke {name}" in readme for name in tasks), [t for t in tasks if f"invoke {t}" not in readme]
+    assert "uv run invoke up provision --wait 120 pipeline --batches 50 fetch" in readme
+    assert "pulumi destroy" in readme and "`HF_TOKEN`, not `hf_access_token=`" in readme
+
+
+def test_readme_names_the_current_hugging_face_login():
+    """huggingface_hub's CLI is `hf` now (`hf auth login`), as the code says when the token is missing."""
+    readme = (ROOT / "README.md").read_text()
+    assert "huggingface-cli" not in readme and "hf auth login" in readme
+
+
+def test_readme_states_the_exit_codes_once():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("| 130 |") == 1 and "Exit codes: 2" not in readme
+
+
+def test_the_repository_points_nowhere_outside_itself():
+    """A clone alone must pass its tests: no file refers to the shared folder beside the checkout."""
+    tracked = subprocess.run(["git", "-c", "safe.directory=*", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"\.\./shar[e]d|shar[e]d/(docs|fixtures|seed)|/work/shar[e]d")
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix in (".py", ".md", ".yml", ".yaml", ".toml", ".txt", "") and path.is_file():
+            found += [f"{name}: {line.strip()}" for line in path.read_text(errors="replace").splitlines()
+                      if outside.search(line)]
+    assert found == []
+
+
+def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
+    """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
+    at it, a slice's other costs, or the README's v6e-16 example, all from tpu_grpo/capacity.py."""
+    from tpu_grpo.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
+
+    prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
+    known = {f"${figure:.2f}" for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR,
+                                             GKE_CLUSTER_USD_PER_HOUR)}
+    on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
+    known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
+    readme = documentation()
+    figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
+    assert figures and figures <= known, figures - known
+    table = (ROOT / "docs" / "capacity.md").read_text()  # the capacity table
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines()
+            if line.startswith("| `") and line.split("|")[1].strip().strip("`") in CAPACITIES}
+    assert set(rows) == set(CAPACITIES)
+    for name, row in rows.items():
+        capacity = CAPACITIES[name]
+        assert f"${capacity.usd_per_chip_hour:.2f}" in row, name
+        assert ("| preemptible |" in row) == ("preemptible" in capacity.quota), name
+        assert (f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row)
+        assert all(f"`{zone}`" in row for zone in capacity.zones[:2]), name  # Google's own list
+
+
+def test_invoke_list_shows_each_task_in_a_first_line_that_stands_alone():
+    """`invoke --list` shows a docstring's first line: a whole sentence, never one cut mid-way."""
+    import ast
+
+    tree = ast.parse((ROOT / "tasks.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("task" in ast.unparse(d) for d in node.decorator_list):
+            first = (ast.get_docstring(node, clean=False) or "").splitlines()[0]
+            assert first.endswith((".", ")")) and len(first) <= 120, node.name

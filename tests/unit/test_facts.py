@@ -1,0 +1,42 @@
+"""Each host fact from what a host answered (tests/facts), without a host: the script it sends is the one
+recorded, and the recorded answer parses to the recorded fact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+from tpu_grpo import chips, facts, jobs, recovery, results, watch
+
+RECORDED = ROOT / "tests" / "facts"
+FACTS = {fact.name: fact for fact in (jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
+                                      results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED)}
+CASES = sorted(RECORDED.glob("*/*.json"))
+
+
+def plain(value):
+    """A fact as JSON holds it (a job list: each job's record)."""
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value.to_json() if hasattr(value, "to_json") else value
+
+
+def test_every_fact_has_recorded_answers_and_every_recording_a_fact():
+    assert {path.parent.name for path in CASES} == set(FACTS)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{path.parent.name}/{path.stem}" for path in CASES])
+def test_a_recorded_answer_parses_to_the_recorded_fact(path: Path):
+    case = json.loads(path.read_text())
+    fact = FACTS[path.parent.name]
+    assert fact.script(*case["args"]) == case["command"], "the script changed: record this case again"
+    answer = facts.Answer(case["stdout"], case["stderr"], case["exited"])
+    assert plain(fact.parse(answer, *case["args"])) == case["fact"]
+
+
+def test_a_job_list_the_host_could_not_make_is_one_error():
+    with pytest.raises(jobs.JobError, match="cannot list the jobs on the host: ls: Permission denied"):
+        jobs.JOBS_FACT.parse(facts.Answer("", "ls: Permission denied\n", 2))

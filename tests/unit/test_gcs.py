@@ -1,0 +1,50 @@
+"""What tpu-grpo reads of a gs:// store from the laptop, against a local Cloud Storage emulator."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud import storage
+
+from tpu_grpo import gcs
+
+
+def put(bucket: str, *names: str) -> None:
+    handle = storage.Client().bucket(bucket)
+    for name in names:
+        handle.blob(name).upload_from_string(f"data of {name}".encode())
+
+
+def test_split_takes_the_bucket_and_a_clean_prefix():
+    assert gcs.split("gs://b/runs/llama/post-train//r1/checkpoints/actor") == ("b", "runs/llama/post-train/r1/"
+                                                                               "checkpoints/actor/")
+    assert gcs.split("gs://b") == ("b", "")
+
+
+def test_children_exists_and_download(bucket, tmp_path):
+    put(bucket, "runs/r1/checkpoints/actor/2/model_params/a", "runs/r1/checkpoints/actor/10/x",
+        "runs/r1/tensorboard/events.out.tfevents.1", "runs/r1/tensorboard/sub/ignored")
+    assert gcs.children(f"gs://{bucket}/runs/r1/checkpoints/actor") == ["10", "2"]
+    assert gcs.exists(f"gs://{bucket}/runs/r1//checkpoints") and not gcs.exists(f"gs://{bucket}/runs/r2")
+    assert gcs.download(f"gs://{bucket}/runs/r1/tensorboard", tmp_path) == ["events.out.tfevents.1"]
+    assert (tmp_path / "events.out.tfevents.1").read_bytes() == b"data of runs/r1/tensorboard/events.out.tfevents.1"
+
+
+def test_a_bucket_that_cannot_be_read_is_one_line(bucket):
+    with pytest.raises(gcs.StoreError) as raised:
+        gcs.children("gs://no-such-bucket-here/runs")
+    assert str(raised.value).startswith("cannot list gs://no-such-bucket-here/runs (404 ")
+    assert "\n" not in str(raised.value) and "fix: gcloud auth application-default login" in str(raised.value)
+
+
+def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
+    """Resuming and exporting take the newest checkpoint: 100 after 90, 10 after 9, whatever the names sort as."""
+    from dataclasses import replace
+
+    from tests.tutorial import RUN
+    from tpu_grpo import pipeline
+    from tpu_grpo.stores import store_for
+
+    run = replace(RUN, store=store_for(f"gs://{bucket}/runs"))
+    folder = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor"
+    put(bucket, *(f"{folder}/{step}/model_params/x" for step in ("100", "9", "90", "10", "2")), f"{folder}/tmp-3/x")
+    assert pipeline.checkpoint_steps(None, run) == [2, 9, 10, 90, 100]

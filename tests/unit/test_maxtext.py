@@ -1,0 +1,226 @@
+"""The three MaxText command lines against the tutorial, run for real in bash on both sides."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import tutorial
+from tests.support import TEST_TOKEN, invoke, this_python
+from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
+from tpu_grpo import maxtext
+from tpu_grpo.machines import MACHINES
+
+OURS_ONLY = {"PYTHONUNBUFFERED"}
+
+
+def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
+    theirs = tutorial.calls(tmp_path, TEST_TOKEN, RUN.run_name)
+    ours = run_ours(tmp_path, RUN)
+    assert_same_as_tutorial(ours, theirs)
+    tutorial_only = {n for n in tutorial.exported_names()}
+    for module in tutorial.MODULES:
+        extra = set(ours[module]["env"]) - set(theirs[module]["env"]) - {"PWD", "SHLVL", "_", "OLDPWD"}
+        assert extra <= OURS_ONLY, (module, extra - OURS_ONLY)
+        assert tutorial_only & set(theirs[module]["env"]) <= set(ours[module]["env"])
+
+
+def test_the_conversion_reads_the_model_provisioning_downloaded_the_one_argument_the_tutorial_lacks(tmp_path):
+    """With the base model downloaded and verified on the data disk (playbooks/host.yml, "model download"),
+    to_maxtext gets `--hf_model_path` to it, after the tutorial's arguments; everything else is the tutorial's."""
+    (tmp_path / "theirs").mkdir()
+    theirs = tutorial.calls(tmp_path / "theirs", TEST_TOKEN, RUN.run_name)
+    env, _ = job_home(tmp_path)
+    folder = Path(env["HOME"]) / "tpu-grpo/base-models/meta-llama/Llama-3.1-8B-Instruct"
+    folder.mkdir(parents=True)
+    (folder / "model-00001-of-00004.safetensors").write_bytes(b"half")  # a download still going, or unverified
+    module = "maxtext.checkpoint_conversion.to_maxtext"
+    partial = run_ours(tmp_path, RUN, env)
+    assert not [arg for arg in partial[module]["argv"] if "hf_model_path" in arg]  # MaxText downloads it itself
+    (tmp_path / "ours.jsonl").unlink()
+    folder.with_name(folder.name + ".complete").write_text("2026-12-04T09:00:00Z\n")
+    ours = run_ours(tmp_path, RUN, env)
+    assert ours[module]["argv"][-1] == f"--hf_model_path={folder}"
+    ours[module]["argv"].pop()
+    assert_same_as_tutorial(ours, theirs)
+
+
+def test_the_token_is_never_on_a_command_line():
+    for step in maxtext.STEPS:
+        text = maxtext.script(RUN, step)
+        assert "hf_access_token" not in text and TEST_TOKEN not in text
+        assert "HF_TOKEN=$(cat ~/.cache/huggingface/token); export HF_TOKEN" in text
+
+
+def script_output(folder, script: str) -> str:
+    """What a job script prints (stdout and stderr, as the job's log gets them), run in bash."""
+    env, _ = job_home(folder)
+    done = subprocess.run(["bash", "-c", script], cwd=env["HOME"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("step", maxtext.STEPS)
+def test_a_job_script_never_prints_the_token(tmp_path, step):
+    """The job's log is the script's output: checked here on the script itself, not only by the
+    end-to-end scan; and the check is shown to catch a script that would trace its lines."""
+    script = maxtext.script(RUN, step)
+    assert TEST_TOKEN not in script_output(tmp_path / "as-is", script)
+    traced = script.replace("set -eo pipefail\n", "set -eo pipefail\nset -x\n", 1)
+    assert TEST_TOKEN in script_output(tmp_path / "traced", traced)
+    assert not re.search(r"^\s*set\s+(-\w*x|-o\s+xtrace)", script, re.MULTILINE)
+
+
+DOCUMENTED_V6E = {"ct6e-standard-1t": ("v6e-1", "1x1"), "ct6e-standard-4t": ("v6e-4", "2x2"),
+                  "ct6e-standard-8t": ("v6e-8", "2x4")}
+
+
+@pytest.mark.parametrize("machine_type", sorted(DOCUMENTED_V6E))
+def test_tpu_environment_of_every_machine_type_is_googles_topology(tmp_path, machine_type):
+    accelerator, topology = DOCUMENTED_V6E[machine_type]
+    x, y = (int(side) for side in topology.split("x"))
+    run = maxtext.Run(**{**RUN.__dict__, "machine": MACHINES[machine_type]})
+    env = run_ours(tmp_path, run)[tutorial.MODULES[1]]["env"]
+    assert {name: env[name] for name in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS",
+                                         "TPU_HOST_BOUNDS", "CHIPS_PER_VM")} == {
+        "TPU_ACCELERATOR_TYPE": accelerator, "TPU_TOPOLOGY": topology, "TPU_CHIPS_PER_HOST_BOUNDS": f"{x},{y},1",
+        "TPU_HOST_BOUNDS": "1,1,1", "CHIPS_PER_VM": str(x * y)}
+    assert accelerator == f"v6e-{x * y}" and MACHINES[machine_type].chips == x * y
+    assert set(MACHINES) == set(DOCUMENTED_V6E)
+
+
+def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
+    sets = maxtext.parse_sets(["rl.num_generations=4", "num_test_batches=2", "export:weight_dtype=float32",
+                               "learning_rate=1e-6 * 2"], None)
+    run = maxtext.Run(**{**RUN.__dict__, "sets": sets})
+    ours = run_ours(tmp_path, run)
+    train = ours[tutorial.MODULES[1]]["argv"]
+    assert train[-2:] == ["rl.num_generations=4", "learning_rate=1e-6 * 2"]
+    assert "num_test_batches=2" in train and "num_test_batches=10" not in train
+    assert ours[tutorial.MODULES[2]]["argv"][-1] == "weight_dtype=float32"
+    assert ours[tutorial.MODULES[0]]["argv"] == run_ours(tmp_path / "plain", RUN)[tutorial.MODULES[0]]["argv"]
+
+
+def test_exporting_an_earlier_step_changes_only_its_path(tmp_path):
+    ours = run_ours(tmp_path, maxtext.Run(**{**RUN.__dict__, "step": 25}))
+    assert ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"] == (
+        "/dev/shm/llama3.1-8b-Instruct/post-train//2026-12-02-22-10-00/checkpoints/actor/25/model_params")
+    assert maxtext.paths(maxtext.Run(**{**RUN.__dict__, "step": 25}))["post_train"] == (
+        ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"])
+
+
+def test_paths_are_the_scripts_paths_expanded(tmp_path):
+    ours = run_ours(tmp_path, RUN)
+    env = ours[tutorial.MODULES[2]]["env"]
+    paths = maxtext.paths(RUN)
+    assert paths["checkpoint"] == env["MAXTEXT_CKPT_PATH"]
+    assert paths["post_train"] == env["POST_TRAIN_PATH"]
+    assert paths["hf_export"] == env["HF_EXPORT"]
+
+
+def test_default_run_name_is_the_tutorials_timestamp():
+    assert maxtext.timestamp_run_name(0) == "1970-01-01-00-00-00"
+
+
+@pytest.mark.parametrize("item, message", [
+    ("novalue", "--set 'novalue' is not KEY=VALUE; fix: e.g. --set rl.num_generations=4"),
+    ("=3", "--set '=3' is not KEY=VALUE"),
+    ("bad key=1", "--set 'bad key=1' is not KEY=VALUE"),
+    ("num_batches=3", "--set 'num_batches=3' sets num_batches, which comes from --batches; fix: use that instead"),
+    ("hf_access_token=x", "comes from the host's token file"),
+    ("deploy:x=1", "--set 'deploy:x=1' names step 'deploy'; fix: one of convert, train, export"),
+])
+def test_bad_set_is_refused(item, message):
+    with pytest.raises(maxtext.CommandError) as error:
+        maxtext.parse_sets([item], "train")
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("train", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000; fix: e.g. --batches 50"),
+    (("train", "--batches", "-1"), "error: --batches '-1' is negative; fix: e.g. --batches 50"),
+    (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number from 1 to 100000"),
+    (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000"),
+    (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
+    (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a run name"),
+    (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
+    (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
+    (("status", "--host", "other@192.0.2.2"), "error: MaxText jobs run on one host, got 2 (other@192.0.2.2, "
+                                              "nobody@192.0.2.1); fix: pass one --host"),
+])
+def test_bad_flags_are_one_line_errors_before_any_connection(args, message, stack_dir):
+    """The host named here does not exist: a connection attempt would fail differently."""
+    result = invoke(*args, "--host", "nobody@192.0.2.1", cwd=stack_dir)
+    assert result.returncode != 0
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_model_is_refused(stack_dir):
+    config = yaml.safe_load((stack_dir / "Pulumi.dev.yaml").read_text())
+    config["config"]["tpu-grpo:model"] = "llama9-70b"
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump(config))
+    result = invoke("train", "--dry-run", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: tpu-grpo:model='llama9-70b' is not a known model (llama3.1-8b, "
+                                    "llama3.1-8b-Instruct); fix: pulumi config set tpu-grpo:model")
+
+
+def test_dry_run_prints_each_steps_script_without_connecting(stack_dir):
+    result = invoke("pipeline", "--dry-run", "--batches", "7", "--run-name", "r1", "--host", "nobody@192.0.2.1",
+                    cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    run = maxtext.Run(**{**RUN.__dict__, "batches": 7, "run_name": "r1"})
+    for step in maxtext.STEPS:
+        assert maxtext.script(run, step) in result.stdout
+    assert "# save: copy /dev/shm/llama3.1-8b-Instruct/hf-trained/ to ~/tpu-grpo/models/r1" in result.stdout
+
+
+def test_plan_includes_the_scripts(stack_dir):
+    result = invoke("plan", "--json", cwd=stack_dir)
+    plan = json.loads(result.stdout)
+    assert [job["step"] for job in plan["jobs"]] == list(maxtext.STEPS)
+    assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
+    assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
+
+
+def _lines_about_the_newest_checkpoint(script: str) -> str:
+    return "\n".join(line for line in script.splitlines() if line.startswith(("newest=", '[ -z "$newest" ]')))
+
+
+@pytest.mark.parametrize("store", ["disk", "gs"])
+def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbers(tmp_path, bucket, store):
+    """The line the progress bar starts from: the newest checkpoint by number (100 after 90), listed with `ls` on a
+    disk and with the Cloud Storage client (as MaxText's extra installs it) in a bucket, where `ls` lists nothing."""
+    from dataclasses import replace
+
+    from google.cloud import storage
+
+    from tpu_grpo.progress import RESUMES
+    from tpu_grpo.stores import store_for
+
+    root = f"gs://{bucket}/runs" if store == "gs" else str(tmp_path / "maxtext")
+    run = replace(RUN, store=store_for(root if store == "gs" else "disk"))
+    base = f"{root}/llama3.1-8b-Instruct/post-train/"  # as the script exports it: `$BASE/$RUN` holds a `//`
+    for step in ("9", "90", "100", "10"):
+        if store == "gs":
+            name = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}/model_params/x"
+            storage.Client().bucket(bucket).blob(name).upload_from_string(b"x")
+        else:
+            (tmp_path / f"maxtext/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}").mkdir(
+                parents=True)
+    tools = this_python(tmp_path)
+    lines = _lines_about_the_newest_checkpoint(maxtext.script(run, "train"))
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "BASE_OUTPUT_DIRECTORY": base, "RUN_NAME": RUN.run_name,
+           "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
+    said = subprocess.run(["bash", "-c", lines], env=env, capture_output=True, text=True)
+    assert said.stdout == f"{RESUMES} 100\n", said.stderr
+    fresh = subprocess.run(["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True,
+                           text=True)
+    assert fresh.returncode == 0 and fresh.stdout == ""  # nothing to resume from: no line

@@ -1,0 +1,130 @@
+"""`invoke publish` without a host: repository names, the license note, the model card, what the token may
+write (the upload itself runs against a throwaway host: tests/host/test_publish.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from huggingface_hub import ModelCard
+
+from tests.doubles.hub import whoami
+from tests.support import ROOT
+from tpu_grpo import maxtext, publish, settings
+from tpu_grpo.hub_host import refusal
+from tpu_grpo.progress import Eval
+
+
+@pytest.mark.parametrize("repo", ["alice/Llama-3.1-8B", "a/b", "org_1/x.y-z", "A" * 96 + "/" + "b" * 96])
+def test_repo_names_the_hub_takes_pass(repo):
+    assert publish.check_repo(repo) == repo
+
+
+@pytest.mark.parametrize("repo", ["noslash", "a/b/c", "a/-b", "a/b.", "a/b--c", "a/b..c", "a/b.git", "a/b c",
+                                  "a/" + "b" * 97, "/b", "a/", "a/bé"])
+def test_repo_names_the_hub_refuses_are_one_line_with_the_fix(repo):
+    with pytest.raises(maxtext.CommandError, match=r"is not OWNER/NAME.*fix: e\.g\. --repo"):
+        publish.check_repo(repo)
+
+
+def test_a_name_not_starting_with_llama_gets_the_licenses_note():
+    assert publish.license_note("alice/Llama-3.1-8B-GRPO") is None
+    assert "alice/Llama-my-model" in publish.license_note("alice/my-model")
+
+
+def test_hf_endpoint_must_be_a_url(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
+    assert settings.hub_endpoint() == "http://127.0.0.1:8080"
+    monkeypatch.setenv("HF_ENDPOINT", "hub; rm -rf ~")
+    with pytest.raises(settings.SettingsError, match="HF_ENDPOINT='hub; rm -rf ~' is not an http"):
+        settings.hub_endpoint()
+
+
+@pytest.mark.parametrize("answer, repo, expected", [
+    (whoami("alice"), "alice/x", None),
+    (whoami("alice", orgs={"team": "write"}), "team/x", None),
+    (whoami("alice", orgs={"team": "contributor"}), "team/x", None),
+    (whoami("alice", role="read"), "alice/x", "can only read"),
+    (whoami("alice", orgs={"team": "read"}), "team/x", "alice is a read member of team"),
+    (whoami("alice", orgs={"team": "write"}), "bob/x", r"bob is neither alice nor one of alice's organizations\); "
+                                                       r"fix: --repo alice/x \(you may write to: alice, team\)"),
+    (whoami("alice", role="fineGrained", scoped=[{"entity": {"type": "user", "name": "alice"},
+                                                   "permissions": ["repo.content.read", "repo.write"]}]), "alice/x", None),
+    (whoami("alice", role="fineGrained", scoped=[{"entity": {"type": "model", "name": "alice/x"},
+                                                   "permissions": ["repo.write"]}]), "alice/x", None),
+    (whoami("alice", role="fineGrained", scoped=[{"entity": {"type": "user", "name": "alice"},
+                                                   "permissions": ["repo.content.read"]}]), "alice/x",
+     "fine-grained .* has no write access to repositories of alice"),
+])
+def test_what_the_token_may_write_is_read_from_whoami(answer, repo, expected):
+    why = refusal(answer, repo)
+    if expected is None:
+        assert why is None
+    else:
+        assert re.search(expected, why) and "fix:" in why
+
+
+def _eval(stage, correct, total=4):
+    return Eval(stage, None, correct, total, 100 * correct / total, 100 * correct / total, 100.0, 0.5)
+
+
+def test_the_card_is_in_the_hubs_format_and_says_what_was_trained():
+    trained = {"model": "llama3.1-8b-Instruct", "batches": 50, "test_batches": 10, "machine": "ct6e-standard-8t",
+               "store": "disk", "use_pathways": False, "convert_set": {},
+               "train_set": {"rl.num_generations": "4", "learning_rate": "1e-6"}}
+    saved = {**trained, "export_model": "llama3.1-8b", "step": 50, "export_set": {"weight_dtype": "bfloat16"}}
+    text = publish.card(publish.Facts("gsm8k-50", trained, saved, "spot", "0.2.3", 3725.0, 2,
+                                      pre=_eval("pre", 1), post=_eval("post", 3)))
+    card = ModelCard(text)
+    assert card.data.base_model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert card.data.datasets == ["openai/gsm8k"]
+    assert (card.data.library_name, card.data.license, card.data.pipeline_tag) == ("transformers", "llama3.1",
+                                                                                    "text-generation")
+    assert {"grpo", "maxtext", "tpu"} <= set(card.data.tags)
+    for row in ("| generations per prompt | 4 (`rl.num_generations`) |", "| learning rate | 1e-6 (`learning_rate`) |",
+                "| KL coefficient beta | 0.08 (`rl.grpo_beta`) |", "| clipping epsilon | 0.2 (`rl.grpo_epsilon`) |",
+                "| batches | 50 (`num_batches`), batch size 1 |",
+                "| machine | ct6e-standard-8t (v6e-8, 8 chips) |", "| capacity | spot |",
+                "| training time | 1 h 02 min in 2 training jobs |",
+                "| accuracy | 25% (1/4) | 75% (3/4) |", "| format accuracy | 100% | 100% |",
+                "`train:rl.num_generations=4`, `train:learning_rate=1e-6`, `export:weight_dtype=bfloat16`",
+                "MaxText 0.2.3", "Built with Llama", "on 10 test batches",
+                "uv run invoke pipeline --run-name gsm8k-50 --batches 50 --set train:rl.num_generations=4"):
+        assert row in text, row
+
+
+def test_publish_refuses_a_bad_repo_before_connecting(tmp_path):
+    for argv, wanted in ((["--repo", "no-slash"], "--repo 'no-slash' is not OWNER/NAME"),
+                         ([], "--repo is missing"),
+                         (["--repo", "a/b", "--run", "../x"], "--run '../x' is not a run name")):
+        result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "publish", *argv,
+                                 "--host", "nobody@192.0.2.1"], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                                env={"PATH": "/usr/bin:/bin", "TPU_GRPO_STATE": str(tmp_path), "HOME": str(tmp_path)})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().count("\n") == 0 and wanted in result.stderr, result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_run_trained_in_two_jobs_is_scored_before_by_the_first_and_after_by_the_last():
+    """A training resumed after a lost VM evaluates again before it goes on: the card's "before training" is the
+    first job's evaluation, of the model as it was converted, and "after" the last job's."""
+    import base64
+    import json as json_module
+
+    from tpu_grpo import publish
+    from tpu_grpo.jobs import Job
+
+    def eval_line(stage: str, correct: int) -> str:
+        return (f"W1202 14:23:07.528425 140671093824384 train_rl.py:716] {stage} RL Training: corr={correct}, total=8, "
+                f"accuracy={correct * 12.5}%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0000")
+
+    first = Job("20261204-100000000-train", "train", "r", "lost", None, 1000.0, None, 10, {"capacity": "spot"})
+    second = Job("20261204-120000000-train", "train", "r", "finished", 0, 5000.0, 6000.0, 10, {"capacity": "spot"})
+    record = base64.b64encode(json_module.dumps({"batches": 8}).encode()).decode()
+    answer = "\n".join([f"job {first.id}", eval_line("Pre", 1), f"job {second.id}", eval_line("Pre", 3),
+                        eval_line("Post", 5), f"trained {record}", f"saved {record}", "maxtext 0.2.3"])
+    found = publish.read_facts("r", [first, second], answer)
+    assert (found.pre.correct, found.post.correct, found.trainings) == (1, 5, 2)
+    assert found.train_seconds == 1000.0 and found.maxtext_version == "0.2.3"

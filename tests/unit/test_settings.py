@@ -1,0 +1,207 @@
+"""Bad settings are refused before the program declares anything, with one line naming the
+key, the value and the fix; and both readers of the stack file see the same settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import offline
+from tpu_grpo import settings as settings_module
+from tpu_grpo.settings import SettingsError
+
+MISSING = object()
+
+BAD = [
+    ("gcp:project", MISSING, "is not set", "pulumi config set gcp:project"),
+    ("gcp:project", "YOUR_PROJECT_ID", "placeholder", "pulumi config set gcp:project"),
+    ("gcp:project", "My_Project", "not a Google Cloud project id", "pulumi config set gcp:project"),
+    ("gcp:zone", MISSING, "is not set", "pulumi config set gcp:zone"),
+    ("gcp:zone", "YOUR_ZONE", "placeholder", "pulumi config set gcp:zone"),
+    ("gcp:zone", "us-east5", "region-letter", "pulumi config set gcp:zone us-east5-b"),
+    ("gcp:zone", "useast5-b", "region-letter", "pulumi config set gcp:zone us-east5-b"),
+    ("tpu-grpo:reservation", MISSING, "is not set, and capacity reservation needs it",
+     "pulumi config set tpu-grpo:reservation"),
+    ("tpu-grpo:reservation", "YOUR_RESERVATION_NAME", "placeholder", "pulumi config set tpu-grpo:reservation"),
+    ("tpu-grpo:reservation", "My Reservation", "is not a reservation name", "pulumi config set tpu-grpo:reservation"),
+    ("tpu-grpo:reservation", "projects/p/reservations/r", "is not a reservation name",
+     "pulumi config set tpu-grpo:reservation"),
+    ("tpu-grpo:vmName", "-tpu", "Compute Engine name", "pulumi config set tpu-grpo:vmName"),
+    ("tpu-grpo:machineType", "ct5lp-hightpu-8t", "known TPU machine type", "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
+    ("tpu-grpo:bootDiskGb", "100", "under the tutorial's 200 GB", "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:bootDiskGb", "big", "is not a whole number", "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:dataDiskGb", "50", "under 100 GB", "pulumi config set tpu-grpo:dataDiskGb 500"),
+    ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    ("tpu-grpo:sshSourceRanges", ["203.0.113.7/24"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    ("tpu-grpo:sshSourceRanges", "office", "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    ("tpu-grpo:sshSourceRanges", [], "is empty", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    ("tpu-grpo:sshSourceRanges", ["YOUR_PUBLIC_IP/32"], "placeholder", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    ("tpu-grpo:sshUser", "Root User", "not a Linux user name", "pulumi config set tpu-grpo:sshUser"),
+    ("tpu-grpo:labels", {"Team": "ML"}, "not a label", "pulumi config set --path 'tpu-grpo:labels.team'"),
+    ("tpu-grpo:model", "llama2-7b", "not a known model", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
+    ("tpu-grpo:batches", "0", "at least 1", "pulumi config set tpu-grpo:batches 50"),
+    ("tpu-grpo:batches", "abc", "is not a whole number", "pulumi config set tpu-grpo:batches 50"),
+    ("tpu-grpo:usePathways", "maybe", "is not true or false", "pulumi config set tpu-grpo:usePathways false"),
+]
+
+
+def with_value(values: dict, key: str, value) -> dict:
+    values = dict(values)
+    if value is MISSING:
+        values.pop(key)
+    else:
+        values[key] = value
+    return values
+
+
+@pytest.mark.parametrize("key, value, problem, fix", BAD, ids=[f"{k}={v!r}" for k, v, *_ in BAD])
+def test_bad_setting_is_refused_before_any_resource(stack_values, key, value, problem, fix):
+    mocks = offline.RecordingMocks()
+    with pytest.raises(SettingsError) as raised:
+        offline.run(with_value(stack_values, key, value), "dev", mocks=mocks)
+    message = str(raised.value)
+    assert mocks.resources == []
+    assert "\n" not in message
+    assert message.startswith(f"{key}=")
+    assert problem in message
+    assert f"fix: {fix}" in message
+
+
+@pytest.fixture
+def key_file(tmp_path, stack_values):
+    def write(text: str):
+        path = tmp_path / "key.pub"
+        path.write_text(text)
+        return with_value(stack_values, "tpu-grpo:sshPublicKeyPath", str(path))
+    return write
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n", "is a private key"),
+    ("hello world\n", "not an OpenSSH public key"),
+    ("ssh-ed25519 not*base64 me@host\n", "not an OpenSSH public key"),
+    # a valid ed25519 blob labelled as RSA
+    ("ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl x\n", "not an OpenSSH public key"),
+])
+def test_public_key_file_must_be_a_public_key(key_file, text, problem):
+    mocks = offline.RecordingMocks()
+    with pytest.raises(SettingsError, match=problem) as raised:
+        offline.run(key_file(text), "dev", mocks=mocks)
+    assert raised.value.key == "tpu-grpo:sshPublicKeyPath"
+    assert mocks.resources == []
+
+
+def test_missing_public_key_file_names_ssh_keygen(stack_values, tmp_path):
+    values = with_value(stack_values, "tpu-grpo:sshPublicKeyPath", str(tmp_path / "nope.pub"))
+    with pytest.raises(SettingsError, match="is not a file; fix: ssh-keygen -t ed25519"):
+        offline.run(values, "dev")
+
+
+def test_lenient_parse_keeps_placeholders_and_missing_key_as_pending(stack_values, tmp_path):
+    values = {**stack_values, "gcp:project": "YOUR_PROJECT_ID",
+              "tpu-grpo:sshPublicKeyPath": str(tmp_path / "nope.pub")}
+    settings = settings_module.parse(values, "dev", tmp_path, lenient=True)
+    assert [error.key for error in settings.pending] == ["gcp:project", "tpu-grpo:sshPublicKeyPath"]
+    assert settings.project == "YOUR_PROJECT_ID"
+
+
+def test_lenient_parse_still_refuses_real_mistakes(stack_values, tmp_path):
+    with pytest.raises(SettingsError, match="gcp:zone"):
+        settings_module.parse({**stack_values, "gcp:zone": "us-east5"}, "dev", tmp_path, lenient=True)
+
+
+def test_invoke_side_reads_the_same_settings_as_the_pulumi_program(stack_dir, stack_values):
+    from_yaml = settings_module.load("dev", stack_dir)
+    from_pulumi, _, _ = offline.run(stack_values, "dev")
+    assert from_yaml == from_pulumi
+    assert from_yaml.boot_disk_gb == 200 and from_yaml.ssh_source_ranges == ("203.0.113.7/32", "198.51.100.0/24")
+
+
+def test_pulumi_cli_string_forms_are_understood(stack_values, tmp_path):
+    """`pulumi config set` stores scalars as strings; a comma list is accepted for ranges."""
+    values = {**stack_values, "tpu-grpo:sshSourceRanges": "203.0.113.7/32, 198.51.100.0/24",
+              "tpu-grpo:usePathways": "true", "tpu-grpo:dataDiskGb": 1000}
+    settings = settings_module.parse(values, "dev", tmp_path)
+    assert settings.ssh_source_ranges == ("203.0.113.7/32", "198.51.100.0/24")
+    assert settings.use_pathways is True and settings.data_disk_gb == 1000
+
+
+@pytest.mark.parametrize("key, fix", [
+    ("tpu-grpo:bootdiskGb", "did you mean bootDiskGb? pulumi config rm tpu-grpo:bootdiskGb, then "
+                            "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:machinetype", "did you mean machineType? pulumi config rm tpu-grpo:machinetype, then "
+                             "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
+    ("tpu-grpo:flavour", "pulumi config rm tpu-grpo:flavour (settings: `invoke settings`)"),
+])
+def test_unknown_key_in_the_stack_file_is_refused(stack_dir, key, fix):
+    """A typo would otherwise be ignored by `pulumi up` and silently fall back to nothing."""
+    text = (stack_dir / "Pulumi.dev.yaml").read_text()
+    (stack_dir / "Pulumi.dev.yaml").write_text(text + f"  {key}: '300'\n")
+    with pytest.raises(SettingsError) as raised:
+        settings_module.load("dev", stack_dir)
+    assert str(raised.value) == f"{key}='300' is not a setting of this project; fix: {fix}"
+
+
+@pytest.mark.parametrize("value", ["us-east5-b1", "us-east5-b ", "us-east5-b\n", " us-east5-b"])
+def test_zone_pattern_is_anchored(stack_values, value):
+    with pytest.raises(SettingsError, match="is not a zone"):
+        offline.run(with_value(stack_values, "gcp:zone", value), "dev")
+
+
+@pytest.mark.parametrize("key, good", [
+    ("gcp:project", "grpo-lab-123"), ("tpu-grpo:reservation", "v6e-8-calendar"), ("tpu-grpo:vmName", "tpu-grpo"),
+    ("tpu-grpo:network", "default"), ("tpu-grpo:sshUser", "ubuntu"),
+    ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com"),
+])
+@pytest.mark.parametrize("garbage", ["x!", " ", "\n"])
+def test_every_pattern_checked_setting_refuses_trailing_garbage(stack_values, key, good, garbage):
+    """Each pattern must match the whole value: `$` alone lets a trailing newline through."""
+    values = {**stack_values, "tpu-grpo:network": "default", key: good}
+    offline.run(values, "dev")  # the good value passes
+    with pytest.raises(SettingsError) as raised:
+        offline.run({**values, key: good + garbage}, "dev")
+    assert raised.value.key == key
+
+
+def test_label_patterns_refuse_trailing_garbage(stack_values):
+    offline.run({**stack_values, "tpu-grpo:labels": {"team": "ml"}}, "dev")
+    for labels in ({"team\n": "ml"}, {"team": "ml\n"}, {"team": "ml "}):
+        with pytest.raises(SettingsError, match="not a label"):
+            offline.run({**stack_values, "tpu-grpo:labels": labels}, "dev")
+
+
+@pytest.mark.parametrize("anywhere", ["0.0.0.0/0", "::/0"])
+def test_ssh_open_to_the_internet_needs_an_explicit_yes(stack_values, anywhere):
+    values = {**stack_values, "tpu-grpo:sshSourceRanges": ["203.0.113.7/32", anywhere]}
+    with pytest.raises(SettingsError) as raised:
+        offline.run(values, "dev")
+    message = str(raised.value)
+    assert message.startswith("tpu-grpo:sshSourceRanges=")
+    assert f"holds {anywhere}, which opens port 22 of the VM" in message
+    assert "pulumi config set tpu-grpo:allowSshFromAnywhere true" in message
+    settings, resources, _ = offline.run({**values, "tpu-grpo:allowSshFromAnywhere": "true"}, "dev")
+    firewall = next(r for r in resources if r.type == "gcp:compute/firewall:Firewall")
+    assert firewall.inputs["sourceRanges"] == ["203.0.113.7/32", anywhere]
+
+
+def test_pulumi_up_refuses_an_unknown_key_the_engine_passes(stack_values, monkeypatch):
+    """`pulumi up` hands the program every config key in $PULUMI_CONFIG (as every language host
+    does); the program itself refuses a misspelled one instead of dropping it."""
+    import json
+
+    import pulumi
+
+    from tests.support import run_entry_point
+
+    values = {**stack_values, "tpu-grpo:serviceAcount": "sa@grpo-lab-123.iam.gserviceaccount.com"}
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps(offline.config_for_pulumi(values)))
+    mocks = offline.RecordingMocks()
+    with pytest.raises(pulumi.RunError) as raised:
+        run_entry_point({}, mocks)
+    assert mocks.resources == []
+    assert str(raised.value).startswith("tpu-grpo:serviceAcount='sa@grpo-lab-123.iam.gserviceaccount.com' is not a "
+                                        "setting of this project; fix: did you mean serviceAccount?")
+
+
+def test_missing_stack_file_says_how_to_make_it(stack_dir):
+    with pytest.raises(SettingsError, match="has no stack file Pulumi.prod.yaml; fix: pulumi stack init prod"):
+        settings_module.load("prod", stack_dir)

@@ -1,0 +1,365 @@
+"""The tasks on a multi-host slice's stack: `train`, `convert`, `export`, `pipeline`, `logs`, `status` and
+`cancel` create, follow, report and delete JobSets through the Kubernetes API (the stand-in of
+tests/doubles/kubeapi.py, with JobSet's CRD schema), the progress fed by MaxText's recorded log, the exit
+code from the JobSet's status, and what keeps a job from running said in one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.doubles import kubeapi
+from tests.support import FIXTURES, TEST_TOKEN, invoke
+from tpu_grpo import jobset
+
+SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true"}
+IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"
+TRAIN_LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_text().splitlines()
+
+
+@pytest.fixture
+def kube():
+    api = kubeapi.KubeAPI()
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def slice_stack(stack_dir, stack_values, bucket, storage_emulator, kube, home):
+    """A slice stack whose cluster is the stand-in, whose store is an emulated bucket; the task environment."""
+    values = {**stack_values, **SLICE, "tpu-grpo:checkpointStore": f"gs://{bucket}/runs"}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    env = {**home, "TPU_GRPO_KUBECONFIG": str(kube.kubeconfig(stack_dir / "kubeconfig")),
+           "STORAGE_EMULATOR_HOST": storage_emulator, "HF_TOKEN": TEST_TOKEN,
+           "TPU_GRPO_STATE": str(stack_dir / "state")}
+    kube.configmaps["tpu-grpo-image"] = {"metadata": {"name": "tpu-grpo-image"}, "data": {"image": IMAGE}}
+    return stack_dir, env, bucket
+
+
+def run_task(slice_stack, *args, env=None):
+    folder, base, _ = slice_stack
+    result = invoke(*args, cwd=folder, env={**base, **(env or {})})
+    assert TEST_TOKEN not in result.stdout + result.stderr
+    return result
+
+
+def test_train_runs_as_a_pathways_jobset_with_progress_and_its_exit_code(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
+    result = run_task(slice_stack, "train", "--batches", "4", "--run-name", "gsm8k-1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    name = jobset.job_name("train", "gsm8k-1")
+    created = kube.jobsets[name]
+    assert created["metadata"]["labels"] == {jobset.RUN_LABEL: "gsm8k-1", jobset.STEP_LABEL: "train"}
+    [head, worker] = created["spec"]["replicatedJobs"]
+    assert worker["template"]["spec"]["parallelism"] == 4
+    script = head["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "num_batches=\"${NUM_BATCHES?}\"" in script and "export NUM_BATCHES=4" in script
+    assert f"job {name} created on slice v6e-16" in result.stdout
+    assert "train finished" in result.stdout and "GRPO step 4/4" in result.stdout
+    assert "Post RL Training" in result.stdout or "post eval" in result.stdout.lower()
+    # The token went to the Secret, in a request body: never in a URL, a manifest or the output.
+    secret = kube.secrets[jobset.TOKEN_SECRET]
+    assert base64.b64decode(secret["data"][jobset.TOKEN_KEY]).decode() == TEST_TOKEN
+    assert TEST_TOKEN not in json.dumps(kube.jobsets) + "".join(kube.requests)
+    log = (slice_stack[0] / "state" / "logs" / f"{name}.log").read_text()
+    assert log.splitlines() == TRAIN_LOG
+
+
+def test_a_failed_training_exits_with_its_script_code_and_names_the_crashed_worker(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG[:40] + ["Traceback (most recent call last):",
+                                                           "RuntimeError: worker lost"],
+                                     exit_code=3, crash_worker=True)
+    result = run_task(slice_stack, "train", "--run-name", "gsm8k-2")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "RuntimeError: worker lost" in result.stdout
+    assert "crashed (exit 1, Error); fix: read its log (kubectl logs" in result.stdout
+    assert "train failed (exit 3)" in result.stdout
+
+
+def test_status_says_in_one_line_why_a_job_cannot_run_and_cancel_deletes_it(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/3 nodes are available: 3 Insufficient google.com/tpu.")
+    started = run_task(slice_stack, "train", "--run-name", "gsm8k-3", "--detach")
+    assert started.returncode == 0, started.stderr
+    status = json.loads(run_task(slice_stack, "status", "--json").stdout)
+    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice"]  # the VM's shape too
+    assert (status["where"], status["slice"], status["tpu"]) == ("tpu-grpo", "v6e-16 x1", None)
+    [job] = status["jobs"]
+    assert (job["step"], job["run"], job["state"], job["exit_code"]) == ("train", "gsm8k-3", "pending", None)
+    assert job["problem"].endswith("cannot be scheduled: 0/3 nodes are available: 3 Insufficient google.com/tpu.; "
+                                   "fix: check the TPU node pool's capacity and quota (gcloud container node-pools "
+                                   "describe; the reservation, spot availability, TPU quota in the zone)")
+    shown = run_task(slice_stack, "status")
+    assert "cannot be scheduled" in shown.stdout and "pending" in shown.stdout
+    cancelled = run_task(slice_stack, "cancel")
+    assert cancelled.returncode == 0 and f"cancelled {jobset.job_name('train', 'gsm8k-3')}" in cancelled.stdout
+    assert kube.jobsets == {} and kube.pods == {}
+    assert json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"] == []
+
+
+def test_an_image_that_cannot_be_pulled_points_at_invoke_image(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(pull_error=jobset.CONTAINER)
+    assert run_task(slice_stack, "convert", "--detach").returncode == 0
+    [job] = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert job["step"] == "convert" and job["state"] == "pending"
+    assert "cannot pull us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3 " \
+           "(ImagePullBackOff: Back-off pulling image" in job["problem"]
+    assert job["problem"].endswith("; fix: uv run invoke image")
+
+
+def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
+    """What a training writes into the bucket (the stand-in cluster runs no MaxText): its checkpoints."""
+    from google.cloud import storage
+
+    for step in steps:
+        storage.Client().bucket(bucket).blob(f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}/"
+                                             "model_params/_METADATA").upload_from_string("{}")
+
+
+def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "export").returncode == 2  # nothing trained yet
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-4").returncode == 0
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-4", 25, 50)
+    result = run_task(slice_stack, "export")
+    assert result.returncode == 0, result.stdout + result.stderr
+    made = kube.jobsets[jobset.job_name("export", "gsm8k-4")]
+    pod = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
+    script = pod["containers"][0]["command"][2]
+    assert "export RUN_NAME=gsm8k-4" in script
+    assert "export HF_EXPORT=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/" in script
+    assert "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the newest: 50, the stack's batches
+
+
+def test_a_slice_export_of_a_step_with_no_checkpoint_in_the_bucket_is_refused_before_a_job(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-14", "--batches", "90").returncode == 0
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-14", 9, 10, 90)  # ordered as numbers: 90 is the newest
+    exports = len(kube.jobsets)
+    refused = run_task(slice_stack, "export", "--step", "100")
+    assert refused.returncode == 2 and refused.stderr.strip().endswith("it has: 9, 10, 90; fix: --step 90")
+    assert "run gsm8k-14 has no checkpoint at step 100 in gs://" in refused.stderr and len(kube.jobsets) == exports
+    newest = run_task(slice_stack, "export")
+    assert newest.returncode == 0, newest.stderr
+    made = kube.jobsets[jobset.job_name("export", "gsm8k-14")]
+    script = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "/checkpoints/actor/90/model_params" in script
+    dry = run_task(slice_stack, "export", "--dry-run")  # which run is known once the cluster is asked
+    assert dry.returncode == 0 and dry.stdout.startswith("# run name NEWEST: the newest trained run on the cluster")
+    assert "RUN_NAME=NEWEST" in dry.stdout
+
+
+def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(slice_stack, kube):
+    from google.cloud import storage
+
+    kube.scenario = kubeapi.Scenario()
+    _, _, bucket = slice_stack
+    storage.Client().bucket(bucket).blob("runs/llama3.1-8b-Instruct/mt-format/0/items/_METADATA").upload_from_string("{}")
+    result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-5", "--batches", "4", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "convert: skipped (gs://" in result.stderr and "run gsm8k-5 is complete" in result.stderr
+    assert [j["metadata"]["labels"][jobset.STEP_LABEL] for j in kube.jobsets.values()] == ["train", "export"]
+    assert json.loads(result.stdout) == {
+        "run": "gsm8k-5", "model": f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//gsm8k-5/hf-trained/",
+        "steps": [{"step": "convert", "state": "skipped", "job": None},
+                  {"step": "train", "state": "finished", "job": jobset.job_name("train", "gsm8k-5"), "exit_code": 0},
+                  {"step": "export", "state": "finished", "job": jobset.job_name("export", "gsm8k-5"), "exit_code": 0}]}
+
+
+def test_logs_prints_or_follows_a_slice_jobs_log(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-10", "--batches", "4", "--detach").returncode == 0
+    followed = run_task(slice_stack, "logs", "--follow")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "GRPO step 4/4" in followed.stdout and "train finished" in followed.stdout
+    printed = run_task(slice_stack, "logs", "--job", jobset.job_name("train", "gsm8k-10"))
+    assert printed.returncode == 0 and printed.stdout.splitlines() == TRAIN_LOG
+    unknown = run_task(slice_stack, "logs", "--job", "train-nope")
+    assert unknown.returncode == 2 and "--job 'train-nope' is no job on the cluster" in unknown.stderr
+
+
+def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_the_jobset(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-6", "--detach").returncode == 0
+    again = run_task(slice_stack, "train", "--run-name", "gsm8k-6", "--detach")
+    assert again.returncode == 2 and "is still on the cluster; fix: wait for it" in again.stderr
+    requests = len(kube.requests)
+    dry = run_task(slice_stack, "train", "--run-name", "gsm8k-7", "--dry-run")
+    assert dry.returncode == 0 and len(kube.requests) == requests  # printed, nothing sent
+    printed = yaml.safe_load(dry.stdout)
+    assert printed["kind"] == "JobSet" and printed["metadata"]["name"] == jobset.job_name("train", "gsm8k-7")
+    kube.validator.validate(printed)
+    script = printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "\n    num_batches=\"${NUM_BATCHES?}\" \\\n" in script  # a script, line for line
+    assert "  - |\n" in dry.stdout  # shown as a block, as a person reads it
+    text = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run").stdout
+    documents = list(yaml.safe_load_all(text))
+    assert [d["metadata"]["labels"][jobset.STEP_LABEL] for d in documents] == ["convert", "train", "export"]
+    assert not re.search(r"[&*]id\d+", text)  # plain YAML: a value that repeats is written where it stands
+    as_json = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"run": "gsm8k-7", "steps": [
+        {"step": step, "jobset": document} for step, document in zip(("convert", "train", "export"), documents)]}
+    assert len(kube.requests) == requests
+
+
+def test_a_run_name_that_is_no_label_is_refused_before_anything_is_sent(slice_stack, kube):
+    result = run_task(slice_stack, "train", "--run-name", "x" * 70)
+    assert result.returncode == 2 and "cannot label a slice's jobs" in result.stderr
+    assert kube.requests == []
+
+
+def test_fetch_and_metrics_read_a_slice_run_from_the_bucket(slice_stack, kube):
+    from google.cloud import storage
+
+    folder, _, bucket = slice_stack
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-8", "--batches", "4").returncode == 0
+    checkpoints_in_bucket(bucket, "gsm8k-8", 2, 4)
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "export").returncode == 0
+    store = storage.Client().bucket(bucket)
+    run_folder = "runs/llama3.1-8b-Instruct/post-train/gsm8k-8"
+    exported = sorted(path for path in (FIXTURES / "hf-export").iterdir() if path.is_file())
+    for path in exported:
+        store.blob(f"{run_folder}/hf-trained/{path.name}").upload_from_filename(str(path))
+    for path in (FIXTURES / "tensorboard").iterdir():
+        store.blob(f"{run_folder}/tensorboard/{path.name}").upload_from_filename(str(path))
+
+    fetched = run_task(slice_stack, "fetch", "--json")
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    result = json.loads(fetched.stdout)
+    assert result["files"] == [path.name for path in exported] and result["skipped"] == []
+    for path in exported:
+        assert (folder / "models" / "gsm8k-8" / path.name).read_bytes() == path.read_bytes()
+    again = json.loads(run_task(slice_stack, "fetch", "--json").stdout)
+    assert again["skipped"] == result["files"] and again["bytes_transferred"] == 0
+
+    metrics = run_task(slice_stack, "metrics", "--json")
+    assert metrics.returncode == 0, metrics.stdout + metrics.stderr
+    found = json.loads(metrics.stdout)
+    assert found["run"] == "gsm8k-8" and found["plot"].endswith("runs/gsm8k-8/metrics.png")
+    assert [row["step"] for row in found["rows"]] == [1, 2, 3, 4]  # the recorded run's steps, from its events
+    assert {e["stage"] for e in found["evals"]} >= {"pre", "post"}  # from the training log this laptop kept
+
+
+def fake_docker(folder, push_exit: int = 0):
+    """A stand-in for the docker CLI at its boundary: `docker info` answers, `build` and `push` record their
+    argv and the Dockerfile they were given, and exit as docker does (0, or `push_exit`)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    record = folder / "docker-calls"
+    (bin_dir / "docker").write_text(f"""#!/bin/bash
+echo "$@" >> {record}
+case "$1" in
+  build) cp "${{@: -1}}/Dockerfile" {folder}/Dockerfile.seen ;;
+  push) exit {push_exit} ;;
+esac
+""")
+    (bin_dir / "docker").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}, record
+
+
+def test_image_builds_pushes_and_records_the_image_that_jobs_then_run(slice_stack, kube):
+    folder, _, _ = slice_stack
+    del kube.configmaps["tpu-grpo-image"]
+    refused = run_task(slice_stack, "train", "--run-name", "gsm8k-9")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"error: the cluster has no record of {IMAGE} being pushed; fix: uv run invoke image")
+    assert kube.jobsets == {}
+    path, record = fake_docker(folder)
+    built = run_task(slice_stack, "image", env=path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    calls = [line for line in record.read_text().splitlines() if line != "info"]  # `docker info`: is a daemon up?
+    assert calls == [f"build --platform=linux/amd64 -t {IMAGE} {calls[0].split()[-1]}", f"push {IMAGE}"]
+    dockerfile = (folder / "Dockerfile.seen").read_text()
+    assert 'uv pip install "maxtext[tpu-post-train]==0.2.3" jax==0.10.1 jaxlib==0.10.1 --resolution=lowest' in dockerfile
+    assert "RUN install_tpu_post_train_extra_deps" in dockerfile
+    assert kube.configmaps["tpu-grpo-image"]["data"]["image"] == IMAGE
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-9").returncode == 0
+
+
+def test_a_failed_push_says_how_to_log_docker_in(slice_stack, kube):
+    folder, _, _ = slice_stack
+    del kube.configmaps["tpu-grpo-image"]
+    path, _ = fake_docker(folder, push_exit=1)
+    failed = run_task(slice_stack, "image", "--builder", "docker", env=path)
+    assert failed.returncode == 1
+    assert failed.stderr.strip().splitlines()[-1] == (
+        f"error: `docker push {IMAGE}` failed building {IMAGE}; fix: gcloud auth configure-docker "
+        "us-east5-docker.pkg.dev (then run this again)")
+    assert "tpu-grpo-image" not in kube.configmaps
+
+
+def test_image_dry_run_and_its_refusals(slice_stack, stack_values, home):
+    dry = run_task(slice_stack, "image", "--dry-run", "--builder", "cloud-build")
+    assert dry.returncode == 0
+    assert dry.stdout.splitlines()[-1] == (
+        f"$ gcloud builds submit --project=grpo-lab-123 --region=us-east5 --tag={IMAGE} "
+        "--machine-type=e2-highcpu-32 --timeout=3600s CONTEXT")
+    bad = run_task(slice_stack, "image", "--builder", "kaniko")
+    assert bad.returncode == 2 and "--builder 'kaniko' is not a builder" in bad.stderr
+    folder, _, _ = slice_stack
+    (folder / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": stack_values}))
+    one_vm = run_task(slice_stack, "image")
+    assert one_vm.returncode == 2 and "is one VM, which `invoke provision` installs MaxText on" in one_vm.stderr
+
+
+def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, kube):
+    result = run_task(slice_stack, "train", "--run-name", "gsm8k-11", env={"HF_TOKEN": ""})
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster has no Secret "
+        "tpu-grpo-hf-token; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+    assert kube.jobsets == {} and kube.secrets == {}
+
+
+def test_cloud_build_without_a_gcloud_login_is_refused_before_gcloud_runs(slice_stack, kube):
+    """No Docker daemon and no gcloud login: one line naming `gcloud auth login`, and gcloud never runs (it would
+    write its configuration folder and print its own errors)."""
+    folder, base, _ = slice_stack
+    tools = folder / "gcloud-bin"
+    tools.mkdir()
+    ran = folder / "gcloud-ran"
+    (tools / "gcloud").write_text(f"#!/bin/sh\necho \"$*\" >> {ran}\nexit 1\n")
+    (tools / "gcloud").chmod(0o755)
+    refused = run_task(slice_stack, "image", env={"PATH": f"{tools}:/usr/bin:/bin"})
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its configuration folder); "
+        "fix: gcloud auth login (or start Docker: --builder docker)")
+    assert not ran.exists() and not (Path(base["HOME"]) / ".config/gcloud").exists()
+    config = folder / "gcloud-config"
+    config.mkdir()
+    (config / "credentials.db").write_bytes(b"")  # logged in: Cloud Build is asked (the stand-in fails it)
+    failed = run_task(slice_stack, "image", env={"PATH": f"{tools}:/usr/bin:/bin", "CLOUDSDK_CONFIG": str(config)})
+    assert failed.returncode == 1 and ran.read_text().startswith("builds submit --project=grpo-lab-123")
+
+
+def test_a_failed_slice_job_that_left_no_exit_code_still_fails_and_stops_the_pipeline(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(exit_code=137, pods_gone=True)  # the pods went with the node
+    result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-15", "--batches", "4")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert set(kube.jobsets) == {jobset.job_name("convert", "gsm8k-15")}  # no training, no export after it
+    found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert [(job["step"], job["state"], job["exit_code"]) for job in found] == [("convert", "failed", 1)]
+
+
+def test_status_and_cancel_on_a_slice_see_only_tpu_grpos_jobsets(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-16", "--detach").returncode == 0
+    kube.jobsets["someone-elses"] = {"apiVersion": jobset.API_VERSION, "kind": "JobSet",
+                                     "metadata": {"name": "someone-elses", "labels": {"team": "serving"},
+                                                  "creationTimestamp": "2026-12-04T10:00:00Z"},
+                                     "spec": {"replicatedJobs": []}}
+    found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert [job["id"] for job in found] == [jobset.job_name("train", "gsm8k-16")]
+    cancelled = run_task(slice_stack, "cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert set(kube.jobsets) == {"someone-elses"}  # ours deleted, theirs untouched
+    other = run_task(slice_stack, "cancel", "--job", "someone-elses")
+    assert other.returncode == 2 and "someone-elses" in kube.jobsets

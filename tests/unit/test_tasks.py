@@ -1,0 +1,219 @@
+"""The Invoke CLI as a user runs it, in a project folder: Invoke's own Program in this process, and a real
+`invoke` process where the process is what is checked (imports, bytecode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.doubles.pulumi_cli import PulumiCli
+from tests.support import ROOT, invoke, invoke_process
+
+
+def imported_modules(stderr: str) -> set[str]:
+    return {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("--list",), ("--help", "plan"), ("--help", "up")])
+def test_listing_and_help_do_not_import_pulumi(args):
+    result = invoke_process(*args, cwd=ROOT, python_flags=("-X", "importtime"))
+    assert result.returncode == 0, result.stderr
+    modules = imported_modules(result.stderr)
+    assert "invoke" in modules
+    assert not {m for m in modules if m.startswith("pulumi")}
+
+
+@pytest.mark.parametrize("python_says", [{}, {"PYTHONDONTWRITEBYTECODE": "1"}])
+def test_tasks_keep_pythons_bytecode_setting_that_invoke_turns_off(tmp_path, python_says):
+    """Invoke stops Python caching bytecode for what tasks import, so Fabric, paramiko and tpu_grpo were
+    compiled from source on every run; tasks.py gives the choice back to Python (PYTHONDONTWRITEBYTECODE, -B)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(python_says, PYTHONPYCACHEPREFIX=str(tmp_path / "pyc"), COLUMNS="200")
+    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "settings", "--json"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = {path.name.split(".")[0] for path in (tmp_path / "pyc").rglob("*.pyc")} if (tmp_path / "pyc").exists() else set()
+    if python_says:
+        assert written == set()
+    else:
+        assert {"settings", "machines", "errors"} <= written  # imported by tasks.py and its task
+
+
+def test_every_task_has_help():
+    listing = invoke("--list", cwd=ROOT).stdout
+    tasks = [line.split()[0] for line in listing.splitlines()[2:] if line.strip() and line.startswith("  ") and not line.startswith("   ")]
+    assert {"plan", "settings", "up"} <= set(tasks)
+    for name in tasks:
+        result = invoke("--help", name, cwd=ROOT)
+        assert result.returncode == 0
+        assert "Docstring:\n  none" not in result.stdout
+
+
+def test_plan_shows_resources_gcloud_and_cost(stack_dir):
+    result = invoke("plan", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for resource in ("Instance", "Disk", "Firewall", "Network", "Subnetwork"):
+        assert resource in out
+    assert "Still to set" not in out
+    assert "gcloud compute instances create tpu-grpo \\\n    --zone=us-east5-b \\\n" in out
+    assert "--reservation=v6e-8-calendar" in out
+    assert "ct6e-standard-8t, capacity reservation: 8 v6e chips × $2.70 per chip-hour = $21.60 per hour" in out
+    assert "billed through its reservation" in out
+
+
+def test_plan_json_is_the_same_plan_as_data(stack_dir):
+    result = invoke("plan", "--json", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["pending"] == []
+    assert sorted(r["type"].split(":")[-1] for r in plan["resources"]) == [
+        "Disk", "Firewall", "Instance", "Network", "Subnetwork"]
+    assert plan["gcloud"][:5] == ["gcloud", "compute", "instances", "create", "tpu-grpo"]
+    assert plan["cost"]["usd_per_hour"] == 21.6
+    assert plan["outputs"]["accelerator_type"] == "v6e-8"
+
+
+def test_plan_of_the_committed_example_stack_lists_what_to_set(home):
+    result = invoke("plan", cwd=ROOT, env=home)
+    assert result.returncode == 0, result.stderr
+    assert "Still to set before `pulumi up`" in result.stdout
+    assert "pulumi config set gcp:project <your-project-id>" in result.stdout
+    assert "gcloud compute instances create tpu-grpo" in result.stdout
+
+
+def test_plan_with_a_bad_setting_is_one_line_and_nonzero(stack_dir):
+    path = stack_dir / "Pulumi.dev.yaml"
+    path.write_text(path.read_text().replace("us-east5-b", "us-east5"))
+    result = invoke("plan", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: gcp:zone='us-east5' is not a zone of the form region-letter; "
+        "fix: pulumi config set gcp:zone us-east5-b\n")
+    assert result.stdout == ""
+
+
+def test_up_without_a_cloud_account_says_what_is_missing(stack_dir, home):
+    result = invoke("up", cwd=stack_dir, env=home)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: `pulumi up` for stack 'dev' cannot start; missing:"
+    assert any("the Pulumi CLI" in line for line in lines)
+    assert any("gcloud auth application-default login" in line for line in lines)
+    assert not any("setting" in line for line in lines)
+    assert lines[-1].endswith("uv run invoke plan")
+
+
+def test_up_counts_a_credentials_path_to_no_file_as_missing_credentials(stack_dir, pulumi_cli, tmp_path):
+    cli, env = pulumi_cli
+    result = invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent.json"})
+    assert result.returncode == 2 and not [line for line in cli.calls() if line.startswith("up")]
+    assert ("  - Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names /nonexistent.json, which is no "
+            "readable file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+            in result.stderr.splitlines())
+    unreadable = tmp_path / "folder.json"
+    unreadable.mkdir()
+    assert invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(unreadable)}).returncode == 2
+
+
+def test_up_names_placeholders_too(home):
+    result = invoke("up", cwd=ROOT, env=home)
+    assert result.returncode == 2
+    assert "setting gcp:project='YOUR_PROJECT_ID' is still a placeholder" in result.stderr
+
+
+@pytest.fixture
+def pulumi_cli(tmp_path, home):
+    """The Pulumi CLI double (tests/doubles/pulumi) first on PATH, with Google credentials, in an empty home."""
+    cli = PulumiCli(tmp_path / "pulumi")
+    return cli, {**home, **cli.env()}
+
+
+def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
+    """With a Pulumi CLI and credentials present, `invoke up` hands over to `pulumi up`."""
+    cli, env = pulumi_cli
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = cli.calls()
+    assert lines[:5] == ["whoami", "stack select --create dev", "stack output --json --stack dev",
+                         "refresh --yes --skip-preview --stack dev", "stack export --stack dev"]  # a stopped VM?
+    assert lines[5].startswith("up --refresh --stack dev --event-log /")  # a VM GCE deleted is made again
+
+
+def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
+    cli, env = pulumi_cli
+    error = ("error: creating Instance: googleapi: Error 400: Reservation v6e-8-calendar does not have "
+             "sufficient capacity for the requested resources.")
+    cli.up_fails(255, [
+        json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": "warming up", "severity": "info"}}),
+        json.dumps({"sequence": 2, "timestamp": 2, "diagnosticEvent": {"message": error, "severity": "error"}}),
+        '{"sequence": 3, "timest',  # cut short, as when the CLI is killed
+    ])
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    assert result.stderr.startswith("what went wrong: the reservation has no free chips")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pulumi_cli):
+    cli, env = pulumi_cli
+    cli.up_fails(3, [])
+    result = invoke("up", cwd=stack_dir, env=env)
+    assert result.returncode == 3
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("message, meaning", [
+    ("Error 400: Reservation r is incorrect for the requested resources", "another machine type or zone"),
+    ("Could not find the given reservation with the following name: r", "no reservation of that name"),
+    ("Invalid value: it requires reservation to be in READY state", "not active yet"),
+    ("The reservation must exist in the same project as the instance.", "another project"),
+    ("The zone 'projects/p/zones/us-east5-b' does not have enough resources (ZONE_RESOURCE_POOL_EXHAUSTED)", "no capacity outside reservations"),
+    ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
+])
+def test_known_compute_engine_errors_are_explained(message, meaning):
+    from tpu_grpo.stack import explain
+
+    [explanation] = explain([message, message])
+    assert meaning in explanation
+
+
+def test_plan_lists_the_provisioning_steps(stack_dir):
+    text = invoke("plan", cwd=stack_dir).stdout
+    assert "`invoke provision`: playbooks/host.yml with its default variables" in text
+    assert "uv python install 3.12" in text and "9. uv (pip): skipped (when: uv_source == pip)" in text
+    steps = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["provision"]
+    assert [step["step"] for step in steps if step["runs"]][:3] == ["apt update and upgrade", "build tools", "data disk"]
+    token = next(step for step in steps if step["step"] == "Hugging Face token")
+    assert token["command"] == "copy hf_token to ~/.cache/huggingface/token (mode 600, over SFTP)"
+
+
+def test_provision_without_host_or_pulumi_says_how_to_name_one(stack_dir, home):
+    result = invoke("provision", cwd=stack_dir, env=home)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no --host given and no pulumi CLI to read stack 'dev' outputs; fix: pass --host")
+
+
+def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_path):
+    """The host comes from `pulumi stack output`: its IP and SSH user (nothing listens there, so it cannot connect)."""
+    cli, env = pulumi_cli
+    cli.set_outputs({"external_ip": "127.0.0.1", "ssh_user": "tpuuser"})
+    result = invoke("provision", "--json", cwd=stack_dir, env={**env, "TPU_GRPO_STATE": str(tmp_path / "state")})
+    assert result.returncode == 1
+    assert "stack output --json --stack dev" in cli.calls()
+    assert json.loads(result.stdout)["hosts"][0]["error"].startswith("tpuuser@127.0.0.1: cannot connect")
+
+
+@pytest.mark.parametrize("capacity, meaning", [
+    ("reservation", "no capacity outside reservations"), ("spot", "spot capacity comes and goes"),
+    ("flex-start", "a zone that offers v6e flex-start"), ("on-demand", "a reservation is what guarantees capacity")])
+def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
+    from tpu_grpo.capacity import CAPACITIES
+    from tpu_grpo.stack import explain
+
+    [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
+    assert meaning in explanation

@@ -1,0 +1,72 @@
+"""`invoke timeline`: the phases of a VM's hours, built from what the tasks record; the training's inside from
+MaxText's real recorded log (tests/data/maxtext-0.2.3). Gathered from a real host: tests/host/test_timeline.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tests.support import FIXTURES
+from tpu_grpo import jobs, timeline
+
+LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_text().splitlines()
+
+
+def _at(clock: str) -> float:
+    """A time of the recorded run (2026-12-02, the log's clock) as seconds."""
+    return datetime(2026, 12, 2, *map(int, clock.split(":")[:2])).timestamp() + float(clock.split(":")[2])
+
+
+def test_a_training_splits_into_start_up_step_ranges_and_evaluations_by_its_logs_clock():
+    started, log_end, ended = _at("14:22:40"), _at("14:23:22.246774"), _at("14:23:23")
+    phases = timeline.training_phases("smoke", started, ended, log_end, LOG)
+    assert [(phase.kind, phase.label) for phase in phases] == [
+        ("eval", "smoke: start-up and evaluation before training"),
+        ("train", "smoke: GRPO steps 1-2"), ("eval", "smoke: evaluation at step 2"),
+        ("train", "smoke: GRPO steps 3-4"), ("eval", "smoke: evaluation at step 4"),
+        ("eval", "smoke: evaluation after training")]
+    starts = {phase.label: (round(phase.start - started, 3), round(phase.seconds, 3)) for phase in phases}
+    # from the log's own times: Starting RL training at 14:23:07.531, step 2 at 21.594, eval 2 at 21.663, ...
+    assert starts["smoke: start-up and evaluation before training"] == (0.0, round(_at("14:23:07.531409") - started, 3))
+    assert starts["smoke: GRPO steps 1-2"] == (round(_at("14:23:07.531409") - started, 3),
+                                               round(_at("14:23:21.594429") - _at("14:23:07.531409"), 3))
+    assert starts["smoke: evaluation at step 2"][1] == round(_at("14:23:21.662907") - _at("14:23:21.594429"), 3)
+    assert starts["smoke: GRPO steps 3-4"][1] == round(_at("14:23:22.069841") - _at("14:23:21.662907"), 3)
+    assert all(started <= phase.start <= phase.end <= ended for phase in phases)
+
+
+def test_the_log_is_placed_by_its_last_line_and_kept_within_the_job():
+    """A host whose clock zone is not the log's, or a replay: the log's last line is when the log was last
+    written; a phase that would start before the job starts with it."""
+    started = _at("14:23:20")  # the job started later than the log's first lines say
+    phases = timeline.training_phases("r", started, started + 3, started + 2.5, LOG)
+    assert phases[0].start == started and all(started <= p.start <= p.end <= started + 3 for p in phases)
+    assert phases[-1].end == started + 2.5
+
+
+def test_idle_gaps_and_the_share_of_the_paid_time_that_trained():
+    booted = 1_000_000.0
+    job = jobs.Job("20261204-000000.000-train", "train", "r", "finished", 0, booted + 600, booted + 3600, 10, {})
+    found = {"boot": booted, "sshd": booted + 30, "now": booted + 7200, "provisioning": [
+        {"steps": [{"step": "MaxText", "status": "changed", "started": booted + 60, "seconds": 240}]}],
+        "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 400}],
+        "saves": [], "jobs": [job], "logs": {}}
+    built = timeline.build("u@vm", found, [{"run": "r", "started": booted + 5000, "finished": booted + 5100}])
+    kinds = [(phase.kind, phase.start - booted, phase.end - booted) for phase in built.phases]
+    assert ("idle", 400, 600) in kinds and ("idle", 3600, 5000) in kinds and ("idle", 5100, 7200) in kinds
+    assert ("train", 600, 3600) in kinds and ("fetch", 5000, 5100) in kinds and ("vm", 0, 30) in kinds
+    assert built.to_json()["training_share"] == round(3000 / 7200, 4)
+
+
+def test_idle_is_only_where_nothing_ran_when_phases_overlap():
+    """The base model's download runs beside the provisioning steps, and outlasts them: no idle is shown while
+    it still runs, only after it (and before the training)."""
+    booted = 2_000_000.0
+    job = jobs.Job("20261204-010000.000-train", "train", "r", "finished", 0, booted + 2500, booted + 3000, 10, {})
+    found = {"boot": booted, "sshd": booted + 30, "now": booted + 3000, "provisioning": [
+        {"steps": [{"step": "uv", "status": "changed", "started": booted + 60, "seconds": 20},
+                   {"step": "MaxText", "status": "changed", "started": booted + 100, "seconds": 200}]}],
+        "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 2000}],
+        "saves": [], "jobs": [job], "logs": {}}
+    built = timeline.build("u@vm", found, [])
+    idle = [(phase.start - booted, phase.end - booted) for phase in built.phases if phase.kind == "idle"]
+    assert idle == [(2000, 2500)]

@@ -1,0 +1,72 @@
+"""Following a job's log: however the bytes arrive (one at a time, at any split, across a
+reconnect), the view sees the same lines, the same progress events and evals, and keeps the
+same local copy of the log."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+from rich.console import Console
+
+from tests.support import FIXTURES
+from tpu_grpo.watch import JobView
+
+LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_bytes()
+
+
+def followed(chunks) -> tuple[list, int, bytes, str]:
+    """(events, line count, the local log copy, what was shown) of one follow fed these chunks."""
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    view = JobView(console, "job-1", "train", 4)
+    events = []
+    feed = view.tracker.feed
+    view.tracker.feed = lambda line, now=None: events.append(feed(line, now=0.0)) or events[-1]
+    with view:
+        for chunk in chunks:
+            view.feed(chunk)
+    shown = [line for line in console.file.getvalue().splitlines() if "ETA" not in line]
+    return [event for event in events if event is not None], view.lines, view.path.read_bytes(), "\n".join(shown)
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
+
+
+def test_one_byte_at_a_time_is_every_split_at_once():
+    whole = followed([LOG])
+    assert len(whole[0]) > 8 and whole[1] == LOG.count(b"\n") + (not LOG.endswith(b"\n"))
+    assert followed(LOG[i:i + 1] for i in range(len(LOG))) == whole
+
+
+def test_random_splits_and_reconnect_points_change_nothing():
+    """A reconnect resumes at the byte offset it had: to the view that is one more split."""
+    whole = followed([LOG])
+    chooser = random.Random(7)
+    for _ in range(20):
+        cuts = sorted(chooser.sample(range(1, len(LOG)), 40))
+        chunks = [LOG[start:end] for start, end in zip([0, *cuts], [*cuts, len(LOG)])]
+        assert followed(chunks) == whole
+
+
+def test_a_last_line_without_newline_is_counted_once():
+    text = LOG.rstrip(b"\n")
+    events, lines, copy, _ = followed([text[:-5], text[-5:]])
+    assert lines == text.count(b"\n") + 1 and copy == text
+    assert events == followed([text])[0]
+
+
+@pytest.mark.parametrize("capacity", ["reservation", "spot", "flex-start", "on-demand"])
+def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
+    from tpu_grpo.capacity import CAPACITIES
+    from tpu_grpo.watch import print_status
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=400)
+    after = CAPACITIES[capacity].after_stop
+    print_status(console, "vm", [], None, {"idle_minutes": 60, "stops_at_earliest": 0, "after_stop": after})
+    shown = " ".join(console.file.getvalue().split())
+    billing = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
+    assert f"at the earliest; then {billing}" in shown
+    assert "the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM is never started" in shown
