@@ -22,7 +22,7 @@ from invoke import Exit
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
 from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
-from tpu_grpo.cli import one_line_errors, task  # noqa: E402
+from tpu_grpo.cli import checked, one_line_errors, task  # noqa: E402
 from tpu_grpo.errors import INTERRUPTED  # noqa: E402
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
@@ -78,8 +78,8 @@ def _check_hosts(host=None, identity=None, stack=None, wait=None, **_) -> None:
         settings_module.load(stack, lenient=True)
 
 
-def _check_settings(stack=None, **_) -> None:
-    settings_module.load(stack, lenient=True)
+def _check_settings(stack=None, **_) -> settings_module.Settings:
+    return settings_module.load(stack, lenient=True)
 
 
 @task(help=_help("stack", json="print the plan as JSON"), check=_check_settings)
@@ -98,8 +98,8 @@ def plan(c, stack=None, json_=False):
 @task(help=_help("stack", json="print the settings as JSON"), check=_check_settings)
 def settings(c, stack=None, json_=False):
     """List every stack setting with its value and meaning, after validating them all."""
+    chosen = checked()
     with one_line_errors():
-        chosen = settings_module.load(stack, lenient=True)
         values = settings_module.read_stack_file(chosen.stack, settings_module.project_root())
     if json_:
         print(json.dumps({key.name: values.get(key.name) for key in settings_module.KEYS}, indent=2))
@@ -126,8 +126,7 @@ def up(c, stack=None):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs."""
     from tpu_grpo import stack as stack_module
 
-    with one_line_errors():
-        chosen = settings_module.load(stack, lenient=True)
+    chosen = checked()
     missing = stack_module.missing_for_up(chosen)
     if missing:
         lines = "\n".join(f"  - {item}" for item in missing)
@@ -170,8 +169,7 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
     from tpu_grpo import engine, hosts, report as report_module
 
     with one_line_errors():
-        book, values, chosen_tags = _check_provision(var, tags, locked, lock, playbook, host=host, identity=identity,
-                                                     stack=stack, wait=wait)
+        book, values, chosen_tags = checked()
         targets = hosts.resolve(host or [], identity, stack)
         wait_s = hosts.wait_seconds(wait)
     if json_:
@@ -273,9 +271,7 @@ def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_s
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS), check=lambda **flags: _step_run("convert", **flags))
 def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
     """Convert the Hugging Face model to a MaxText checkpoint in the checkpoint store (the tutorial's section 4)."""
-    with one_line_errors():
-        run = _step_run("convert", stack, set_=set_, host=host, identity=identity, wait=wait)
-    _launch(run, "convert", host, identity, stack, wait, dry_run, detach, verbose)
+    _launch(checked(), "convert", host, identity, stack, wait, dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, "batches", "run_name"),
@@ -283,9 +279,7 @@ def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, d
 def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
           detach=False, verbose=False, wait=None):
     """Run GRPO training (the tutorial's section 5) as a detached job and follow its progress."""
-    with one_line_errors():
-        run = _step_run("train", stack, batches, run_name, set_, host=host, identity=identity, wait=wait)
-    _launch(run, "train", host, identity, stack, wait, dry_run, detach, verbose)
+    _launch(checked(), "train", host, identity, stack, wait, dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, run_name="the trained run to export (default: the newest)",
@@ -294,10 +288,8 @@ def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, 
 def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
            detach=False, verbose=False, wait=None):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
-    with one_line_errors():
-        run = _step_run("export", stack, run_name=run_name, set_=set_, export_step=step, host=host,
-                        identity=identity, wait=wait)
-    _launch(run, "export", host, identity, stack, wait, dry_run, detach, verbose, run_name_given=run_name is not None)
+    _launch(checked(), "export", host, identity, stack, wait, dry_run, detach, verbose,
+            run_name_given=run_name is not None)
 
 
 def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None,
@@ -341,8 +333,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     from tpu_grpo import targets
 
     with one_line_errors():
-        run, need, recoveries, values = _check_pipeline(batches, run_name, set_, need_gb, stack, recover, var,
-                                                        host=host, identity=identity, wait=wait)
+        run, need, recoveries, values = checked()
         target = targets.pick(host, identity, stack, wait)
         if dry_run:
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
@@ -417,7 +408,7 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
     from tpu_grpo import targets
 
     with one_line_errors():
-        destination = _check_fetch(run, to, host=host, identity=identity, stack=stack, wait=wait)
+        destination = checked()
         result = targets.pick(host, identity, stack, wait).fetch(run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
@@ -446,7 +437,6 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
 
     console = _console(stderr=json_)
     with one_line_errors():
-        _check_publish(repo, run, host=host, identity=identity, stack=stack, wait=wait)
         if note := publish_module.license_note(repo):
             console.print(note)
         session = _session(host, identity, stack, wait)
@@ -484,7 +474,7 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
     from tpu_grpo import results, targets
 
     with one_line_errors():
-        path = _check_metrics(run, out, events, force, host=host, identity=identity, stack=stack, wait=wait)
+        path = checked()
         if events:  # a folder here: no host, no cluster
             found, path = results.metrics_of(None, run, events, path)
         else:
@@ -529,8 +519,7 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
 
     console = _console(stderr=json_)
     with one_line_errors():
-        port_number, every_s = _check_tensorboard(run, port, every, host=host, identity=identity, stack=stack,
-                                                  wait=wait)
+        port_number, every_s = checked()
         session = _session(host, identity, stack, wait)
         try:
             copied = board.sync(session, run)
@@ -599,7 +588,7 @@ def image(c, stack=None, builder="auto", dry_run=False):
     from tpu_grpo import image_build
 
     with one_line_errors():
-        chosen = _check_image(stack, builder)
+        chosen = checked()
         if dry_run:
             print(image_build.dockerfile())
             for command in image_build.commands(chosen, builder, "CONTEXT"):

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Callable
 
 from invoke import Executor, Exit, ParseError, Program, Task
@@ -28,19 +29,42 @@ from tpu_grpo.errors import BROKEN_PIPE, UserError
 SHORT_FLAGS = {"json_": "j", "verbose": "v", "batches": "b", "stack": "s"}
 
 
+#: What the running task's check returned: its flags' checked values (cli.checked()).
+_CHECKED: ContextVar[Any] = ContextVar("checked")
+
+
 class FlagTask(Task):
     """An Invoke task with the project's short flags (no automatic ones) and a `check` of its flags
-    that runs, for every task of the command line, before the first of them acts."""
+    that runs, for every task of the command line, before the first of them acts. What the check returns
+    reaches the task's body through `checked()`, so nothing is checked twice."""
 
     def __init__(self, body: Callable, check: Callable[..., Any] | None = None, **kwargs: Any):
         super().__init__(body, auto_shortflags=False, **kwargs)
         self.check = check
+        self.checked_values: list[Any] = []  # one per call of this task on the command line, in order
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.checked_values:
+            value = self.checked_values.pop(0)
+        else:  # called without the executor (another task's body): its check runs here
+            with one_line_errors():
+                value = self.check(**kwargs) if self.check else None
+        token = _CHECKED.set(value)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _CHECKED.reset(token)
 
     def arg_opts(self, name: str, default: Any, taken_names: set) -> dict:
         options = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
             options["names"].append(SHORT_FLAGS[name])
         return options
+
+
+def checked() -> Any:
+    """The running task's checked flag values: what its check returned before any task of the command line ran."""
+    return _CHECKED.get()
 
 
 task = functools.partial(invoke_task, klass=FlagTask)
@@ -63,10 +87,9 @@ class CheckingExecutor(Executor):
 
     def execute(self, *tasks):
         for call in self.normalize(tasks):
-            check = getattr(call.task, "check", None)
-            if check is not None:
+            if isinstance(call.task, FlagTask):
                 with one_line_errors():
-                    check(**call.kwargs)
+                    call.task.checked_values.append(call.task.check(**call.kwargs) if call.task.check else None)
         try:
             try:
                 return super().execute(*tasks)

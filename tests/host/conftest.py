@@ -222,6 +222,12 @@ def workload_host(make_host):
 
 
 @pytest.fixture
+def make_workload_host(make_host):
+    """Factory of workload hosts: a fresh host (make_host's arguments) given the stand-in MaxText."""
+    return lambda **where: prepare_workload(make_host(disk_mb=0, **where))
+
+
+@pytest.fixture
 def namespaced_workload_host(make_host):
     """A workload host behind its own network namespace, whose link a test can cut and mend."""
     bridge = sshd.Bridge(("a",))

@@ -478,15 +478,13 @@ def bucket_store(stack_dir, bucket) -> Path:
 
 
 def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_the_bucket(
-        make_host, bucket_store, bucket, storage_emulator, tmp_path):
+        make_workload_host, bucket_store, bucket, storage_emulator, tmp_path):
     """MaxText writes the converted checkpoint, the checkpoints and the events to gs:// (here a local
     emulator, which the host's jobs and this laptop both reach); tpu-grpo reads the bucket from the
     laptop to know what is done, where training stands and what the run's metrics are."""
     from google.cloud import storage
 
-    from tests.support import prepare_workload
-
-    host = prepare_workload(make_host(disk_mb=0, env={"STORAGE_EMULATOR_HOST": storage_emulator}))
+    host = make_workload_host(env={"STORAGE_EMULATOR_HOST": storage_emulator})
     host.control(line_delay_s=0.01)
     laptop = {"STORAGE_EMULATOR_HOST": storage_emulator}
     store = "runs/llama3.1-8b-Instruct"

@@ -217,3 +217,16 @@ def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capa
 
     [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
     assert meaning in explanation
+
+
+def test_a_tasks_flags_are_checked_once_before_any_task_runs(stack_dir, monkeypatch):
+    """The executor checks every task of the command line first; the bodies get the checked values, and build
+    nothing again (here: each step's run, built once per task)."""
+    from tpu_grpo import pipeline
+
+    built = []
+    real = pipeline.build_run
+    monkeypatch.setattr(pipeline, "build_run", lambda *args, **kwargs: built.append(args) or real(*args, **kwargs))
+    result = invoke("convert", "--dry-run", "train", "--dry-run", "--batches", "3", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    assert len(built) == 2 and "export NUM_BATCHES=3" in result.stdout
