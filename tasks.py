@@ -8,7 +8,6 @@ tasks that need them, so `invoke --list` stays instant.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 from dataclasses import replace
@@ -228,20 +227,6 @@ def _session(host, identity, stack, wait):
     return jobs.session(host, identity, stack, wait)
 
 
-def _slice_stack(stack, host):
-    """The stack's settings when its jobs run on a multi-host slice (and no --host says otherwise), else None."""
-    if host:
-        return None
-    chosen = settings_module.load(stack, lenient=True)
-    return chosen if chosen.tpu_slice else None
-
-
-def _cluster(stack):
-    from tpu_grpo.kube import Cluster
-
-    return Cluster.of_stack(stack)
-
-
 def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
     from tpu_grpo import targets
@@ -296,14 +281,13 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
                     **flags):
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
-    from tpu_grpo import maxtext, pipeline, playbook
+    from tpu_grpo import maxtext, pipeline, playbook, targets
 
     run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
     need = pipeline.parse_need_gb(need_gb, run)
     recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
-    if recoveries and _slice_stack(stack, flags.get("host")):
-        raise maxtext.CommandError("--recover brings a lost VM back; a slice's JobSet restarts its own pods (its "
-                                   "failure policy); fix: run without --recover")
+    if recoveries:
+        targets.pick(flags.get("host"), None, stack, None).check_recovery()
     if var and not recoveries:
         raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
                                    "--recover N, or provision with uv run invoke provision --var ...")
@@ -490,21 +474,11 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
 
 
 def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float]:
-    from tpu_grpo import maxtext
+    from tpu_grpo import board
 
-    if run is not None:
-        maxtext.check_run_name(run, "--run")
-    number = str(port if port is not None else 6006)
-    if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
-        raise maxtext.CommandError(f"--port {port!r} is not a TCP port; fix: e.g. --port 6006")
-    try:
-        seconds = float(every if every is not None else 5)
-    except ValueError:
-        seconds = float("nan")
-    if not 0.5 <= seconds <= 3600:
-        raise maxtext.CommandError(f"--every {every!r} is not a number of seconds from 0.5 to 3600; fix: e.g. --every 5")
+    checked_flags = board.check_flags(run, port, every)
     _check_hosts(**flags)
-    return int(number), seconds
+    return checked_flags
 
 
 @task(iterable=["host"], check=_check_tensorboard, help=_help(
@@ -585,7 +559,7 @@ def _check_image(stack=None, builder="auto", **_):
     dry_run="print the Dockerfile and the commands, and exit"))
 def image(c, stack=None, builder="auto", dry_run=False):
     """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
-    from tpu_grpo import image_build
+    from tpu_grpo import image_build, targets
 
     with one_line_errors():
         chosen = checked()
@@ -595,7 +569,7 @@ def image(c, stack=None, builder="auto", dry_run=False):
                 print("$ " + " ".join(command))
             return
         pushed = image_build.build(chosen, image_build.choose(builder))
-        _cluster(chosen.stack).record_image(pushed)
+        targets.SliceTarget(chosen).cluster.record_image(pushed)
     print(f"pushed {pushed}; the slice's jobs run it")
 
 
@@ -612,14 +586,13 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None):
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
-    from tpu_grpo import results, stack as stack_module
+    from tpu_grpo import stack as stack_module, targets
 
     with one_line_errors():
         chosen = settings_module.load(stack, lenient=True)
-        if not force and not chosen.tpu_slice:
-            unsaved = results.unfetched(_session(host, identity, stack, wait))
-            if unsaved:
-                lines = "\n".join(f"  - {line}" for line in unsaved)
-                raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
-                           f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
+        unsaved = [] if force else targets.pick(host, identity, stack, wait).unsaved()
+    if unsaved:
+        lines = "\n".join(f"  - {line}" for line in unsaved)
+        raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
+                   f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
     _exit_on_failure(stack_module.destroy(chosen.stack))

@@ -15,6 +15,7 @@ from typing import Iterable
 from rich.console import Console
 
 from tpu_grpo import job_records, settings as settings_module
+from tpu_grpo.errors import UserError
 from tpu_grpo.job_records import JobRecord
 
 
@@ -148,6 +149,15 @@ class VmTarget:
         return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
             connection, found), idle_stop=watch.idle_stop(connection, self.after_stop), tpu=chips.CHIPS.read(connection))
 
+    def check_recovery(self) -> None:
+        """--recover brings this VM back when it is lost."""
+
+    def unsaved(self) -> list[str]:
+        """A line for each run whose model would go with the VM's disks, with the command that saves it."""
+        from tpu_grpo import results
+
+        return results.unfetched(self.session)
+
     def fetch(self, run: str | None, destination, console: Console):
         """A run's saved model (default: the newest saved) to `destination` on this laptop."""
         from tpu_grpo import results
@@ -253,6 +263,14 @@ class SliceTarget:
         from tpu_grpo import maxtext, pipeline
 
         return maxtext.paths(pipeline.build_run(self.settings.stack, run_name=run))["run"]
+
+    def check_recovery(self) -> None:
+        raise UserError("--recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure policy); "
+                        "fix: run without --recover")
+
+    def unsaved(self) -> list[str]:
+        """None: a slice's runs are in its bucket, which the destroy keeps."""
+        return []
 
     def fetch(self, run: str | None, destination, console: Console):
         """A run's export (default: the newest exported) from its folder in the bucket, where the export writes."""
