@@ -24,7 +24,7 @@ from tpu_grpo import images
 from tpu_grpo.kubeconfig import kubeconfig
 from tpu_grpo.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
 from tpu_grpo.settings import PROJECT, Settings
-from tpu_grpo.slices import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
+from tpu_grpo.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
 
 RELEASE_CHANNEL = "RAPID"  # xpk's: the newest GKE versions, which new TPU features need
 #: xpk's TPU pool flags: --max-pods-per-node 15, --host-maintenance-interval=AS_NEEDED, --enable-gvnic and,

@@ -7,7 +7,7 @@ import hashlib
 import re
 
 from tpu_grpo import images
-from tpu_grpo.slices import CHIPS_PER_HOST, CPU_POOL, GKE_ACCELERATOR, Slice
+from tpu_grpo.accelerators import CHIPS_PER_HOST, CPU_POOL, GKE_ACCELERATOR, Accelerator
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"  # of JobSet's release (release.JOBSET_VERSION)
 
@@ -55,7 +55,7 @@ def _user_container(image: str, script: str, env: list[dict], limits: dict) -> d
             "volumeMounts": [dict(_SHARED_TMP[0])]}
 
 
-def pathways(name: str, step: str, run_name: str, image: str, script: str, shape: Slice, num_slices: int,
+def pathways(name: str, step: str, run_name: str, image: str, script: str, shape: Accelerator, num_slices: int,
              scratch: str) -> dict:
     """A Pathways JobSet as xpk 1.16.0 renders `workload create-pathways` (v6e, not headless): a head on the
     CPU pool running Pathways' proxy and resource manager beside `script`, and one worker job per slice,

@@ -23,7 +23,7 @@ from typing import Mapping
 from tpu_grpo.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
-from tpu_grpo.machines import Machine
+from tpu_grpo.accelerators import Accelerator
 from tpu_grpo.progress import RESUMES, total_steps
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
 
@@ -92,7 +92,7 @@ class Run:
     test_batches: int
     use_pathways: bool
     lazy_load_tensors: bool
-    machine: Machine
+    machine: Accelerator
     run_name: str
     sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
     step: int | None = None  # the checkpoint to export (default: the last, num_batches)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from tpu_grpo import settings as settings_module
 from tpu_grpo.capacity import CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, PRICES_READ
-from tpu_grpo.slices import SLICES
+from tpu_grpo.accelerators import SLICES
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15

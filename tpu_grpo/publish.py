@@ -22,7 +22,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, settings, watch
 from tpu_grpo.errors import UserError
-from tpu_grpo.machines import MACHINES
+from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.progress import Eval, parse_line
 
 #: Both models tpu-grpo trains are Llama 3.1, under the Llama 3.1 Community License (the Hub's `llama3.1`).

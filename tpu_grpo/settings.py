@@ -23,8 +23,7 @@ import yaml
 from tpu_grpo.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY, GKE_CLUSTER_USD_PER_HOUR,
                                MAX_RUN_HOURS, Capacity)
 from tpu_grpo.errors import UserError
-from tpu_grpo.machines import MACHINES, Machine
-from tpu_grpo.slices import HOST_MACHINE_TYPE, MAX_SLICES, ONE_VM, SLICES, Slice
+from tpu_grpo.accelerators import HOST_MACHINE_TYPE, MACHINES, MAX_SLICES, ONE_VM, SLICES, Accelerator
 from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for, url_problem
 
 PROJECT = "tpu-grpo"
@@ -238,12 +237,12 @@ class Settings:
         return self.zone.rsplit("-", 1)[0]
 
     @property
-    def tpu_slice(self) -> Slice | None:
+    def tpu_slice(self) -> Accelerator | None:
         """The multi-host slice shape (GKE), or None for the one VM."""
         return SLICES.get(self.slice)
 
     @property
-    def machine(self) -> Machine:
+    def machine(self) -> Accelerator:
         """The one VM's machine, or a slice's host machine (machine_type is then the slice's)."""
         return MACHINES[self.machine_type]
 

@@ -17,7 +17,7 @@ import yaml
 
 from tests.doubles import kubeapi
 from tpu_grpo import images, jobset, maxtext, pipeline
-from tpu_grpo.slices import SLICES
+from tpu_grpo.accelerators import SLICES
 
 IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"
 SCRATCH = "gs://grpo-lab-runs/runs/pathways-scratch"

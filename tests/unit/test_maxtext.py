@@ -15,7 +15,7 @@ from tests import tutorial
 from tests.support import TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo import maxtext
-from tpu_grpo.machines import MACHINES
+from tpu_grpo.accelerators import MACHINES
 
 OURS_ONLY = {"PYTHONUNBUFFERED"}
 

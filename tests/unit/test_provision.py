@@ -74,7 +74,7 @@ def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkey
     """tpu_grpo/release.py holds the release: the playbook's spec, the slice image's tag and what it installs, and
     the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
     from tpu_grpo import image_build, images, maxtext, pipeline, release
-    from tpu_grpo.machines import MACHINES
+    from tpu_grpo.accelerators import MACHINES
 
     monkeypatch.setattr(release, "MAXTEXT_VERSION", "9.8.7")
     monkeypatch.setattr(release, "MAXTEXT_SPEC", "maxtext[tpu-post-train]==9.8.7")
