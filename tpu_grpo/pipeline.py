@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, gcs, host_paths, hosts, jobs, maxtext, release, settings, stores
+from tpu_grpo import artifacts, facts, gcs, host_paths, hosts, jobs, maxtext, release, settings, stores
 from tpu_grpo.errors import UserError
 
 PIPELINE = ("convert", "train", "export", "save")
@@ -130,14 +130,19 @@ def present(connection, run: maxtext.Run, folder: str) -> bool:
     return hosts.run_script(connection, f"[ -d {folder} ]").exited == 0
 
 
+def _steps(names: list[str]) -> list[int]:
+    return sorted(int(name) for name in names if re.fullmatch(r"[0-9]+", name))
+
+
+#: The checkpoints in a folder of the host's disk (or /dev/shm), by step.
+CHECKPOINTS = facts.Fact("checkpoints", lambda folder: f"ls -1 {folder} 2>/dev/null; true",
+                         lambda answer, folder: _steps(answer.stdout.split()))
+
+
 def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
     """The training checkpoints of the run in its store, by step."""
     folder = maxtext.paths(run)["checkpoints"]
-    if in_bucket(run):
-        names = gcs.children(folder)
-    else:
-        names = hosts.run_script(connection, f"ls -1 {folder} 2>/dev/null; true").stdout.split()
-    return sorted(int(name) for name in names if re.fullmatch(r"[0-9]+", name))
+    return _steps(gcs.children(folder)) if in_bucket(run) else CHECKPOINTS.read(connection, folder)
 
 
 def probe_script(run: maxtext.Run) -> str:

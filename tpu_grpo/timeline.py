@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tpu_grpo import host_paths, hosts, job_records, jobs, settings
+from tpu_grpo import facts, host_paths, job_records, jobs, settings
 from tpu_grpo.progress import absl_seconds, message
 
 #: A gap between phases at least this long is shown as idle.
@@ -122,11 +122,9 @@ true
 """
 
 
-def gather(connection) -> dict:
-    """What the host recorded, as data: {boot, sshd, provisioning, downloads, saves, jobs, logs}."""
-    found = {"provisioning": [], "downloads": [], "saves": [], "logs": {}, "jobs": jobs.list_jobs(connection)}
-    trainings = [job.id for job in found["jobs"] if job.step == "train"]
-    for line in hosts.run_script(connection, _script(trainings)).stdout.splitlines():
+def _recorded(answer: facts.Answer, trainings: list[str]) -> dict:
+    found: dict = {"provisioning": [], "downloads": [], "saves": [], "logs": {}}
+    for line in answer.stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind in ("boot", "sshd", "now") and rest:
             found[kind] = float(rest)
@@ -145,6 +143,17 @@ def gather(connection) -> dict:
             job_id, _, text = rest.partition(" ")
             found["logs"][job_id][1].append(text)
     return found
+
+
+#: What the host recorded of its hours (the training jobs' ids): {boot, sshd, now, provisioning, downloads, saves,
+#: logs: {job: (log's mtime, landmark lines)}}.
+HOST_RECORD = facts.Fact("host_record", _script, _recorded)
+
+
+def gather(connection) -> dict:
+    """What the host recorded, with its jobs."""
+    found_jobs = jobs.list_jobs(connection)
+    return {**HOST_RECORD.read(connection, [job.id for job in found_jobs if job.step == "train"]), "jobs": found_jobs}
 
 
 def fetches() -> list[dict]:

@@ -9,18 +9,21 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tpu_grpo import chips, facts, jobs, recovery, results, watch
+from tpu_grpo import chips, facts, jobs, pipeline, recovery, results, timeline, watch
 
 RECORDED = ROOT / "tests" / "facts"
 FACTS = {fact.name: fact for fact in (jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
-                                      results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED)}
+                                      results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
+                                      pipeline.CHECKPOINTS)}
 CASES = sorted(RECORDED.glob("*/*.json"))
 
 
 def plain(value):
-    """A fact as JSON holds it (a job list: each job's record)."""
-    if isinstance(value, list):
+    """A fact as JSON holds it (a job: its record; a tuple: a list)."""
+    if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
     return value.to_json() if hasattr(value, "to_json") else value
 
 
