@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"  # what the tests read: see its README
 TUTORIAL = DATA / "tutorial.md"
 FIXTURES = DATA / "maxtext-0.2.3"
+MODELS_KNOWN = DATA / "maxtext-0.2.3-models.json"  # what MaxText 0.2.3 knows of models, read from its wheel
 DOUBLES = ROOT / "tests" / "doubles"
 BIN = Path(sys.executable).parent  # this venv's commands (invoke, uv's python)
 

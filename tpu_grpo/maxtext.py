@@ -23,6 +23,7 @@ from typing import Mapping
 from tpu_grpo.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
+from tpu_grpo.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.accelerators import Accelerator
 from tpu_grpo.progress import RESUMES, total_steps
 from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
@@ -35,13 +36,13 @@ MODULES = {
 }
 #: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
 OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
+              "tokenizer_path": "tpu-grpo:tokenizer", "dataset_name": "tpu-grpo:dataset",
+              "hf_name": "tpu-grpo:datasetConfig", "rl.loss_algo": "tpu-grpo:lossAlgo",
               "hf_access_token": "the host's token file (invoke provision --tags token)",
               "load_parameters_path": "--step (export) or the converted checkpoint (train)",
               "base_output_directory": "tpu-grpo:checkpointStore",
               "checkpoint_period": "tpu-grpo:checkpointPeriod",
               "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep"}
-#: MaxText's model names -> the Hugging Face model each converts from (MaxText's own HF_IDS).
-HF_IDS = {"llama3.1-8b": "meta-llama/Llama-3.1-8B", "llama3.1-8b-Instruct": "meta-llama/Llama-3.1-8B-Instruct"}
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
 GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
                  "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
@@ -100,6 +101,33 @@ class Run:
     checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
     checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
     capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
+    tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's
+    dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K
+    dataset_config: str | None = None  # tpu-grpo:datasetConfig (hf_name)
+    loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
+
+    @property
+    def row(self) -> Model:
+        return MODELS[self.model]
+
+    @property
+    def training_tokenizer(self) -> str:
+        return self.tokenizer or self.row.training_tokenizer
+
+    def data_overrides(self) -> dict[str, str]:
+        """The train step's tokenizer, dataset and loss, each only where it is not MaxText's default (so the
+        tutorial's command line stays the tutorial's)."""
+        found = {}
+        if self.training_tokenizer != self.row.hf_id:  # MaxText's default tokenizer_path is HF_IDS[model_name]
+            found["tokenizer_path"] = self.training_tokenizer
+        if self.dataset and self.dataset != DEFAULT_DATASET:
+            # the four MaxText names as supported split 95/5 when evaluated on themselves; another, its test split
+            found.update(dataset_name=self.dataset, eval_dataset_name=self.dataset, hf_name=self.dataset_config or "")
+        elif self.dataset_config and self.dataset_config != DEFAULT_DATASET_CONFIG:
+            found["hf_name"] = self.dataset_config
+        if self.loss_algo and self.loss_algo != "grpo":
+            found["rl.loss_algo"] = self.loss_algo
+        return found
 
     @property
     def train_steps(self) -> int:
@@ -117,11 +145,23 @@ class Run:
         if step == "convert":
             return {**common, "lazy_load_tensors": self.lazy_load_tensors}
         trained = {**common, "run_name": self.run_name, "batches": self.batches, "test_batches": self.test_batches,
-                   "machine": self.machine.machine_type, "train_set": dict(self.sets.get("train", {}))}
+                   "machine": self.machine.machine_type, "train_set": dict(self.sets.get("train", {})),
+                   **({"data": self.data_overrides()} if self.data_overrides() else {})}
         if step == "train":
             return trained
         return {**trained, "export_model": self.export_model, "step": self.export_step,
                 "export_set": dict(self.sets.get("export", {}))}
+
+
+def trained_on(inputs: dict) -> dict[str, str]:
+    """What a training's inputs (Run.inputs("train"), as its job records them) say it trained: the model, the
+    dataset and its subset, the loss and the tokenizer, MaxText's defaults filled in."""
+    data = inputs.get("data", {})
+    model = inputs.get("model", DEFAULT_MODEL)
+    dataset = data.get("dataset_name", DEFAULT_DATASET)
+    return {"model": model, "dataset": dataset,
+            "dataset_config": data.get("hf_name", DEFAULT_DATASET_CONFIG if dataset == DEFAULT_DATASET else ""),
+            "loss": data.get("rl.loss_algo", "grpo"), "tokenizer": data.get("tokenizer_path", MODELS[model].hf_id)}
 
 
 def timestamp_run_name(now: float | None = None) -> str:
@@ -255,7 +295,10 @@ def overrides(run: Run, step: str) -> dict[str, str]:
             "weight_dtype": "bfloat16",
         },
     }[step]
+    if not run.row.native_rollout:  # MaxText's own model inside vLLM runs unscanned, as MaxText's Gemma 3 RL test
+        mapping["scan_layers"] = "False" if step != "train" else "false"
     if step == "train":
+        mapping.update({key: _q(value) for key, value in {**run.row.rollout_overrides(), **run.data_overrides()}.items()})
         if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
             mapping["checkpoint_period"] = str(run.checkpoint_period)
         if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:
@@ -284,7 +327,7 @@ def kept_conversion(run: Run) -> str:
 
 def downloaded_model(run: Run) -> str:
     """Where provisioning downloads the model the conversion reads (playbooks/host.yml, "model download")."""
-    return f"{BASE_MODELS}/{HF_IDS[run.model]}"
+    return f"{BASE_MODELS}/{run.row.hf_id}"
 
 
 def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
@@ -347,6 +390,8 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
                      "| grep -E '^[0-9]+$' | sort -n | tail -1) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
+    if step == "export":
+        after = trained_tokenizer(run)
     arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
     if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
         before = [f"hf_model_path={downloaded_model(run)}",
@@ -357,6 +402,26 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
         command = [FORWARD_TERM, *command[:-1], command[-1] + " &", *WAIT_CHILD]
     lines += [*before, *command, *after]
     return "\n".join(lines) + "\n"
+
+
+#: Save a tokenizer (argv 1) into a folder (argv 2) as transformers writes it; a gs:// folder through a local copy,
+#: uploaded with the Cloud Storage client of MaxText's post-training extra.
+SAVE_TOKENIZER = ("python3 -c 'import pathlib, sys, tempfile; from transformers import AutoTokenizer; "
+                  "tokenizer, folder = AutoTokenizer.from_pretrained(sys.argv[1]), sys.argv[2]\n"
+                  "if not folder.startswith(\"gs://\"): tokenizer.save_pretrained(folder); sys.exit()\n"
+                  "from google.cloud import storage; local = tempfile.mkdtemp(); tokenizer.save_pretrained(local)\n"
+                  "bucket, _, prefix = folder[5:].partition(\"/\"); bucket = storage.Client().bucket(bucket)\n"
+                  "for path in pathlib.Path(local).iterdir(): "
+                  "bucket.blob(prefix.strip(\"/\") + \"/\" + path.name).upload_from_filename(str(path))'")
+
+
+def trained_tokenizer(run: Run) -> list[str]:
+    """Bash after to_huggingface, which saves the tokenizer of HF_IDS[export name]: the tokenizer the run trained with
+    (its chat template) in its place, where the two differ (the tutorial's: the base model's, then the Instruct's)."""
+    if run.training_tokenizer == MODELS[run.export_model].hf_id:
+        return []
+    return [f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
+            f'{SAVE_TOKENIZER} {_q(run.training_tokenizer)} "$HF_EXPORT"']
 
 
 def paths(run: Run) -> dict[str, str]:

@@ -65,6 +65,7 @@ class Metrics:
     run: str
     rows: list[Row]
     evals: list[Eval] = field(default_factory=list)
+    trained_on: dict[str, str] = field(default_factory=dict)  # model, dataset, loss, tokenizer, where known
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one row field, skipping steps without it."""
@@ -77,6 +78,7 @@ class Metrics:
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.run,
+            **self.trained_on,
             "tags": SERIES,
             "rows": [{key: _finite(value) for key, value in asdict(row).items()} for row in self.rows],
             "evals": [{key: _finite(value) for key, value in asdict(e).items()} for e in self.evals],
@@ -193,7 +195,9 @@ def table(metrics: Metrics) -> Table:
     """One row per train step: reward, loss, KL, completion length."""
     from rich.table import Table
 
-    result = Table(title=f"GRPO run {metrics.run}", caption=eval_caption(metrics.evals))
+    given = metrics.trained_on
+    about = f": {given['model']} on {given['dataset']}, loss {given['loss']}" if given else ""
+    result = Table(title=f"GRPO run {metrics.run}{about}", caption=eval_caption(metrics.evals))
     result.add_column("step", justify="right")
     for name in SERIES:
         result.add_column(LABELS[name], justify="right")

@@ -372,7 +372,8 @@ def build_run(stack: str | None, *, batches=None, run_name: str | None = None, s
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None,
         store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep,
-        capacity=chosen.capacity)
+        capacity=chosen.capacity, tokenizer=chosen.tokenizer, dataset=chosen.dataset,
+        dataset_config=chosen.dataset_config, loss_algo=chosen.loss_algo)
 
 
 def trained_runs(connection) -> list[dict]:

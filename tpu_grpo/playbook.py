@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo import host_paths, maxtext, release, settings
+from tpu_grpo import host_paths, release, settings
 from tpu_grpo.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"  # they ship with the code, not the stack
@@ -220,7 +220,7 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
 def stack_values(chosen) -> dict[str, Any]:
     """The playbook variables that follow from the stack's settings and the laptop's $HF_ENDPOINT
     (before any `--var`): the Hub model the conversion reads is downloaded while MaxText installs."""
-    return {"idle_stop_minutes": chosen.idle_stop_minutes, "hf_model": maxtext.HF_IDS[chosen.model],
+    return {"idle_stop_minutes": chosen.idle_stop_minutes, "hf_model": chosen.model_row.hf_id,
             "hf_endpoint": settings.hub_endpoint() or ""}
 
 

@@ -23,12 +23,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, settings, watch
 from tpu_grpo.errors import UserError
 from tpu_grpo.accelerators import MACHINES
+from tpu_grpo.models import DEFAULT_DATASET, MODELS
 from tpu_grpo.progress import Eval, parse_line
 
-#: Both models tpu-grpo trains are Llama 3.1, under the Llama 3.1 Community License (the Hub's `llama3.1`).
-LICENSE = "llama3.1"
-DATASET = "openai/gsm8k"
-TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "gsm8k", "tpu-grpo")
+TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
 HUB_PROGRAM = Path(__file__).with_name("hub_host.py")
 REFUSED_EXIT = 3
 _NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
@@ -150,11 +148,13 @@ def _score(found: Eval | None, field_name: str) -> str:
 
 def card(found: Facts) -> str:
     """The model card: the Hub's YAML metadata, then what was trained, on what, how long, and how it scored."""
-    model = found.trained.get("model", "llama3.1-8b-Instruct")
-    base = maxtext.HF_IDS.get(model, model)
-    metadata = {"base_model": base, "base_model_relation": "finetune", "datasets": [DATASET],
-                "library_name": "transformers", "license": LICENSE, "pipeline_tag": "text-generation",
-                "tags": list(TAGS)}
+    given = maxtext.trained_on(found.trained)
+    row = MODELS[given["model"]]
+    base = row.hf_id
+    dataset, subset, loss, tokenizer = given["dataset"], given["dataset_config"], given["loss"], given["tokenizer"]
+    metadata = {"base_model": base, "base_model_relation": "finetune", "datasets": [dataset],
+                "library_name": "transformers", "license": row.license, "pipeline_tag": "text-generation",
+                "tags": [*TAGS[:4], dataset.split("/")[-1].lower(), *TAGS[4:]]}
     train_set = found.trained.get("train_set", {})
     grpo = {**maxtext.GRPO_DEFAULTS, **train_set}
     machine = MACHINES.get(found.trained.get("machine", ""))
@@ -167,7 +167,10 @@ def card(found: Facts) -> str:
     again = results.finish_command({"run": found.run, "inputs": found.trained})
     rows = [("method", f"GRPO, MaxText {found.maxtext_version} (`maxtext.trainers.post_train.rl.train_rl`)"),
             ("base model", f"[{base}](https://huggingface.co/{base})"),
-            ("dataset", f"[{DATASET}](https://huggingface.co/datasets/{DATASET}) (`main`), MaxText's GSM8K reward"),
+            ("dataset", f"[{dataset}](https://huggingface.co/datasets/{dataset})" + (f" (`{subset}`)" if subset else "")
+                        + ", MaxText's math reward"),
+            ("loss", f"{loss} (`rl.loss_algo`)"),
+            ("tokenizer", f"[{tokenizer}](https://huggingface.co/{tokenizer}), in the export too"),
             ("batches", f"{found.trained.get('batches')} (`num_batches`), batch size {grpo['batch_size']}"),
             ("generations per prompt", f"{grpo['rl.num_generations']} (`rl.num_generations`)"),
             ("learning rate", f"{grpo['learning_rate']} (`learning_rate`)"),
@@ -184,18 +187,24 @@ def card(found: Facts) -> str:
     evals = [(label, _score(found.pre, name), _score(found.post, name))
              for label, name in (("accuracy", "accuracy"), ("partial accuracy", "partial_accuracy"),
                                  ("format accuracy", "format_accuracy"))]
-    body = [f"# {found.run}: {base.split('/')[-1]} trained with GRPO on GSM8K", "",
-            f"[{base}](https://huggingface.co/{base}) post-trained with GRPO (Group Relative Policy Optimization) "
-            f"on the GSM8K training set with [MaxText](https://github.com/AI-Hypercomputer/maxtext) "
-            f"{found.maxtext_version} on a Cloud TPU v6e, by tpu-grpo (run `{found.run}`). Built with Llama.", "",
+    named = "GSM8K" if dataset == DEFAULT_DATASET else dataset
+    method = "GRPO (Group Relative Policy Optimization)" if loss == "grpo" else f"GRPO with the {loss} loss"
+    llama = row.license == "llama3.1"
+    body = [f"# {found.run}: {base.split('/')[-1]} trained with {'GRPO' if loss == 'grpo' else loss} on {named}", "",
+            f"[{base}](https://huggingface.co/{base}) post-trained with {method} "
+            f"on the {named} training set with [MaxText](https://github.com/AI-Hypercomputer/maxtext) "
+            f"{found.maxtext_version} on a Cloud TPU v6e, by tpu-grpo (run `{found.run}`)."
+            + (" Built with Llama." if llama else ""), "",
             "## Training", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows), "",
             "## Evaluation", "",
-            f"MaxText's own GSM8K evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
+            f"MaxText's own {named} evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
             "before training and after it, as the training log reports them:", "",
             "| | before | after |", "|---|---|---|", *(f"| {label} | {before} | {after} |" for label, before, after in evals),
             "", "## Reproduce", "", "With tpu-grpo, from a checkout and a stack of your own:", "", "```", again, "```", "",
-            "## License", "", "Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright (c) Meta "
-            "Platforms, Inc. All Rights Reserved. This model is a derivative of it and is shared under the same terms.",
+            "## License", "", ("Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright (c) Meta "
+                               "Platforms, Inc. All Rights Reserved. This model is a derivative of it and is shared under "
+                               "the same terms." if llama else f"A derivative of {base}, shared under its license "
+                               f"(`{row.license}`)."),
             ""]
     return "---\n" + yaml.safe_dump(metadata, sort_keys=False) + "---\n\n" + "\n".join(body)
 

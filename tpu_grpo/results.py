@@ -238,4 +238,6 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     connection = session.connection
     job = _train_job(connection, run)
     sync_events(connection, job)
-    return _load_and_plot(job.run, jobs.read_log(connection, job.id), out)
+    found, path = _load_and_plot(job.run, jobs.read_log(connection, job.id), out)
+    found.trained_on = maxtext.trained_on(job.meta.get("inputs", {}))
+    return found, path

@@ -24,12 +24,15 @@ from tpu_grpo.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEF
                                MAX_RUN_HOURS, Capacity)
 from tpu_grpo.errors import UserError
 from tpu_grpo.accelerators import HOST_MACHINE_TYPE, MACHINES, MAX_SLICES, ONE_VM, SLICES, Accelerator
+from tpu_grpo.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS, Model
 from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for, url_problem
 
 PROJECT = "tpu-grpo"
 DEFAULT_STACK = "dev"
 STACK_ENV = "TPU_GRPO_STACK"
 HUB_ENV = "HF_ENDPOINT"  # huggingface_hub's own: a mirror or a private Hub instead of huggingface.co
+#: A Hugging Face repository id: OWNER/NAME (the Hub's own rule: letters, digits, ".", "_", "-").
+_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _HUB_URL = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(?:/[A-Za-z0-9._~/-]*)?")
 STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default: .tpu-grpo/)
 
@@ -43,7 +46,6 @@ DATA_DISK_THROUGHPUT_MIBPS = (140, 2400)
 #: (tpu_grpo/stores.py) is written in about 40 s, and IOPS to go with it.
 DEFAULT_DATA_DISK_IOPS, DEFAULT_DATA_DISK_THROUGHPUT_MIBPS = 10_000, DATA_DISK_THROUGHPUT_MIBPS[1]
 #: MaxText 0.2.3 model names this project knows how to train and export.
-MODELS = ("llama3.1-8b", "llama3.1-8b-Instruct")
 PUBLIC_KEY_TYPES = (
     "ssh-ed25519",
     "ssh-rsa",
@@ -181,8 +183,19 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:subnetwork", str, "subnetwork of that existing network (default: its auto subnet)", "default", required=False),
     Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False),
     Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False),
-    Key(f"{PROJECT}:model", str, "MaxText model to train: " + ", ".join(MODELS), "llama3.1-8b-Instruct"),
-    Key(f"{PROJECT}:exportModel", str, "MaxText model name used to convert back to Hugging Face", "llama3.1-8b"),
+    Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL),
+    Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, or "
+        "its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
+        required=False),
+    Key(f"{PROJECT}:tokenizer", str, "Hugging Face tokenizer to train and export with (default: the model table's, "
+        "an Instruct model's for a base model)", "meta-llama/Llama-3.1-8B-Instruct", required=False),
+    Key(f"{PROJECT}:dataset", str, f"Hugging Face dataset to train on, with a question column (problem, prompt, "
+        f"question) and an answer column (answer, solution, expected_answer) (default: {DEFAULT_DATASET})",
+        "nvidia/OpenMathInstruct-2", required=False),
+    Key(f"{PROJECT}:datasetConfig", str, f"the dataset's subset, MaxText's hf_name (default: {DEFAULT_DATASET_CONFIG} "
+        "for GSM8K, the dataset's default for another)", "main", required=False),
+    Key(f"{PROJECT}:lossAlgo", str, "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default "
+        "grpo)", "gspo-token", required=False),
     Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50"),
     Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10"),
     Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false"),
@@ -226,6 +239,10 @@ class Settings:
     labels: dict[str, str]
     model: str
     export_model: str
+    tokenizer: str | None
+    dataset: str | None
+    dataset_config: str | None
+    loss_algo: str | None
     batches: int
     test_batches: int
     use_pathways: bool
@@ -250,6 +267,10 @@ class Settings:
     def chips(self) -> int:
         shape = self.tpu_slice
         return shape.chips * self.num_slices if shape else self.machine.chips
+
+    @property
+    def model_row(self) -> Model:
+        return MODELS[self.model]
 
     @property
     def obtained(self) -> Capacity:
@@ -412,8 +433,12 @@ def _problem(key: Key, value: Any) -> str | None:
         for label, text in value.items():
             if not (_LABEL.fullmatch(str(label)) and _LABEL_VALUE.fullmatch(str(text))):
                 return f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)"
-    if short in ("model", "exportModel") and value not in MODELS:
-        return "is not a known model (" + ", ".join(MODELS) + ")"
+    if short == "model" and value not in MODELS:
+        return "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)"
+    if short in ("tokenizer", "dataset") and not _HF_REPO.fullmatch(value):
+        return "is not a Hugging Face repository id (OWNER/NAME)"
+    if short == "lossAlgo" and value not in LOSS_ALGOS:
+        return "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")"
     if short in ("batches", "testBatches") and value < 1:
         return "must be at least 1"
     return None
@@ -465,6 +490,28 @@ def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
         values["checkpointsToKeep"] = chosen.checkpoints_to_keep
     values["dataDiskIops"] = values["dataDiskIops"] or DEFAULT_DATA_DISK_IOPS
     values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or DEFAULT_DATA_DISK_THROUGHPUT_MIBPS
+
+
+def _check_model(values: dict[str, Any]) -> None:
+    """The export name fits the model, and the model fits the machine or slice: the memory arithmetic, and the smallest
+    shape that holds it."""
+    row = MODELS[values["model"]]
+    export = KEY[f"{PROJECT}:exportModel"]
+    values["exportModel"] = values["exportModel"] or row.export_model
+    if values["exportModel"] not in {row.name, row.export_model}:
+        raise SettingsError(export.name, values["exportModel"], f"is not a name of model {row.name} for "
+                            f"to_huggingface ({' or '.join(sorted({row.name, row.export_model}))})",
+                            f"pulumi config rm {export.name} (the model table's: {row.export_model})")
+    shape = SLICES.get(values["slice"] or "") or MACHINES[values["machineType"] or "ct6e-standard-8t"]
+    slices = values["numSlices"] or 1 if shape.hosts > 1 else 1
+    if not row.fits(shape, slices):
+        _, _, arithmetic = row.need_gb(shape, slices)
+        smallest = row.smallest
+        fix = (f"pulumi config set {PROJECT}:machineType {smallest.machine_type}" if smallest.hosts == 1 else
+               f"pulumi config set {PROJECT}:slice {smallest.name} (docs/slices.md)")
+        name = f"{shape.name} x{slices}" if slices > 1 else shape.name
+        raise SettingsError(KEY[f"{PROJECT}:model"].name, row.name, f"does not fit a {name}: {arithmetic}; the smallest "
+                            f"v6e that holds it is a {smallest.name}", fix)
 
 
 def _check_slice(values: dict[str, Any]) -> None:
@@ -553,6 +600,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                             "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
     _check_capacity(values)
     _check_slice(values)
+    _check_model(values)
     if values["bootDiskGb"] is None:
         values["bootDiskGb"] = MIN_BOOT_DISK_GB
     if values["subnetwork"] and not values["network"]:

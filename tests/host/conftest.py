@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.host import rootfs, sshd
-from tests.support import DOUBLES, FIXTURES, ROOT, TEST_TOKEN
+from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN
 
 
 @dataclass
@@ -183,6 +183,7 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
     home = host.user.home
     shutil.copytree(DOUBLES / "standin", home / "standin", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(FIXTURES, home / "fixtures")
+    shutil.copy(MODELS_KNOWN, home)  # beside the fixtures: what the stand-in checks model names against
     (home / ".cache/huggingface").mkdir(parents=True)
     (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
     subprocess.run(["chmod", "-R", "u+w", str(home / "fixtures")], check=True)

@@ -25,7 +25,7 @@ from tests.doubles.pulumi_cli import INSTANCE, PulumiCli
 from tests.doubles.wheels import WORKLOAD_STANDIN, workload_standin_wheel
 from tests.host import sshd as harness
 from tests.host.rootfs import TEST_VARS
-from tests.support import FIXTURES, ROOT, SPOT, wait_for
+from tests.support import FIXTURES, MODELS_KNOWN, ROOT, SPOT, wait_for
 
 STORE = "/mnt/disks/data/tpu-grpo/maxtext/llama3.1-8b-Instruct"  # the disk store, as the host names it
 
@@ -39,6 +39,7 @@ def vm_image(host, wheels: Path) -> None:
     (root / "etc/uv/uv.toml").write_text('find-links = ["/opt/standin-wheels"]\n')
     home = host.user.home
     shutil.copytree(FIXTURES, home / "fixtures")
+    shutil.copy(MODELS_KNOWN, home)  # beside the fixtures: what the stand-in checks model names against
     (home / ".standin.json").write_text(json.dumps({"fixtures": "/home/tpu/fixtures", "line_delay_s": 0.01}))
     host.own(home)
 

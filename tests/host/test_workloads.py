@@ -61,6 +61,8 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     for record in records[1:]:  # the job's TPU_NAME is the host's hostname, as the tutorial's $(hostname)
         assert record["env"]["TPU_NAME"] == os.uname().nodename
     assert_same_as_tutorial({r["module"]: r for r in records}, theirs)
+    # The export carries the tokenizer the run trained with (the Instruct one), not the base model's.
+    assert host.records("tokenizers") == [{"from_pretrained": "meta-llama/Llama-3.1-8B-Instruct"}]
     # Detached: each step runs in a session of its own, led by its job's wrapper (the `pid` file).
     pids = [int((folder / "pid").read_text()) for folder in job_dirs(host)]
     assert [(record["sid"], record["pgid"]) for record in records] == [(pid, pid) for pid in pids]
@@ -131,6 +133,7 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
 
     metrics = host.invoke("metrics", "--run", run_name, "--out", str(tmp_path / "m.png"))
     assert metrics.returncode == 0, metrics.stderr
+    assert f"GRPO run {run_name}: llama3.1-8b-Instruct on openai/gsm8k, loss grpo" in " ".join(metrics.stdout.split())
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     scan_for_token(out, result.stderr, again.stdout, refused.stderr, fetched.stdout,
@@ -335,6 +338,8 @@ def test_save_keeps_events_and_checkpoint_so_metrics_outlive_dev_shm(workload_ho
     assert metrics.returncode == 0, metrics.stderr
     found = json.loads(metrics.stdout)
     assert found["run"] == run_name and found["rows"][0]["step"] == 1
+    assert (found["model"], found["dataset"], found["dataset_config"], found["loss"], found["tokenizer"]) == (
+        "llama3.1-8b-Instruct", "openai/gsm8k", "main", "grpo", "meta-llama/Llama-3.1-8B-Instruct")
     assert [e["stage"] for e in found["evals"]] == ["pre", "intermediate", "intermediate", "post"]  # from the log
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -226,7 +226,7 @@ def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_val
 
 
 def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values, tmp_path):
-    with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t"})
+    with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"})
     cli = PulumiCli(tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
                                         "capacity": "reservation"}, "RUNNING")
     env = cli.env()

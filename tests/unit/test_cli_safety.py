@@ -170,11 +170,11 @@ def test_metrics_refuses_damaged_events_naming_the_file(stack_dir, damage, probl
 
 
 def test_a_set_value_may_hold_colons(stack_dir):
-    result = invoke("pipeline", "--dry-run", "--run-name", "r1", "--set", "train:tokenizer_path=gs://bucket/x",
+    result = invoke("pipeline", "--dry-run", "--run-name", "r1", "--set", "train:hf_train_files=gs://bucket/x",
                     "--set", "export:weight_dtype=float32", cwd=stack_dir)
     assert result.returncode == 0, result.stderr
     train = result.stdout.split("# tpu-grpo train")[1].split("# tpu-grpo export")[0]
-    assert "    tokenizer_path=gs://bucket/x" in train
+    assert "    hf_train_files=gs://bucket/x" in train
     assert "weight_dtype=float32" in result.stdout.split("# tpu-grpo export")[1]
 
 

@@ -219,12 +219,12 @@ def test_outputs_give_the_invoke_side_what_it_needs(program):
     }
 
 
-@pytest.mark.parametrize("machine_type, accelerator, chips, topology", [
-    ("ct6e-standard-1t", "v6e-1", 1, "1x1"),
-    ("ct6e-standard-4t", "v6e-4", 4, "2x2"),
+@pytest.mark.parametrize("machine_type, accelerator, chips, topology, model", [
+    ("ct6e-standard-1t", "v6e-1", 1, "1x1", "qwen3-0.6b"),
+    ("ct6e-standard-4t", "v6e-4", 4, "2x2", "qwen3-4b"),
 ])
-def test_smaller_machines_come_from_the_same_table(stack_values, machine_type, accelerator, chips, topology):
-    _, by_type, outputs = declared(stack_values, **{"tpu-grpo:machineType": machine_type})
+def test_smaller_machines_come_from_the_same_table(stack_values, machine_type, accelerator, chips, topology, model):
+    _, by_type, outputs = declared(stack_values, **{"tpu-grpo:machineType": machine_type, "tpu-grpo:model": model})
     assert by_type["Instance"][0].inputs["machineType"] == machine_type
     assert (outputs["accelerator_type"], outputs["chips"], outputs["topology"]) == (accelerator, chips, topology)
 

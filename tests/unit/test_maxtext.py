@@ -168,8 +168,9 @@ def test_an_unknown_model_is_refused(stack_dir):
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump(config))
     result = invoke("train", "--dry-run", cwd=stack_dir)
     assert result.returncode == 2
-    assert result.stderr.startswith("error: tpu-grpo:model='llama9-70b' is not a known model (llama3.1-8b, "
-                                    "llama3.1-8b-Instruct); fix: pulumi config set tpu-grpo:model")
+    assert result.stderr.startswith("error: tpu-grpo:model='llama9-70b' is not a model MaxText 0.2.3 post-trains "
+                                    "here (llama3.1-8b, llama3.1-8b-Instruct, llama3.1-70b, ")
+    assert "docs/models.md); fix: pulumi config set tpu-grpo:model" in result.stderr
 
 
 def test_dry_run_prints_each_steps_script_without_connecting(stack_dir):

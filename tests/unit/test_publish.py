@@ -95,6 +95,26 @@ def test_the_card_is_in_the_hubs_format_and_says_what_was_trained():
         assert row in text, row
 
 
+def test_the_card_names_the_dataset_the_loss_the_tokenizer_and_the_models_license():
+    trained = {"model": "qwen3-8b", "batches": 20, "test_batches": 5, "machine": "ct6e-standard-8t", "store": "disk",
+               "use_pathways": False, "convert_set": {}, "train_set": {},
+               "data": {"dataset_name": "nvidia/OpenMathInstruct-2", "eval_dataset_name": "nvidia/OpenMathInstruct-2",
+                        "hf_name": "", "rl.loss_algo": "gspo-token"}}
+    saved = {**trained, "export_model": "qwen3-8b", "step": 20, "export_set": {}}
+    text = publish.card(publish.Facts("math-1", trained, saved, "spot", "0.2.3", 600.0, 1, pre=_eval("pre", 1),
+                                      post=_eval("post", 2)))
+    card = ModelCard(text)
+    assert (card.data.base_model, card.data.license) == ("Qwen/Qwen3-8B", "apache-2.0")
+    assert card.data.datasets == ["nvidia/OpenMathInstruct-2"] and "openmathinstruct-2" in card.data.tags
+    for row in ("# math-1: Qwen3-8B trained with gspo-token on nvidia/OpenMathInstruct-2",
+                "| dataset | [nvidia/OpenMathInstruct-2](https://huggingface.co/datasets/nvidia/OpenMathInstruct-2), "
+                "MaxText's math reward |", "| loss | gspo-token (`rl.loss_algo`) |",
+                "| tokenizer | [Qwen/Qwen3-8B](https://huggingface.co/Qwen/Qwen3-8B), in the export too |",
+                "A derivative of Qwen/Qwen3-8B, shared under its license (`apache-2.0`)."):
+        assert row in text, row
+    assert "Llama" not in text
+
+
 def test_publish_refuses_a_bad_repo_before_connecting(tmp_path):
     for argv, wanted in ((["--repo", "no-slash"], "--repo 'no-slash' is not OWNER/NAME"),
                          ([], "--repo is missing"),

@@ -37,7 +37,7 @@ BAD = [
     ("tpu-grpo:sshSourceRanges", ["YOUR_PUBLIC_IP/32"], "placeholder", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
     ("tpu-grpo:sshUser", "Root User", "not a Linux user name", "pulumi config set tpu-grpo:sshUser"),
     ("tpu-grpo:labels", {"Team": "ML"}, "not a label", "pulumi config set --path 'tpu-grpo:labels.team'"),
-    ("tpu-grpo:model", "llama2-7b", "not a known model", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
+    ("tpu-grpo:model", "llama2-7b", "is not a model MaxText 0.2.3 post-trains here", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
     ("tpu-grpo:batches", "0", "at least 1", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:batches", "abc", "is not a whole number", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:usePathways", "maybe", "is not true or false", "pulumi config set tpu-grpo:usePathways false"),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DOUBLES, FIXTURES
+from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN
 
 STANDIN = DOUBLES / "standin"
 
@@ -307,13 +307,13 @@ def test_to_huggingface_fails_without_the_checkpoint_to_load(home):
 def test_exit_codes_and_hold_come_from_the_control_file(home):
     control(home, exit_code={"to_maxtext": 3, "train_rl": 4, "to_huggingface": 5}, hold_s=0.3)
     start = time.monotonic()
-    out = run(home, TO_MAXTEXT, f"base_output_directory={home}/mt")
+    out = run(home, TO_MAXTEXT, "model_name=llama3.1-8b-Instruct", f"base_output_directory={home}/mt")
     assert out.returncode == 3
     assert time.monotonic() - start >= 0.3
     load = home / "ckpt"
     load.mkdir()
     assert run(home, TRAIN_RL, *train_args(home, 2)).returncode == 4
-    assert run(home, TO_HUGGINGFACE, f"load_parameters_path={load}",
+    assert run(home, TO_HUGGINGFACE, "model_name=llama3.1-8b", f"load_parameters_path={load}",
                f"base_output_directory={home}/hf").returncode == 5
     assert [r["module"] for r in records(home)] == [TO_MAXTEXT, TRAIN_RL, TO_HUGGINGFACE]
 
@@ -321,11 +321,13 @@ def test_exit_codes_and_hold_come_from_the_control_file(home):
 def test_fixtures_from_the_control_file_and_the_default(home, tmp_path):
     copy = tmp_path / "elsewhere"
     shutil.copytree(FIXTURES, copy)
+    shutil.copy(MODELS_KNOWN, tmp_path)  # beside the fixtures, as the test hosts have it
     control(home, fixtures=str(copy))
     assert run(home, TRAIN_RL, *train_args(home, 50)).returncode == 0
 
     (home / ".standin.json").unlink()  # default: tests/data/maxtext-0.2.3
-    out = run(home, TO_HUGGINGFACE, f"load_parameters_path={home}", f"base_output_directory={home}/hf")
+    out = run(home, TO_HUGGINGFACE, "model_name=llama3.1-8b", f"load_parameters_path={home}",
+              f"base_output_directory={home}/hf")
     assert out.returncode == 0, out.stderr
 
     control(home, fixtures=str(tmp_path / "absent"))
@@ -335,5 +337,22 @@ def test_fixtures_from_the_control_file_and_the_default(home, tmp_path):
 
 def test_bad_control_file_is_an_error(home):
     (home / ".standin.json").write_text(json.dumps({"line_delay": 1}))
-    out = run(home, TO_MAXTEXT, f"base_output_directory={home}/mt")
+    out = run(home, TO_MAXTEXT, "model_name=llama3.1-8b-Instruct", f"base_output_directory={home}/mt")
     assert out.returncode == 2 and b"line_delay" in out.stderr
+
+
+@pytest.mark.parametrize("module, name, table", [
+    (TO_MAXTEXT, "llama3.1-70b-Instruct", None), (TRAIN_RL, "llama3.1-70b-Instruct", "HF_MODEL_CONFIGS"),
+    (TO_MAXTEXT, "qwen3-1.7b", "HF_IDS"), (TRAIN_RL, "llama9-70b", "ModelName"), (TO_HUGGINGFACE, "qwen3-8b", None),
+])
+def test_a_model_name_maxtext_would_refuse_is_refused(home, module, name, table):
+    """The stand-in takes what MaxText 0.2.3 takes: a ModelName, and for each module the tables it looks the name up
+    in (tests/data/maxtext-0.2.3-models.json)."""
+    args = {TO_MAXTEXT: [f"base_output_directory={home}/mt"], TRAIN_RL: train_args(home, 2)[1:],
+            TO_HUGGINGFACE: [f"load_parameters_path={home}", f"base_output_directory={home}/hf"]}[module]
+    out = run(home, module, f"model_name={name}", *args)
+    if table is None:
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode == 1 and out.stderr.decode().startswith(
+            f"stand-in: model_name={name} is not in MaxText 0.2.3's {table} (")

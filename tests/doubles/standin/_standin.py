@@ -503,6 +503,26 @@ def to_huggingface(args: dict[str, str], control: dict, out: Replayer) -> None:
 
 
 JOBS = {"to_maxtext": to_maxtext, "train_rl": train_rl, "to_huggingface": to_huggingface}
+#: The tables of MaxText 0.2.3 a model_name must be in, per module (tests/data/maxtext-0.2.3-models.json, read from
+#: the wheel): its config type (ModelName), what every RL run reads (HF_MODEL_CONFIGS), the conversions' tables.
+MODEL_TABLES = {"to_maxtext": ("ModelName", "HF_IDS"), "train_rl": ("ModelName", "HF_MODEL_CONFIGS"),
+                "to_huggingface": ("ModelName", "HF_IDS", "PARAM_MAPPING", "HF_SHAPE", "HOOK_FNS")}
+
+
+def models_file(fixtures: Path) -> Path:
+    """What MaxText 0.2.3 knows of models: beside the fixtures, as in tests/data (the test hosts copy it there)."""
+    return fixtures.parent / "maxtext-0.2.3-models.json"
+
+
+def check_model(short: str, args: dict[str, str], control: dict) -> None:
+    """A model_name MaxText 0.2.3 would refuse is refused, as its config's validation or the conversion's lookup."""
+    name = args.get("model_name", "default")
+    known = json.loads(models_file(fixtures_dir(control)).read_text())
+    for table in MODEL_TABLES[short]:
+        entry = known[table]
+        names = entry.get("names") or list(entry.get("ids", {}))
+        if name not in names:
+            raise StandinError(f"stand-in: model_name={name} is not in MaxText 0.2.3's {table} ({entry['path']})")
 
 
 def main(module: str) -> int:
@@ -513,7 +533,9 @@ def main(module: str) -> int:
     try:
         control = load_control()
         out = Replayer(control)
-        JOBS[short](parse_args(sys.argv[1:]), control, out)
+        args = parse_args(sys.argv[1:])
+        check_model(short, args, control)
+        JOBS[short](args, control, out)
     except StandinError as exc:
         print(exc, file=sys.stderr, flush=True)
         return exc.code

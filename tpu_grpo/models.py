@@ -1,0 +1,107 @@
+"""The model table: every model tpu-grpo post-trains with MaxText 0.2.3, and the smallest v6e shape it fits.
+
+The facts come from the `maxtext==0.2.3` wheel (tests/data/maxtext-0.2.3-models.json keeps them with their source
+paths): a name must be a `ModelName` (configs/types.py) with an entry in `HF_MODEL_CONFIGS`, which every RL run reads,
+in `HF_IDS` (to_maxtext's source and the default tokenizer) and in `PARAM_MAPPING`, `HF_SHAPE` and `HOOK_FNS`
+(to_huggingface). vLLM runs the rollout with its own model for names starting `llama3.1`, `qwen2` and dense `qwen3`
+(integration/tunix/weight_mapping); the others run MaxText's own model inside vLLM, as MaxText's Gemma 3 RL test does
+(`vllm_hf_overrides` and `vllm_additional_config`, unscanned layers). The parameters are counted from the wheel's
+`HF_MODEL_CONFIGS` (the decoder's; Gemma 3's vision tower is not trained).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tpu_grpo.accelerators import ACCELERATORS, Accelerator
+
+#: The memory arithmetic, bytes a parameter: MaxText's RL trainer holds the actor, its gradients, AdamW's two moments
+#: (bf16 like the weights: utils_rl.get_optimizer gives optax.adamw no mu_dtype) and the reference model, 2 each;
+#: the rollout holds vLLM's copy of the weights (2), and its KV cache in what is left.
+TRAINER_BYTES = 2 + 2 + 2 * 2 + 2
+ROLLOUT_BYTES = 2
+#: rl.yml: vLLM may fill this share of each sampler chip's HBM, what is already there included.
+HBM_UTILIZATION_VLLM = 0.72
+#: rl.yml: with Pathways on several hosts, the first half of the chips train and the other half sample
+#: (trainer_devices_fraction, sampler_devices_fraction); on one host both share every chip.
+TRAINER_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str  # MaxText's model_name
+    hf_id: str  # HF_IDS[name]: what to_maxtext converts, and the rollout's Hugging Face model
+    params_b: float  # parameters, in billions
+    native_rollout: bool  # vLLM's own model (tunix's weight mapping), else MaxText's model inside vLLM
+    license: str  # the Hub's license id of the weights (its model card's), which a published model keeps
+    tokenizer: str | None = None  # what to train and export with, when not hf_id's (a base model's Instruct one)
+    export_name: str | None = None  # the model_name to_huggingface gets, when not name (the tutorial's llama3.1-8b)
+
+    @property
+    def training_tokenizer(self) -> str:
+        return self.tokenizer or self.hf_id
+
+    @property
+    def export_model(self) -> str:
+        return self.export_name or self.name
+
+    def rollout_overrides(self) -> dict[str, str]:
+        """The train step's `key=value`s that run MaxText's own model inside vLLM (none for a native rollout), as
+        MaxText's Gemma 3 RL test passes them."""
+        if self.native_rollout:
+            return {}
+        config = json.dumps({"maxtext_config": {"model_name": self.name, "log_config": "false"}})
+        return {"vllm_hf_overrides": '{architectures: ["MaxTextForCausalLM"]}', "vllm_additional_config": config}
+
+    def need_gb(self, shape: Accelerator, num_slices: int = 1) -> tuple[float, float, str]:
+        """(GB needed, GB there, the arithmetic as one line) on this shape: on one host, the trainer and the rollout
+        within vLLM's share of all the HBM; on a slice, the trainer within its half."""
+        hbm = shape.hbm_gb * num_slices
+        if shape.hosts == 1:
+            need, there = (TRAINER_BYTES + ROLLOUT_BYTES) * self.params_b, HBM_UTILIZATION_VLLM * hbm
+            return need, there, (f"({TRAINER_BYTES} training + {ROLLOUT_BYTES} rollout bytes) x {self.params_b:g}B "
+                                 f"parameters = {need:.0f} GB, within {HBM_UTILIZATION_VLLM:.0%} (vLLM's "
+                                 f"hbm_utilization) of {hbm} GB of HBM = {there:.0f} GB")
+        need, there = TRAINER_BYTES * self.params_b, TRAINER_FRACTION * hbm
+        return need, there, (f"{TRAINER_BYTES} training bytes x {self.params_b:g}B parameters = {need:.0f} GB, "
+                             f"within the trainer's half of {hbm} GB of HBM = {there:.0f} GB")
+
+    def fits(self, shape: Accelerator, num_slices: int = 1) -> bool:
+        need, there, _ = self.need_gb(shape, num_slices)
+        if shape.hosts > 1:  # and the sampler's half holds the rollout's weights
+            return need <= there and ROLLOUT_BYTES * self.params_b <= HBM_UTILIZATION_VLLM * there
+        return need <= there
+
+    @property
+    def smallest(self) -> Accelerator:
+        """The smallest v6e shape (the accelerator table's order) this model fits."""
+        return next(shape for shape in ACCELERATORS.values() if self.fits(shape))
+
+
+MODELS: dict[str, Model] = {row.name: row for row in (
+    # a base model trains with its Instruct tokenizer, as rl.yml's comments have it
+    Model("llama3.1-8b", "meta-llama/Llama-3.1-8B", 8.03, True, "llama3.1",
+          tokenizer="meta-llama/Llama-3.1-8B-Instruct"),
+    Model("llama3.1-8b-Instruct", "meta-llama/Llama-3.1-8B-Instruct", 8.03, True, "llama3.1",
+          export_name="llama3.1-8b"),  # the tutorial's export
+    Model("llama3.1-70b", "meta-llama/Llama-3.1-70B", 70.55, True, "llama3.1",
+          tokenizer="meta-llama/Llama-3.1-70B-Instruct"),
+    Model("qwen3-0.6b", "Qwen/Qwen3-0.6B", 0.6, True, "apache-2.0"),
+    Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02, True, "apache-2.0"),
+    Model("qwen3-8b", "Qwen/Qwen3-8B", 8.19, True, "apache-2.0"),
+    Model("qwen3-14b", "Qwen/Qwen3-14B", 14.77, True, "apache-2.0"),
+    Model("qwen3-32b", "Qwen/Qwen3-32B", 32.76, True, "apache-2.0"),
+    Model("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", 1.54, True, "apache-2.0"),
+    Model("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7.62, True, "apache-2.0"),
+    Model("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 14.77, True, "apache-2.0"),
+    Model("gemma3-4b", "google/gemma-3-4b-it", 3.88, False, "gemma"),
+    Model("gemma3-12b", "google/gemma-3-12b-it", 11.77, False, "gemma"),
+    Model("gemma3-27b", "google/gemma-3-27b-it", 27.01, False, "gemma"),
+    Model("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Thinking-2507", 30.53, False, "apache-2.0"),
+)}
+DEFAULT_MODEL = "llama3.1-8b-Instruct"  # the tutorial's
+#: What MaxText 0.2.3's RL trains on by default (rl.yml: dataset_name, hf_name), and its losses (configs/types.py,
+#: rl.loss_algo).
+DEFAULT_DATASET, DEFAULT_DATASET_CONFIG = "openai/gsm8k", "main"
+LOSS_ALGOS = ("grpo", "gspo-token")
