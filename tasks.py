@@ -363,6 +363,21 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
         target.show_status(_console(), found)
 
 
+@task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
+def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
+    """Every run in one table, newest first: what it was given, how it scored, what it cost, where its model is.
+
+    From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
+    from tpu_grpo import runs as runs_module, targets
+
+    with one_line_errors():
+        found, sources = targets.pick(host, identity, stack, wait).runs()
+    if json_:
+        print(json.dumps({"sources": sources, "runs": [row.to_json() for row in found]}, indent=2))
+        return
+    runs_module.show(_console(), found, sources)
+
+
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, job="job id (default: the running job)"))
 def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     """Stop a job and free the TPU; on a slice, delete its JobSet.

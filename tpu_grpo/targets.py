@@ -170,6 +170,12 @@ class VmTarget:
 
         return results.metrics_of(self.session, run, None, out)
 
+    def runs(self):
+        """Every run of this VM and of this laptop's fetched copies (tpu_grpo/runs.py), and what each source said."""
+        from tpu_grpo import runs
+
+        return runs.gather(lambda: self.session.connection, settings_module.state_dir())
+
     def show_status(self, console: Console, status: dict) -> None:
         from tpu_grpo import chips, watch
 
@@ -286,8 +292,26 @@ class SliceTarget:
         run = self._newest(run, "train")
         return results.metrics_from_bucket(self._run_folder(run), run, slice_jobs.train_log(self.cluster, run), out)
 
-    def show_status(self, console: Console, status: dict) -> None:
+    def runs(self):
+        """Every run of the cluster's JobSets, one row a run (a slice's jobs record no hours or evaluations yet), and
+        this laptop's fetched copies."""
+        from tpu_grpo import runs, slice_jobs
 
+        rows: dict = {}
+        for record in slice_jobs.status(self.cluster, self.settings.capacity):
+            row = rows.setdefault(record.run, runs.RunRow(record.run, model=self.settings.model,
+                                                          chips=self.settings.chips, capacity=self.settings.capacity))
+            if record.step == "train":
+                row.state = {"finished": "trained", "pending": "training", "running": "training"}.get(record.state,
+                                                                                                    record.state)
+            elif record.step == "export" and record.state == "finished":
+                row.state, row.where = "exported", [f"bucket: {self._run_folder(record.run)}/hf-trained"]
+        for run, folder in runs.laptop_runs(settings_module.state_dir()).items():
+            row = rows.setdefault(run, runs.RunRow(run))
+            row.state, row.where = "fetched", [*row.where, f"laptop: {folder}"]
+        return list(rows.values()), {"cluster": "answered", "laptop": "answered"}
+
+    def show_status(self, console: Console, status: dict) -> None:
         settings = self.settings
         job_records.show(console, f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, "
                                   f"{settings.capacity})", [JobRecord(**job) for job in status["jobs"]])

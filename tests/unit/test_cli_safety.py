@@ -21,7 +21,7 @@ from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FIXTURES, ROOT, invoke
 
 TASKS = ("plan", "settings", "up", "provision", "freeze", "convert", "train", "export", "pipeline", "logs",
-         "status", "cancel", "fetch", "publish", "metrics", "tensorboard", "timeline", "image", "down")
+         "status", "runs", "cancel", "fetch", "publish", "metrics", "tensorboard", "timeline", "image", "down")
 #: Invoke's core short flags: no task may take one of them.
 CORE_SHORT = set("cdDefFhlprRTVw")
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tpu_grpo import chips, facts, jobs, pipeline, recovery, results, timeline, watch
+from tpu_grpo import chips, facts, jobs, pipeline, recovery, results, runs, timeline, watch
 
 RECORDED = ROOT / "tests" / "facts"
 FACTS = {fact.name: fact for fact in (jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
                                       results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
-                                      pipeline.CHECKPOINTS)}
+                                      pipeline.CHECKPOINTS, runs.HOST_RUNS)}
 CASES = sorted(RECORDED.glob("*/*.json"))
 
 

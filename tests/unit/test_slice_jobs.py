@@ -363,3 +363,13 @@ def test_status_and_cancel_on_a_slice_see_only_tpu_grpos_jobsets(slice_stack, ku
     assert set(kube.jobsets) == {"someone-elses"}  # ours deleted, theirs untouched
     other = run_task(slice_stack, "cancel", "--job", "someone-elses")
     assert other.returncode == 2 and "someone-elses" in kube.jobsets
+
+
+def test_runs_on_a_slice_lists_each_run_of_the_clusters_jobsets(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-21", "--detach").returncode == 0
+    found = json.loads(run_task(slice_stack, "runs", "--json").stdout)
+    assert found["sources"] == {"cluster": "answered", "laptop": "answered"}
+    [row] = found["runs"]
+    assert (row["run"], row["state"], row["model"], row["chips"], row["capacity"]) == (
+        "gsm8k-21", "training", "llama3.1-8b-Instruct", 16, "reservation")

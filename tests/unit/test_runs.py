@@ -1,0 +1,53 @@
+"""`invoke runs` without a host: a run's row from its jobs (cost at the capacity's price), the laptop's fetched
+copies, and a host that does not answer. The host's own answers are parsed in tests/unit/test_facts.py
+(tests/facts/host_runs); the whole task runs against a throwaway host in tests/host/test_runs.py."""
+
+from __future__ import annotations
+
+import json
+
+from tests.tutorial import RUN
+from tpu_grpo import hosts, jobs, runs
+from tpu_grpo.capacity import CAPACITIES
+
+PRE = "I1202 14:23:07.528425 1 train_rl.py:716] Pre RL Training: corr=1, total=4, accuracy=25.0%, partial_accuracy=25.0%, format_accuracy=100.0%, mean_reward=0.5"  # noqa: E501
+POST = "I1202 14:24:07.528425 1 train_rl.py:760] Post RL Training: corr=3, total=4, accuracy=75.0%, partial_accuracy=75.0%, format_accuracy=100.0%, mean_reward=1.5"  # noqa: E501
+
+
+def job(step: str, started: float, finished: float, capacity: str = "spot", code: int = 0) -> jobs.Job:
+    meta = {"step": step, "run": "r1", "capacity": capacity, "inputs": RUN.inputs(step), "total_steps": 50}
+    return jobs.Job(f"2026-{step}", step, "r1", "finished", code, started, finished, 0, meta)
+
+
+def test_a_runs_row_adds_its_jobs_hours_and_prices_its_chip_hours_at_its_capacity():
+    row = runs.RunRow("r1")
+    runs._add_job(row, job("convert", 0, 1800), [])
+    runs._add_job(row, job("train", 1800, 1800 + 3 * 3600), [PRE, POST])
+    assert (row.job_hours, row.chips, row.chip_hours) == (3.5, 8, 28.0)  # a ct6e-standard-8t: 8 chips
+    assert row.cost_usd == round(28.0 * CAPACITIES["spot"].usd_per_chip_hour, 2)
+    assert (row.state, row.accuracy_before, row.accuracy_after, row.total_steps) == ("trained", 25.0, 75.0, 50)
+    assert (row.model, row.dataset, row.loss, row.batches) == ("llama3.1-8b-Instruct", "openai/gsm8k", "grpo", 50)
+    runs._add_job(row, job("export", 12600, 12900), [])
+    assert row.state == "exported"
+
+
+def test_a_failed_training_is_said_failed():
+    row = runs.RunRow("r1")
+    runs._add_job(row, job("train", 0, 60, code=3), [PRE])
+    assert (row.state, row.accuracy_before, row.accuracy_after) == ("failed", 25.0, None)
+
+
+def test_the_laptops_copies_answer_when_the_host_does_not(tmp_path):
+    model = tmp_path / "models" / "r1"
+    model.mkdir(parents=True)
+    (tmp_path / "fetched").mkdir()
+    (tmp_path / "fetched" / "r1.json").write_text(json.dumps({"run": "r1", "dir": str(model)}))
+    (tmp_path / "fetched" / "gone.json").write_text(json.dumps({"run": "gone", "dir": str(tmp_path / "deleted")}))
+
+    def unreachable():
+        raise hosts.ConnectError("tpu@203.0.113.9: cannot connect (timed out); fix: is the VM up?")
+
+    rows, sources = runs.gather(unreachable, tmp_path)
+    assert [(row.run, row.state, row.where) for row in rows] == [("r1", "fetched", [f"laptop: {model}"])]
+    assert sources == {"host": "no answer: tpu@203.0.113.9: cannot connect (timed out); fix: is the VM up?",
+                       "laptop": "answered"}
