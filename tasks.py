@@ -453,38 +453,44 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
                   f"{outcome.already_there} already there; card: {outcome.card}")
 
 
-def _check_metrics(run=None, out=None, events=None, force=False, **flags):
+def _check_metrics(run=None, out=None, events=None, force=False, compare=None, **flags):
     from tpu_grpo import results
 
-    path = results.check_metrics_flags(run, out, events, force)
+    path = results.check_metrics_flags(run, out, events, force, compare)
     if events is None:
         _check_hosts(**flags)
     return path
 
 
-@task(iterable=["host"], check=_check_metrics, help=_help(
+@task(iterable=["host", "compare"], check=_check_metrics, help=_help(
     *HOST_FLAGS, "json", run="run name (default: the newest trained run)",
+    compare="RUN, repeatable: overlay two or more runs' reward, KL, completion length and eval accuracy in one PNG "
+            "(default --out .tpu-grpo/compare.png), the legend naming the inputs in which they differ",
     out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
     force="let --out overwrite any existing file",
     events="read a local folder of TensorBoard events instead of the host's"))
 def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
-            json_=False):
+            json_=False, compare=None):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
-    from tpu_grpo import results, targets
+    from tpu_grpo import metrics as metrics_module, results, targets
 
     with one_line_errors():
         path = checked()
-        if events:  # a folder here: no host, no cluster
+        if compare:  # the runs of the host (or cluster), one plot
+            target = targets.pick(host, identity, stack, wait)
+            found = [target.metrics(name, None)[0] for name in compare]
+            path = metrics_module.plot(found, path or settings_module.state_dir() / "compare.png")
+        elif events:  # a folder here: no host, no cluster
             found, path = results.metrics_of(None, run, events, path)
         else:
             found, path = targets.pick(host, identity, stack, wait).metrics(run, path)
     if json_:
-        print(json.dumps({**found.to_json(), "plot": str(path)}, indent=2))
+        data = {"runs": [one.to_json() for one in found]} if compare else found.to_json()
+        print(json.dumps({**data, "plot": str(path)}, indent=2))
         return
-    from tpu_grpo import metrics as metrics_module
-
     console = _console()
-    console.print(metrics_module.table(found))
+    for one in found if compare else [found]:
+        console.print(metrics_module.table(one))
     console.print(f"plot: {path}")
 
 

@@ -61,6 +61,10 @@ class Capacity:
     no_capacity: str = ("no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
                         "another zone with v6e (a reservation is what guarantees capacity)")
 
+    def cost_usd(self, chip_hours: float) -> float:
+        """What these chip-hours cost at this capacity's price (its `price_source` says whence)."""
+        return round(chip_hours * self.usd_per_chip_hour, 2)
+
     @property
     def needs_reservation(self) -> bool:
         return self.affinity == "SPECIFIC_RESERVATION"

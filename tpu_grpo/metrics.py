@@ -9,6 +9,7 @@ module (from tasks.py, say) stays cheap.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from dataclasses import asdict, dataclass, field
@@ -292,9 +293,56 @@ def check_plot_path(path: Path, force: bool) -> Path:
     return path
 
 
-def plot(metrics: Metrics, path: Path) -> Path:
-    """Write the figure as a PNG (Agg, no display needed), marked as ours, and return its path."""
+#: What a comparison overlays: the series a person reads a GRPO run by, then its evaluations.
+COMPARED = ("reward", "kl", "completion_length")
+
+
+def differing(given: list[dict]) -> list[str]:
+    """Each run's legend: its name and the inputs in which the runs differ (all the same: the name alone)."""
+    keys = sorted({key for inputs in given for key in inputs})
+    differ = [key for key in keys if len({json.dumps(inputs.get(key), sort_keys=True) for inputs in given}) > 1]
+    return [", ".join(f"{key}={inputs.get(key)}" for key in differ) for inputs in given]
+
+
+def compare_figure(runs: list[Metrics]) -> Figure:
+    """One panel per compared series and one for eval accuracy, a line per run, the legend naming what differs."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    legends = differing([metrics.trained_on for metrics in runs])
+    fig = Figure(figsize=(9, 2.6 * (len(COMPARED) + 1)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(COMPARED) + 1, 1, sharex=True)
+    fig.suptitle("GRPO runs compared: " + ", ".join(metrics.run for metrics in runs))
+    for metrics, legend in zip(runs, legends):
+        label = f"{metrics.run} ({legend})" if legend else metrics.run
+        for ax, name in zip(axes, COMPARED):
+            if points := metrics.series(name):
+                ax.plot(*zip(*points), marker="o", label=label)
+        if points := eval_points(metrics):
+            axes[-1].plot([step for step, _, _ in points], [value for _, value, _ in points], marker="o", label=label)
+    for ax, name in zip(axes, COMPARED):
+        ax.set_title(f"{LABELS[name]}: {SERIES[name]}", fontsize="medium")
+        ax.set_ylabel(LABELS[name])
+    axes[-1].set_title(f"{EVAL_PANEL} (from the log)", fontsize="medium")
+    axes[-1].set_ylabel("accuracy (%)")
+    for ax in axes:
+        if ax.get_lines():
+            ax.legend(fontsize="small")
+            ax.grid(alpha=0.3)
+        else:
+            _no_data(ax)
+    axes[-1].set_xlabel("train step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def plot(metrics: Metrics | list[Metrics], path: Path) -> Path:
+    """Write the figure (of one run, or runs compared) as a PNG (Agg, no display needed), marked as ours, and return
+    its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure(metrics).savefig(path, format="png", dpi=100, metadata={"Software": PLOT_MARK})
+    drawn = compare_figure(metrics) if isinstance(metrics, list) else figure(metrics)
+    drawn.savefig(path, format="png", dpi=100, metadata={"Software": PLOT_MARK})
     return path

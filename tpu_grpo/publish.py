@@ -23,6 +23,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, settings, watch
 from tpu_grpo.errors import UserError
 from tpu_grpo.accelerators import MACHINES
+from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.models import DEFAULT_DATASET, MODELS
 from tpu_grpo.progress import Eval, parse_line
 
@@ -146,6 +147,16 @@ def _score(found: Eval | None, field_name: str) -> str:
     return f"{value:g}% ({found.correct}/{found.total})" if field_name == "accuracy" else f"{value:g}%"
 
 
+def _cost(train_seconds: float, machine, capacity: str) -> str:
+    """The training's chip-hours at the capacity's price, with the price's source; what is not known, said."""
+    row = CAPACITIES.get(capacity)
+    if not machine or not row:
+        return "not known (machine or capacity unrecorded)"
+    chip_hours = train_seconds / 3600 * machine.chips
+    return (f"{chip_hours:.2f} chip-hours of training at the {capacity} price: ${row.cost_usd(chip_hours):,.2f} "
+            f"({row.price_source})")
+
+
 def card(found: Facts) -> str:
     """The model card: the Hub's YAML metadata, then what was trained, on what, how long, and how it scored."""
     given = maxtext.trained_on(found.trained)
@@ -183,7 +194,8 @@ def card(found: Facts) -> str:
             ("machine", hardware),
             ("capacity", found.capacity),
             ("training time", f"{_duration(found.train_seconds)} in {found.trainings} training job"
-                              f"{'s' if found.trainings != 1 else ''}")]
+                              f"{'s' if found.trainings != 1 else ''}"),
+            ("cost", _cost(found.train_seconds, machine, found.capacity))]
     evals = [(label, _score(found.pre, name), _score(found.post, name))
              for label, name in (("accuracy", "accuracy"), ("partial accuracy", "partial_accuracy"),
                                  ("format accuracy", "format_accuracy"))]

@@ -24,12 +24,18 @@ def destination(run: str | None, to: str | None) -> Path:
     return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
 
 
-def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool) -> Path | None:
+def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool,
+                        compare: list[str] | None = None) -> Path | None:
     """`invoke metrics`' flags, checked before anything is read or connected; returns the --out path."""
     from tpu_grpo import metrics
 
     if run is not None:
         maxtext.check_run_name(run, "--run")
+    for name in compare or []:
+        maxtext.check_run_name(name, "--compare")
+    if compare and (len(set(compare)) < 2 or run is not None or events is not None):
+        raise metrics.MetricsError(f"--compare {' '.join(compare)!r} compares two or more runs of the host, and takes "
+                                   "no --run or --events; fix: e.g. --compare RUN1 --compare RUN2")
     if events is not None and not Path(events).expanduser().is_dir():
         raise metrics.MetricsError(f"--events {events!r} is not a folder; fix: the run's tensorboard folder, "
                                    "copied from the VM")
@@ -239,5 +245,8 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     job = _train_job(connection, run)
     sync_events(connection, job)
     found, path = _load_and_plot(job.run, jobs.read_log(connection, job.id), out)
-    found.trained_on = maxtext.trained_on(job.meta.get("inputs", {}))
+    inputs = job.meta.get("inputs", {})
+    found.trained_on = {**maxtext.trained_on(inputs), "batches": inputs.get("batches"),
+                        **{f"{step}:{key}": value for step in ("convert", "train")
+                           for key, value in inputs.get(f"{step}_set", {}).items()}}
     return found, path

@@ -91,7 +91,7 @@ def _add_job(row: RunRow, job: jobs.Job, log: list[str]) -> None:
     row.chips = machine.chips if machine else row.chips  # the VM's, held by every job of the run
     price = CAPACITIES.get(row.capacity)
     row.chip_hours = row.job_hours * (row.chips or 0)
-    row.cost_usd = round(row.chip_hours * price.usd_per_chip_hour, 2) if price and row.chips else None
+    row.cost_usd = price.cost_usd(row.chip_hours) if price and row.chips else None
     if job.step == "train":
         given = maxtext.trained_on(inputs)
         row.model, row.dataset, row.loss = given["model"], given["dataset"], given["loss"]

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpu_grpo import facts, host_paths, job_records, jobs, settings
+from tpu_grpo.accelerators import MACHINES
+from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.progress import absl_seconds, message
 
 #: A gap between phases at least this long is shown as idle.
@@ -49,6 +51,8 @@ class Timeline:
     booted: float
     now: float
     phases: list[Phase] = field(default_factory=list)
+    chips: int | None = None  # the VM's, and how they were had: from its newest job's record
+    capacity: str | None = None
 
     @property
     def paid_s(self) -> float:
@@ -58,10 +62,24 @@ class Timeline:
     def training_s(self) -> float:
         return sum(phase.seconds for phase in self.phases if phase.kind == "train")
 
+    @property
+    def chip_hours(self) -> float | None:
+        return self.paid_s / 3600 * self.chips if self.chips else None
+
+    @property
+    def cost(self) -> tuple[float, str] | None:
+        """What the paid time cost (USD) and the price's source; None until a job says the machine and capacity."""
+        row = CAPACITIES.get(self.capacity or "")
+        return (row.cost_usd(self.chip_hours), row.price_source) if row and self.chip_hours is not None else None
+
     def to_json(self) -> dict:
+        cost = self.cost
         return {"host": self.host, "booted": self.booted, "now": self.now, "paid_seconds": round(self.paid_s, 3),
                 "training_seconds": round(self.training_s, 3),
                 "training_share": round(self.training_s / self.paid_s, 4) if self.paid_s > 0 else 0.0,
+                "chips": self.chips, "capacity": self.capacity,
+                "chip_hours": None if self.chip_hours is None else round(self.chip_hours, 4),
+                "cost_usd": cost[0] if cost else None, "price_source": cost[1] if cost else None,
                 "phases": [phase.to_json() for phase in self.phases]}
 
 
@@ -193,7 +211,10 @@ def build(host: str, found: dict, fetched: list[dict]) -> Timeline:
     for record in fetched:
         phases.append(Phase("fetch", f"fetch {record['run']}", record["started"], record["finished"]))
     phases = sorted((phase for phase in phases if phase.end >= booted), key=lambda phase: (phase.start, phase.end))
-    return Timeline(host, booted, now, phases + _idle(phases, booted, now))
+    newest = found["jobs"][-1].meta if found["jobs"] else {}
+    machine = MACHINES.get(newest.get("inputs", {}).get("machine", ""))
+    return Timeline(host, booted, now, phases + _idle(phases, booted, now), machine.chips if machine else None,
+                    newest.get("capacity"))
 
 
 def _idle(phases: list[Phase], booted: float, now: float) -> list[Phase]:
@@ -224,6 +245,10 @@ def show(console, timeline: Timeline, png: Path) -> None:
     share = timeline.training_s / timeline.paid_s if timeline.paid_s > 0 else 0.0
     console.print(f"paid since boot: {job_records.duration(timeline.paid_s)}; training (GRPO steps): "
                   f"{job_records.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
+    if timeline.cost:
+        usd, source = timeline.cost
+        console.print(f"cost since boot: {timeline.chip_hours:.2f} chip-hours ({timeline.chips} chips, "
+                      f"{timeline.capacity}) = ${usd:,.2f}; price: {source}")
 
 
 COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "train": "#2ca02c",

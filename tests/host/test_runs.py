@@ -32,3 +32,17 @@ def test_runs_lists_the_host_runs_then_the_laptops_copy_when_the_host_is_gone(wo
     assert found["sources"]["host"].startswith("no answer: ") and found["sources"]["laptop"] == "answered"
     assert [(row["run"], row["state"], row["where"]) for row in found["runs"]] == [
         ("gsm8k-4", "fetched", [f"laptop: {tmp_path / 'model'}"])]
+
+
+def test_metrics_compare_overlays_two_runs_of_the_host(workload_host, tmp_path):
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    for name, generations in (("g2", "2"), ("g4", "4")):
+        trained = host.invoke("train", "--batches", "4", "--run-name", name, "--set", f"rl.num_generations={generations}")
+        assert trained.returncode == 0, trained.stderr
+    compared = host.invoke("metrics", "--compare", "g2", "--compare", "g4", "--json", "--out", str(tmp_path / "c.png"))
+    assert compared.returncode == 0, compared.stderr
+    found = json.loads(compared.stdout)
+    assert [run["run"] for run in found["runs"]] == ["g2", "g4"]
+    assert [run["train:rl.num_generations"] for run in found["runs"]] == ["2", "4"]
+    assert found["plot"] == str(tmp_path / "c.png") and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"

@@ -19,7 +19,7 @@ from rich.console import Console
 from tests.support import DATA, FIXTURES
 from tpu_grpo import metrics
 from tpu_grpo.metrics import Metrics, MetricsError, Row
-from tpu_grpo.progress import TrainStep, parse_lines
+from tpu_grpo.progress import Eval, TrainStep, parse_lines
 
 EVENTS = FIXTURES / "tensorboard"
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
@@ -262,3 +262,41 @@ def test_import_is_cheap():
             "print(sorted(m for m in ('matplotlib', 'tensorboard', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_what_differs(tmp_path):
+    from tpu_grpo import metrics
+
+    def run(name: str, generations: str, scale: float) -> metrics.Metrics:
+        rows = [metrics.Row(step, reward=step * scale, loss=0.1, kl=0.01 * step, completion_length=100 + step)
+                for step in (1, 2, 3)]
+        evals = [Eval("pre", None, 1, 4, 25.0, 25.0, 100.0, 0.5), Eval("post", None, 3, 4, 75.0 * scale, 75.0, 100.0, 1.5)]
+        return metrics.Metrics(name, rows, evals, {"model": "llama3.1-8b-Instruct", "loss": "grpo",
+                                                   "train:rl.num_generations": generations})
+
+    first, second = run("g2", "2", 1.0), run("g4", "4", 0.5)
+    figure = metrics.compare_figure([first, second])
+    panels = figure.axes
+    assert [ax.get_title() for ax in panels] == [
+        "mean reward: rewards/train/mean", "KL: actor/train/kl", "completion length (tokens): completions/train/mean_length",
+        "eval accuracy (from the log)"]
+    legends = ["g2 (train:rl.num_generations=2)", "g4 (train:rl.num_generations=4)"]
+    for ax, name in zip(panels, metrics.COMPARED):
+        assert [line.get_label() for line in ax.get_lines()] == legends
+        for line, found in zip(ax.get_lines(), (first, second)):
+            assert list(zip(line.get_xdata(), line.get_ydata())) == found.series(name)
+    accuracy = [list(line.get_ydata()) for line in panels[-1].get_lines()]
+    assert accuracy == [[25.0, 75.0], [25.0, 37.5]]
+    path = metrics.plot([first, second], tmp_path / "compare.png")
+    assert metrics.is_our_plot(path)
+
+
+@pytest.mark.parametrize("argv", [["--compare", "a"], ["--compare", "a", "--compare", "a"],
+                                  ["--compare", "a", "--compare", "b", "--run", "c"]])
+def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, argv):
+    from tests.support import invoke
+
+    result = invoke("metrics", *argv, cwd=stack_dir)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --compare ") and result.stderr.endswith(
+        "fix: e.g. --compare RUN1 --compare RUN2\n")

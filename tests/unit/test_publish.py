@@ -13,6 +13,7 @@ from huggingface_hub import ModelCard
 from tests.doubles.hub import whoami
 from tests.support import ROOT
 from tpu_grpo import maxtext, publish, settings
+from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.hub_host import refusal
 from tpu_grpo.progress import Eval
 
@@ -88,6 +89,9 @@ def test_the_card_is_in_the_hubs_format_and_says_what_was_trained():
                 "| batches | 50 (`num_batches`), batch size 1 |",
                 "| machine | ct6e-standard-8t (v6e-8, 8 chips) |", "| capacity | spot |",
                 "| training time | 1 h 02 min in 2 training jobs |",
+                f"| cost | {3725 / 3600 * 8:.2f} chip-hours of training at the spot price: "
+                f"${round(3725 / 3600 * 8 * CAPACITIES['spot'].usd_per_chip_hour, 2):,.2f} "
+                f"({CAPACITIES['spot'].price_source}) |",
                 "| accuracy | 25% (1/4) | 75% (3/4) |", "| format accuracy | 100% | 100% |",
                 "`train:rl.num_generations=4`, `train:learning_rate=1e-6`, `export:weight_dtype=bfloat16`",
                 "MaxText 0.2.3", "Built with Llama", "on 10 test batches",

@@ -70,3 +70,21 @@ def test_idle_is_only_where_nothing_ran_when_phases_overlap():
     built = timeline.build("u@vm", found, [])
     idle = [(phase.start - booted, phase.end - booted) for phase in built.phases if phase.kind == "idle"]
     assert idle == [(2000, 2500)]
+
+
+def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
+    """The timeline carries the chip-hours since boot and their cost at the capacity's price, with its source; before
+    any job says the machine and capacity, it says nothing of a cost."""
+    from tpu_grpo.capacity import CAPACITIES
+
+    booted = 1796000000.0
+    meta = {"capacity": "flex-start", "inputs": {"machine": "ct6e-standard-4t"}}
+    job = jobs.Job("20261204-000000.000-convert", "convert", "r", "finished", 0, booted + 60, booted + 600, 10, meta)
+    found = {"boot": booted, "now": booted + 2 * 3600, "provisioning": [], "downloads": [], "saves": [], "logs": {},
+             "jobs": [job]}
+    built = timeline.build("u@vm", found, [])
+    assert (built.chips, built.capacity, built.chip_hours) == (4, "flex-start", 8.0)
+    assert built.cost == (round(8 * CAPACITIES["flex-start"].usd_per_chip_hour, 2), CAPACITIES["flex-start"].price_source)
+    data = built.to_json()
+    assert (data["chip_hours"], data["cost_usd"], data["price_source"]) == (8.0, built.cost[0], built.cost[1])
+    assert timeline.build("u@vm", {**found, "jobs": []}, []).cost is None
