@@ -293,6 +293,47 @@ def check_plot_path(path: Path, force: bool) -> Path:
     return path
 
 
+#: The suffix of the events file holding a run's hparams (the inputs it was given), beside its own events.
+HPARAMS_SUFFIX = ".tpu-grpo-hparams"
+
+
+def write_hparams(folder: Path, given: dict, started: float) -> Path | None:
+    """The run's inputs as the hparams plugin's session summary (its SessionStartInfo, a SessionEndInfo saying it
+    ended) in an events file of its own beside the run's events, so TensorBoard's HParams dashboard lists runs by what
+    they were given, with their scalars' last values as metrics. Written once; None when it is there already. The
+    protos are tensorboard's own (tensorboard.plugins.hparams), written without TensorFlow."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    folder = Path(folder)
+    if list(folder.glob(f"events.*{HPARAMS_SUFFIX}")):
+        return None
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=started)
+    for name, value in given.items():
+        if isinstance(value, bool):
+            start.hparams[name].bool_value = value
+        elif isinstance(value, (int, float)):
+            start.hparams[name].number_value = value
+        elif value is not None:
+            start.hparams[name].string_value = str(value)
+    end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=started)
+
+    def event(tag: str, content) -> event_pb2.Event:
+        value = summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(content),
+                                          tensor=metadata.NULL_TENSOR)
+        return event_pb2.Event(wall_time=started, summary=summary_pb2.Summary(value=[value]))
+
+    writer = EventFileWriter(str(folder), filename_suffix=HPARAMS_SUFFIX)
+    version = metadata.PLUGIN_DATA_VERSION
+    writer.add_event(event(metadata.SESSION_START_INFO_TAG,
+                           plugin_data_pb2.HParamsPluginData(session_start_info=start, version=version)))
+    writer.add_event(event(metadata.SESSION_END_INFO_TAG,
+                           plugin_data_pb2.HParamsPluginData(session_end_info=end, version=version)))
+    writer.close()
+    return Path(writer.get_logdir())
+
+
 #: What a comparison overlays: the series a person reads a GRPO run by, then its evaluations.
 COMPARED = ("reward", "kl", "completion_length")
 

@@ -178,14 +178,24 @@ def events_dir(run: str) -> Path:
 
 def sync_events(connection, job: jobs.Job) -> int:
     """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
-    events file only grows), read from the offset the local copy has. Returns the bytes copied."""
+    events file only grows), read from the offset the local copy has; and its hparams beside them (once).
+    Returns the bytes copied."""
+    from tpu_grpo import metrics
+
     board = events_dir(job.run)
     board.mkdir(parents=True, exist_ok=True)
     live = f"{job.meta['paths']['run']}/tensorboard"
     if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
         before = sum(path.stat().st_size for path in board.glob("events.*"))
         _events_from_bucket(live, job.run)
-        return sum(path.stat().st_size for path in board.glob("events.*")) - before
+        copied = sum(path.stat().st_size for path in board.glob("events.*")) - before
+    else:
+        copied = _events_over_sftp(connection, job, board)
+    metrics.write_hparams(board, given(job.meta.get("inputs", {})), job.started)
+    return copied
+
+
+def _events_over_sftp(connection, job: jobs.Job, board: Path) -> int:
     sftp = connection.sftp()
     remote, found = _events_folder(connection, sftp, job)
     copied = 0
@@ -245,8 +255,12 @@ def metrics_of(session: jobs.Session | None, run: str | None, events: Path | Non
     job = _train_job(connection, run)
     sync_events(connection, job)
     found, path = _load_and_plot(job.run, jobs.read_log(connection, job.id), out)
-    inputs = job.meta.get("inputs", {})
-    found.trained_on = {**maxtext.trained_on(inputs), "batches": inputs.get("batches"),
-                        **{f"{step}:{key}": value for step in ("convert", "train")
-                           for key, value in inputs.get(f"{step}_set", {}).items()}}
+    found.trained_on = given(job.meta.get("inputs", {}))
     return found, path
+
+
+def given(inputs: dict) -> dict:
+    """What a run was given, as the columns runs are compared by: model, dataset, loss, tokenizer, batches and each
+    `--set` (STEP:KEY)."""
+    return {**maxtext.trained_on(inputs), "batches": inputs.get("batches"),
+            **{f"{step}:{key}": value for step in ("convert", "train") for key, value in inputs.get(f"{step}_set", {}).items()}}

@@ -300,3 +300,48 @@ def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, arg
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: --compare ") and result.stderr.endswith(
         "fix: e.g. --compare RUN1 --compare RUN2\n")
+
+
+def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch):
+    """Each run's inputs as hparams summaries beside its events (written once, without TensorFlow), read back through
+    TensorBoard's own HTTP API as `invoke tensorboard` serves them (tpu_grpo/board.py): the HParams dashboard's
+    experiment lists the inputs (and which differ) and each run's session its inputs and its scalars' last values."""
+    import urllib.request
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from tests.host.sshd import free_port
+    from tpu_grpo import board, results
+
+    monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
+    for name, generations in (("g2", "2"), ("g4", "4")):
+        folder = results.events_dir(name)
+        shutil.copytree(FIXTURES / "tensorboard", folder)
+        given = {"model": "llama3.1-8b-Instruct", "loss": "grpo", "batches": 4, "train:rl.num_generations": generations}
+        assert metrics.write_hparams(folder, given, 1796000000.0) is not None
+        assert metrics.write_hparams(folder, given, 1796000000.0) is None  # once
+        assert len(metrics.load(folder).rows) == 4  # the scalars read as before
+    url = board.serve(["g2", "g4"], free_port()) + "data/plugin/hparams/"
+
+    def post(path: str, body: dict) -> dict:
+        request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        return json.load(urllib.request.urlopen(request, timeout=10))
+
+    experiment = post("experiment", {"experimentName": ""})
+    infos = {info["name"]: info for info in experiment["hparamInfos"]}
+    assert set(infos) == {"model", "loss", "batches", "train:rl.num_generations"}
+    assert infos["train:rl.num_generations"]["differs"] and sorted(infos["train:rl.num_generations"]["domainDiscrete"]) == ["2", "4"]
+    assert not infos["model"]["differs"]
+    groups = post("session_groups", {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS"], "startIndex": 0,
+                                     "sliceSize": 10, "colParams": [{"hparam": "train:rl.num_generations"},
+                                                                    {"metric": {"tag": "rewards/train/mean"}}]})
+    recorded = event_accumulator.EventAccumulator(str(FIXTURES / "tensorboard"))
+    recorded.Reload()
+    last_reward = recorded.Scalars("rewards/train/mean")[-1].value
+    sessions = {group["name"]: group for group in groups["sessionGroups"]}
+    assert {name: group["hparams"]["train:rl.num_generations"] for name, group in sessions.items()} == {
+        "g2/tensorboard": "2", "g4/tensorboard": "4"}
+    for group in sessions.values():
+        [reward] = [value for value in group["metricValues"] if value["name"]["tag"] == "rewards/train/mean"]
+        assert reward["value"] == pytest.approx(last_reward)
