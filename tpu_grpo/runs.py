@@ -29,7 +29,7 @@ class RunRow:
     loss: str = ""
     batches: int | None = None
     sets: dict = field(default_factory=dict)  # step -> the --set overrides it was given
-    state: str = ""  # training, trained, failed, lost, exported, saved, fetched
+    state: str = ""  # training, trained, failed, lost, exported, saved, fetched, published
     steps: int | None = None  # GRPO steps done, of total_steps
     total_steps: int | None = None
     accuracy_before: float | None = None  # MaxText's own evaluations, %
@@ -125,6 +125,22 @@ def laptop_runs(state: Path) -> dict[str, str]:
     return found
 
 
+def published_runs(state: Path) -> dict[str, str]:
+    """The runs this laptop published (`invoke publish` records each): run -> the Hub repository's URL."""
+    return {record.stem: json.loads(record.read_text())["url"] for record in sorted((state / "published").glob("*.json"))}
+
+
+def add_laptops(rows: dict[str, RunRow], state: Path) -> None:
+    """The laptop's fetched copies and the repositories it published to, onto the rows (new rows where the other
+    sources did not know the run)."""
+    for run, folder in laptop_runs(state).items():
+        row = rows.setdefault(run, RunRow(run))
+        row.state, row.where = "fetched", [*row.where, f"laptop: {folder}"]
+    for run, url in published_runs(state).items():
+        row = rows.setdefault(run, RunRow(run))
+        row.state, row.where = "published", [*row.where, f"hub: {url}"]
+
+
 def gather(connect, state: Path) -> tuple[list[RunRow], dict[str, str]]:
     """Every run the sources know, newest first, and what each source answered ("answered" or why not). `connect()`
     gives the host's connection: finding the host (the stack's outputs) or reaching it may fail, and the laptop's
@@ -138,10 +154,7 @@ def gather(connect, state: Path) -> tuple[list[RunRow], dict[str, str]]:
         sources["host"] = "answered"
     except (hosts.HostError, jobs.JobError) as error:
         sources["host"] = f"no answer: {error}"
-    for run, folder in laptop_runs(state).items():
-        row = rows.setdefault(run, RunRow(run))
-        row.state = "fetched"
-        row.where.append(f"laptop: {folder}")
+    add_laptops(rows, state)
     sources["laptop"] = "answered"
     return sorted(rows.values(), key=lambda row: (row.started or 0, row.run), reverse=True), sources
 

@@ -306,9 +306,7 @@ class SliceTarget:
                                                                                                     record.state)
             elif record.step == "export" and record.state == "finished":
                 row.state, row.where = "exported", [f"bucket: {self._run_folder(record.run)}/hf-trained"]
-        for run, folder in runs.laptop_runs(settings_module.state_dir()).items():
-            row = rows.setdefault(run, runs.RunRow(run))
-            row.state, row.where = "fetched", [*row.where, f"laptop: {folder}"]
+        runs.add_laptops(rows, settings_module.state_dir())
         return list(rows.values()), {"cluster": "answered", "laptop": "answered"}
 
     def show_status(self, console: Console, status: dict) -> None:

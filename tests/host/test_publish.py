@@ -78,6 +78,8 @@ def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing
         for name, data in saved.items():
             assert hub.file_bytes(REPO, name) == data, name
         assert [commit["summary"] for commit in repo.commits] == ["initial commit", "tpu-grpo: pub"]
+        [row] = json.loads(host.invoke("runs", "--json").stdout)["runs"]  # the laptop's record of what it published
+        assert (row["run"], row["state"], row["where"][-1]) == ("pub", "published", f"hub: {outcome['url']}")
         assert hub.authorizations == {TEST_TOKEN}  # the host's token reached the Hub ...
         scan_for_token(result.stdout, result.stderr, folders=(host.host.user.home / "tpu-grpo/jobs",
                                                               host.host.state))  # ... and nothing else

@@ -140,6 +140,7 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
                                              GKE_CLUSTER_USD_PER_HOUR)}
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
+    known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
     readme = documentation()
     figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
     assert figures and figures <= known, figures - known

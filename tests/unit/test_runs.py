@@ -51,3 +51,13 @@ def test_the_laptops_copies_answer_when_the_host_does_not(tmp_path):
     assert [(row.run, row.state, row.where) for row in rows] == [("r1", "fetched", [f"laptop: {model}"])]
     assert sources == {"host": "no answer: tpu@203.0.113.9: cannot connect (timed out); fix: is the VM up?",
                        "laptop": "answered"}
+
+
+def test_a_run_this_laptop_published_says_where_on_the_hub(tmp_path):
+    (tmp_path / "published").mkdir()
+    (tmp_path / "published" / "r1.json").write_text(json.dumps(
+        {"run": "r1", "repo": "you/Llama-GRPO", "url": "https://huggingface.co/you/Llama-GRPO", "commit": "abc"}))
+    rows = {"r1": runs.RunRow("r1", state="saved", where=["host: ~/tpu-grpo/models/r1"])}
+    runs.add_laptops(rows, tmp_path)
+    assert (rows["r1"].state, rows["r1"].where) == (
+        "published", ["host: ~/tpu-grpo/models/r1", "hub: https://huggingface.co/you/Llama-GRPO"])
