@@ -51,6 +51,12 @@ def children(url: str) -> list[str]:
     return sorted(name[len(prefix):].rstrip("/") for name in folders)
 
 
+def names(url: str) -> list[str]:
+    """Every object under the URL, by its name below it (one listing, its pages read whole)."""
+    blobs, _, prefix = _listing(url)
+    return sorted(blob.name[len(prefix):] for blob in blobs)
+
+
 def exists(url: str) -> bool:
     """Whether anything lies under the URL."""
     return bool(_listing(url, max_results=1)[0])

@@ -15,6 +15,7 @@ from rich.console import Console
 from tpu_grpo import facts, jobs, maxtext, pipeline, settings
 from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.capacity import CAPACITIES
+from tpu_grpo.errors import UserError
 from tpu_grpo.progress import Tracker
 
 #: What a run's log says of it: its steps and its evaluations before and after training.
@@ -141,10 +142,46 @@ def add_laptops(rows: dict[str, RunRow], state: Path) -> None:
         row.state, row.where = "published", [*row.where, f"hub: {url}"]
 
 
-def gather(connect, state: Path) -> tuple[list[RunRow], dict[str, str]]:
+def bucket_runs(folder: str) -> list[RunRow]:
+    """The runs in a gs:// store's post-train folder (one listing): each run's checkpoints (its steps, the newest)
+    and its export, where a slice's export writes it (RUN/hf-trained)."""
+    import re
+
+    from tpu_grpo import gcs
+
+    rows: dict[str, RunRow] = {}
+    for name in gcs.names(folder):
+        run, _, rest = name.partition("/")
+        row = rows.setdefault(run, RunRow(run, state="trained"))
+        if step := re.match(r"checkpoints/actor/([0-9]+)/", rest):
+            row.steps = max(row.steps or 0, int(step[1]))
+        elif rest.startswith("hf-trained/") and row.state != "exported":
+            row.state, row.where = "exported", [f"bucket: {folder.rstrip('/')}/{run}/hf-trained"]
+    return list(rows.values())
+
+
+def add_bucket(rows: dict[str, RunRow], folder: str, sources: dict[str, str]) -> None:
+    """The store's runs onto the rows: their steps where no host said them, their export; the bucket outlives the
+    VM and the cluster."""
+    try:
+        found = bucket_runs(folder)
+    except UserError as error:
+        sources["bucket"] = f"no answer: {error}"
+        return
+    sources["bucket"] = "answered"
+    for bucket_row in found:
+        row = rows.setdefault(bucket_row.run, bucket_row)
+        if row is not bucket_row:
+            row.steps = row.steps if row.steps is not None else bucket_row.steps
+            if bucket_row.state == "exported" and row.state in ("", "trained", "training"):
+                row.state = "exported"
+            row.where += [where for where in bucket_row.where if where not in row.where]
+
+
+def gather(connect, state: Path, bucket: str | None = None) -> tuple[list[RunRow], dict[str, str]]:
     """Every run the sources know, newest first, and what each source answered ("answered" or why not). `connect()`
-    gives the host's connection: finding the host (the stack's outputs) or reaching it may fail, and the laptop's
-    copies still answer."""
+    gives the host's connection: finding the host (the stack's outputs) or reaching it may fail, and the store's
+    bucket (`bucket`: its post-train folder, for a gs:// store) and the laptop's copies still answer."""
     from tpu_grpo import hosts
 
     sources, rows = {}, {}
@@ -154,6 +191,8 @@ def gather(connect, state: Path) -> tuple[list[RunRow], dict[str, str]]:
         sources["host"] = "answered"
     except (hosts.HostError, jobs.JobError) as error:
         sources["host"] = f"no answer: {error}"
+    if bucket:
+        add_bucket(rows, bucket, sources)
     add_laptops(rows, state)
     sources["laptop"] = "answered"
     return sorted(rows.values(), key=lambda row: (row.started or 0, row.run), reverse=True), sources

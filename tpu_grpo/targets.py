@@ -174,7 +174,9 @@ class VmTarget:
         """Every run of this VM and of this laptop's fetched copies (tpu_grpo/runs.py), and what each source said."""
         from tpu_grpo import runs
 
-        return runs.gather(lambda: self.session.connection, settings_module.state_dir())
+        chosen = settings_module.load(self.flags[2], lenient=True)
+        store = f"{chosen.store.root}/{chosen.model}/post-train" if chosen.store.name == "gs" else None
+        return runs.gather(lambda: self.session.connection, settings_module.state_dir(), store)
 
     def show_status(self, console: Console, status: dict) -> None:
         from tpu_grpo import chips, watch
@@ -306,8 +308,10 @@ class SliceTarget:
                                                                                                     record.state)
             elif record.step == "export" and record.state == "finished":
                 row.state, row.where = "exported", [f"bucket: {self._run_folder(record.run)}/hf-trained"]
+        sources = {"cluster": "answered"}
+        runs.add_bucket(rows, f"{self.settings.store.root}/{self.settings.model}/post-train", sources)
         runs.add_laptops(rows, settings_module.state_dir())
-        return list(rows.values()), {"cluster": "answered", "laptop": "answered"}
+        return list(rows.values()), {**sources, "laptop": "answered"}
 
     def show_status(self, console: Console, status: dict) -> None:
         settings = self.settings

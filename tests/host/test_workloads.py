@@ -540,6 +540,12 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
         "to_maxtext", "train_rl", "to_huggingface"]
     assert any(name.startswith(f"{store}/mt-format/0/items/") for name in names())
 
+    # With the VM gone, `invoke runs` still lists both runs and their steps, from the bucket.
+    host.host.vm.lose()
+    table = json.loads(host.invoke("runs", "--json", project=bucket_store, env=laptop).stdout)
+    assert table["sources"]["host"].startswith("no answer: ") and table["sources"]["bucket"] == "answered"
+    assert sorted((row["run"], row["steps"]) for row in table["runs"]) == [("cloud", 8), ("cloud2", 2)]
+
 
 def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(workload_host, tmp_path):
     """An events file only grows while a run trains: each sync copies the bytes not here yet; the

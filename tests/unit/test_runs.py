@@ -61,3 +61,26 @@ def test_a_run_this_laptop_published_says_where_on_the_hub(tmp_path):
     runs.add_laptops(rows, tmp_path)
     assert (rows["r1"].state, rows["r1"].where) == (
         "published", ["host: ~/tpu-grpo/models/r1", "hub: https://huggingface.co/you/Llama-GRPO"])
+
+
+def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_does_not(bucket, tmp_path):
+    """One listing of the store's post-train folder (the Cloud Storage emulator): runs, their newest checkpoint,
+    their export; with the host gone, the table still has them."""
+    from google.cloud import storage
+
+    folder = f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train"
+    client = storage.Client().bucket(bucket)
+    for name in ("r1/checkpoints/actor/2/model_params/x", "r1/checkpoints/actor/4/model_params/x",
+                 "r1/hf-trained/config.json", "r1/tensorboard/events.out.tfevents.1", "r2/checkpoints/actor/1/x"):
+        client.blob(f"runs/llama3.1-8b-Instruct/post-train/{name}").upload_from_string(b"x")
+
+    def unreachable():
+        raise hosts.ConnectError("tpu@203.0.113.9: cannot connect (timed out)")
+
+    rows, sources = runs.gather(unreachable, tmp_path, folder)
+    assert sorted((row.run, row.state, row.steps, row.where) for row in rows) == [
+        ("r1", "exported", 4, [f"bucket: {folder}/r1/hf-trained"]), ("r2", "trained", 1, [])]
+    assert sources == {"host": "no answer: tpu@203.0.113.9: cannot connect (timed out)", "bucket": "answered",
+                       "laptop": "answered"}
+    _, missing = runs.gather(unreachable, tmp_path, "gs://no-such-bucket-here/runs/m/post-train")
+    assert missing["bucket"].startswith("no answer: cannot list gs://no-such-bucket-here/")

@@ -369,7 +369,7 @@ def test_runs_on_a_slice_lists_each_run_of_the_clusters_jobsets(slice_stack, kub
     kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-21", "--detach").returncode == 0
     found = json.loads(run_task(slice_stack, "runs", "--json").stdout)
-    assert found["sources"] == {"cluster": "answered", "laptop": "answered"}
+    assert found["sources"] == {"cluster": "answered", "bucket": "answered", "laptop": "answered"}
     [row] = found["runs"]
     assert (row["run"], row["state"], row["model"], row["chips"], row["capacity"]) == (
         "gsm8k-21", "training", "llama3.1-8b-Instruct", 16, "reservation")
