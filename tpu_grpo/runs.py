@@ -30,7 +30,7 @@ class RunRow:
     loss: str = ""
     batches: int | None = None
     sets: dict = field(default_factory=dict)  # step -> the --set overrides it was given
-    state: str = ""  # training, trained, failed, lost, exported, saved, fetched, published
+    state: str = ""  # converted, training, trained, failed, lost, exported, saved, fetched, published
     steps: int | None = None  # GRPO steps done, of total_steps
     total_steps: int | None = None
     accuracy_before: float | None = None  # MaxText's own evaluations, %
@@ -114,6 +114,8 @@ def _add_job(row: RunRow, job: jobs.Job, log: list[str]) -> None:
                                                                                        "failed" if failed else "trained")
     elif job.step == "export" and job.state == "finished" and job.exit_code == 0 and row.state == "trained":
         row.state = "exported"
+    elif job.step == "convert" and not row.state:
+        row.state = "converted" if job.state == "finished" and job.exit_code == 0 else "failed"
 
 
 def laptop_runs(state: Path) -> dict[str, str]:

@@ -22,6 +22,7 @@ def job(step: str, started: float, finished: float, capacity: str = "spot", code
 def test_a_runs_row_adds_its_jobs_hours_and_prices_its_chip_hours_at_its_capacity():
     row = runs.RunRow("r1")
     runs._add_job(row, job("convert", 0, 1800), [])
+    assert row.state == "converted"
     runs._add_job(row, job("train", 1800, 1800 + 3 * 3600), [PRE, POST])
     assert (row.job_hours, row.chips, row.chip_hours) == (3.5, 8, 28.0)  # a ct6e-standard-8t: 8 chips
     assert row.cost_usd == round(28.0 * CAPACITIES["spot"].usd_per_chip_hour, 2)
