@@ -436,8 +436,6 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
 
     console = _console(stderr=json_)
     with one_line_errors():
-        if note := publish_module.license_note(repo):
-            console.print(note)
         session = _session(host, identity, stack, wait)
         try:
             outcome = publish_module.publish(session, run, repo, not public, console, verbose)

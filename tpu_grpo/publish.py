@@ -57,10 +57,10 @@ def check_repo(text: str) -> str:
     return text
 
 
-def license_note(repo_id: str) -> str | None:
+def license_note(repo_id: str, license_id: str) -> str | None:
     """The Llama 3.1 license asks that a model built from Llama and shared be named starting with "Llama"."""
     name = repo_id.split("/")[1]
-    if name.lower().startswith("llama"):
+    if license_id != "llama3.1" or name.lower().startswith("llama"):
         return None
     return (f"note: the Llama 3.1 license asks that a model built with Llama be named starting with \"Llama\" "
             f"(e.g. --repo {repo_id.split('/')[0]}/Llama-{name})")
@@ -311,6 +311,8 @@ def publish(session: jobs.Session, run: str | None, repo_id: str, private: bool,
     connection = session.connection
     run = run or results.newest_saved(connection)
     found = facts(connection, run)
+    if note := license_note(repo_id, MODELS[maxtext.trained_on(found.trained)["model"]].license):
+        console.print(note)
     answer = check_hub(connection, repo_id, private, hub)
     path = write_card(connection, run, card(found))
     job_id = jobs.new_id("publish")

@@ -31,8 +31,9 @@ def test_repo_names_the_hub_refuses_are_one_line_with_the_fix(repo):
 
 
 def test_a_name_not_starting_with_llama_gets_the_licenses_note():
-    assert publish.license_note("alice/Llama-3.1-8B-GRPO") is None
-    assert "alice/Llama-my-model" in publish.license_note("alice/my-model")
+    assert publish.license_note("alice/Llama-3.1-8B-GRPO", "llama3.1") is None
+    assert "alice/Llama-my-model" in publish.license_note("alice/my-model", "llama3.1")
+    assert publish.license_note("alice/my-qwen", "apache-2.0") is None  # a Qwen run: no Llama naming rule
 
 
 def test_hf_endpoint_must_be_a_url(monkeypatch):
