@@ -43,7 +43,8 @@ def parse(answer: facts.Answer) -> dict:
 
 #: The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
 #: duty_cycle_pct}]}, or {"error"}.
-CHIPS = facts.Fact("chips", lambda: f"{host_paths.VENV}/bin/python - <<'TPU_GRPO_CHIPS'\n{PROGRAM}\nTPU_GRPO_CHIPS", parse)
+CHIPS = facts.Fact("chips", lambda: f"{host_paths.VENV}/bin/python - <<'TPU_GRPO_CHIPS'\n{PROGRAM}\nTPU_GRPO_CHIPS",
+                   parse)
 
 
 def summary(found: dict) -> str:

@@ -298,7 +298,8 @@ def overrides(run: Run, step: str) -> dict[str, str]:
     if not run.row.native_rollout:  # MaxText's own model inside vLLM runs unscanned, as MaxText's Gemma 3 RL test
         mapping["scan_layers"] = "False" if step != "train" else "false"
     if step == "train":
-        mapping.update({key: _q(value) for key, value in {**run.row.rollout_overrides(), **run.data_overrides()}.items()})
+        added = {**run.row.rollout_overrides(), **run.data_overrides()}
+        mapping.update({key: _q(value) for key, value in added.items()})
         if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
             mapping["checkpoint_period"] = str(run.checkpoint_period)
         if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:

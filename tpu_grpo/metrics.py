@@ -331,7 +331,7 @@ def write_hparams(folder: Path, given: dict, started: float) -> Path | None:
     writer.add_event(event(metadata.SESSION_END_INFO_TAG,
                            plugin_data_pb2.HParamsPluginData(session_end_info=end, version=version)))
     writer.close()
-    return Path(writer.get_logdir())
+    return folder
 
 
 #: What a comparison overlays: the series a person reads a GRPO run by, then its evaluations.

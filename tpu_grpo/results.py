@@ -263,4 +263,5 @@ def given(inputs: dict) -> dict:
     """What a run was given, as the columns runs are compared by: model, dataset, loss, tokenizer, batches and each
     `--set` (STEP:KEY)."""
     return {**maxtext.trained_on(inputs), "batches": inputs.get("batches"),
-            **{f"{step}:{key}": value for step in ("convert", "train") for key, value in inputs.get(f"{step}_set", {}).items()}}
+            **{f"{step}:{key}": value for step in ("convert", "train")
+               for key, value in inputs.get(f"{step}_set", {}).items()}}

@@ -6,6 +6,7 @@ fetched copies), so the table outlives the VM for what was fetched."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -110,8 +111,8 @@ def _add_job(row: RunRow, job: jobs.Job, log: list[str]) -> None:
             row.accuracy_before = pre[0]
         row.accuracy_after = post[-1] if post else row.accuracy_after
         failed = job.state == "finished" and job.exit_code != 0
-        row.state = {"running": "training", "lost": "lost", "cancelled": "failed"}.get(job.state,
-                                                                                       "failed" if failed else "trained")
+        done = "failed" if failed else "trained"
+        row.state = {"running": "training", "lost": "lost", "cancelled": "failed"}.get(job.state, done)
     elif job.step == "export" and job.state == "finished" and job.exit_code == 0 and row.state == "trained":
         row.state = "exported"
     elif job.step == "convert" and not row.state:
@@ -130,7 +131,8 @@ def laptop_runs(state: Path) -> dict[str, str]:
 
 def published_runs(state: Path) -> dict[str, str]:
     """The runs this laptop published (`invoke publish` records each): run -> the Hub repository's URL."""
-    return {record.stem: json.loads(record.read_text())["url"] for record in sorted((state / "published").glob("*.json"))}
+    records = sorted((state / "published").glob("*.json"))
+    return {record.stem: json.loads(record.read_text())["url"] for record in records}
 
 
 def add_laptops(rows: dict[str, RunRow], state: Path) -> None:
@@ -147,8 +149,6 @@ def add_laptops(rows: dict[str, RunRow], state: Path) -> None:
 def bucket_runs(folder: str) -> list[RunRow]:
     """The runs in a gs:// store's post-train folder (one listing): each run's checkpoints (its steps, the newest)
     and its export, where a slice's export writes it (RUN/hf-trained)."""
-    import re
-
     from tpu_grpo import gcs
 
     rows: dict[str, RunRow] = {}

@@ -184,8 +184,8 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False),
     Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False),
     Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL),
-    Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, or "
-        "its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
+    Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, "
+        "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
         required=False),
     Key(f"{PROJECT}:tokenizer", str, "Hugging Face tokenizer to train and export with (default: the model table's, "
         "an Instruct model's for a base model)", "meta-llama/Llama-3.1-8B-Instruct", required=False),
@@ -495,23 +495,25 @@ def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
 def _check_model(values: dict[str, Any]) -> None:
     """The export name fits the model, and the model fits the machine or slice: the memory arithmetic, and the smallest
     shape that holds it."""
-    row = MODELS[values["model"]]
+    row = MODELS.get(values["model"])
+    shape = SLICES.get(values["slice"]) or MACHINES.get(values["machineType"])  # both filled in by _check_slice
+    if row is None or shape is None:  # a placeholder, still to set (settings.pending)
+        return
     export = KEY[f"{PROJECT}:exportModel"]
     values["exportModel"] = values["exportModel"] or row.export_model
     if values["exportModel"] not in {row.name, row.export_model}:
         raise SettingsError(export.name, values["exportModel"], f"is not a name of model {row.name} for "
                             f"to_huggingface ({' or '.join(sorted({row.name, row.export_model}))})",
                             f"pulumi config rm {export.name} (the model table's: {row.export_model})")
-    shape = SLICES.get(values["slice"] or "") or MACHINES[values["machineType"] or "ct6e-standard-8t"]
-    slices = values["numSlices"] or 1 if shape.hosts > 1 else 1
+    slices = values["numSlices"]  # 1 for the one VM (_check_slice)
     if not row.fits(shape, slices):
         _, _, arithmetic = row.need_gb(shape, slices)
         smallest = row.smallest
         fix = (f"pulumi config set {PROJECT}:machineType {smallest.machine_type}" if smallest.hosts == 1 else
                f"pulumi config set {PROJECT}:slice {smallest.name} (docs/slices.md)")
         name = f"{shape.name} x{slices}" if slices > 1 else shape.name
-        raise SettingsError(KEY[f"{PROJECT}:model"].name, row.name, f"does not fit a {name}: {arithmetic}; the smallest "
-                            f"v6e that holds it is a {smallest.name}", fix)
+        raise SettingsError(KEY[f"{PROJECT}:model"].name, row.name, f"does not fit a {name}: {arithmetic}; the "
+                            f"smallest v6e that holds it is a {smallest.name}", fix)
 
 
 def _check_slice(values: dict[str, Any]) -> None:

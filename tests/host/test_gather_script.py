@@ -8,6 +8,9 @@ from tests.support import write_book
 from tpu_grpo import engine, playbook
 
 
+# ---------------------------------------------------------------- the round trip and the checks, run for real
+
+
 def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
     book = playbook.load(write_book(tmp_path, """\
         prelude: |

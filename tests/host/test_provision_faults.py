@@ -27,31 +27,18 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests.host import rootfs
 from tests.host import sshd as harness
+from tests.host.kill_points import KILL_POINTS
 from tests.host.rootfs import TEST_VARS
 from tests.support import ROOT, TEST_TOKEN
 from tpu_grpo import engine, hosts, playbook
 
-KILL_POINTS = {
-    "build tools": ("apt-get ", "install -y build-essential"),  # as root, under the user's sudo
-    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo; held at its exec (HELD_AT_EXEC)
-    "caches on the data disk": ("cp ", "-a"),  # moving an existing cache onto the disk
-    # The copy itself takes milliseconds, less than one scan of /proc on a busy machine, so for this
-    # step the user's SSH session is stopped the moment the step starts: its mkdir and SFTP copy wait.
-    "Hugging Face token": ("sshd: ", "@notty"),
-    "uv (pip)": ("python3 ", "-m pip install --user"),
-    "venv": ("uv ", "venv --python"),
-    "MaxText": ("uv ", "pip install"),
-}
-
-
+# mkfs.ext4 formats the test's small loop disk in about 15 ms, less than one scan of /proc on a busy
+# machine (a scan missed it once under load): for these steps the program is held at its exec until
+# the connection has been dropped, so the kill lands in it every time.
 HELD_AT_EXEC = {"data disk"}
-
-
+# Steps whose work may still complete after the kill: sudo's command runs on as root (as it
+# would after a dead link). The rest must be redone.
 MAY_FINISH = {"build tools", "data disk"}
-
-
-
-
 CACHED_FILES = 1500  # an existing Hugging Face cache, so that moving it takes a while
 
 
@@ -285,6 +272,9 @@ def other_ed25519_key() -> str:
     return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode().split()[1]
 
 
+# ---------------------------------------------------------------- host keys
+
+
 def test_changed_host_key_is_refused_before_logging_in(make_host):
     """A host offering a key other than the recorded one may be an impostor: no login, and the fix is named."""
     host = make_host()
@@ -363,6 +353,9 @@ def two_namespaced_hosts(make_host, tmp_path):
         yield bridge, made, tmp_path
     finally:
         bridge.down()
+
+
+# ---------------------------------------------------------------- two hosts in network namespaces
 
 
 def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_namespaced_hosts, key_pair):

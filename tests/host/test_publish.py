@@ -36,6 +36,9 @@ def _with_evals(host, pre: int, post: int) -> None:
     log.write_text(text)
 
 
+# ---------------------------------------------------------------- on a test host, against the stand-in Hub
+
+
 def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing(workload_host, hub_client, tmp_path):
     host = workload_host
     host.give_hub_client(hub_client)

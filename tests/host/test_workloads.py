@@ -360,6 +360,9 @@ def modules(host) -> list[str]:
     return [record["module"].rsplit(".", 1)[-1] for record in host.records()]
 
 
+# ---------------------------------------------------------------- a run name names one training
+
+
 def test_a_saved_run_name_given_again_with_other_batches_is_refused(workload_host):
     """It was reported done and trained nothing: the user believed they had a 100-batch model."""
     host = workload_host
@@ -427,6 +430,9 @@ def disk_store(stack_dir) -> Path:
 
 def train_steps(log: bytes) -> list[int]:
     return [int(step) for step in re.findall(rb"\] Train step (\d+) ", log)]
+
+
+# ---------------------------------------------------------------- checkpoints that outlive the VM
 
 
 def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_checkpoint(workload_host, disk_store):
@@ -545,6 +551,9 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     table = json.loads(host.invoke("runs", "--json", project=bucket_store, env=laptop).stdout)
     assert table["sources"]["host"].startswith("no answer: ") and table["sources"]["bucket"] == "answered"
     assert sorted((row["run"], row["steps"]) for row in table["runs"]) == [("cloud", 8), ("cloud2", 2)]
+
+
+# ---------------------------------------------------------------- TensorBoard on the laptop
 
 
 def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(workload_host, tmp_path):

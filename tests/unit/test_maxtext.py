@@ -17,6 +17,7 @@ from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo import maxtext
 from tpu_grpo.accelerators import MACHINES
 
+#: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
 OURS_ONLY = {"PYTHONUNBUFFERED"}
 
 
@@ -77,6 +78,8 @@ def test_a_job_script_never_prints_the_token(tmp_path, step):
     assert not re.search(r"^\s*set\s+(-\w*x|-o\s+xtrace)", script, re.MULTILINE)
 
 
+#: Google's single-host v6e shapes (Cloud TPU documentation, "TPU v6e": v6e-1 1x1, v6e-4 2x2, v6e-8 2x4;
+#: one VM each, so the host bounds are 1,1,1 and a host's chip bounds are the topology's, depth 1).
 DOCUMENTED_V6E = {"ct6e-standard-1t": ("v6e-1", "1x1"), "ct6e-standard-4t": ("v6e-4", "2x2"),
                   "ct6e-standard-8t": ("v6e-8", "2x4")}
 
@@ -193,6 +196,9 @@ def test_plan_includes_the_scripts(stack_dir):
 
 def _lines_about_the_newest_checkpoint(script: str) -> str:
     return "\n".join(line for line in script.splitlines() if line.startswith(("newest=", '[ -z "$newest" ]')))
+
+
+# ---------------------------------------------------------------- what a script does where it runs
 
 
 @pytest.mark.parametrize("store", ["disk", "gs"])

@@ -50,6 +50,9 @@ TUTORIAL_LINES = {
 }
 
 
+# ---------------------------------------------------------------- the tutorial's section 3, exactly
+
+
 @pytest.mark.parametrize("name", TUTORIAL_LINES)
 def test_default_variables_render_the_tutorials_commands(name):
     tutorial_line, ours = TUTORIAL_LINES[name]
@@ -164,6 +167,9 @@ BAD_OVERRIDES = [
     ("apt_upgrade", "--var 'apt_upgrade': not KEY=VALUE; fix: one of apt_upgrade,"),
     ("locked=true", "--var 'locked=true': locked is set by tpu-grpo itself"),
 ]
+
+
+# ---------------------------------------------------------------- bad input: one line naming where and the fix
 
 
 @pytest.mark.parametrize("override,message", BAD_OVERRIDES)

@@ -3,29 +3,12 @@ host tests kill its connection (tests/host/test_provision_faults.py)."""
 
 from __future__ import annotations
 
+from tests.host.kill_points import KILL_POINTS
 from tests.host.rootfs import TEST_VARS
 from tpu_grpo import playbook
 
-KILL_POINTS = {
-    "build tools": ("apt-get ", "install -y build-essential"),  # as root, under the user's sudo
-    "data disk": ("mkfs.ext4 ", "lazy_itable_init"),  # as root, under the user's sudo; held at its exec (HELD_AT_EXEC)
-    "caches on the data disk": ("cp ", "-a"),  # moving an existing cache onto the disk
-    # The copy itself takes milliseconds, less than one scan of /proc on a busy machine, so for this
-    # step the user's SSH session is stopped the moment the step starts: its mkdir and SFTP copy wait.
-    "Hugging Face token": ("sshd: ", "@notty"),
-    "uv (pip)": ("python3 ", "-m pip install --user"),
-    "venv": ("uv ", "venv --python"),
-    "MaxText": ("uv ", "pip install"),
-}
-
-
-
-
-
-
+#: The test hosts find this machine's Python 3.12 on PATH, and have no idle-stop timer to remove.
 ALREADY_RIGHT = {"Python", "no idle stop"}
-
-
 
 
 def test_every_step_that_changes_a_fresh_host_has_a_kill_point():

@@ -8,6 +8,9 @@ import json
 import pytest
 
 
+# ---------------------------------------------------------------- the recovery loop itself, at its seams
+
+
 @pytest.mark.parametrize("recover", [0, 1, 3])
 def test_recover_n_brings_back_at_most_n_lost_vms_and_the_next_loss_fails(tmp_path, monkeypatch, recover):
     """Every attempt loses the VM: N losses are brought back, the (N+1)th ends the run with its error; the

@@ -26,7 +26,6 @@ TRAIN_STEP = re.compile(rb"\] Train step (\d+) ")
 EVAL_STEP = re.compile(rb"Intermediate Eval \(step=(\d+)\)")
 
 
-
 def load_standin():
     """_standin.py on its own (putting tests/doubles/standin on sys.path would shadow any real jax)."""
     spec = importlib.util.spec_from_file_location("_standin_under_test", STANDIN / "_standin.py")
