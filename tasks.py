@@ -120,10 +120,13 @@ def settings(c, stack=None, json_=False):
         console.print(escape(f"warning: {warning}"))
 
 
-@task(help=_help("stack"), check=_check_settings)
-def up(c, stack=None):
-    """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs."""
-    from tpu_grpo import stack as stack_module
+@task(help=_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"),
+      check=_check_settings)
+def up(c, stack=None, yes=False):
+    """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
+
+    Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
+    from tpu_grpo import stack as stack_module, targets
 
     chosen = checked()
     missing = stack_module.missing_for_up(chosen)
@@ -137,7 +140,26 @@ def up(c, stack=None):
     console = _console()
     for warning in chosen.warnings:
         console.print(f"warning: {warning}", markup=False)
-    code, explanations = stack_module.up(chosen, say=console.print)
+    _exit_on_failure(stack_module.select_and_refresh(chosen))
+    changes = stack_module.preview(chosen)
+    for change in changes:
+        console.print(f"replaces: {stack_module.describe(change)}", markup=False, soft_wrap=True)
+    if stack_module.data_disk_lost(changes):
+        from tpu_grpo.hosts import ConnectError
+
+        try:
+            unsaved = targets.pick(None, None, stack, None).unsaved()
+        except ConnectError as error:
+            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                       f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
+                       "to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then change "
+                       "it again", code=1) from None
+        if unsaved:
+            lines = "\n".join(f"  - {line}" for line in unsaved)
+            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                       f"these results exist only there:\n{lines}\nfetch them first, or undo the change to the "
+                       "stack file", code=1)
+    code, explanations = stack_module.up(chosen, yes=yes, say=console.print)
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     _exit_on_failure(code)
@@ -600,8 +622,9 @@ def _check_down(**flags):
 
 
 @task(iterable=["host"], check=_check_down, help=_help(
-    *HOST_FLAGS, force="destroy even if a trained model exists only on the VM"))
-def down(c, force=False, stack=None, host=None, identity=None, wait=None):
+    *HOST_FLAGS, force="destroy even if a trained model exists only on the VM: the data disk goes with it",
+    yes="go ahead without Pulumi's preview and question (for scripts)"))
+def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=False):
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
@@ -614,4 +637,4 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None):
         lines = "\n".join(f"  - {line}" for line in unsaved)
         raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
                    f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
-    _exit_on_failure(stack_module.destroy(chosen.stack))
+    _exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))

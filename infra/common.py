@@ -3,18 +3,24 @@ names one) and the checkpoint store's bucket."""
 
 from __future__ import annotations
 
+import shlex
+
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.offline import DEFAULT_ACCOUNT
 from tpu_grpo.settings import PROJECT, Settings
 from tpu_grpo.stores import bucket_of
 
 SUBNET_RANGE = "10.130.0.0/24"
-#: What a service account of the stack's own (`tpu-grpo:serviceAccount`) needs; the project's default compute
-#: account has it all through its project Editor role. Object access to the checkpoint store; on a slice, to
-#: pull the post-training image, and GKE's own role for a node's account (logging, monitoring: GKE's
-#: "Use least privilege IAM service accounts").
-BUCKET_ROLE = "roles/storage.objectAdmin"
+#: What the account the VM (or a slice's nodes) runs as needs, granted to it whichever it is: the stack's own
+#: (`tpu-grpo:serviceAccount`) or the project's default compute account, which organisations created since May 2024
+#: no longer give Editor (Artifact Registry's "Integrate with GKE": `iam.automaticIamGrantsForDefaultServiceAccounts`
+#: is enforced by default). The checkpoint store: objects, and the bucket itself, which JAX/TensorStore read
+#: (MaxText 0.2.3's rl_on_multi_host.md: objectAdmin "alone will cause a misleading 'bucket not found' error";
+#: Storage Legacy Bucket Reader gives storage.buckets.get). On a slice: pulling the post-training image, and GKE's
+#: own role for a node's account (logging, monitoring: GKE's "Use least privilege IAM service accounts").
+BUCKET_ROLES = ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")
 IMAGE_ROLE = "roles/artifactregistry.reader"
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 
@@ -39,36 +45,45 @@ def declare_network(settings: Settings, child: pulumi.ResourceOptions) -> tuple:
     return net.id, subnet.id
 
 
-def declare_bucket(settings: Settings, child: pulumi.ResourceOptions) -> gcp.storage.Bucket:
+def account_member(settings: Settings) -> pulumi.Output:
+    """`serviceAccount:EMAIL` of the account the VM or the slice's nodes run as: the stack's own, or the project's
+    default compute account (the provider's getDefaultServiceAccount reads it from the Compute API's project)."""
+    if settings.service_account:
+        return pulumi.Output.from_input(member(settings.service_account))
+    return gcp.compute.get_default_service_account_output(project=settings.project).email.apply(member)
+
+
+def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: pulumi.Output) -> gcp.storage.Bucket:
     """The checkpoint store's bucket: in the stack's region (no cross-region traffic or charges),
     uniform bucket-level access (IAM only, no object ACLs), public access prevention enforced.
     Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
-    never force-destroy it. A service account named in the stack gets object access to it; the
-    project's default compute account has it through its project role."""
+    never force-destroy it. The account the machines run as gets BUCKET_ROLES on it."""
     bucket = gcp.storage.Bucket(
         f"{settings.vm_name}-store", name=bucket_of(settings.store), location=settings.region.upper(),
         uniform_bucket_level_access=True, public_access_prevention="enforced", force_destroy=False,
         labels=labels(settings), project=settings.project,
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)),
     )
-    if settings.service_account:
+    for role in BUCKET_ROLES:
         gcp.storage.BucketIAMMember(
-            f"{settings.vm_name}-store-access", bucket=bucket.name, role=BUCKET_ROLE,
-            member=member(settings), opts=child,
+            f"{settings.vm_name}-store-{role.rsplit('.', 1)[-1]}", bucket=bucket.name, role=role, member=account,
+            opts=child,
         )
     return bucket
 
 
-def member(settings: Settings) -> str:
-    return f"serviceAccount:{settings.service_account}"
+def member(email: str) -> str:
+    return f"serviceAccount:{email}"
 
 
 def access_to_grant(settings: Settings) -> list[str]:
-    """What the stack's own service account needs and the stack cannot grant, as the command that grants it:
-    object access to a checkpoint bucket the stack does not declare."""
-    if not (settings.service_account and settings.store.name == "gs" and not settings.bucket):
+    """What the machines' account needs and the stack cannot grant, as the commands that grant it: the bucket
+    roles on a checkpoint bucket the stack does not declare."""
+    if not (settings.store.name == "gs" and not settings.bucket):
         return []
-    bucket = bucket_of(settings.store)
-    return [f"{settings.service_account} needs {BUCKET_ROLE} on gs://{bucket}, which this stack does not declare: "
-            f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member={member(settings)} "
-            f"--role={BUCKET_ROLE}"]
+    bucket, account = bucket_of(settings.store), settings.service_account or DEFAULT_ACCOUNT
+    number = ("" if settings.service_account else f" (PROJECT_NUMBER: gcloud projects describe {settings.project} "
+              "--format='value(projectNumber)')")
+    return [f"{account} needs {role} on gs://{bucket}, which this stack does not declare{number}: "
+            + shlex.join(["gcloud", "storage", "buckets", "add-iam-policy-binding", f"gs://{bucket}",
+                          f"--member={member(account)}", f"--role={role}"]) for role in BUCKET_ROLES]

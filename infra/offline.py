@@ -13,6 +13,9 @@ import pulumi
 from tpu_grpo.settings import PROJECT, Settings
 
 UNKNOWN = "(known after apply)"
+DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount"
+#: The project's default compute account as Google names it before the project number is known.
+DEFAULT_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
 
 
 @dataclass
@@ -44,6 +47,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return f"(id of {args.name})", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
+        """The one data source the program reads: the project's default compute account, as the Compute API's
+        project resource names it (`defaultServiceAccount`, PROJECT_NUMBER-compute@developer.gserviceaccount.com;
+        terraform-provider-google's data_source_google_compute_default_service_account.go returns its email)."""
+        if args.token == DEFAULT_ACCOUNT_CALL:
+            email = self.computed.get("default_account", DEFAULT_ACCOUNT)
+            return {"email": email, "member": f"serviceAccount:{email}", "project": args.args.get("project"),
+                    "name": f"projects/{args.args.get('project')}/serviceAccounts/{email}", "uniqueId": "0",
+                    "displayName": "Compute Engine default service account"}
         raise NotImplementedError(f"the program calls {args.token}, which the offline run cannot answer")
 
 

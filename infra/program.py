@@ -9,9 +9,15 @@ from typing import Any
 
 import pulumi
 
-from infra.tpu_host import TpuHost
-from infra.tpu_slice import TpuSlice
+from infra.replacements import INSTANCE, NODE_POOL
+from infra.tpu_host import REPLACED_ON_CHANGES, TpuHost
+from infra.tpu_slice import POOL_REPLACED_ON_CHANGES, TpuSlice
 from tpu_grpo.settings import KEYS, PROJECT, Settings, parse, project_root
+
+
+#: The program's own `replace_on_changes`, by resource type, for infra/replacements.py (the engine gets them with
+#: each resource; the offline run's mocks do not see them).
+REPLACE_ON_CHANGES = {INSTANCE: tuple(REPLACED_ON_CHANGES), NODE_POOL: tuple(POOL_REPLACED_ON_CHANGES)}
 
 
 def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = None) -> Settings:

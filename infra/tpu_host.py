@@ -15,7 +15,7 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.common import declare_bucket, declare_network, labels
+from infra.common import account_member, declare_bucket, declare_network, labels
 from tpu_grpo.capacity import RESERVATION_KEY
 from tpu_grpo.settings import PROJECT, Settings
 
@@ -73,7 +73,7 @@ class TpuHost(pulumi.ComponentResource):
             **common, opts=child,
         )
         if settings.bucket:
-            self.bucket = declare_bucket(settings, child)
+            self.bucket = declare_bucket(settings, child, account_member(settings))
         obtained = settings.obtained
         scheduling = {**obtained.scheduling, "provisioning_model": obtained.provisioning_model}
         if settings.max_run_hours is not None:

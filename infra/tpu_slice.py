@@ -18,7 +18,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.common import IMAGE_ROLE, NODE_ROLE, declare_bucket, declare_network, labels, member
+from infra.common import IMAGE_ROLE, NODE_ROLE, account_member, declare_bucket, declare_network, labels
 from infra.tpu_host import SCOPES
 from tpu_grpo import images
 from tpu_grpo.kubeconfig import kubeconfig
@@ -31,6 +31,10 @@ RELEASE_CHANNEL = "RAPID"  # xpk's: the newest GKE versions, which new TPU featu
 #: for v6e, --accelerator-network-profile=auto with the node label that enables the DRA network driver.
 TPU_MAX_PODS_PER_NODE = 15
 TPU_NODE_LABELS = {"cloud.google.com/gke-networking-dra-driver": "true"}
+#: A slice of another shape is new hosts: terraform-provider-google neither forces a new pool for a changed
+#: `placement_policy.tpu_topology` (resource_container_node_pool.go: not ForceNew) nor sends it in an update, so
+#: without this a new `tpu-grpo:slice` would change the state and leave the pool as it was.
+POOL_REPLACED_ON_CHANGES = ["placementPolicy.tpuTopology"]
 
 
 class TpuSlice(pulumi.ComponentResource):
@@ -55,10 +59,13 @@ class TpuSlice(pulumi.ComponentResource):
         )
         node_config = {"oauth_scopes": list(SCOPES), "resource_labels": resource_labels,
                        "service_account": settings.service_account}
+        pool_options = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            replace_on_changes=POOL_REPLACED_ON_CHANGES))
         self.cpu_pool = gcp.container.NodePool(
             f"{name}-{CPU_POOL}", name=CPU_POOL, cluster=self.cluster.name, location=settings.zone,
             project=settings.project, node_count=1,
-            node_config={**node_config, "machine_type": CPU_MACHINE_TYPE}, opts=child,
+            node_config={**node_config, "machine_type": CPU_MACHINE_TYPE, "disk_size_gb": settings.cpu_pool_disk_gb},
+            opts=pool_options,
         )
         self.tpu_pools = []
         capacity, capacity_config = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
@@ -73,21 +80,21 @@ class TpuSlice(pulumi.ComponentResource):
                              "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
                              "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"},
                              **capacity_config},
-                **capacity, opts=child,
+                **capacity, opts=pool_options,
             ))
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-images", repository_id=images.REPOSITORY, location=settings.region, format="DOCKER",
             description="tpu-grpo's MaxText post-training image (invoke image)", labels=resource_labels,
             project=settings.project, opts=child,
         )
-        if settings.service_account:  # the project's default account has these through its Editor role
-            gcp.artifactregistry.RepositoryIamMember(
-                f"{name}-images-reader", repository=self.repository.repository_id, location=settings.region,
-                role=IMAGE_ROLE, member=member(settings), project=settings.project, opts=child)
-            gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE,
-                                   member=member(settings), opts=child)
+        nodes = account_member(settings)
+        gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-images-reader", repository=self.repository.repository_id, location=settings.region,
+            role=IMAGE_ROLE, member=nodes, project=settings.project, opts=child)
+        gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE, member=nodes,
+                               opts=child)
         if settings.bucket:
-            self.bucket = declare_bucket(settings, child)
+            self.bucket = declare_bucket(settings, child, nodes)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
             lambda parts: kubeconfig(name, parts[0], parts[1]))
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=config, opts=child)

@@ -86,5 +86,11 @@ GKE_ACCELERATOR = "tpu-v6e-slice"
 #: conversion and export jobs; xpk's default for `cluster create-pathways`.
 CPU_MACHINE_TYPE = "n2-standard-64"
 CPU_POOL = "cpu-np"  # xpk's name for it
+#: What one pod on the CPU host may hold: n2-standard-64's 256 GB less what GKE keeps for the kubelet and the system
+#: (about 12 GiB by its formula for a 256 GB node) and its system pods.
+CPU_POD_MEMORY_GB = 230
+#: The CPU host's boot disk: GKE's default (100 GB) at least; the conversion's download (the pod's /tmp is on it)
+#: and this much beside it for the post-training image and the system.
+CPU_POOL_MIN_DISK_GB, CPU_POOL_SYSTEM_GB = 100, 60
 #: Slices one stack may declare (`tpu-grpo:numSlices`): each is one TPU node pool.
 MAX_SLICES = 4

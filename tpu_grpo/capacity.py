@@ -19,11 +19,15 @@ PRICES_READ = "2026-12-04"
 #: asia-northeast1-b and us-east5-a; SkyPilot's Compute Engine TPU code adds us-south1-ai1b
 #: (`_COMPUTE_TPU_FLEX_START_ZONES`, sky/clouds/gcp.py). The list grows: another zone is warned of, not refused.
 FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a", "us-south1-ai1b")
-#: Google's "Plan your Cloud TPU resources" and "Request Cloud TPUs using Flex-start": spot and flex-start draw on
-#: the project's preemptible TPU quota (64 v5e and v6e cores by default), on-demand VMs and reservations on the
-#: on-demand quota.
-PREEMPTIBLE_QUOTA = "the project's preemptible TPU quota (64 v6e cores by default; IAM & Admin > Quotas)"
-ON_DEMAND_QUOTA = "the project's on-demand TPU quota (IAM & Admin > Quotas)"
+#: Which quota a VM or node pool draws on. tpu-grpo makes its TPU VMs through Compute Engine (one VM) and GKE (a
+#: slice), which draw on Compute Engine's quota for TPU v6e in the region, not on the Cloud TPU API's (Google's
+#: "Cloud TPU consumption options": "If you use TPUs with GKE, you use Compute Engine API quota, a different
+#: quota"); the Cloud TPU API's default of 64 preemptible v6e cores does not apply. Spot and flex-start draw on its
+#: preemptible TPU quota, on-demand VMs and reservations on the other.
+PREEMPTIBLE_QUOTA = ("Compute Engine's preemptible TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
+                     "compute.googleapis.com; not the Cloud TPU API's)")
+ON_DEMAND_QUOTA = ("Compute Engine's TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
+                   "compute.googleapis.com; not the Cloud TPU API's)")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class Capacity:
     scheduling: dict = field(default_factory=dict)
     #: `reservation_affinity.type`, or None for no affinity block.
     affinity: str | None = None
-    #: Minutes without a job or an SSH session before the VM powers itself off; 0: never.
+    #: Minutes without a job or a terminal session before the VM powers itself off; 0: never.
     idle_stop_minutes: int = 60
     #: USD per v6e chip-hour, and where the figure comes from.
     usd_per_chip_hour: float = 0.0
@@ -57,6 +61,8 @@ class Capacity:
     #: A GKE node pool that starts empty: its autoscaler asks for all its hosts when a pod wants them and gives
     #: them back when none does (no idle hours, and a pod may wait a while to be scheduled).
     scales_to_zero: bool = False
+    #: What the user sees while the request for the VM waits for capacity, where it may wait; "" where it does not.
+    waits: str = ""
     #: What Compute Engine's RESOURCE_POOL_EXHAUSTED means for this capacity, and what to do.
     no_capacity: str = ("no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
                         "another zone with v6e (a reservation is what guarantees capacity)")
@@ -154,6 +160,14 @@ class Capacity:
 #: vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
 #: cluster management fee ($0.10 per cluster-hour; GKE's free tier credits one zonal cluster).
 CPU_HOST_USD_PER_HOUR = 3.11
+#: Hyperdisk Balanced, every disk of a TPU VM (v6e takes no other): provisioned capacity at $0.08 a GiB-month, the
+#: us-central1 list price of its capacity SKU as a public cost note quotes it; performance above what a volume
+#: includes is billed on top (Google's "About Hyperdisk Balanced"). Billed while the disk exists, VM or not.
+HYPERDISK_USD_PER_GIB_MONTH = 0.08
+HYPERDISK_PRICE_SOURCE = ("Hyperdisk Balanced capacity $0.08 per GiB-month, us-central1 list price (as quoted "
+                          f"publicly, read {PRICES_READ}); provisioned IOPS above 3,000 and throughput above 140 MiB/s "
+                          "are billed on top (Google's \"About Hyperdisk Balanced\"), not counted here")
+HOURS_PER_MONTH = 730
 GKE_CLUSTER_USD_PER_HOUR = 0.10
 
 ON_DEMAND_SOURCE = ("on-demand v6e list price, $2.70 per chip-hour in us-east5 (Google's Cloud TPU pricing, "
@@ -187,6 +201,12 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
              shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
                                  "whole run",
              quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
+             # Compute Engine's "About Flex-start VMs" and the Flex-start VMs launch post: a request waits in a queue
+             # up to its valid-for duration (at most two hours), then fails if no capacity came.
+             waits="A flex-start request waits for capacity up to its valid-for duration (Google: at most two hours; "
+                   "pulumi-gcp's Instance has no field for it, so Compute Engine's default applies): `invoke up` "
+                   "shows Pulumi creating the VM all that time, then the VM, or a failure to run `invoke up` again "
+                   "later.",
              scales_to_zero=True,
              no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
                          f"offers v6e flex-start ({', '.join(FLEX_START_ZONES)})",

@@ -7,7 +7,7 @@ import hashlib
 import re
 
 from tpu_grpo import images
-from tpu_grpo.accelerators import CHIPS_PER_HOST, CPU_POOL, GKE_ACCELERATOR, Accelerator
+from tpu_grpo.accelerators import CHIPS_PER_HOST, CPU_POD_MEMORY_GB, CPU_POOL, GKE_ACCELERATOR, Accelerator
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"  # of JobSet's release (release.JOBSET_VERSION)
 
@@ -161,7 +161,8 @@ def cpu(name: str, step: str, run_name: str, image: str, script: str) -> dict:
                 "backoffLimit": 0, "completions": 1, "parallelism": 1,
                 "template": {"spec": {
                     "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                    "containers": [_user_container(image, script, env, {"cpu": "48", "memory": "200G"})],
+                    "containers": [_user_container(image, script, env,
+                                                   {"cpu": "48", "memory": f"{CPU_POD_MEMORY_GB}G"})],
                     "restartPolicy": "Never", "volumes": [dict(_SHARED_TMP[1])],
                 }}}}}],
             "suspend": False,

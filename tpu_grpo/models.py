@@ -21,6 +21,11 @@ from tpu_grpo.accelerators import ACCELERATORS, Accelerator
 #: the rollout holds vLLM's copy of the weights (2), and its KV cache in what is left.
 TRAINER_BYTES = 2 + 2 + 2 * 2 + 2
 ROLLOUT_BYTES = 2
+#: A conversion's needs, bytes a parameter: the Hugging Face safetensors it downloads (bf16; MaxText 0.2.3's
+#: rl_qwen3_30b.md: "Converting the 30B model requires approximately 62 GB of free disk space"), and, loaded eagerly,
+#: those weights and the converted ones in memory together (bf16, to_maxtext's default `--save_dtype`).
+DOWNLOAD_BYTES = 2
+EAGER_CONVERSION_BYTES = 2 + 2
 #: rl.yml: vLLM may fill this share of each sampler chip's HBM, what is already there included.
 HBM_UTILIZATION_VLLM = 0.72
 #: rl.yml: with Pathways on several hosts, the first half of the chips train and the other half sample
@@ -45,6 +50,14 @@ class Model:
     @property
     def export_model(self) -> str:
         return self.export_name or self.name
+
+    @property
+    def download_gb(self) -> float:
+        return self.params_b * DOWNLOAD_BYTES
+
+    @property
+    def eager_conversion_gb(self) -> float:
+        return self.params_b * EAGER_CONVERSION_BYTES
 
     def rollout_overrides(self) -> dict[str, str]:
         """The train step's `key=value`s that run MaxText's own model inside vLLM (none for a native rollout), as

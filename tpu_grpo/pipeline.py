@@ -367,7 +367,7 @@ def build_run(stack: str | None, *, batches=None, run_name: str | None = None, s
         model=chosen.model, export_model=chosen.export_model,
         batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
         test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
-        lazy_load_tensors=chosen.lazy_load_tensors, machine=chosen.machine,
+        lazy_load_tensors=chosen.lazy_conversion, machine=chosen.machine,
         run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None,

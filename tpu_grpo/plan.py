@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_grpo import settings as settings_module
-from tpu_grpo.capacity import CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, PRICES_READ
+from tpu_grpo.capacity import (CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, HOURS_PER_MONTH,
+                               HYPERDISK_PRICE_SOURCE, HYPERDISK_USD_PER_GIB_MONTH, PRICES_READ)
 from tpu_grpo.accelerators import SLICES
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
@@ -38,6 +39,9 @@ class Cost:
     price_source: str
     quota: str
     note: str
+    disks: list[dict[str, Any]]
+    disks_usd_per_hour: float
+    disks_price_source: str
 
 
 @dataclass
@@ -74,7 +78,7 @@ def build(stack: str | None = None) -> Plan:
         stack=stack,
         pending=[str(error) for error in settings.pending],
         warnings=settings.warnings,
-        replaces=stack_module.replacements(settings),
+        replaces=[stack_module.describe(change) for change in stack_module.preview(settings)],
         access=access_to_grant(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(settings_module.PROJECT)],
@@ -91,10 +95,27 @@ def build(stack: str | None = None) -> Plan:
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             quota=obtained.quota,
             note=cost_note(settings),
+            disks=disks(settings),
+            disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in disks(settings)), 3),
+            disks_price_source=HYPERDISK_PRICE_SOURCE,
         ),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
         jobs=[] if multi_host else job_scripts(stack),
     )
+
+
+def disks(settings) -> list[dict[str, Any]]:
+    """Each disk the stack pays for while it exists, with its size and price per hour: the VM's boot and data disks,
+    or a slice's hosts' boot disks."""
+    if settings.tpu_slice:
+        hosts = settings.tpu_slice.hosts * settings.num_slices
+        found = [(f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "")]
+    else:
+        found = [("boot disk", settings.boot_disk_gb, ""),
+                 ("data disk", settings.data_disk_gb, f"{settings.data_disk_iops} IOPS, "
+                                                      f"{settings.data_disk_throughput_mibps} MiB/s provisioned")]
+    return [{"disk": name, "gb": gb, "performance": performance,
+             "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4)} for name, gb, performance in found]
 
 
 def cost_note(settings) -> str:
@@ -108,10 +129,11 @@ def cost_note(settings) -> str:
                 "whether or not the VM runs, until the reservation ends")
     else:
         when = "Billed while the VM runs, training or not"
-    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or an SSH session "
+    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH login) session "
             "(tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
             "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
-    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}."
+    waits = f" {obtained.waits}" if obtained.waits else ""
+    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
 
 
 def job_scripts(stack: str) -> list[dict[str, str]]:
@@ -204,6 +226,10 @@ def render(plan: Plan, console: Console) -> None:
         f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
         f"${cost.usd_per_tutorial_run:.2f}",
         cost.note,
+        "disks: " + ", ".join(f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"]
+                                                                    else "") for disk in cost.disks)
+        + f" ≈ [bold]${cost.disks_usd_per_hour:.3f} per hour[/] while they exist, running or not",
         f"quota: {cost.quota}",
         f"[dim]price: {cost.price_source}[/]",
+        f"[dim]disks' price: {cost.disks_price_source}[/]",
     ), title="Cost", title_align="left"))

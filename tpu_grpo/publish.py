@@ -330,11 +330,8 @@ def publish(session: jobs.Session, run: str | None, repo_id: str, private: bool,
                            + "\n".join(f"  {line}" for line in tail)
                            + "\nfix the cause, then run the same command again: files already on the Hub are "
                            "not sent again")
-    record = published_record(run)  # what `invoke runs` says of the run on the Hub, without asking it
+    record = results.published_record(run)  # what `invoke runs` and `down` say of the run on the Hub, unasked
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit}))
     return outcome
 
-
-def published_record(run: str) -> Path:
-    return settings.state_dir() / "published" / f"{run}.json"

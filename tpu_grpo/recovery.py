@@ -114,8 +114,16 @@ def bring_back(chosen: settings_module.Settings, targets: Callable[[], list[host
                say: Callable[[str], None], stdout=None) -> None:
     """`invoke up`, then provisioning with the `provisioning` values. The VM is always new (deleted, or stopped
     and replaced), with a new host key, so the old one of each of its `targets` (resolved once the VM is up) is
-    forgotten first (the next connection records the new one and says so)."""
-    code, meanings = stack.up(chosen, say=lambda line: None, stdout=stdout)
+    forgotten first (the next connection records the new one and says so). Nobody is there to answer Pulumi's
+    question, so the update goes ahead unasked (`--yes`), but never one that deletes the data disk (the stack file
+    changed since the run began): that waits for a person."""
+    code, meanings = stack.select_and_refresh(chosen, stdout=stdout), []
+    if code == 0:
+        if stack.data_disk_lost(stack.preview(chosen)):
+            raise RecoveryError("the stack file now deletes the data disk (gcp:zone or vmName changed since the run "
+                                "began), which a recovery never does; fix: undo that change, or run uv run invoke "
+                                "up yourself, then the same pipeline again")
+        code, meanings = stack.up(chosen, yes=True, say=lambda line: None, stdout=stdout)
     if code != 0:
         raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
                             + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "

@@ -2,8 +2,12 @@
 is built from that spec and tagged with its version, and the pipeline's preflight refuses a host with another.
 
 Pathways' server and proxy must speak the JAX version of the trainer that connects to them: MaxText 0.2.3's
-tpu-post-train extra asks for jax>=0.10.1, so the image pins JAX_VERSION and the Pathways images are the ones
-built for it (the tag MaxText's own RL workflows use with 0.10.1).
+tpu-post-train extra asks for jax>=0.10.1 (src/dependencies/requirements/generated_requirements/
+tpu-post-train-requirements.txt at the maxtext-v0.2.3 tag), so the image pins JAX_VERSION and the Pathways images are
+the ones built for it. MaxText's own .github/workflows/run_pathways_tests.yml at that tag pins
+`server:20260413-jax_0.9.2`, a build for JAX 0.9.2 that this trainer's JAX cannot talk to (its later tags use
+`latest`); `20260623-jax_0.10.1` is the build for 0.10.1 that public MaxText RL launch scripts pass to
+`xpk workload create-pathways --server-image/--proxy-server-image` with `train_rl` (seen through code search).
 """
 
 from __future__ import annotations

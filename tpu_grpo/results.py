@@ -46,6 +46,20 @@ def _fetched_record(run: str) -> Path:
     return settings.state_dir() / "fetched" / f"{run}.json"
 
 
+def published_record(run: str) -> Path:
+    """What `invoke publish` records of a run it uploaded: the Hub repository and the commit the Hub answered."""
+    return settings.state_dir() / "published" / f"{run}.json"
+
+
+def is_published(run: str) -> bool:
+    """The Hub acknowledged a commit of the run's model (recorded by this laptop's `invoke publish`): it is safe
+    there, whatever becomes of the VM."""
+    try:
+        return bool(json.loads(published_record(run).read_text()).get("commit"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _runs(answer: facts.Answer) -> dict[str, dict | None]:
     runs: dict[str, dict | None] = {}
     for line in answer.stdout.splitlines():
@@ -81,9 +95,15 @@ def is_fetched(run: str) -> bool:
 
 def unfetched(session: jobs.Session) -> list[str]:
     """A line for each run whose model would die with the VM, with the command that saves it."""
+    return only_on_the_vm(RUNS_ON_HOST.read(session.connection))
+
+
+def only_on_the_vm(runs: dict[str, dict | None]) -> list[str]:
+    """A line for each of the host's runs (RUNS_ON_HOST) that is nowhere else: not fetched to this laptop with its
+    checksums intact, not published to the Hub with a commit it acknowledged."""
     lines = []
-    for run, trained in sorted(RUNS_ON_HOST.read(session.connection).items()):
-        if is_fetched(run):
+    for run, trained in sorted(runs.items()):
+        if is_fetched(run) or is_published(run):
             continue
         if trained is None:
             lines.append(f"run {run}: saved on the data disk only; fix: uv run invoke fetch --run {run}")

@@ -12,6 +12,7 @@ import base64
 import difflib
 import ipaddress
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ import yaml
 from tpu_grpo.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY, GKE_CLUSTER_USD_PER_HOUR,
                                MAX_RUN_HOURS, Capacity)
 from tpu_grpo.errors import UserError
-from tpu_grpo.accelerators import HOST_MACHINE_TYPE, MACHINES, MAX_SLICES, ONE_VM, SLICES, Accelerator
+from tpu_grpo.accelerators import (CPU_POD_MEMORY_GB, CPU_POOL_MIN_DISK_GB, CPU_POOL_SYSTEM_GB, HOST_MACHINE_TYPE,
+                                   MACHINES, MAX_SLICES, ONE_VM, SLICES, Accelerator)
 from tpu_grpo.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS, Model
 from tpu_grpo.stores import BUCKET_URL, STORES, Store, store_for, url_problem
 
@@ -44,7 +46,6 @@ DATA_DISK_IOPS = (3000, 160_000)
 DATA_DISK_THROUGHPUT_MIBPS = (140, 2400)
 #: The data disk's defaults: the most throughput a volume takes, so that a checkpoint of the 8B model
 #: (tpu_grpo/stores.py) is written in about 40 s, and IOPS to go with it.
-DEFAULT_DATA_DISK_IOPS, DEFAULT_DATA_DISK_THROUGHPUT_MIBPS = 10_000, DATA_DISK_THROUGHPUT_MIBPS[1]
 #: MaxText 0.2.3 model names this project knows how to train and export.
 PUBLIC_KEY_TYPES = (
     "ssh-ed25519",
@@ -143,7 +144,7 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:maxRunHours", int, f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
         f"deleted ({MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]}; capacity {_capacities(lambda row: row.run_limited)} "
         "only)", "24", required=False),
-    Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or SSH session before the VM powers "
+    Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or terminal (SSH login) session before the VM powers "
         f"itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})", "60", required=False),
     Key(f"{PROJECT}:slice", str, f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
         "on GKE with Pathways: " + ", ".join(SLICES), "v6e-16", required=False),
@@ -167,11 +168,13 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
         vm_only=True),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
-        f"{DATA_DISK_IOPS[1]}; default {DEFAULT_DATA_DISK_IOPS})", str(DEFAULT_DATA_DISK_IOPS), required=False),
-    Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
-        f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default "
-        f"{DEFAULT_DATA_DISK_THROUGHPUT_MIBPS}: a checkpoint in about 40 s)", str(DEFAULT_DATA_DISK_THROUGHPUT_MIBPS),
+        f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
+        f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)", str(STORES["disk"].disk_iops),
         required=False),
+    Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
+        f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default: "
+        f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint in about 40 s, else the "
+        f"{DATA_DISK_THROUGHPUT_MIBPS[0]} included)", str(STORES["disk"].disk_throughput_mibps), required=False),
     Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
         vm_only=True),
@@ -269,6 +272,18 @@ class Settings:
         return shape.chips * self.num_slices if shape else self.machine.chips
 
     @property
+    def cpu_pool_disk_gb(self) -> int:
+        """A slice's CPU host's boot disk: the conversion downloads the model's safetensors there."""
+        return max(CPU_POOL_MIN_DISK_GB, math.ceil(self.model_row.download_gb) + CPU_POOL_SYSTEM_GB)
+
+    @property
+    def lazy_conversion(self) -> bool:
+        """Load the Hugging Face tensors lazily in the conversion: when the stack asks, or on a slice, whose
+        conversion pod cannot hold the model's weights and their converted copy together (Llama 3.1 70B)."""
+        return self.lazy_load_tensors or (bool(self.tpu_slice)
+                                          and self.model_row.eager_conversion_gb > CPU_POD_MEMORY_GB)
+
+    @property
     def model_row(self) -> Model:
         return MODELS[self.model]
 
@@ -285,7 +300,9 @@ class Settings:
         shown = str(value).lower() if isinstance(value, bool) else str(value)
         whence = {"idleStopMinutes": f"capacity {self.capacity}'s default", "checkpointStore":
                   f"capacity {self.capacity}'s default", "checkpointPeriod": f"the {self.store.name} store's default",
-                  "checkpointsToKeep": f"the {self.store.name} store's default"}.get(key.short, "default")
+                  "checkpointsToKeep": f"the {self.store.name} store's default", "dataDiskIops":
+                  f"the {self.store.name} store's default", "dataDiskThroughputMibps":
+                  f"the {self.store.name} store's default"}.get(key.short, "default")
         return f"{shown or '(none)'} ({whence})"
 
     @property
@@ -488,8 +505,8 @@ def _check_store(values: dict[str, Any], capacity: Capacity) -> None:
         values["checkpointPeriod"] = chosen.checkpoint_period
     if values["checkpointsToKeep"] is None:
         values["checkpointsToKeep"] = chosen.checkpoints_to_keep
-    values["dataDiskIops"] = values["dataDiskIops"] or DEFAULT_DATA_DISK_IOPS
-    values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or DEFAULT_DATA_DISK_THROUGHPUT_MIBPS
+    values["dataDiskIops"] = values["dataDiskIops"] or chosen.disk_iops
+    values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or chosen.disk_throughput_mibps
 
 
 def _check_model(values: dict[str, Any]) -> None:

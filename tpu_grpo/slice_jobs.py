@@ -23,6 +23,8 @@ from tpu_grpo.settings import Settings
 SCRIPT_JOBS = ("pathways-head", "main")
 POLL_SECONDS = 2.0
 PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: A registry refusing the puller (containerd's "403 Forbidden", Artifact Registry's "DENIED: Permission ... denied").
+PULL_DENIED = re.compile(r"\b403\b|[Ff]orbidden|DENIED|denied|[Uu]nauthorized")
 TOTAL_STEPS = "tpu-grpo/total-steps"
 #: A Kubernetes label value: the run name is one on each of its jobs.
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
@@ -66,6 +68,17 @@ def _container_statuses(pod: dict) -> list[dict]:
     return status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
 
 
+def pull_fix(message: str, image: str) -> str:
+    """What to do about an image the nodes cannot pull: a registry that refuses the nodes' account (403, denied) is
+    a missing role, not a missing image; kubelet's back-off message names no cause."""
+    if PULL_DENIED.search(message):
+        return ("the nodes' service account may not read the image repository: it needs roles/artifactregistry.reader "
+                "on it, which `uv run invoke up` grants (see invoke plan)")
+    if image.endswith(f":{release.MAXTEXT_VERSION}"):
+        return "uv run invoke image"
+    return "check the image's tag and the nodes' access to its registry"
+
+
 def trouble(pods: list[dict], capacity: str) -> str | None:
     """What keeps the job's pods from running, in one line with the fix, or None."""
     for pod in pods:
@@ -73,8 +86,7 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
         for container in _container_statuses(pod):
             waiting = container.get("state", {}).get("waiting") or {}
             if waiting.get("reason") in PULL_ERRORS:
-                fix = ("uv run invoke image" if container.get("image", "").endswith(f":{release.MAXTEXT_VERSION}")
-                       else "check the image's tag and the nodes' access to its registry")
+                fix = pull_fix(waiting.get("message", ""), container.get("image", ""))
                 return (f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
                         f"{waiting.get('message', '').strip()}); fix: {fix}")
             ended = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")

@@ -23,11 +23,20 @@ INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
 #: again (tpu_grpo/capacity.py, `after_stop`).
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
-#: What a settings change replaces (stack output -> what it is called): the one VM (what Compute Engine
-#: changes only on a stopped VM: infra/tpu_host.py, REPLACED_ON_CHANGES), or a slice's node pools.
-REPLACING = {"machine_type": "machine type", "zone": "zone", "capacity": "capacity", "max_run_hours": "maxRunHours",
-             "service_account": "service account"}
-REPLACING_POOLS = {"slice": "slice", "zone": "zone", "capacity": "capacity"}
+#: What a replacement of each kind of resource means for the user (infra/replacements.py finds them).
+REPLACING = {
+    "gcp:compute/instance:Instance": "a new VM and boot disk (provisioning again, /dev/shm emptied)",
+    "gcp:compute/disk:Disk": "the data disk is DELETED with all it holds (saved models, checkpoints, the kept "
+                             "conversion, the caches) and a new, empty one is made",
+    "gcp:container/nodePool:NodePool": "new TPU hosts (a running job stops); the runs stay in the bucket",
+    "gcp:container/cluster:Cluster": "a new cluster (every job stops); the runs stay in the bucket",
+    "gcp:storage/bucket:Bucket": "a new bucket; the old one and what it holds are kept (retained on delete)",
+}
+DATA_DISK = "gcp:compute/disk:Disk"
+#: `--event-log` is a flag of `pulumi up` only when PULUMI_DEBUG_COMMANDS is set (pkg/cmd/pulumi/operations/up.go:
+#: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
+#: it for the same reason.
+EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
 KNOWN_ERRORS = (
@@ -138,47 +147,67 @@ def instance_state(stack: str) -> tuple[str, str] | None:
     return None
 
 
-def replacements(settings: Settings) -> list[str]:
-    """One line for each setting whose change replaces the existing VM (or a slice's TPU node pools), or []
-    (nothing made yet, no CLI)."""
-    before = outputs(settings.stack)
-    now = {"machine_type": settings.machine_type, "slice": settings.slice, "zone": settings.zone,
-           "capacity": settings.capacity, "max_run_hours": settings.max_run_hours,
-           "service_account": settings.service_account}
-    keys, effect = ((REPLACING_POOLS, "new TPU node pools, and for a zone a new cluster (a running job stops); the "
-                                      "runs stay in the bucket") if settings.tpu_slice else
-                    (REPLACING, "a new VM and boot disk (provisioning again, /dev/shm emptied); the data disk stays"))
-    return [f"{what} {before[key] or '(default)'} -> {now[key] or '(default)'}: {effect}" for key, what in keys.items()
-            if key in before and before[key] != now[key]]
+def preview(settings: Settings) -> list:
+    """What `pulumi up` would replace or delete (infra/replacements.py): the stack's state as the last update (and
+    refresh) left it against the program run offline on the stack file now; [] with no CLI or nothing made yet."""
+    state = _pulumi_json("stack", "export", "--stack", settings.stack) or {}
+    resources = state.get("deployment", {}).get("resources") or []
+    if not resources:
+        return []
+    from infra import offline, program, replacements
+    from tpu_grpo.settings import read_stack_file
+
+    _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)
+    return replacements.diff(resources, declared, program.REPLACE_ON_CHANGES)
 
 
-def up(settings: Settings, say=print, stdout=None) -> tuple[int, list[str]]:
-    """Select (or create) the stack and run `pulumi up --refresh` on it, attached to this terminal: the
-    refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
-    ended) and creates it again. A stopped VM (an idle stop, a preemption) is replaced: no TPU VM is
-    started again, whatever its capacity.
+def describe(change) -> str:
+    """One line for a replacement or deletion: what, why, and what it means."""
+    kind = change.type.rsplit(":", 1)[-1]
+    if change.action == "delete":
+        meaning = ("the data disk is DELETED with all it holds" if change.type == DATA_DISK
+                   else "it is deleted")
+        return f"{kind} {change.name} is no longer declared: {meaning}"
+    return f"{kind} {change.name} ({change.because()}): {REPLACING.get(change.type, 'a new one is made')}"
+
+
+def data_disk_lost(changes: list) -> bool:
+    """Whether the update deletes the data disk (replaced by an empty one, or gone)."""
+    return any(change.type == DATA_DISK for change in changes)
+
+
+def select_and_refresh(settings: Settings, stdout=None) -> int:
+    """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
+    Compute Engine has now (a VM it deleted or stopped)."""
+    selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
+    if selected.returncode == 0 and not settings.tpu_slice:
+        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack], stdout=stdout)
+    return selected.returncode
+
+
+def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, list[str]]:
+    """`pulumi up --refresh` on the stack (selected and refreshed by `select_and_refresh`), attached to this
+    terminal: the refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
+    ended) and creates it again. A stopped VM (an idle stop, a preemption) is replaced: no TPU VM is started again,
+    whatever its capacity. `yes`: the user has agreed already (`invoke up --yes`, a recovery nobody watches), so no
+    preview and no question; otherwise Pulumi shows its preview and asks.
 
     Returns the exit code and, when it failed, what the known errors in it mean. The CLI's output goes
     to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
     """
     stack = settings.stack
-    selected = subprocess.run(["pulumi", "stack", "select", "--create", stack], stdout=stdout)
-    if selected.returncode != 0:
-        return selected.returncode, []
-    for line in replacements(settings):
-        say(f"replaces: {line}")
     replace: list[str] = []
-    if not settings.tpu_slice:
-        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack], stdout=stdout)
-        found = instance_state(stack)
-        if found and found[1] in STOPPED:
-            say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
-                "started again: creating it anew around the same data disk")
-            replace = ["--replace", found[0]]
+    found = None if settings.tpu_slice else instance_state(stack)
+    if found and found[1] in STOPPED:
+        say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
+            "started again: creating it anew around the same data disk")
+        replace = ["--replace", found[0]]
+    agreed = ["--yes", "--skip-preview"] if yes else []
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"
-        code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace,
-                               "--event-log", str(event_log)], stdout=stdout).returncode
+        code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed,
+                               "--event-log", str(event_log)], stdout=stdout,
+                              env={**os.environ, **EVENT_LOG_ENV}).returncode
         return code, explain(error_messages(event_log), settings.obtained) if code else []
 
 
@@ -187,6 +216,7 @@ def require_cli() -> None:
         raise UserError("no pulumi CLI on PATH; fix: install it (pulumi.com/docs/install)")
 
 
-def destroy(stack: str) -> int:
-    """`pulumi destroy` on the stack, attached to this terminal (it asks before deleting)."""
-    return subprocess.run(["pulumi", "destroy", "--stack", stack]).returncode
+def destroy(stack: str, yes: bool = False) -> int:
+    """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`."""
+    return subprocess.run(["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
+                          ).returncode

@@ -177,7 +177,7 @@ def print_status(console: Console, host: str, found: list[JobRecord], progress: 
     if idle:
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
         console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
-                      f"and its last SSH session closes (this one too): at {at} UTC at the earliest"
+                      f"and its last terminal session closes: at {at} UTC at the earliest"
                       + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")

@@ -81,11 +81,23 @@ class Scenario:
     crash_worker: bool = False
     unschedulable: str | None = None
     pull_error: str | None = None  # the container whose image cannot be pulled
+    #: Why, as containerd says it in kubelet's ErrImagePull message (its resolver's errors: a tag the registry does
+    #: not have, or a token refused to the node's account); None: kubelet's back-off, whose message names no cause.
+    pull_cause: str | None = None
     line_delay: float = 0.0
     #: A failed JobSet's pods are gone with their statuses: Kubernetes' pod garbage collector deletes the pods bound
     #: to a node that no longer exists (its "Pod Lifecycle" page, "Garbage collection of Pods"), as a preempted spot
     #: or flex-start node is; nothing then says what the script exited with.
     pods_gone: bool = False
+
+
+PULL_CAUSES = {
+    "missing": 'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
+               'reference "{image}": {image}: not found',
+    "denied": 'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve '
+              'reference "{image}": failed to authorize: failed to fetch oauth token: unexpected status from GET '
+              'request to https://us-east5-docker.pkg.dev/v2/token: 403 Forbidden',
+}
 
 
 class KubeAPI:
@@ -131,10 +143,12 @@ class KubeAPI:
             return
         if scenario.pull_error:
             head = pods[0]
-            head["status"]["containerStatuses"] = [{
-                "name": scenario.pull_error, "image": _image(jobset, scenario.pull_error), "ready": False,
-                "state": {"waiting": {"reason": "ImagePullBackOff",
-                                      "message": f'Back-off pulling image "{_image(jobset, scenario.pull_error)}"'}}}]
+            image = _image(jobset, scenario.pull_error)
+            waiting = ({"reason": "ErrImagePull", "message": PULL_CAUSES[scenario.pull_cause].format(image=image)}
+                       if scenario.pull_cause else
+                       {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'})
+            head["status"]["containerStatuses"] = [{"name": scenario.pull_error, "image": image, "ready": False,
+                                                    "state": {"waiting": waiting}}]
             return
         for pod in pods:
             pod["status"]["phase"] = "Running"

@@ -1,5 +1,6 @@
 """A Pulumi CLI double (the `pulumi` script beside this file) and what it answers: the stack's outputs, its
-state after a refresh (the VM's status as Compute Engine reports it), the engine events and exit code of `up`."""
+state after a refresh (the resources an update made, with their inputs, and the VM's status as Compute Engine
+reports it), the engine events and exit code of `up`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ from pathlib import Path
 from tests.support import BIN, DOUBLES
 
 INSTANCE = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
+
+
+def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
+    """The state `pulumi stack export` prints after an update of the program on these stack values: each resource
+    with its URN, type, the inputs the engine recorded and (the VM) its status."""
+    from infra import offline
+
+    _, resources, _ = offline.run(raw, stack)
+    component = next(r.type for r in resources if r.type.startswith("tpu-grpo:"))  # TpuHost or TpuSlice
+    return {"deployment": {"resources": [
+        {"urn": f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}", "type": r.type,
+         "custom": True, "inputs": r.inputs,
+         "outputs": {**r.inputs, **({"currentStatus": status} if r.type == "gcp:compute/instance:Instance" else {})}}
+        for r in resources if not r.type.startswith("tpu-grpo:")]}}
 
 
 class PulumiCli:
@@ -45,6 +60,10 @@ class PulumiCli:
         resources = [] if status is None else [{"type": "gcp:compute/instance:Instance", "urn": INSTANCE,
                                                 "outputs": {"currentStatus": status}}]
         (self.folder / "state.json").write_text(json.dumps({"deployment": {"resources": resources}}))
+
+    def deployed(self, raw: dict, stack: str = "dev") -> None:
+        """The state an update of the program on these stack values left (what a later `up` is compared with)."""
+        (self.folder / "state.json").write_text(json.dumps(state_of(raw, stack)))
 
     def up_fails(self, code: int, events: list[str]) -> None:
         """The next `up`s exit with `code` after writing these engine events (JSON lines) to its event log."""

@@ -1,8 +1,9 @@
 """An idle VM stops itself: `invoke provision` installs a systemd timer whose check powers the VM
-off after `idleStopMinutes` without a tpu-grpo job or an SSH session. Tested on throwaway hosts (a
-root file system and namespaces of their own, tests/host/rootfs.py), so the units, the script and the
-configuration land there, never on this machine; the check is run as the timer would run it (no
-systemd here), with the power-off pointed at a recorder."""
+off after `idleStopMinutes` without a tpu-grpo job or a terminal session (a person's SSH login; tpu-grpo's own
+connections have no terminal). Tested on throwaway hosts (a root file system and namespaces of their own,
+tests/host/rootfs.py), so the units, the script and the configuration land there, never on this machine; the check
+is run as the timer would run it (as root, in the host's namespaces; no systemd here), with the power-off pointed at
+a recorder."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import fabric
 import pytest
 
-from tests.support import statuses
+from tests.host.sshd import free_port
+from tests.support import FAST, statuses, wait_for
 
 CHECK = "/usr/local/sbin/tpu-grpo-idle"
 CONF = "etc/tpu-grpo/idle.conf"
@@ -30,7 +32,7 @@ def with_idle_stop(host):
     root = host.host.vm.root
     (root / RECORDER.lstrip("/")).write_text(f"#!/bin/sh\ndate +%s >> /{POWEROFFS}\n")
     (root / RECORDER.lstrip("/")).chmod(0o755)
-    variables = ["idle_stop_minutes=1", f"idle_poweroff={RECORDER}", f"idle_ssh_port={host.host.vm.port}"]
+    variables = ["idle_stop_minutes=1", f"idle_poweroff={RECORDER}"]
     args = [arg for item in variables for arg in ("--var", item)]
     done = host.host.invoke("provision", "--tags", "idle", "--json", *args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -42,13 +44,12 @@ def idle_host(workload_host):
     return with_idle_stop(workload_host)
 
 
-def run_check(root: Path, idle_seconds_ago: int | None, netns: str | None = None) -> subprocess.CompletedProcess:
-    """Run the timer's check on the host as systemd would (as root, in the host's network namespace when it has
-    one of its own), after it was last busy so long ago."""
+def run_check(host, idle_seconds_ago: int | None) -> subprocess.CompletedProcess:
+    """Run the timer's check on the host as systemd would (as root, in the host's own namespaces: its processes
+    and terminals), after it was last busy so long ago."""
     if idle_seconds_ago is not None:
-        (root / LAST_ACTIVE).write_text(f"{int(time.time()) - idle_seconds_ago}\n")
-    inside = ["ip", "netns", "exec", netns] if netns else []
-    return subprocess.run([*inside, "/usr/sbin/chroot", str(root), CHECK], capture_output=True, text=True, timeout=30)
+        (host.host.vm.root / LAST_ACTIVE).write_text(f"{int(time.time()) - idle_seconds_ago}\n")
+    return host.host.on_host(CHECK)
 
 
 def fired(root: Path) -> int:
@@ -67,10 +68,10 @@ def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
     assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
     assert "OnBootSec=1min" in timer.splitlines()  # a first trigger: a freshly booted VM is watched too
     again = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var",
-                             f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
+                             f"idle_poweroff={RECORDER}")
     assert statuses(again)["idle stop"] == "ok"
     longer = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=7", "--var",
-                              f"idle_poweroff={RECORDER}", "--var", f"idle_ssh_port={host.host.vm.port}")
+                              f"idle_poweroff={RECORDER}")
     assert statuses(longer)["idle stop"] == "changed"  # another idleStopMinutes is applied, not kept as it was
     assert "IDLE_MINUTES=7" in (root / CONF).read_text().splitlines()
     off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
@@ -79,13 +80,13 @@ def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
 
 
 def test_it_fires_when_idle_and_not_before(idle_host):
-    _, root, _ = idle_host
+    host, root, _ = idle_host
     (root / LAST_ACTIVE).unlink(missing_ok=True)
-    assert run_check(root, None).returncode == 0 and fired(root) == 0  # first look: counting starts now
-    assert run_check(root, 30).returncode == 0 and fired(root) == 0  # idle 30 s of 60
-    result = run_check(root, 61)
+    assert run_check(host, None).returncode == 0 and fired(root) == 0  # first look: counting starts now
+    assert run_check(host, 30).returncode == 0 and fired(root) == 0  # idle 30 s of 60
+    result = run_check(host, 61)
     assert result.returncode == 0 and fired(root) == 1
-    assert "no job and no SSH session since" in result.stdout
+    assert "no job and no terminal session since" in result.stdout
 
 
 def test_a_running_job_keeps_the_vm_up(idle_host):
@@ -94,46 +95,52 @@ def test_a_running_job_keeps_the_vm_up(idle_host):
     started = host.invoke("convert", "--detach")
     assert started.returncode == 0, started.stderr
     try:
-        assert run_check(root, 3600).returncode == 0 and fired(root) == 0
+        assert run_check(host, 3600).returncode == 0 and fired(root) == 0
         assert int(time.time()) - int((root / LAST_ACTIVE).read_text()) < 30  # the job counted as activity
     finally:
         assert host.invoke("cancel").returncode == 0
-    assert run_check(root, 3600).returncode == 0 and fired(root) == 1
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 1
 
 
-def test_an_open_ssh_session_keeps_the_vm_up(idle_host):
-    host, root, _ = idle_host
+def connect(host) -> fabric.Connection:
     session = fabric.Connection("127.0.0.1", user=host.host.user.name, port=host.host.vm.port,
                                 connect_kwargs={"key_filename": str(host.host.key)})
     session.client.load_host_keys(str(host.host.state / "known_hosts"))
     session.open()
-    try:
-        assert run_check(root, 3600).returncode == 0 and fired(root) == 0
-    finally:
-        session.close()
-    time.sleep(0.5)  # the server side of the connection closes
-    assert run_check(root, 3600).returncode == 0 and fired(root) == 1
+    return session
 
 
-def test_an_ssh_session_from_another_host_keeps_the_vm_up(namespaced_workload_host):  # noqa: F811
-    """The VM sees only its own end of a session (the laptop's end is on the laptop): a client in another
-    network namespace, so a check that counted the client's end (the wrong port) would fail here."""
-    bridge, workload = namespaced_workload_host
-    host, root, _ = with_idle_stop(workload)
-    netns = bridge.netns("a")
-    session = fabric.Connection(bridge.address("a"), user=host.host.user.name, port=22,
-                                connect_kwargs={"key_filename": str(host.host.key)})
-    session.client.load_host_keys(str(host.host.state / "known_hosts"))
-    session.open()
+def test_a_persons_terminal_session_keeps_the_vm_up(idle_host):
+    """A login with a terminal (what `ssh HOST` gives a person) keeps the VM up while it is open."""
+    host, root, _ = idle_host
+    session = connect(host)
+    shell = session.client.invoke_shell()  # a pseudo-terminal and a login shell, as `ssh HOST` asks for
     try:
-        seen = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Htn", "state", "established"],
-                              capture_output=True, text=True).stdout.splitlines()
-        assert len(seen) == 1 and f"{bridge.address('a')}:22 " in seen[0]  # the server's end alone
-        assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 0
+        wait_for(lambda: "pts/" in host.host.on_host("ps", "-e", "-o", "tty=").stdout, 30, "the login's terminal")
+        assert run_check(host, 3600).returncode == 0 and fired(root) == 0
     finally:
+        shell.close()
         session.close()
-    time.sleep(0.5)  # the server side of the connection closes
-    assert run_check(root, 3600, netns).returncode == 0 and fired(root) == 1
+    wait_for(lambda: "pts/" not in host.host.on_host("ps", "-e", "-o", "tty=").stdout, 30, "the login to end")
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 1
+
+
+def test_tpu_grpos_own_connections_do_not_keep_the_vm_up(idle_host):
+    """An `invoke tensorboard` left open on a laptop syncs every second and holds its connection; a command running
+    over SSH without a terminal (as every task runs them): neither is a person, so the idle VM still stops."""
+    host, root, _ = idle_host
+    assert host.invoke("pipeline", "--run-name", "idle", "--batches", "2", *FAST).returncode == 0
+    served = host.popen("tensorboard", "--run", "idle", "--port", str(free_port()), "--every", "1")
+    session = connect(host)
+    session.run("sleep 20", asynchronous=True, hide=True)  # a connection busy with a command
+    try:
+        assert served.stdout.readline().startswith("TensorBoard: ")  # syncing
+        time.sleep(2)  # a sync or two while the check runs
+        assert run_check(host, 3600).returncode == 0 and fired(root) == 1
+    finally:
+        served.kill()
+        served.communicate(timeout=30)
+        session.close()
 
 
 def test_status_says_when_the_vm_stops(idle_host):

@@ -116,20 +116,22 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
 
     # ... and then down hands over to `pulumi destroy`.
     assert cli.calls() == []
-    done = host.invoke("down", env=with_pulumi)
+    unasked = host.invoke("down", env=with_pulumi)  # no terminal: Pulumi itself refuses to go on unasked
+    assert unasked.returncode == 255 and "--yes or --skip-preview or --preview-only must be passed" in unasked.stderr
+    done = host.invoke("down", "--yes", env=with_pulumi)
     assert done.returncode == 0, done.stderr
-    assert cli.calls()[-1] == "destroy --stack dev"
-    destroys = cli.calls().count("destroy --stack dev")
+    assert cli.calls()[-1] == "destroy --stack dev --yes --skip-preview"
+    destroys = len([call for call in cli.calls() if call.startswith("destroy")])
 
     # A local copy damaged, or deleted, since the fetch no longer counts as fetched.
     model = target / "model.safetensors"
     model.write_bytes(b"\0" * model.stat().st_size)
     for damage in ("damaged", "deleted"):
-        again_refused = host.invoke("down", env=with_pulumi)
+        again_refused = host.invoke("down", "--yes", env=with_pulumi)
         assert again_refused.returncode == 1, damage
         assert f"run {run_name}: saved on the data disk only" in again_refused.stderr, damage
         shutil.rmtree(target, ignore_errors=True)
-    assert cli.calls().count("destroy --stack dev") == destroys
+    assert len([call for call in cli.calls() if call.startswith("destroy")]) == destroys
 
     metrics = host.invoke("metrics", "--run", run_name, "--out", str(tmp_path / "m.png"))
     assert metrics.returncode == 0, metrics.stderr

@@ -160,14 +160,19 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
     assert "(read 2026-12-04)" in plan["cost"]["price_source"]
     assert f"--provisioning-model={CAPACITIES[capacity].provisioning_model}" in plan["gcloud"]
     assert plan["cost"]["quota"] == CAPACITIES[capacity].quota and f"quota: {plan['cost']['quota']}" in text.stdout
-    assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.")
+    waits = f" {CAPACITIES[capacity].waits}" if CAPACITIES[capacity].waits else ""
+    assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.{waits}")
+    assert ("waits for capacity up to its valid-for duration (Google: at most two hours" in plan["cost"]["note"]) == (
+        capacity == "flex-start")
     stopped = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
     assert stopped in plan["cost"]["note"] and "creates the VM anew around the same data disk" in plan["cost"]["note"]
 
 
 def test_spot_and_flex_start_draw_on_the_preemptible_quota_the_others_on_the_on_demand_one():
     assert [name for name, row in CAPACITIES.items() if "preemptible" in row.quota] == ["spot", "flex-start"]
-    assert all("on-demand TPU quota" in CAPACITIES[name].quota for name in ("reservation", "on-demand"))
+    assert all("preemptible" not in CAPACITIES[name].quota for name in ("reservation", "on-demand"))
+    assert all("Compute Engine's" in row.quota and "not the Cloud TPU API's" in row.quota  # Compute Engine, GKE
+               for row in CAPACITIES.values())
 
 
 @pytest.mark.parametrize("zone, warned", [("us-east5-b", True), ("us-east5-a", False), ("asia-northeast1-b", False)])
@@ -179,7 +184,7 @@ def test_a_flex_start_stack_outside_its_zones_is_warned_not_refused(stack_dir, s
             "us-east5-a, us-south1-ai1b")
     cli = PulumiCli(tmp_path / "pulumi", {"capacity": "flex-start", "zone": zone}, "RUNNING")
     env = cli.env()
-    for task in (["settings"], ["plan"], ["up"]):
+    for task in (["settings"], ["plan"], ["up", "--yes"]):
         result = invoke(*task, cwd=stack_dir, env=env)
         assert result.returncode == 0, result.stderr
         assert (line in " ".join(result.stdout.split())) == warned, task
@@ -213,7 +218,7 @@ def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_val
     cli = PulumiCli(tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
                                             "capacity": capacity}, status)
     env = cli.env()
-    result = invoke("up", cwd=stack_dir, env=env)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = cli.calls()
     assert "refresh --yes --skip-preview --stack dev" in lines and "stack export --stack dev" in lines
@@ -226,14 +231,17 @@ def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_val
 
 
 def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values, tmp_path):
-    with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"})
     cli = PulumiCli(tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
                                         "capacity": "reservation"}, "RUNNING")
+    cli.deployed(stack_values)
+    with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"})
     env = cli.env()
-    line = ("machine type ct6e-standard-8t -> ct6e-standard-4t: a new VM and boot disk (provisioning again, "
-            "/dev/shm emptied); the data disk stays")
-    up = invoke("up", cwd=stack_dir, env=env)
+    line = ("Instance tpu-grpo (machineType ct6e-standard-8t -> ct6e-standard-4t): a new VM and boot disk "
+            "(provisioning again, /dev/shm emptied)")
+    up = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert up.returncode == 0 and f"replaces: {line}" in up.stdout
+    assert "Disk" not in up.stdout  # the data disk stays
+    cli.deployed(stack_values)
     plan = invoke("plan", "--json", cwd=stack_dir, env=env)
     assert json.loads(plan.stdout)["replaces"] == [line]
     unchanged = invoke("plan", "--json", cwd=stack_dir)  # no Pulumi CLI: nothing is known, nothing said
@@ -261,3 +269,19 @@ def test_no_code_branches_on_a_capacitys_name():
              for path in [*(ROOT / "tpu_grpo").glob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
              for number, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []
+
+
+@pytest.mark.parametrize("extra, disks", [
+    ({}, [("boot disk", 200), ("data disk", 500)]),
+    ({"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true", "tpu-grpo:checkpointStore": "gs://grpo-runs/runs"},
+     [("boot disks of the 4 TPU hosts", 800)])])
+def test_plan_prices_every_disk_beside_the_chips(stack_dir, stack_values, extra, disks):
+    """Disks are billed while they exist, VM or not: `plan` shows each with its size and price, and the source."""
+    with_capacity(stack_dir, stack_values, extra)
+    cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
+    assert [(disk["disk"], disk["gb"]) for disk in cost["disks"]] == disks
+    assert all(disk["usd_per_hour"] == round(disk["gb"] * 0.08 / 730, 4) for disk in cost["disks"])
+    assert cost["disks_usd_per_hour"] == round(sum(gb for _, gb in disks) * 0.08 / 730, 3)
+    assert "Hyperdisk Balanced capacity $0.08 per GiB-month" in cost["disks_price_source"]
+    text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
+    assert f"${cost['disks_usd_per_hour']:.3f} per hour while they exist" in text

@@ -43,3 +43,17 @@ def test_a_recorded_answer_parses_to_the_recorded_fact(path: Path):
 def test_a_job_list_the_host_could_not_make_is_one_error():
     with pytest.raises(jobs.JobError, match="cannot list the jobs on the host: ls: Permission denied"):
         jobs.JOBS_FACT.parse(facts.Answer("", "ls: Permission denied\n", 2))
+
+
+def test_down_counts_a_run_published_with_a_commit_as_safe(tmp_path, monkeypatch):
+    """`down` refuses while a run's model is only on the VM: a copy fetched here, or a commit the Hub acknowledged
+    (recorded by `invoke publish`), makes it safe; a publish with no commit recorded does not."""
+    recorded = json.loads((RECORDED / "runs_on_host" / "one-saved-one-only-trained.json").read_text())
+    host_runs = results.RUNS_ON_HOST.parse(facts.Answer(recorded["stdout"], recorded["stderr"], recorded["exited"]))
+    monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
+    assert [line.split(":")[0] for line in results.only_on_the_vm(host_runs)] == ["run only-trained", "run saved"]
+    (tmp_path / "published").mkdir()
+    (tmp_path / "published" / "saved.json").write_text(json.dumps({"run": "saved", "repo": "me/m", "commit": None}))
+    assert len(results.only_on_the_vm(host_runs)) == 2  # asked, never acknowledged
+    (tmp_path / "published" / "saved.json").write_text(json.dumps({"run": "saved", "repo": "me/m", "commit": "abc123"}))
+    assert [line.split(":")[0] for line in results.only_on_the_vm(host_runs)] == ["run only-trained"]

@@ -9,6 +9,8 @@ import shlex
 import pulumi
 import pytest
 
+from tpu_grpo import settings as settings_module
+
 from infra import offline
 from infra.tpu_host import gcloud_create_command
 from tests.support import TUTORIAL, run_entry_point
@@ -86,7 +88,8 @@ def test_data_disk_is_its_own_resource_and_outlives_the_vm(program, vm):
     [disk] = by_type["Disk"]
     assert disk.inputs["size"] == 500
     assert disk.inputs["zone"] == "us-east5-b"
-    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (10_000, 2400)
+    # the reservation's default store is shm: nothing writes checkpoints to the disk, the included performance serves
+    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (3000, 140)
     [attached] = vm["attachedDisks"]
     assert attached["source"] == f"(id of {disk.name})"
     assert attached["deviceName"] == "data"
@@ -96,9 +99,21 @@ def test_data_disk_is_its_own_resource_and_outlives_the_vm(program, vm):
 
 
 def test_data_disk_performance_comes_from_the_stack(stack_values):
-    _, by_type, _ = declared(stack_values, **{"tpu-grpo:dataDiskIops": "3000", "tpu-grpo:dataDiskThroughputMibps": "140"})
+    _, by_type, _ = declared(stack_values, **{"tpu-grpo:dataDiskIops": "5000", "tpu-grpo:dataDiskThroughputMibps": "300"})
     [disk] = by_type["Disk"]
-    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (3000, 140)
+    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (5000, 300)
+
+
+@pytest.mark.parametrize("store, performance", [("shm", (3000, 140)), ("disk", (10_000, 2400)),
+                                                ("gs://grpo-ckpts/runs", (3000, 140))])
+def test_data_disk_performance_is_paid_for_only_where_checkpoints_land_on_it(stack_values, store, performance):
+    """Performance above Hyperdisk Balanced's included 3,000 IOPS and 140 MiB/s is billed: only the disk store, which
+    writes every checkpoint to the data disk, buys it by default."""
+    settings, by_type, _ = declared(stack_values, **{"tpu-grpo:checkpointStore": store})
+    [disk] = by_type["Disk"]
+    assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == performance
+    assert settings.default_shown(settings_module.KEY["tpu-grpo:dataDiskIops"]).endswith(
+        f"({settings.store.name} store's default)".replace("(", "(the "))
 
 
 def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kept(stack_values, monkeypatch):
@@ -119,11 +134,25 @@ def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kep
     assert bucket.inputs == {"name": "grpo-ckpts", "location": "US-EAST5", "uniformBucketLevelAccess": True,
                              "publicAccessPrevention": "enforced", "forceDestroy": False, "project": "grpo-lab-123",
                              "labels": {"app": "tpu-grpo", "stack": "dev"}}
-    [member] = by_type["BucketIAMMember"]
-    assert member.inputs == {"bucket": "grpo-ckpts", "role": "roles/storage.objectAdmin",
-                             "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com"}
+    # objects, and the bucket itself: JAX/TensorStore read it (MaxText's rl_on_multi_host.md)
+    assert sorted((m.name, m.inputs["role"]) for m in by_type["BucketIAMMember"]) == [
+        ("tpu-grpo-store-legacyBucketReader", "roles/storage.legacyBucketReader"),
+        ("tpu-grpo-store-objectAdmin", "roles/storage.objectAdmin")]
+    assert all(m.inputs == {"bucket": "grpo-ckpts", "role": m.inputs["role"],
+                            "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com"}
+               for m in by_type["BucketIAMMember"])
     assert outputs["checkpoint_store"] == "gs://grpo-ckpts/runs"
     assert [opts.retain_on_delete for opts in options] == [True]  # pulumi destroy and invoke down leave it
+
+
+def test_the_default_compute_account_gets_the_bucket_roles_too(stack_values):
+    """No Editor is assumed for the project's default compute account (organisations since May 2024 do not grant
+    it): with no tpu-grpo:serviceAccount, the account the VM runs as, read from the Compute API, gets the roles."""
+    _, by_type, _ = declared(stack_values, **{"tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs",
+                                              "tpu-grpo:bucket": "true"})
+    assert {m.inputs["member"] for m in by_type["BucketIAMMember"]} == {
+        "serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com"}
+    assert len(by_type["BucketIAMMember"]) == 2
 
 
 def test_an_existing_bucket_or_another_store_declares_none(stack_values):

@@ -111,6 +111,19 @@ def test_an_image_that_cannot_be_pulled_points_at_invoke_image(slice_stack, kube
     assert job["problem"].endswith("; fix: uv run invoke image")
 
 
+@pytest.mark.parametrize("cause, fix", [
+    ("missing", "uv run invoke image"),
+    ("denied", "the nodes' service account may not read the image repository: it needs "
+               "roles/artifactregistry.reader on it, which `uv run invoke up` grants (see invoke plan)")])
+def test_a_pull_refused_to_the_nodes_is_told_from_a_missing_image(slice_stack, kube, cause, fix):
+    """A 403 from the registry is the nodes' account lacking a role (no Editor is assumed for it), not an image
+    to build."""
+    kube.scenario = kubeapi.Scenario(pull_error=jobset.CONTAINER, pull_cause=cause)
+    assert run_task(slice_stack, "convert", "--detach").returncode == 0
+    [job] = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert "(ErrImagePull: rpc error: " in job["problem"] and job["problem"].endswith(f"; fix: {fix}")
+
+
 def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
     """What a training writes into the bucket (the stand-in cluster runs no MaxText): its checkpoints."""
     from google.cloud import storage

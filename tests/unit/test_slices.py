@@ -68,7 +68,8 @@ def test_every_shape_and_capacity_declares_its_cluster_pools_and_jobset(stack_va
     assert cpu.name == "tpu-grpo-cpu-np" and cpu.inputs == {
         "name": "cpu-np", "cluster": "tpu-grpo", "location": "us-east5-b", "project": "grpo-lab-123",
         "nodeCount": 1,
-        "nodeConfig": {"machineType": "n2-standard-64", "oauthScopes": list(SCOPES), "resourceLabels": LABELS},
+        "nodeConfig": {"machineType": "n2-standard-64", "oauthScopes": list(SCOPES), "resourceLabels": LABELS,
+                       "diskSizeGb": 100},
     }
     pool, node_config = CAPACITY_INPUTS[capacity](hosts)
     assert tpu.name == "tpu-grpo-np-0" and tpu.inputs == {
@@ -146,12 +147,17 @@ def test_a_slices_own_service_account_can_pull_the_image_and_run_gke_nodes(stack
     [node] = by_type["gcp:projects/iAMMember:IAMMember"]
     assert node.name == "tpu-grpo-node-role" and node.inputs == {
         "project": "grpo-lab-123", "role": "roles/container.defaultNodeServiceAccount", "member": member}
-    [store] = by_type["gcp:storage/bucketIAMMember:BucketIAMMember"]
-    assert store.inputs == {"bucket": "grpo-lab-runs", "role": "roles/storage.objectAdmin", "member": member}
+    stores = by_type["gcp:storage/bucketIAMMember:BucketIAMMember"]
+    assert sorted(store.inputs["role"] for store in stores) == ["roles/storage.legacyBucketReader",
+                                                                "roles/storage.objectAdmin"]
+    assert all(store.inputs == {"bucket": "grpo-lab-runs", "role": store.inputs["role"], "member": member}
+               for store in stores)
     assert all(pool.inputs["nodeConfig"]["serviceAccount"] == account
                for pool in by_type["gcp:container/nodePool:NodePool"])
-    _, default, _ = declared(stack_values)  # the default account has all of it through its project role
-    assert not {t for t in default if "IAMMember" in t or "IamMember" in t}
+    _, default, _ = declared(stack_values)  # no Editor assumed: the default account gets the same roles
+    default_member = "serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+    granted = [m for t, found in default.items() if "IAMMember" in t or "IamMember" in t for m in found]
+    assert len(granted) == 4 and {m.inputs["member"] for m in granted} == {default_member}
 
 
 @pytest.mark.parametrize("slice_values", [SLICE, {}], ids=["slice", "one-vm"])
@@ -166,11 +172,17 @@ def test_plan_says_what_an_undeclared_bucket_must_grant_the_stacks_own_account(s
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)
     assert plan["access"] == [
-        f"{account} needs roles/storage.objectAdmin on gs://shared-runs, which this stack does not declare: gcloud "
+        f"{account} needs {role} on gs://shared-runs, which this stack does not declare: gcloud "
         f"storage buckets add-iam-policy-binding gs://shared-runs --member=serviceAccount:{account} "
-        "--role=roles/storage.objectAdmin"]
+        f"--role={role}" for role in ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")]
     text = invoke("plan", cwd=stack_dir, env=home).stdout
     assert "access to grant: " in text and "gcloud storage buckets add-iam-policy-binding" in text
+    values.pop("tpu-grpo:serviceAccount")  # the default compute account: named with the command for its number
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    default = json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)["access"][0]
+    assert default.startswith("PROJECT_NUMBER-compute@developer.gserviceaccount.com needs roles/storage.objectAdmin "
+                              "on gs://shared-runs, which this stack does not declare (PROJECT_NUMBER: gcloud projects "
+                              "describe grpo-lab-123 --format='value(projectNumber)'): ")
     values["tpu-grpo:bucket"] = "true"  # declared here: the stack grants it itself
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     assert json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)["access"] == []
@@ -239,20 +251,45 @@ def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, st
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     cli = PulumiCli(tmp_path / "pulumi", {"slice": "v6e-16", "zone": "us-east5-b", "capacity": "reservation",
                                         "machine_type": "ct6e-standard-4t"}, None)
+    cli.deployed({k: v for k, v in {**stack_values, **SLICE}.items() if v is not None})
     env = cli.env()
     system = tmp_path / "system"  # this machine's /usr/bin may hold the plugin: the stand-in pulumi needs only cat
     system.mkdir()
     (system / "cat").symlink_to(shutil.which("cat"))
     env["PATH"] = ":".join([*env["PATH"].split(":")[:2], str(system)])
-    effect = "new TPU node pools, and for a zone a new cluster (a running job stops); the runs stay in the bucket"
-    lines = [f"slice v6e-16 -> v6e-32: {effect}", f"capacity reservation -> spot: {effect}"]
-    plan = invoke("plan", "--json", cwd=stack_dir, env=env)
-    assert json.loads(plan.stdout)["replaces"] == lines
+    [line] = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)["replaces"]
+    assert line.startswith("NodePool tpu-grpo-np-0 (") and line.endswith(
+        "): new TPU hosts (a running job stops); the runs stay in the bucket")
+    assert "placementPolicy.tpuTopology 4x4 -> 4x8" in line and "nodeConfig.spot (unset) -> True" in line
     refused = invoke("up", cwd=stack_dir, env=env)
     assert refused.returncode == 2 and "  - GKE's credential plugin, with which Pulumi and the tasks reach the " \
         "slice's cluster: gcloud components install gke-gcloud-auth-plugin" in refused.stderr
     plugin = Path(env["PATH"].split(":")[0]) / "gke-gcloud-auth-plugin"
     plugin.write_text("#!/bin/sh\nexit 0\n")
     plugin.chmod(0o755)
-    up = invoke("up", cwd=stack_dir, env=env)
-    assert up.returncode == 0 and all(f"replaces: {line}" in up.stdout for line in lines)
+    up = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert up.returncode == 0 and f"replaces: {line}" in up.stdout
+
+
+@pytest.mark.parametrize("model, shape, disk_gb, lazy", [
+    ("llama3.1-8b-Instruct", "v6e-16", 100, False),  # 16 GB to download, 32 GB eagerly in memory
+    ("qwen3-30b-a3b", "v6e-32", 122, False),  # MaxText's "approximately 62 GB of free disk space", 122 GB in memory
+    ("llama3.1-70b", "v6e-64", 202, True)])  # 141 GB to download; 282 GB eagerly, more than the pod holds
+def test_the_cpu_host_is_sized_for_the_models_conversion(stack_dir, stack_values, model, shape, disk_gb, lazy):
+    """The conversion downloads the model's safetensors onto the CPU host's boot disk (GKE's default: 100 GB) and,
+    loaded eagerly, holds them and their converted copy in its pod's memory: the disk grows with the model, and a
+    model the pod cannot hold is loaded lazily."""
+    import yaml
+
+    values = {k: v for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": shape, "tpu-grpo:model": model}.items()
+              if v is not None}
+    settings, resources, _ = offline.run(values, "dev")
+    [cpu] = [r for r in resources if r.type == "gcp:container/nodePool:NodePool" and r.name.endswith("cpu-np")]
+    assert cpu.inputs["nodeConfig"]["diskSizeGb"] == disk_gb == settings.cpu_pool_disk_gb
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    dry = invoke("convert", "--dry-run", cwd=stack_dir)
+    assert dry.returncode == 0, dry.stderr
+    pod = yaml.safe_load(dry.stdout)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["resources"]["limits"]["memory"] == "230G"
+    assert f"LAZY_LOAD_TENSORS={'True' if lazy else 'False'}" in container["command"][2]

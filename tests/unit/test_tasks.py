@@ -134,14 +134,41 @@ def pulumi_cli(tmp_path, home):
 
 
 def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
-    """With a Pulumi CLI and credentials present, `invoke up` hands over to `pulumi up`."""
+    """With a Pulumi CLI and credentials present, `invoke up --yes` hands over to `pulumi up`, agreed beforehand."""
     cli, env = pulumi_cli
-    result = invoke("up", cwd=stack_dir, env=env)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = cli.calls()
-    assert lines[:5] == ["whoami", "stack select --create dev", "stack output --json --stack dev",
-                         "refresh --yes --skip-preview --stack dev", "stack export --stack dev"]  # a stopped VM?
-    assert lines[5].startswith("up --refresh --stack dev --event-log /")  # a VM GCE deleted is made again
+    assert lines[:5] == ["whoami", "stack select --create dev", "refresh --yes --skip-preview --stack dev",
+                         "stack export --stack dev", "stack export --stack dev"]  # what it replaces; a stopped VM?
+    assert lines[5].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
+
+
+def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):
+    """Without --yes, `pulumi up` shows its preview and asks: in a script (no terminal) the real CLI refuses, and
+    its own line reaches the user; in a terminal the answer decides (the double asks as the CLI does)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.support import ROOT, task_environment
+
+    cli, env = pulumi_cli
+    refused = invoke("up", cwd=stack_dir, env=env)
+    assert refused.returncode == 255
+    assert refused.stderr == ("error: --yes or --skip-preview must be passed in to proceed when running in "
+                              "non-interactive mode\n")
+    for answer, code in (("no", 255), ("yes", 0)):
+        leader, follower = pty.openpty()
+        os.write(leader, f"{answer}\n".encode())
+        done = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "up"], cwd=stack_dir, stdin=follower,
+                              env=task_environment({**env, "CI": ""}), capture_output=True, text=True, timeout=120)
+        os.close(leader), os.close(follower)
+        assert done.returncode == code, done.stderr
+        assert "Do you want to perform this update? yes/no" in done.stdout
+        assert [line for line in cli.calls() if line.startswith("up ")][-1].startswith("up --refresh --stack dev "
+                                                                                      "--event-log /")
 
 
 def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
@@ -153,7 +180,7 @@ def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
         json.dumps({"sequence": 2, "timestamp": 2, "diagnosticEvent": {"message": error, "severity": "error"}}),
         '{"sequence": 3, "timest',  # cut short, as when the CLI is killed
     ])
-    result = invoke("up", cwd=stack_dir, env=env)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 255
     assert result.stderr.startswith("what went wrong: the reservation has no free chips")
     assert len(result.stderr.splitlines()) == 1
@@ -162,7 +189,7 @@ def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
 def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pulumi_cli):
     cli, env = pulumi_cli
     cli.up_fails(3, [])
-    result = invoke("up", cwd=stack_dir, env=env)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 3
     assert result.stderr == ""
 

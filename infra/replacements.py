@@ -1,0 +1,168 @@
+"""What `pulumi up` replaces or deletes when the stack's settings change: the stack's state (each resource's inputs
+as the last update recorded them, `pulumi stack export`) against the inputs the program declares now, judged by the
+provider's own force-new fields. `invoke plan`, `invoke up` and the Pulumi CLI double all read this one table.
+
+FORCE_NEW is terraform-provider-google's `ForceNew: true` fields (pulumi-gcp wraps that provider, and its engine
+replaces a resource when one of them changes), in Pulumi's input names, for the blocks this program sets. Read from
+hashicorp/terraform-provider-google at commit e03b762 (2026-08-21), the files named beside each type. As in the
+provider's SDK, a force-new block (a list in Terraform) forces a new resource only when it appears or goes; a change
+inside it only through its own force-new fields. An IAM member resource has no update at all: every field is
+force-new (google/tpgiamresource/resource_iam_member.go). A list of plain values is force-new element by element
+when the list is (the SDK's diffList gives its elements the list's ForceNew)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+INSTANCE = "gcp:compute/instance:Instance"
+DISK = "gcp:compute/disk:Disk"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+CLUSTER = "gcp:container/cluster:Cluster"
+EVERY_FIELD = ("*",)
+
+FORCE_NEW: dict[str, tuple[str, ...]] = {
+    # google/services/compute/resource_compute_instance.go
+    INSTANCE: ("name", "zone", "project", "hostname", "bootDisk", "bootDisk.deviceName", "bootDisk.mode",
+               "bootDisk.source", "bootDisk.initializeParams", "bootDisk.initializeParams.image",
+               "bootDisk.initializeParams.type", "bootDisk.initializeParams.snapshot",
+               "bootDisk.initializeParams.provisionedIops", "bootDisk.initializeParams.provisionedThroughput",
+               "networkInterfaces", "networkInterfaces[*].nicType", "networkInterfaces[*].queueCount",
+               "attachedDisks[*].forceAttach", "reservationAffinity", "reservationAffinity.type",
+               "reservationAffinity.specificReservation", "reservationAffinity.specificReservation.key",
+               "reservationAffinity.specificReservation.values", "scheduling.provisioningModel",
+               "scheduling.preemptible", "scheduling.maxRunDuration", "scheduling.maxRunDuration.seconds",
+               "scheduling.terminationTime", "scheduling.onInstanceStopAction"),
+    # google/services/compute/resource_compute_disk.go
+    DISK: ("name", "zone", "project", "type", "image", "snapshot", "sourceDisk"),
+    # google/services/compute/resource_compute_firewall.go
+    "gcp:compute/firewall:Firewall": ("name", "project", "direction"),
+    # google/services/compute/resource_compute_network.go
+    "gcp:compute/network:Network": ("name", "project", "autoCreateSubnetworks"),
+    # google/services/compute/resource_compute_subnetwork.go
+    "gcp:compute/subnetwork:Subnetwork": ("name", "project", "network", "region"),
+    # google/services/storage/resource_storage_bucket.go
+    "gcp:storage/bucket:Bucket": ("name", "project", "location"),
+    # google/services/container/resource_container_cluster.go
+    CLUSTER: ("name", "location", "project", "network", "subnetwork", "datapathProvider", "initialNodeCount",
+              "ipAllocationPolicy", "ipAllocationPolicy.clusterIpv4CidrBlock",
+              "ipAllocationPolicy.servicesIpv4CidrBlock", "defaultMaxPodsPerNode"),
+    # google/services/container/resource_container_node_pool.go and node_config.go
+    NODE_POOL: ("name", "cluster", "location", "project", "initialNodeCount", "maxPodsPerNode", "placementPolicy",
+                "placementPolicy.policyName", "networkConfig.acceleratorNetworkProfile", "nodeConfig",
+                "nodeConfig.spot", "nodeConfig.flexStart", "nodeConfig.preemptible", "nodeConfig.maxRunDuration",
+                "nodeConfig.oauthScopes", "nodeConfig.serviceAccount", "nodeConfig.metadata",
+                "nodeConfig.reservationAffinity", "nodeConfig.reservationAffinity.consumeReservationType",
+                "nodeConfig.reservationAffinity.key", "nodeConfig.reservationAffinity.values",
+                "nodeConfig.hostMaintenancePolicy", "nodeConfig.hostMaintenancePolicy.maintenanceInterval"),
+    # google/services/artifactregistry/resource_artifact_registry_repository.go
+    "gcp:artifactregistry/repository:Repository": ("repositoryId", "location", "project", "format", "mode"),
+    # google/tpgiamresource/resource_iam_member.go: no Update function
+    "gcp:storage/bucketIAMMember:BucketIAMMember": EVERY_FIELD,
+    "gcp:projects/iAMMember:IAMMember": EVERY_FIELD,
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": EVERY_FIELD,
+}
+#: A reference to another resource in the offline run (infra/offline.py's mock ids): it changes exactly when that
+#: resource is made anew.
+REFERENCE = re.compile(r"\(id of (?P<name>.+)\)")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One resource `pulumi up` would replace (or delete), and the fields that make it do so."""
+    type: str
+    name: str
+    action: str  # "replace" or "delete"
+    fields: tuple[tuple[str, Any, Any], ...] = ()
+
+    def because(self) -> str:
+        return ", ".join(f"{path} {_shown(old)} -> {_shown(new)}" for path, old, new in self.fields)
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is None else str(value)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Every path of a resource's inputs (`a.b`, `a[0].b`) with its value, blocks included; Pulumi's own
+    bookkeeping keys (`__defaults`) left out."""
+    found = {prefix: value} if prefix else {}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not key.startswith("__"):
+                found.update(flatten(item, f"{prefix}.{key}" if prefix else key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found.update(flatten(item, f"{prefix}[{index}]"))
+    return found
+
+
+def _pattern(path: str, below: bool = False) -> re.Pattern:
+    """A table path (`a[*].b`) as a pattern of flattened paths; `below`: what lies under it too."""
+    return re.compile(re.escape(path).replace(r"\[\*\]", r"\[\d+\]") + (r"(?:[.\[].*)?" if below else ""))
+
+
+def _differs(old: Any, new: Any, replaced: set[str]) -> bool:
+    if isinstance(new, str) and (reference := REFERENCE.fullmatch(new)):
+        return reference["name"] in replaced or old is None
+    if _scalars(old) and _scalars(new):  # a list of values takes its ForceNew from the list (SDK's diffList)
+        return old != new
+    if isinstance(old, (dict, list)) or isinstance(new, (dict, list)):  # a block: only its coming or going
+        return (old is None) != (new is None) or (isinstance(old, list) and isinstance(new, list)
+                                                  and len(old) != len(new))
+    return _normal(old) != _normal(new)
+
+
+def _scalars(value: Any) -> bool:
+    return isinstance(value, list) and not any(isinstance(item, (dict, list)) for item in value) or value is None
+
+
+def _normal(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value  # the engine's numbers
+
+
+def forcing_fields(type_: str, old: dict, new: dict, replaced: set[str],
+                   replace_on_changes: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """The fields of one resource whose change makes a new one: the provider's force-new fields, and the program's
+    own `replace_on_changes` (any change at or below them)."""
+    table = FORCE_NEW.get(type_, ())
+    before, after = flatten(old), flatten(new)
+    found = []
+    for path in sorted(set(before) | set(after)):
+        old_value, new_value = before.get(path), after.get(path)
+        if not _differs(old_value, new_value, replaced):
+            continue
+        forced = table == EVERY_FIELD or any(_pattern(entry).fullmatch(path) for entry in table)
+        if forced or any(_pattern(entry, below=True).fullmatch(path) for entry in replace_on_changes):
+            found.append((path, old_value, new_value))
+    return _leaves(found)
+
+
+def _leaves(fields: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The changed values themselves, not the blocks that hold them (a block stays where it is all that changed)."""
+    return [field for field in fields
+            if not any(other[0] != field[0] and other[0].startswith(field[0]) for other in fields)
+            or not isinstance(field[1] or field[2], (dict, list))]
+
+
+def diff(state: list[dict], declared: list, replace_on_changes: dict[str, tuple[str, ...]]) -> list[Change]:
+    """What `pulumi up` would replace or delete: `state` is the resources of `pulumi stack export` (type, urn,
+    inputs), `declared` what the program declares now (infra/offline.py's DeclaredResource)."""
+    now = {(r.type, r.name): r.inputs for r in declared}
+    before = {(r["type"], r["urn"].rsplit("::", 1)[-1]): r["inputs"] for r in state
+              if "inputs" in r and r.get("custom", True) and not r["type"].startswith("pulumi:")}
+    replaced = {name for (_, name) in now if (_, name) not in before}  # made new: what refers to it changes too
+    changes: dict[tuple[str, str], Change] = {}
+    while True:  # a replacement changes the references to it: until nothing more is replaced
+        for key, inputs in now.items():
+            if key in before and key not in changes:
+                fields = forcing_fields(key[0], before[key], inputs, replaced, replace_on_changes.get(key[0], ()))
+                if fields:
+                    changes[key] = Change(key[0], key[1], "replace", tuple(fields))
+        grown = {name for (_, name) in changes} - replaced
+        if not grown:
+            break
+        replaced |= grown
+    deleted = [Change(type_, name, "delete") for (type_, name) in before if (type_, name) not in now]
+    return sorted(changes.values(), key=lambda c: (c.type, c.name)) + deleted
