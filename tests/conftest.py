@@ -17,12 +17,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests.host import rootfs
-from tests.support import ROOT
+from tests.support import MAXTEXT_VENV, ROOT
 
 #: The host tier: the tests that make real test hosts (users, sudo, mounts, namespaces: root only) or run
 #: something as root on this machine itself.
 HOST_TIER = ROOT / "tests" / "host"
 HOST_TIER_COMMAND = "sudo tests/run"
+MAXTEXT_TIER = ROOT / "tests" / "maxtext"
 
 
 def missing_host_packages() -> list[str]:
@@ -45,15 +46,23 @@ def host_tier_missing() -> str | None:
     return None
 
 
+def maxtext_tier_missing() -> str | None:
+    """Why the MaxText tier cannot run here, in one line with the command that fixes it, or None."""
+    if os.geteuid() != 0:
+        return ("the MaxText tier runs each script in a mount namespace of its own (the host's /dev/shm): it needs "
+                f"root; run it with: {HOST_TIER_COMMAND}")
+    if not (MAXTEXT_VENV / "bin/python").exists():
+        return f"the MaxText tier needs MaxText 0.2.3's venv at {MAXTEXT_VENV}; install it: tests/maxtext/install"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Without root, or without the host tier's Debian packages, run the unit tier and skip the host tier."""
-    why = host_tier_missing()
-    if why is None:
-        return
-    skip = pytest.mark.skip(reason=why)
-    for item in items:
-        if HOST_TIER in Path(item.path).parents:
-            item.add_marker(skip)
+    """Without root, or without what a tier needs, run the unit tier and skip that tier, with the reason."""
+    for tier, why in ((HOST_TIER, host_tier_missing()), (MAXTEXT_TIER, maxtext_tier_missing())):
+        if why is not None:
+            for item in items:
+                if tier in Path(item.path).parents:
+                    item.add_marker(pytest.mark.skip(reason=why))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -61,6 +70,9 @@ def pytest_terminal_summary(terminalreporter):
     if why:
         skipped = len(terminalreporter.stats.get("skipped", []))
         terminalreporter.write_line(f"ran the unit tier only ({skipped} skipped): {why}")
+    why = maxtext_tier_missing()
+    if why:
+        terminalreporter.write_line(f"skipped the MaxText tier: {why}")
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,8 @@ FIXTURES = DATA / "maxtext-0.2.3"
 MODELS_KNOWN = DATA / "maxtext-0.2.3-models.json"  # what MaxText 0.2.3 knows of models, read from its wheel
 DOUBLES = ROOT / "tests" / "doubles"
 BIN = Path(sys.executable).parent  # this venv's commands (invoke, uv's python)
+#: The MaxText tier's venv (tests/maxtext/install makes it).
+MAXTEXT_VENV = Path(os.environ.get("TPU_GRPO_MAXTEXT_VENV") or Path.home() / ".cache/tpu-grpo/maxtext-0.2.3")
 
 TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for
 

@@ -260,8 +260,11 @@ def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, 
     return {"convert": convert, "train": convert + train, "export": convert + train + export}[step]
 
 
-def overrides(run: Run, step: str) -> dict[str, str]:
-    """The step's `key=value` arguments (values as shell text), with the step's `--set`s applied last."""
+def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
+    """The step's `key=value` arguments (values as shell text), with the step's `--set`s applied last. In a slice's
+    CPU pod the export runs as MaxText's convert_checkpoint.md runs to_huggingface on a CPU machine (`hardware=cpu
+    skip_jax_distributed_system=true`): with base.yml's defaults it calls jax.distributed.initialize(), which no
+    TPU host answers there ("coordinator_address should be defined", seen in the real-MaxText tier)."""
     zarr = "$((1 - USE_PATHWAYS))"
     mapping = {
         "convert": {
@@ -283,8 +286,7 @@ def overrides(run: Run, step: str) -> dict[str, str]:
             "chips_per_vm": '"${CHIPS_PER_VM?}"',
             "num_batches": '"${NUM_BATCHES?}"',
             "num_test_batches": str(run.test_batches),
-            "rollout_data_parallelism": "1",
-            "rollout_tensor_parallelism": "-1",
+            **run.row.rollout_parallelism(),
         },
         "export": {
             "model_name": '"${HF_MODEL_NAME?}"',
@@ -295,8 +297,10 @@ def overrides(run: Run, step: str) -> dict[str, str]:
             "weight_dtype": "bfloat16",
         },
     }[step]
-    if not run.row.native_rollout:  # MaxText's own model inside vLLM runs unscanned, as MaxText's Gemma 3 RL test
-        mapping["scan_layers"] = "False" if step != "train" else "false"
+    if step == "convert" and run.row.eager_load_method:
+        mapping["--eager_load_method"] = run.row.eager_load_method
+    if step == "export" and in_slice:
+        mapping.update(hardware="cpu", skip_jax_distributed_system="true")
     if step == "train":
         added = {**run.row.rollout_overrides(), **run.data_overrides()}
         mapping.update({key: _q(value) for key, value in added.items()})
@@ -393,7 +397,7 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     if step == "export":
         after = trained_tokenizer(run)
-    arguments = [f"    {key}={value}" for key, value in overrides(run, step).items()]
+    arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
     if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
         before = [f"hf_model_path={downloaded_model(run)}",
                   '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 
 from tpu_grpo.accelerators import ACCELERATORS, Accelerator
 
-#: The memory arithmetic, bytes a parameter: MaxText's RL trainer holds the actor, its gradients, AdamW's two moments
-#: (bf16 like the weights: utils_rl.get_optimizer gives optax.adamw no mu_dtype) and the reference model, 2 each;
-#: the rollout holds vLLM's copy of the weights (2), and its KV cache in what is left.
-TRAINER_BYTES = 2 + 2 + 2 * 2 + 2
-ROLLOUT_BYTES = 2
-#: A conversion's needs, bytes a parameter: the Hugging Face safetensors it downloads (bf16; MaxText 0.2.3's
-#: rl_qwen3_30b.md: "Converting the 30B model requires approximately 62 GB of free disk space"), and, loaded eagerly,
-#: those weights and the converted ones in memory together (bf16, to_maxtext's default `--save_dtype`).
-DOWNLOAD_BYTES = 2
-EAGER_CONVERSION_BYTES = 2 + 2
+#: Bytes a parameter, bfloat16 throughout, as MaxText 0.2.3 writes them (measured in the real-MaxText tier: an actor
+#: checkpoint's model_params is bfloat16 weights, its optimizer_state two bfloat16 moments, since
+#: utils_rl.get_optimizer gives optax.adamw no mu_dtype; tests/maxtext/test_real_maxtext.py).
+WEIGHT_BYTES = 2
+MOMENT_BYTES = 2 * 2
+#: A training checkpoint on disk: the weights and AdamW's moments.
+CHECKPOINT_BYTES = WEIGHT_BYTES + MOMENT_BYTES
+#: The memory arithmetic: MaxText's RL trainer holds the actor, its gradients, the moments and the reference model;
+#: the rollout holds vLLM's copy of the weights, and its KV cache in what is left.
+TRAINER_BYTES = WEIGHT_BYTES + WEIGHT_BYTES + MOMENT_BYTES + WEIGHT_BYTES
+ROLLOUT_BYTES = WEIGHT_BYTES
 #: rl.yml: vLLM may fill this share of each sampler chip's HBM, what is already there included.
 HBM_UTILIZATION_VLLM = 0.72
 #: rl.yml: with Pathways on several hosts, the first half of the chips train and the other half sample
@@ -42,6 +43,15 @@ class Model:
     license: str  # the Hub's license id of the weights (its model card's), which a published model keeps
     tokenizer: str | None = None  # what to train and export with, when not hf_id's (a base model's Instruct one)
     export_name: str | None = None  # the model_name to_huggingface gets, when not name (the tutorial's llama3.1-8b)
+    #: to_maxtext's eager loader, where the model needs one (to_maxtext.py: "Must use "transformers" for gemma3-4b
+    #: due to mapping compatibility"; tests/end_to_end/tpu/gemma3/4b/test_gemma3_to_mt.sh passes it with
+    #: --lazy_load_tensors=False); None: the stack's lazyLoadTensors decides, with safetensors.
+    eager_load_method: str | None = None
+    #: The rollout's vLLM tensor parallelism, where MaxText's recipe for the model sets it (the data parallelism is
+    #: then derived, -1); None: one replica over the sampler's chips (data 1, tensor -1).
+    rollout_tensor_parallelism: int | None = None
+    #: What MaxText's own model inside vLLM is given beyond its name, as the model's recipe has it.
+    maxtext_in_vllm: tuple[tuple[str, str], ...] = ()
 
     @property
     def training_tokenizer(self) -> str:
@@ -52,20 +62,37 @@ class Model:
         return self.export_name or self.name
 
     @property
-    def download_gb(self) -> float:
-        return self.params_b * DOWNLOAD_BYTES
+    def weights_gb(self) -> float:
+        """The bfloat16 weights: the Hub's safetensors a conversion downloads (MaxText 0.2.3's rl_qwen3_30b.md:
+        "Converting the 30B model requires approximately 62 GB of free disk space"), a converted checkpoint (bf16,
+        to_maxtext's default `--save_dtype`), an export, a saved model."""
+        return self.params_b * WEIGHT_BYTES
+
+    @property
+    def checkpoint_gb(self) -> float:
+        """One training checkpoint: the weights and AdamW's moments."""
+        return self.params_b * CHECKPOINT_BYTES
 
     @property
     def eager_conversion_gb(self) -> float:
-        return self.params_b * EAGER_CONVERSION_BYTES
+        """What a conversion loading eagerly holds in memory: the downloaded weights and their converted copy."""
+        return 2 * self.weights_gb
 
     def rollout_overrides(self) -> dict[str, str]:
         """The train step's `key=value`s that run MaxText's own model inside vLLM (none for a native rollout), as
         MaxText's Gemma 3 RL test passes them."""
         if self.native_rollout:
             return {}
-        config = json.dumps({"maxtext_config": {"model_name": self.name, "log_config": "false"}})
+        config = json.dumps({"maxtext_config": {"model_name": self.name, "log_config": "false",
+                                                **dict(self.maxtext_in_vllm)}})
         return {"vllm_hf_overrides": '{architectures: ["MaxTextForCausalLM"]}', "vllm_additional_config": config}
+
+    def rollout_parallelism(self) -> dict[str, str]:
+        """The rollout's `rollout_data_parallelism` and `rollout_tensor_parallelism` (at most one -1, MaxText's
+        rl_on_multi_host.md)."""
+        if self.rollout_tensor_parallelism is None:
+            return {"rollout_data_parallelism": "1", "rollout_tensor_parallelism": "-1"}
+        return {"rollout_data_parallelism": "-1", "rollout_tensor_parallelism": str(self.rollout_tensor_parallelism)}
 
     def need_gb(self, shape: Accelerator, num_slices: int = 1) -> tuple[float, float, str]:
         """(GB needed, GB there, the arithmetic as one line) on this shape: on one host, the trainer and the rollout
@@ -98,8 +125,9 @@ MODELS: dict[str, Model] = {row.name: row for row in (
           tokenizer="meta-llama/Llama-3.1-8B-Instruct"),
     Model("llama3.1-8b-Instruct", "meta-llama/Llama-3.1-8B-Instruct", 8.03, True, "llama3.1",
           export_name="llama3.1-8b"),  # the tutorial's export
+    # rl_on_multi_host.md's 70B commands: rollout_tensor_parallelism=8
     Model("llama3.1-70b", "meta-llama/Llama-3.1-70B", 70.55, True, "llama3.1",
-          tokenizer="meta-llama/Llama-3.1-70B-Instruct"),
+          tokenizer="meta-llama/Llama-3.1-70B-Instruct", rollout_tensor_parallelism=8),
     Model("qwen3-0.6b", "Qwen/Qwen3-0.6B", 0.6, True, "apache-2.0"),
     Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02, True, "apache-2.0"),
     Model("qwen3-8b", "Qwen/Qwen3-8B", 8.19, True, "apache-2.0"),
@@ -108,10 +136,15 @@ MODELS: dict[str, Model] = {row.name: row for row in (
     Model("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", 1.54, True, "apache-2.0"),
     Model("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7.62, True, "apache-2.0"),
     Model("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 14.77, True, "apache-2.0"),
-    Model("gemma3-4b", "google/gemma-3-4b-it", 3.88, False, "gemma"),
-    Model("gemma3-12b", "google/gemma-3-12b-it", 11.77, False, "gemma"),
-    Model("gemma3-27b", "google/gemma-3-27b-it", 27.01, False, "gemma"),
-    Model("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Thinking-2507", 30.53, False, "apache-2.0"),
+    Model("gemma3-4b", "google/gemma-3-4b-it", 3.88, False, "gemma", eager_load_method="transformers"),
+    Model("gemma3-12b", "google/gemma-3-12b-it", 11.77, False, "gemma", eager_load_method="transformers"),
+    Model("gemma3-27b", "google/gemma-3-27b-it", 27.01, False, "gemma", eager_load_method="transformers"),
+    # scripts/run_qwen3_30b_rl.sh: rollout_tensor_parallelism=4 (data 16 on its slice) and these for MaxText in vLLM
+    Model("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Thinking-2507", 30.53, False, "apache-2.0",
+          rollout_tensor_parallelism=4,
+          maxtext_in_vllm=(("model_call_mode", "inference"), ("enable_dp_attention", False),
+                           ("allow_split_physical_axes", True), ("weight_dtype", "bfloat16"),
+                           ("prefuse_moe_weights", True))),
 )}
 DEFAULT_MODEL = "llama3.1-8b-Instruct"  # the tutorial's
 #: What MaxText 0.2.3's RL trains on by default (rl.yml: dataset_name, hf_name), and its losses (configs/types.py,

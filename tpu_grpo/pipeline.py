@@ -228,7 +228,7 @@ def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu
 def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
     """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs."""
     if text is None:
-        return stores.need_gb(run.store, run.checkpoints_to_keep)
+        return stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb)
     parts = str(text).split(",")
     try:
         shm, data = (float(part) for part in parts)

@@ -44,8 +44,6 @@ MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer stat
 #: 3,000 IOPS and 140 MiB/s included at no charge (Compute Engine's "About Hyperdisk Balanced").
 DATA_DISK_IOPS = (3000, 160_000)
 DATA_DISK_THROUGHPUT_MIBPS = (140, 2400)
-#: The data disk's defaults: the most throughput a volume takes, so that a checkpoint of the 8B model
-#: (tpu_grpo/stores.py) is written in about 40 s, and IOPS to go with it.
 #: MaxText 0.2.3 model names this project knows how to train and export.
 PUBLIC_KEY_TYPES = (
     "ssh-ed25519",
@@ -173,7 +171,7 @@ KEYS: tuple[Key, ...] = (
         required=False),
     Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
         f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default: "
-        f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint in about 40 s, else the "
+        f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, else the "
         f"{DATA_DISK_THROUGHPUT_MIBPS[0]} included)", str(STORES["disk"].disk_throughput_mibps), required=False),
     Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
@@ -274,7 +272,7 @@ class Settings:
     @property
     def cpu_pool_disk_gb(self) -> int:
         """A slice's CPU host's boot disk: the conversion downloads the model's safetensors there."""
-        return max(CPU_POOL_MIN_DISK_GB, math.ceil(self.model_row.download_gb) + CPU_POOL_SYSTEM_GB)
+        return max(CPU_POOL_MIN_DISK_GB, math.ceil(self.model_row.weights_gb) + CPU_POOL_SYSTEM_GB)
 
     @property
     def lazy_conversion(self) -> bool:
@@ -513,6 +511,10 @@ def _check_model(values: dict[str, Any]) -> None:
     """The export name fits the model, and the model fits the machine or slice: the memory arithmetic, and the smallest
     shape that holds it."""
     row = MODELS.get(values["model"])
+    if row is not None and row.eager_load_method and values["lazyLoadTensors"]:
+        lazy = KEY[f"{PROJECT}:lazyLoadTensors"]
+        raise SettingsError(lazy.name, True, f"cannot convert {row.name}: MaxText's to_maxtext converts it only with "
+                            f"the {row.eager_load_method} eager loader", f"pulumi config set {lazy.name} false")
     shape = SLICES.get(values["slice"]) or MACHINES.get(values["machineType"])  # both filled in by _check_slice
     if row is None or shape is None:  # a placeholder, still to set (settings.pending)
         return

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 #: MaxText 0.2.3's rl.yml defaults, which the tutorial's command line leaves as they are.
 MAXTEXT_CHECKPOINT_PERIOD = 50
 MAXTEXT_CHECKPOINTS_TO_KEEP = 10
-#: One training checkpoint of the 8B model: float32 parameters (8.03 B x 4 bytes) and Adam's two
-#: float32 moments of the same size.
-CHECKPOINT_GB = 96.0
+#: Room left over beside what a run writes, GB.
+MARGIN_GB = 4.0
 #: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (a bucket name as Cloud Storage allows it).
 BUCKET_URL = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9])(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?")
 
@@ -54,7 +53,7 @@ class Store:
     checkpoint_period: int
     checkpoints_to_keep: int
     #: The data disk's provisioned performance by default: what the store writes there. Only the disk store writes
-    #: checkpoints to it (paid IOPS and throughput: a checkpoint in about 40 s); the others, a saved model now and
+    #: checkpoints to it (paid IOPS and throughput: a checkpoint of the 8B model in about 20 s); the others, a saved model now and
     #: then, which the included performance serves.
     disk_iops: int = INCLUDED_IOPS
     disk_throughput_mibps: int = INCLUDED_THROUGHPUT_MIBPS
@@ -87,14 +86,17 @@ def bucket_of(store: Store) -> str | None:
     return found["bucket"] if found else None
 
 
-def need_gb(store: Store, checkpoints_to_keep: int) -> dict[str, float]:
-    """Free space (GB) a run of the 8B model needs in /dev/shm and on the data disk: the converted
-    checkpoint (16), the kept training checkpoints and the export (16, in /dev/shm), and the saved
-    model (16, plus a margin, on the data disk). The shm store writes one checkpoint there (a run
-    of the tutorial's length keeps only its last), and keeps a copy of the converted checkpoint on
-    the data disk (16), which a reboot would empty; a bucket's space is not the VM's."""
+def need_gb(store: Store, checkpoints_to_keep: int, weights_gb: float, checkpoint_gb: float) -> dict[str, float]:
+    """Free space (GB) a run needs in /dev/shm and on the data disk, from the model's bfloat16 weights (the converted
+    checkpoint, the export, the saved model) and one training checkpoint (weights and moments): the shm store holds
+    the converted checkpoint, one training checkpoint (a run of the tutorial's length keeps only its last) and the
+    export in /dev/shm, and keeps a copy of the conversion on the data disk beside the saved model; the disk store
+    writes the conversion and the kept checkpoints to the data disk, the export to /dev/shm; a bucket's space is not
+    the VM's."""
     if store.name == "shm":
-        return {"shm": 120.0, "data": 20.0 + 16.0}
-    if store.name == "gs":
-        return {"shm": 20.0, "data": 20.0}
-    return {"shm": 20.0, "data": 20.0 + 16.0 + CHECKPOINT_GB * checkpoints_to_keep}
+        need = {"shm": weights_gb + checkpoint_gb + weights_gb, "data": weights_gb + weights_gb}
+    elif store.name == "gs":
+        need = {"shm": weights_gb, "data": weights_gb}
+    else:
+        need = {"shm": weights_gb, "data": weights_gb + weights_gb + checkpoint_gb * checkpoints_to_keep}
+    return {where: round(gb + MARGIN_GB, 1) for where, gb in need.items()}

@@ -163,10 +163,12 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
         expected["HF_EXPORT"] = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
     assert exports == expected
     assert exports.get("CHIPS_PER_VM", "4") == "4" and exports["USE_PATHWAYS"] == "1"
-    # The argv: the one VM's, less the model folder that provisioning downloads onto a VM.
+    # The argv: the one VM's, less the model folder that provisioning downloads onto a VM; the export runs on a CPU
+    # pod as MaxText's convert_checkpoint.md runs it on a CPU machine (no jax.distributed start-up to answer).
     assert argv[-1].endswith(" &")  # in the background of its pod's PID 1, which passes a SIGTERM on to it
     argv[-1] = argv[-1].removesuffix(" &")
-    assert argv == [arg for arg in vm_argv if "hf_model_path" not in arg]
+    on_cpu = ["hardware=cpu", "skip_jax_distributed_system=true"] if step == "export" else []
+    assert argv == [arg for arg in vm_argv if "hf_model_path" not in arg] + on_cpu
     # The rest: the image has MaxText on its PATH, and the token comes from a Secret.
     assert [line for line in vm_other if line not in other] == [
         "source ~/maxtext_venv/bin/activate", *maxtext.token_lines(),

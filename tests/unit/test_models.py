@@ -140,7 +140,9 @@ def test_each_rows_scripts_pass_maxtext_only_keys_it_has(tmp_path, name):
         assert {key for key in given if not key.startswith("rl.")} <= keys, module
         assert {key[3:] for key in given if key.startswith("rl.")} <= rl_keys, module
         assert given["model_name"] == (row.export_model if module.endswith("to_huggingface") else name)
-        assert given.get("scan_layers", "true").lower() == str(row.native_rollout).lower()  # MaxText: scanned
+        # scanned in every step, as MaxText's RL recipes train (test_gemma3_rl.sh: scan_layers=true on the scanned
+        # checkpoint; run_qwen3_30b_rl.sh: scan_layers=True)
+        assert given.get("scan_layers", "true").lower() == "true"
     train = calls[maxtext.MODULES["train"]]
     assert f"hf_model_path=~/tpu-grpo/base-models/{row.hf_id}\n" in maxtext.script(run, "convert")  # provisioning's
     train_args = dict(arg.split("=", 1) for arg in train["argv"] if "=" in arg)
@@ -149,8 +151,21 @@ def test_each_rows_scripts_pass_maxtext_only_keys_it_has(tmp_path, name):
         assert "vllm_hf_overrides" not in train_args
     else:
         assert train_args["vllm_hf_overrides"] == '{architectures: ["MaxTextForCausalLM"]}'
-        assert json.loads(train_args["vllm_additional_config"]) == {
-            "maxtext_config": {"model_name": name, "log_config": "false"}}
+        assert json.loads(train_args["vllm_additional_config"])["maxtext_config"] == {
+            "model_name": name, "log_config": "false", **dict(row.maxtext_in_vllm)}
+    convert = calls[maxtext.MODULES["convert"]]["argv"]
+    assert ("--eager_load_method=transformers" in convert) == name.startswith("gemma3")  # to_maxtext's own rule
+
+
+@pytest.mark.parametrize("name, data, tensor", [
+    ("llama3.1-8b-Instruct", "1", "-1"),  # the tutorial's: one replica over the sampler's chips
+    ("llama3.1-70b", "-1", "8"),  # MaxText's rl_on_multi_host.md
+    ("qwen3-30b-a3b", "-1", "4")])  # MaxText's scripts/run_qwen3_30b_rl.sh (data 16 on its 64 sampler chips)
+def test_the_rollout_is_split_as_maxtexts_recipe_for_the_model(name, data, tensor):
+    row = MODELS[name]
+    run = maxtext.Run(**{**RUN.__dict__, "model": name, "export_model": row.export_model})
+    assert (maxtext.overrides(run, "train")["rollout_data_parallelism"],
+            maxtext.overrides(run, "train")["rollout_tensor_parallelism"]) == (data, tensor)
 
 
 @pytest.mark.parametrize("changes, expected", [
@@ -252,3 +267,12 @@ def test_what_a_run_trained_on_is_read_back_from_its_inputs():
     assert maxtext.trained_on(other.inputs("train")) == {
         "model": "llama3.1-8b", "dataset": "nvidia/OpenMathInstruct-2", "dataset_config": "", "loss": "gspo-token",
         "tokenizer": "meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def test_a_model_maxtext_converts_only_eagerly_refuses_the_lazy_loader(stack_dir, stack_values):
+    stack(stack_dir, stack_values, **{"tpu-grpo:model": "gemma3-4b", "tpu-grpo:machineType": "ct6e-standard-4t",
+                                      "tpu-grpo:lazyLoadTensors": "true"})
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and result.stderr == (
+        "error: tpu-grpo:lazyLoadTensors=True cannot convert gemma3-4b: MaxText's to_maxtext converts it only with "
+        "the transformers eager loader; fix: pulumi config set tpu-grpo:lazyLoadTensors false\n")

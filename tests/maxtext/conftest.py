@@ -1,0 +1,98 @@
+"""The real-MaxText tier: the project's own generated convert, train and export scripts, run by bash against MaxText
+0.2.3 itself on the CPU (tests/maxtext/install makes its venv; standin/sitecustomize.py says the one substitution,
+vLLM's rollout, and the shrinking of the model). Each script runs as the VM or a slice's pod would run it: in a
+home laid out as provisioning leaves one (the venv at ~/maxtext_venv, the token file, the downloaded model), with
+the Hub's stand-in (tests/doubles/hub.py) serving the model's repositories as HF_ENDPOINT, in a mount namespace of its own whose /dev/shm is a folder of the test's (root, as the host
+tier) and nothing else to reach."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.doubles.hub import Hub, HubServer
+from tests.maxtext.families import Family
+from tests.support import MAXTEXT_VENV as VENV, ROOT
+
+STANDIN = ROOT / "tests/maxtext/standin"
+#: A pod's environment as a slice's CPU JobSet gives it (tpu_grpo/jobset.py `cpu`), and what GKE puts in every pod.
+POD_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", "JAX_PLATFORMS": "cpu",
+           "HF_TOKEN": "hf_tier_token"}
+
+
+@dataclass
+class Host:
+    """A home laid out as `invoke provision` leaves a VM, for one model's tiny checkpoint."""
+    home: Path
+    family: Family
+    data: Path
+    hub: Hub
+    runs: list[subprocess.CompletedProcess] = field(default_factory=list)
+
+    def run(self, script: str, *, in_slice: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
+        """The script as the job (or the pod) runs it: bash, its own mounts with the host's /dev/shm and nothing else to reach."""
+        env = {"HOME": str(self.home), "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
+               "PYTHONPATH": str(STANDIN), "HF_ENDPOINT": self.hub.url, "HF_DATASETS_OFFLINE": "1",
+               "JAX_PLATFORMS": "cpu", "TPU_GRPO_TINY_MODEL": str(self.model_folder),
+               "TPU_GRPO_TINY_MODEL_NAME": self.family.model, "LANG": "C.UTF-8",
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.family.chips}",  # the machine's chips
+               **(POD_ENV if in_slice else {})}
+        self.shm.mkdir(exist_ok=True)
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
+                               f"mount --bind {self.shm} /dev/shm && exec bash -s"], input=script, text=True,
+                              capture_output=True, env=env, cwd=self.home, timeout=timeout)
+        self.runs.append(done)
+        return done
+
+    @property
+    def shm(self) -> Path:
+        return self.home.parent / "shm"
+
+    def path(self, path: str) -> Path:
+        """A path as the scripts name it (`~/...`, `/dev/shm/...`), where it is here."""
+        if path.startswith("/dev/shm/"):
+            return self.shm / path.removeprefix("/dev/shm/")
+        return Path(path.replace("~", str(self.home), 1))
+
+    @property
+    def model_folder(self) -> Path:
+        from tpu_grpo.models import MODELS
+
+        return self.home / "tpu-grpo/base-models" / MODELS[self.family.model].hf_id
+
+
+@pytest.fixture
+def hub():
+    with HubServer() as served:
+        yield served
+
+
+@pytest.fixture
+def make_host(tmp_path, hub):
+    """A host for `family`: the venv, the token file, the model downloaded as provisioning does (with its
+    `.complete` mark), GSM8K-shaped rows; and on the Hub, the repositories MaxText downloads the model, its
+    tokenizers and configs from."""
+    def make(family: Family) -> Host:
+        from tpu_grpo.maxtext import MODELS
+
+        home = tmp_path / "home"
+        (home / ".cache/huggingface").mkdir(parents=True)
+        (home / ".cache/huggingface/token").write_text("hf_tier_token")
+        (home / "maxtext_venv").symlink_to(VENV)
+        row = MODELS[family.model]
+        host = Host(home, family, tmp_path / "data", hub)
+        host.model_folder.parent.mkdir(parents=True)
+        for what, folder in ((family.model, host.model_folder), ("gsm8k", host.data)):
+            subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", what, folder], cwd=ROOT, check=True,
+                           capture_output=True)
+        host.model_folder.with_name(host.model_folder.name + ".complete").touch()
+        files = {path.name: path.read_bytes() for path in host.model_folder.iterdir()}
+        for repo_id in {row.hf_id, row.training_tokenizer, MODELS[row.export_model].hf_id}:
+            hub.seed(repo_id, files, gated=False)
+        return host
+    return make
+
+

@@ -1,0 +1,98 @@
+"""Each family of the model table converts, trains and exports under MaxText 0.2.3's own code, from the scripts
+tpu-grpo generates (the text `--dry-run` prints), on one VM and in a slice's pods; and what tpu-grpo reads back
+(checkpoints, progress, evaluations, resumption, the export) is what MaxText really wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.maxtext.families import FAMILIES, TOKENIZER_FILES
+from tests.support import MAXTEXT_VENV as VENV, ROOT
+from tpu_grpo import facts, maxtext, models, pipeline, progress
+from tpu_grpo.accelerators import MACHINES
+from tpu_grpo.stores import STORES
+
+BATCHES, MORE_BATCHES = 4, 6
+
+
+def tier_run(host, in_slice: bool) -> maxtext.Run:
+    """The stack's defaults for the model (checkpoints on the data disk, every 2 steps), shrunk by `--set`s: the
+    model's config, the local GSM8K rows, a small batch, short sequences. A machine of the family's chips, each a
+    CPU device here; a mixture of experts multiplies densely (MaxText's sparse kernels are Pallas, TPU-only).
+    The export of one VM skips JAX's distributed start-up, which a TPU VM's own cluster detection answers and a CPU
+    cannot (on a slice's CPU pod the script says so itself)."""
+    family, row = host.family, maxtext.MODELS[host.family.model]
+    shrink = family.maxtext_overrides
+    train = {**shrink, "hf_train_files": str(host.data / "train.parquet"),
+             "hf_eval_files": str(host.data / "test.parquet"),
+             "batch_size": str(max(2, family.chips // 2)),  # its prompts x 2 generations spread over the chips
+             "max_prefill_predict_length": "128",
+             "max_target_length": "160", "eval_interval": "2"}
+    return maxtext.Run(model=family.model, export_model=row.export_model, batches=BATCHES, test_batches=2,
+                       use_pathways=False, lazy_load_tensors=True,
+                       machine=next(row for row in MACHINES.values() if row.chips == family.chips),
+                       run_name="tier", store=STORES["disk"], checkpoint_period=2, checkpoints_to_keep=3,
+                       sets={"convert": shrink, "train": train,
+                             "export": {**shrink, **({} if in_slice else {"skip_jax_distributed_system": "true"})}})
+
+
+def tail(done, lines: int = 40) -> str:
+    return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's name and shape, read from the file's own header (8 bytes of length, then JSON)."""
+    data = path.read_bytes()
+    header = json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])
+    return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+
+
+@pytest.mark.parametrize("placement", ["vm", "slice"])
+@pytest.mark.parametrize("model", list(FAMILIES))
+def test_a_family_converts_trains_resumes_and_exports(make_host, model, placement):
+    host, in_slice = make_host(FAMILIES[model]), placement == "slice"
+    run = tier_run(host, in_slice)
+    where = maxtext.paths(run)
+
+    convert = host.run(maxtext.script(run, "convert", in_slice=in_slice), in_slice=in_slice)
+    assert convert.returncode == 0, tail(convert)
+    assert (host.path(where["checkpoint"]) / "_METADATA").is_file()  # where the training loads it from
+
+    train = host.run(maxtext.script(run, "train", in_slice=in_slice), in_slice=in_slice)
+    assert train.returncode == 0, tail(train)
+    events = progress.parse_lines((train.stdout + train.stderr).splitlines())
+    steps = [event.step for event in events if isinstance(event, progress.TrainStep)]
+    assert steps == list(range(1, run.train_steps + 1))
+    evals = [event for event in events if isinstance(event, progress.Eval)]
+    assert [event.stage for event in evals][0] == "pre" and evals[-1].stage == "post"
+    assert any(isinstance(event, progress.Completed) for event in events)
+    checkpoints = host.path(where["checkpoints"])
+    found = pipeline.CHECKPOINTS.parse(facts.Answer("\n".join(p.name for p in checkpoints.iterdir())), str(checkpoints))
+    assert found[-1] == BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
+    weighed = json.loads(subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", "bytes",
+                                         checkpoints / str(BATCHES)], cwd=ROOT, capture_output=True, text=True,
+                                        check=True).stdout)
+    assert weighed == {"model_params": models.WEIGHT_BYTES, "optimizer_state": models.MOMENT_BYTES}  # the disk's
+
+    longer = dataclasses.replace(run, batches=MORE_BATCHES)
+    resumed = host.run(maxtext.script(longer, "train", in_slice=in_slice), in_slice=in_slice)
+    assert resumed.returncode == 0, tail(resumed)
+    events = progress.parse_lines((resumed.stdout + resumed.stderr).splitlines())
+    assert progress.Resumed(BATCHES) in events  # the script's own line, before MaxText restores it
+    assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(BATCHES + 1, MORE_BATCHES + 1))
+
+    export = host.run(maxtext.script(longer, "export", in_slice=in_slice), in_slice=in_slice)
+    assert export.returncode == 0, tail(export)
+    folder = host.path(maxtext.paths(longer)["run"] + "/hf-trained" if in_slice else maxtext.paths(longer)["hf_export"])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [host.family.architecture]
+    assert config["num_hidden_layers"] == host.family.config["num_hidden_layers"]
+    [weights] = folder.glob("*.safetensors")
+    assert safetensors_header(weights) == host.family.tensors()  # the class's names and shapes
+    assert all((folder / name).is_file() for name in TOKENIZER_FILES[:2])  # the tokenizer it trained with
