@@ -2,13 +2,13 @@
 0.2.3 itself on the CPU (tests/maxtext/install makes its venv; standin/sitecustomize.py says the one substitution,
 vLLM's rollout, and the shrinking of the model). Each script runs as the VM or a slice's pod would run it: in a
 home laid out as provisioning leaves one (the venv at ~/maxtext_venv, the token file, the downloaded model), with
-the Hub's stand-in (tests/doubles/hub.py) serving the model's repositories as HF_ENDPOINT, in a mount namespace of its own whose /dev/shm is a folder of the test's (root, as the host
-tier) and nothing else to reach."""
+the Hub's stand-in (tests/doubles/hub.py) serving the model's repositories as HF_ENDPOINT, in a mount namespace of
+its own whose /dev/shm is a folder of the test's (root, as the host tier)."""
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,9 @@ class Host:
     family: Family
     data: Path
     hub: Hub
-    runs: list[subprocess.CompletedProcess] = field(default_factory=list)
 
     def run(self, script: str, *, in_slice: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
-        """The script as the job (or the pod) runs it: bash, its own mounts with the host's /dev/shm and nothing else to reach."""
+        """The script as the job (or the pod) runs it: bash, in its own mounts with the host's /dev/shm."""
         env = {"HOME": str(self.home), "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
                "PYTHONPATH": str(STANDIN), "HF_ENDPOINT": self.hub.url, "HF_DATASETS_OFFLINE": "1",
                "JAX_PLATFORMS": "cpu", "TPU_GRPO_TINY_MODEL": str(self.model_folder),
@@ -41,11 +40,9 @@ class Host:
                "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.family.chips}",  # the machine's chips
                **(POD_ENV if in_slice else {})}
         self.shm.mkdir(exist_ok=True)
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
                                f"mount --bind {self.shm} /dev/shm && exec bash -s"], input=script, text=True,
                               capture_output=True, env=env, cwd=self.home, timeout=timeout)
-        self.runs.append(done)
-        return done
 
     @property
     def shm(self) -> Path:

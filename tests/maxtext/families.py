@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +33,9 @@ class Family:
 
     def tensors(self) -> dict[str, tuple[int, ...]]:
         """Each tensor's name and shape, as the class's state dict has them."""
-        shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,),
-                  "lm_head.weight": (VOCAB, HIDDEN)}
+        shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,)}
+        if not self.config["tie_word_embeddings"]:  # tied: the logits use the embedding
+            shapes["lm_head.weight"] = (VOCAB, HIDDEN)
         for i in range(LAYERS):
             layer = f"model.layers.{i}"
             shapes.update({
@@ -50,7 +51,8 @@ class Family:
                                    f"{layer}.mlp.experts.{e}.up_proj.weight": (EXPERT_MLP, HIDDEN),
                                    f"{layer}.mlp.experts.{e}.down_proj.weight": (HIDDEN, EXPERT_MLP)})
             else:
-                shapes.update({f"{layer}.mlp.gate_proj.weight": (MLP, HIDDEN), f"{layer}.mlp.up_proj.weight": (MLP, HIDDEN),
+                shapes.update({f"{layer}.mlp.gate_proj.weight": (MLP, HIDDEN),
+                               f"{layer}.mlp.up_proj.weight": (MLP, HIDDEN),
                                f"{layer}.mlp.down_proj.weight": (HIDDEN, MLP)})
             if self.q_norm:
                 shapes.update({f"{layer}.self_attn.q_norm.weight": (HEAD_DIM,),
@@ -155,6 +157,18 @@ def bytes_per_parameter(step_folder: Path) -> dict[str, float]:
     return {part: nbytes / parameters for part, (nbytes, _) in found.items()}
 
 
+#: Every other row of the model table (but Gemma 3), as its family's checkpoint under its own name: whether the
+#: row ties its word embeddings (MaxText's HF_MODEL_CONFIGS: the small Qwen3 and Qwen2.5 do), and its chips (70B's
+#: rollout is split 8 ways, MaxText's recipe).
+SAME_FAMILY = {"llama3.1-8b": ("llama3.1-8b-Instruct", False, 1), "llama3.1-70b": ("llama3.1-8b-Instruct", False, 8),
+               "qwen3-0.6b": ("qwen3-8b", True, 1), "qwen3-4b": ("qwen3-8b", True, 1),
+               "qwen3-14b": ("qwen3-8b", False, 1), "qwen3-32b": ("qwen3-8b", False, 1),
+               "qwen2.5-1.5b": ("qwen2.5-7b", True, 1), "qwen2.5-14b": ("qwen2.5-7b", False, 1)}
+ROWS = {**FAMILIES, **{row: replace(FAMILIES[family], model=row, chips=chips,
+                                    config={**FAMILIES[family].config, "tie_word_embeddings": tied})
+                       for row, (family, tied, chips) in SAME_FAMILY.items()}}
+
+
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
     if what == "bytes":
@@ -162,4 +176,4 @@ if __name__ == "__main__":
     elif what == "gsm8k":
         write_gsm8k(folder)
     else:
-        FAMILIES[what].write(folder)
+        ROWS[what].write(folder)

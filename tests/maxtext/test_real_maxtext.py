@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.maxtext.families import FAMILIES, TOKENIZER_FILES
+from tests.maxtext.families import FAMILIES, ROWS, TOKENIZER_FILES
 from tests.support import MAXTEXT_VENV as VENV, ROOT
 from tpu_grpo import facts, maxtext, models, pipeline, progress
 from tpu_grpo.accelerators import MACHINES
@@ -53,10 +54,14 @@ def safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
 
 
+#: One row of each family; every row with TPU_GRPO_MAXTEXT_ROWS=all (docs/development.md).
+TESTED = ROWS if os.environ.get("TPU_GRPO_MAXTEXT_ROWS") == "all" else FAMILIES
+
+
 @pytest.mark.parametrize("placement", ["vm", "slice"])
-@pytest.mark.parametrize("model", list(FAMILIES))
+@pytest.mark.parametrize("model", list(TESTED))
 def test_a_family_converts_trains_resumes_and_exports(make_host, model, placement):
-    host, in_slice = make_host(FAMILIES[model]), placement == "slice"
+    host, in_slice = make_host(TESTED[model]), placement == "slice"
     run = tier_run(host, in_slice)
     where = maxtext.paths(run)
 
