@@ -20,6 +20,7 @@ INSTANCE = "gcp:compute/instance:Instance"
 DISK = "gcp:compute/disk:Disk"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLUSTER = "gcp:container/cluster:Cluster"
+BUCKET = "gcp:storage/bucket:Bucket"
 EVERY_FIELD = ("*",)
 
 FORCE_NEW: dict[str, tuple[str, ...]] = {
@@ -43,7 +44,7 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     # google/services/compute/resource_compute_subnetwork.go
     "gcp:compute/subnetwork:Subnetwork": ("name", "project", "network", "region"),
     # google/services/storage/resource_storage_bucket.go
-    "gcp:storage/bucket:Bucket": ("name", "project", "location"),
+    BUCKET: ("name", "project", "location"),
     # google/services/container/resource_container_cluster.go
     CLUSTER: ("name", "location", "project", "network", "subnetwork", "datapathProvider", "initialNodeCount",
               "ipAllocationPolicy", "ipAllocationPolicy.clusterIpv4CidrBlock",

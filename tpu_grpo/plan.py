@@ -74,11 +74,12 @@ def build(stack: str | None = None) -> Plan:
     raw = settings_module.read_stack_file(stack, settings_module.project_root())
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
+    paid_disks = disks(settings)
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
         warnings=settings.warnings,
-        replaces=[stack_module.describe(change) for change in stack_module.preview(settings)],
+        replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
         access=access_to_grant(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(settings_module.PROJECT)],
@@ -95,8 +96,8 @@ def build(stack: str | None = None) -> Plan:
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             quota=obtained.quota,
             note=cost_note(settings),
-            disks=disks(settings),
-            disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in disks(settings)), 3),
+            disks=paid_disks,
+            disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in paid_disks), 3),
             disks_price_source=HYPERDISK_PRICE_SOURCE,
         ),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
@@ -115,7 +116,8 @@ def disks(settings) -> list[dict[str, Any]]:
                  ("data disk", settings.data_disk_gb, f"{settings.data_disk_iops} IOPS, "
                                                       f"{settings.data_disk_throughput_mibps} MiB/s provisioned")]
     return [{"disk": name, "gb": gb, "performance": performance,
-             "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4)} for name, gb, performance in found]
+             "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4)}
+            for name, gb, performance in found]
 
 
 def cost_note(settings) -> str:
@@ -129,8 +131,8 @@ def cost_note(settings) -> str:
                 "whether or not the VM runs, until the reservation ends")
     else:
         when = "Billed while the VM runs, training or not"
-    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH login) session "
-            "(tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
+    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH "
+            "login) session (tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
             "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
     waits = f" {obtained.waits}" if obtained.waits else ""
     return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from infra import replacements
 from tpu_grpo.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.errors import UserError
 from tpu_grpo.kubeconfig import AUTH_PLUGIN
@@ -25,14 +26,13 @@ INSTANCE_TYPE = "gcp:compute/instance:Instance"
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
 #: What a replacement of each kind of resource means for the user (infra/replacements.py finds them).
 REPLACING = {
-    "gcp:compute/instance:Instance": "a new VM and boot disk (provisioning again, /dev/shm emptied)",
-    "gcp:compute/disk:Disk": "the data disk is DELETED with all it holds (saved models, checkpoints, the kept "
-                             "conversion, the caches) and a new, empty one is made",
-    "gcp:container/nodePool:NodePool": "new TPU hosts (a running job stops); the runs stay in the bucket",
-    "gcp:container/cluster:Cluster": "a new cluster (every job stops); the runs stay in the bucket",
-    "gcp:storage/bucket:Bucket": "a new bucket; the old one and what it holds are kept (retained on delete)",
+    replacements.INSTANCE: "a new VM and boot disk (provisioning again, /dev/shm emptied)",
+    replacements.DISK: "the data disk is DELETED with all it holds (saved models, checkpoints, the kept conversion, "
+                       "the caches) and a new, empty one is made",
+    replacements.NODE_POOL: "new TPU hosts (a running job stops); the runs stay in the bucket",
+    replacements.CLUSTER: "a new cluster (every job stops); the runs stay in the bucket",
+    replacements.BUCKET: "a new bucket; the old one and what it holds are kept (retained on delete)",
 }
-DATA_DISK = "gcp:compute/disk:Disk"
 #: `--event-log` is a flag of `pulumi up` only when PULUMI_DEBUG_COMMANDS is set (pkg/cmd/pulumi/operations/up.go:
 #: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
 #: it for the same reason.
@@ -147,17 +147,19 @@ def instance_state(stack: str) -> tuple[str, str] | None:
     return None
 
 
-def preview(settings: Settings) -> list:
+def preview(settings: Settings, declared: list | None = None) -> list:
     """What `pulumi up` would replace or delete (infra/replacements.py): the stack's state as the last update (and
-    refresh) left it against the program run offline on the stack file now; [] with no CLI or nothing made yet."""
+    refresh) left it against what the program declares now (`declared`, or the program run offline on the stack
+    file); [] with no CLI or nothing made yet."""
     state = _pulumi_json("stack", "export", "--stack", settings.stack) or {}
     resources = state.get("deployment", {}).get("resources") or []
     if not resources:
         return []
-    from infra import offline, program, replacements
+    from infra import offline, program
     from tpu_grpo.settings import read_stack_file
 
-    _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)
+    if declared is None:
+        _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)
     return replacements.diff(resources, declared, program.REPLACE_ON_CHANGES)
 
 
@@ -165,7 +167,7 @@ def describe(change) -> str:
     """One line for a replacement or deletion: what, why, and what it means."""
     kind = change.type.rsplit(":", 1)[-1]
     if change.action == "delete":
-        meaning = ("the data disk is DELETED with all it holds" if change.type == DATA_DISK
+        meaning = ("the data disk is DELETED with all it holds" if change.type == replacements.DISK
                    else "it is deleted")
         return f"{kind} {change.name} is no longer declared: {meaning}"
     return f"{kind} {change.name} ({change.because()}): {REPLACING.get(change.type, 'a new one is made')}"
@@ -173,7 +175,7 @@ def describe(change) -> str:
 
 def data_disk_lost(changes: list) -> bool:
     """Whether the update deletes the data disk (replaced by an empty one, or gone)."""
-    return any(change.type == DATA_DISK for change in changes)
+    return any(change.type == replacements.DISK for change in changes)
 
 
 def select_and_refresh(settings: Settings, stdout=None) -> int:
