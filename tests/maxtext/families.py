@@ -3,7 +3,8 @@ layers and widths shrunk, and each tensor named and shaped as that class has it 
 trains and exports them as it would the real model, its own config shrunk to match by `--set`s.
 
 The files are written by the tier's own venv (`python -m tests.maxtext.families MODEL FOLDER`, and `gsm8k FOLDER`
-for the data), which has safetensors and pyarrow, as a host has them; the tests only read headers."""
+for the data), which has safetensors, pyarrow, torch and transformers, as a host has them; it also loads an export
+(`load FOLDER`) and weighs a checkpoint (`bytes FOLDER`) for the tests."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class Family:
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
     experts: bool = False  # Qwen3 MoE: a router and EXPERTS experts in place of the dense MLP
     chips: int = 1  # the machine's chips, CPU devices here: as many as the model's rollout split needs
+    #: The class's weights MaxText neither trains nor exports (its models are text-only): the export leaves them out
+    untrained: tuple[str, ...] = ()
 
     def tensors(self) -> dict[str, tuple[int, ...]]:
         """Each tensor's name and shape, as the class's state dict has them."""
@@ -69,6 +72,15 @@ class Family:
         from safetensors.numpy import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
+        if "text_config" in self.config:  # a text and vision model: its own class lays it out
+            import torch
+            import transformers
+
+            torch.manual_seed(seed)
+            config = transformers.AutoConfig.for_model(**self.config)
+            getattr(transformers, self.architecture)(config).save_pretrained(folder)
+            write_tokenizer(folder)
+            return folder
         random = np.random.default_rng(seed)
         save_file({name: (random.standard_normal(shape) * 0.02).astype(np.float32)
                    for name, shape in self.tensors().items()}, str(folder / "model.safetensors"))
@@ -122,6 +134,22 @@ FAMILIES = {family.model: family for family in (
         intermediate_size=EXPERT_MLP * EXPERTS_PER_TOKEN,
         num_experts=EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN, moe_intermediate_size=EXPERT_MLP,
         decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True), q_norm=True, experts=True, chips=8),
+    # google/gemma-3-4b-it's (MaxText's HF_MODEL_CONFIGS), shrunk, its vision tower too
+    Family("gemma3-4b", "Gemma3ForConditionalGeneration", dict(
+        architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", boi_token_index=VOCAB - 3,
+        eoi_token_index=VOCAB - 2, image_token_index=VOCAB - 1, eos_token_id=[1, 2], mm_tokens_per_image=4,
+        text_config={"model_type": "gemma3_text", "hidden_size": HIDDEN, "intermediate_size": MLP,
+                     "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "vocab_size": VOCAB,
+                     "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "attention_bias": False,
+                     "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 32,
+                     "sliding_window_pattern": 6, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                     "max_position_embeddings": 2048},
+        vision_config={"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "num_channels": 3, "image_size": 28,
+                       "patch_size": 14, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6,
+                       "vision_use_head": False}),
+        untrained=("model.vision_tower.", "model.multi_modal_projector.")),
 )}
 
 
@@ -136,6 +164,21 @@ def write_gsm8k(folder: Path) -> None:
             for a in range(1, 17) for b in range(1, 4)]
     pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
     pq.write_table(pa.Table.from_pylist(rows[:8]), folder / "test.parquet")
+
+
+def load_export(folder: Path) -> dict:
+    """The export as transformers loads it, offline: the class it makes, the class's weights it missed, found
+    unexpected or in another shape, and how many tokens a greedy reply to a chat-templated question from the
+    tokenizer beside it has."""
+    import transformers
+
+    model, found = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    reply = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    return {"class": type(model).__name__, "new_tokens": reply.shape[-1] - prompt["input_ids"].shape[-1],
+            **{what: sorted(map(str, found[what])) for what in ("missing_keys", "unexpected_keys", "mismatched_keys")}}
 
 
 def bytes_per_parameter(step_folder: Path) -> dict[str, float]:
@@ -157,13 +200,14 @@ def bytes_per_parameter(step_folder: Path) -> dict[str, float]:
     return {part: nbytes / parameters for part, (nbytes, _) in found.items()}
 
 
-#: Every other row of the model table (but Gemma 3), as its family's checkpoint under its own name: whether the
-#: row ties its word embeddings (MaxText's HF_MODEL_CONFIGS: the small Qwen3 and Qwen2.5 do), and its chips (70B's
+#: Every other row of the model table, as its family's checkpoint under its own name: whether the row ties its word
+#: embeddings (MaxText's HF_MODEL_CONFIGS: the small Qwen3 and Qwen2.5 and every Gemma 3 do), and its chips (70B's
 #: rollout is split 8 ways, MaxText's recipe).
 SAME_FAMILY = {"llama3.1-8b": ("llama3.1-8b-Instruct", False, 1), "llama3.1-70b": ("llama3.1-8b-Instruct", False, 8),
                "qwen3-0.6b": ("qwen3-8b", True, 1), "qwen3-4b": ("qwen3-8b", True, 1),
                "qwen3-14b": ("qwen3-8b", False, 1), "qwen3-32b": ("qwen3-8b", False, 1),
-               "qwen2.5-1.5b": ("qwen2.5-7b", True, 1), "qwen2.5-14b": ("qwen2.5-7b", False, 1)}
+               "qwen2.5-1.5b": ("qwen2.5-7b", True, 1), "qwen2.5-14b": ("qwen2.5-7b", False, 1),
+               "gemma3-12b": ("gemma3-4b", True, 1), "gemma3-27b": ("gemma3-4b", True, 1)}
 ROWS = {**FAMILIES, **{row: replace(FAMILIES[family], model=row, chips=chips,
                                     config={**FAMILIES[family].config, "tie_word_embeddings": tied})
                        for row, (family, tied, chips) in SAME_FAMILY.items()}}
@@ -173,6 +217,8 @@ if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
     if what == "bytes":
         print(json.dumps(bytes_per_parameter(folder)))
+    elif what == "load":
+        print(json.dumps(load_export(folder)))
     elif what == "gsm8k":
         write_gsm8k(folder)
     else:
