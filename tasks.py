@@ -501,7 +501,7 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
             found = [target.metrics(name, None)[0] for name in compare]
             path = metrics_module.plot(found, path or settings_module.state_dir() / "compare.png")
         elif events:  # a folder here: no host, no cluster
-            found, path = results.metrics_of(None, run, events, path)
+            found, path = results.metrics_of_events(run, events, path)
         else:
             found, path = targets.pick(host, identity, stack, wait).metrics(run, path)
     if json_:

@@ -11,6 +11,7 @@ command the tutorial types, so the two cannot drift apart.
 from __future__ import annotations
 
 import shlex
+from typing import cast
 
 import pulumi
 import pulumi_gcp as gcp
@@ -54,7 +55,6 @@ class TpuHost(pulumi.ComponentResource):
     def __init__(self, settings: Settings, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{PROJECT}:index:TpuHost", settings.vm_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        common = {"project": settings.project}
         resource_labels = labels(settings)
 
         network, subnetwork = declare_network(settings, child)
@@ -62,7 +62,7 @@ class TpuHost(pulumi.ComponentResource):
             f"{settings.vm_name}-ssh", name=f"{settings.vm_name}-ssh", network=network,
             direction="INGRESS", allows=[{"protocol": "tcp", "ports": ["22"]}],
             source_ranges=list(settings.ssh_source_ranges), target_tags=[ssh_tag(settings)],
-            **common, opts=child,
+            project=settings.project, opts=child,
         )
         # Its own resource, attached but not auto-deleted: it survives the reservation's end. Its
         # provisioned throughput writes a checkpoint of the `disk` store in well under a minute.
@@ -70,57 +70,62 @@ class TpuHost(pulumi.ComponentResource):
             f"{settings.vm_name}-data", name=f"{settings.vm_name}-data", type=DISK_TYPE,
             size=settings.data_disk_gb, zone=settings.zone, labels=resource_labels,
             provisioned_iops=settings.data_disk_iops, provisioned_throughput=settings.data_disk_throughput_mibps,
-            **common, opts=child,
+            project=settings.project, opts=child,
         )
         if settings.bucket:
             self.bucket = declare_bucket(settings, child, account_member(settings))
         obtained = settings.obtained
-        scheduling = {**obtained.scheduling, "provisioning_model": obtained.provisioning_model}
+        scheduling = cast(gcp.compute.InstanceSchedulingArgsDict,  # the capacity table's scheduling arguments
+                          {**obtained.scheduling, "provisioning_model": obtained.provisioning_model})
         if settings.max_run_hours is not None:
             scheduling["max_run_duration"] = {"seconds": settings.max_run_hours * 3600}
-        affinity = None
+        affinity: gcp.compute.InstanceReservationAffinityArgsDict | None = None
         if obtained.affinity == "SPECIFIC_RESERVATION":
+            assert settings.reservation, "settings refuse this capacity without a reservation"
             affinity = {"type": obtained.affinity,
                         "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]}}
         elif obtained.affinity:
             affinity = {"type": obtained.affinity}
+        boot_disk: gcp.compute.InstanceBootDiskArgsDict = {
+            "auto_delete": True,
+            "initialize_params": {"image": f"{IMAGE_PROJECT}/{IMAGE_FAMILY}", "size": settings.boot_disk_gb,
+                                  "type": DISK_TYPE}}
+        data_disk: gcp.compute.InstanceAttachedDiskArgsDict = {
+            "source": self.data_disk.id, "device_name": DATA_DEVICE_NAME, "mode": "READ_WRITE"}
+        interface: gcp.compute.InstanceNetworkInterfaceArgsDict = {
+            "network": network, "subnetwork": subnetwork, "access_configs": [{}]}
+        account: gcp.compute.InstanceServiceAccountArgsDict = {"email": settings.service_account,
+                                                                 "scopes": list(SCOPES)}
         self.instance = gcp.compute.Instance(
             settings.vm_name,
             name=settings.vm_name,
             zone=settings.zone,
             machine_type=settings.machine_type,
-            boot_disk={
-                "auto_delete": True,
-                "initialize_params": {
-                    "image": f"{IMAGE_PROJECT}/{IMAGE_FAMILY}",
-                    "size": settings.boot_disk_gb,
-                    "type": DISK_TYPE,
-                },
-            },
-            attached_disks=[{"source": self.data_disk.id, "device_name": DATA_DEVICE_NAME, "mode": "READ_WRITE"}],
+            boot_disk=boot_disk,
+            attached_disks=[data_disk],
             scheduling=scheduling,
             reservation_affinity=affinity,
-            network_interfaces=[{"network": network, "subnetwork": subnetwork, "access_configs": [{}]}],
+            network_interfaces=[interface],
             tags=[ssh_tag(settings)],
             metadata={
                 "ssh-keys": f"{settings.ssh_user}:{settings.ssh_public_key}",
                 "enable-oslogin": "FALSE",  # OS Login would ignore the ssh-keys entry
             },
-            service_account={"email": settings.service_account, "scopes": list(SCOPES)},
+            service_account=account,
             labels=resource_labels,
             deletion_protection=False,
-            **common,
+            project=settings.project,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 ignore_changes=IGNORED_CHANGES, replace_on_changes=REPLACED_ON_CHANGES)),
         )
-        interface = self.instance.network_interfaces[0]
+        nic = self.instance.network_interfaces[0]
         machine = settings.machine
         self.outputs = {
             "name": self.instance.name,
             "zone": settings.zone,
             "project": settings.project,
-            "external_ip": interface.access_configs[0].nat_ip,
-            "internal_ip": interface.network_ip,
+            "external_ip": nic.access_configs[0].nat_ip,
+            "internal_ip": nic.network_ip,
             "ssh_user": settings.ssh_user,
             "data_disk_device": DATA_DISK_DEVICE,
             "machine_type": machine.machine_type,

@@ -14,6 +14,8 @@ read-write, logging, monitoring) rather than cloud-platform.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
@@ -44,6 +46,7 @@ class TpuSlice(pulumi.ComponentResource):
         super().__init__(f"{PROJECT}:index:TpuSlice", settings.vm_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         shape, obtained, name = settings.tpu_slice, settings.obtained, settings.vm_name
+        assert shape, "a slice's stack"
         resource_labels = labels(settings)
         network, subnetwork = declare_network(settings, child)
         self.cluster = gcp.container.Cluster(
@@ -57,14 +60,15 @@ class TpuSlice(pulumi.ComponentResource):
             deletion_protection=False,  # `pulumi destroy` removes it; the runs are in the bucket
             resource_labels=resource_labels, opts=child,
         )
-        node_config = {"oauth_scopes": list(SCOPES), "resource_labels": resource_labels,
-                       "service_account": settings.service_account}
+        node_config: dict[str, Any] = {"oauth_scopes": list(SCOPES), "resource_labels": resource_labels,
+                                       "service_account": settings.service_account}
         pool_options = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             replace_on_changes=POOL_REPLACED_ON_CHANGES))
         self.cpu_pool = gcp.container.NodePool(
             f"{name}-{CPU_POOL}", name=CPU_POOL, cluster=self.cluster.name, location=settings.zone,
             project=settings.project, node_count=1,
-            node_config={**node_config, "machine_type": CPU_MACHINE_TYPE, "disk_size_gb": settings.cpu_pool_disk_gb},
+            node_config=cast(gcp.container.NodePoolNodeConfigArgsDict, {
+                **node_config, "machine_type": CPU_MACHINE_TYPE, "disk_size_gb": settings.cpu_pool_disk_gb}),
             opts=pool_options,
         )
         self.tpu_pools = []
@@ -76,10 +80,10 @@ class TpuSlice(pulumi.ComponentResource):
                 placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
                 max_pods_per_node=TPU_MAX_PODS_PER_NODE,
                 network_config={"accelerator_network_profile": "auto"},
-                node_config={**node_config, "machine_type": HOST_MACHINE_TYPE, "disk_size_gb": settings.boot_disk_gb,
-                             "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
-                             "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"},
-                             **capacity_config},
+                node_config=cast(gcp.container.NodePoolNodeConfigArgsDict, {
+                    **node_config, "machine_type": HOST_MACHINE_TYPE, "disk_size_gb": settings.boot_disk_gb,
+                    "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
+                    "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"}, **capacity_config}),
                 **capacity, opts=pool_options,
             ))
         self.repository = gcp.artifactregistry.Repository(
@@ -128,6 +132,7 @@ def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:
     `--host-maintenance-interval` and `--accelerator-network-profile` exist only in gcloud's beta track, which is
     why xpk runs it too."""
     shape, name = settings.tpu_slice, settings.vm_name
+    assert shape, "a slice's stack"
     service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
     return [
         "gcloud", "beta", "container", "node-pools", "create", shape.pool(name, index),

@@ -282,6 +282,7 @@ def _over_openssh(host: hosts.Host) -> Callable | None:
         argv = ssh_command(ssh, host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
         with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) as client:
+            assert client.stdout and client.stderr, "both piped"
             read = _receive(client.stdout, part, have, size, digest, progress)
             client.stdout.close()
             said = client.stderr.read().decode(errors="replace").strip().splitlines()

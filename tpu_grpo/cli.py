@@ -71,7 +71,7 @@ task = functools.partial(invoke_task, klass=FlagTask)
 
 
 @contextmanager
-def one_line_errors(keep: tuple[type, ...] = ()):
+def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
     """Bad input ends the task with one line and its exit code (2; a failure on the host: 1), no traceback.
     Errors of the `keep` types go on up, to a caller that handles them (a lost VM, with --recover)."""
     try:
@@ -131,4 +131,4 @@ def _parse_tasks_in_one_line(program: Program) -> None:
 # Invoke has no hook for its parse errors: it prints them in its own words and exits 1. Its tasks are parsed
 # after this module is imported (with tasks.py), so wrapping Program.parse_tasks gives them the project's
 # one line and exit code 2.
-Program.parse_tasks = _parse_tasks_in_one_line
+Program.parse_tasks = _parse_tasks_in_one_line  # type: ignore[method-assign, assignment]

@@ -6,6 +6,7 @@ connect, gather the checks, make right what is not.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -100,7 +101,7 @@ class Planned:
     def __init__(self, book: Playbook, step: Step, values: dict, secrets: dict):
         self.step, self.values = step, values
         self.skip = ""
-        self.secret_value = None
+        self.secret_value: str | None = None
         if not applies(step, values):
             self.skip = f"when: {', '.join(step.when)}"
         if step.secret:
@@ -171,7 +172,8 @@ class _Stream:
     shows them at the end, so that a failed step's tail holds its messages, not spinner frames."""
 
     def __init__(self, report: Callable[[str], None] | None):
-        self.report, self.partial, self.drawn, self.lines = report, "", "", []
+        self.report, self.partial, self.drawn = report, "", ""
+        self.lines: list[str] = []
 
     def write(self, text: str) -> None:
         *pieces, self.partial = re.split(r"(\r|\n)", self.partial + text)
@@ -258,7 +260,7 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
         notify("start", report.host, name, None)
         started, began = time.monotonic(), time.time()
         try:
-            result = _make_right(connection, item, lambda line, step=name: notify("output", report.host, step, line),
+            result = _make_right(connection, item, functools.partial(notify, "output", report.host, name),
                                  retry_delays)
         except Exception as error:  # noqa: BLE001 - a lost connection ends this host, whatever paramiko raises
             result = StepResult(name, "failed", note=f"connection lost ({error or type(error).__name__}); "
@@ -279,13 +281,13 @@ def _record(connection, report: HostReport) -> None:
     """Keep on the host when each step that ran began and how long it took (`invoke timeline` reads it)."""
     ran = [{"step": result.step, "status": result.status, "started": result.started, "seconds": result.seconds}
            for result in report.steps if result.started]
-    name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(ran[0]["started"]))
+    name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(next(r.started for r in report.steps if r.started)))
     hosts_module.write_text(connection, f"{PROVISIONING}/{name}.json", json.dumps({"host": report.host, "steps": ran}))
 
 
 def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:
     name = item.step.name
-    if item.step.secret:
+    if item.step.secret and item.secret_value is not None:  # none: the step is skipped
         try:
             _copy_secret(connection, item.step.secret["dest"], item.secret_value)
         except OSError as error:  # SFTP's own refusal (permission denied) on a live link is the step's failure

@@ -137,7 +137,7 @@ cat "$dir/pid"
         running = result.stdout.split()[1] if len(result.stdout.split()) > 1 else "another job"
         raise JobBusy(f"the TPU is busy with job {running}; fix: wait for it (uv run invoke logs --follow) "
                       "or stop it (uv run invoke cancel)")
-    if result.exited == CLAIMED_EXIT:
+    if result.exited == CLAIMED_EXIT and claim:
         raise ClaimTaken(claim[0], base64.b64decode(result.stdout.split()[-1]).decode())
     if result.exited != 0:
         raise JobError(f"job {job_id} did not start (exit {result.exited}): {(result.stderr or result.stdout).strip()}")
@@ -248,7 +248,8 @@ class Session:
     """One host's connection, reopened on use after the link died (a flaky network, a VM back up)."""
 
     def __init__(self, host: hosts.Host, wait_s: float = 0):
-        self.host, self.wait_s, self.notices, self._connection = host, wait_s, [], None
+        self.host, self.wait_s, self._connection = host, wait_s, None
+        self.notices: list[str] = []
         #: Asked when the link drops: what the cloud says of a VM that is gone (None: it runs), so
         #: that a lost VM ends the follow at once instead of after RECONNECT_S of retries.
         self.vm_gone: Callable[[], str | None] | None = None

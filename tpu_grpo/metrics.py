@@ -210,7 +210,7 @@ def table(metrics: Metrics) -> Table:
 def eval_points(metrics: Metrics) -> list[tuple[int, float, str]]:
     """(step, accuracy %, stage) of each eval: pre at step 0, post at the run's last step."""
     last = metrics.last_step()
-    points = []
+    points: list[tuple[int, float, str]] = []
     for e in metrics.evals:
         step = e.step if e.step is not None else (0 if e.stage == "pre" else last)
         points.append((step, e.accuracy, e.stage))
@@ -361,8 +361,8 @@ def compare_figure(runs: list[Metrics]) -> Figure:
         for ax, name in zip(axes, COMPARED):
             if points := metrics.series(name):
                 ax.plot(*zip(*points), marker="o", label=label)
-        if points := eval_points(metrics):
-            axes[-1].plot([step for step, _, _ in points], [value for _, value, _ in points], marker="o", label=label)
+        if evals := eval_points(metrics):
+            axes[-1].plot([step for step, _, _ in evals], [value for _, value, _ in evals], marker="o", label=label)
     for ax, name in zip(axes, COMPARED):
         ax.set_title(f"{LABELS[name]}: {SERIES[name]}", fontsize="medium")
         ax.set_ylabel(LABELS[name])

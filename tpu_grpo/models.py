@@ -51,7 +51,7 @@ class Model:
     #: then derived, -1); None: one replica over the sampler's chips (data 1, tensor -1).
     rollout_tensor_parallelism: int | None = None
     #: What MaxText's own model inside vLLM is given beyond its name, as the model's recipe has it.
-    maxtext_in_vllm: tuple[tuple[str, str], ...] = ()
+    maxtext_in_vllm: tuple[tuple[str, str | bool], ...] = ()
 
     @property
     def training_tokenizer(self) -> str:

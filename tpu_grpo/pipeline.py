@@ -241,7 +241,7 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
 
 
 def job_meta(run: maxtext.Run, step: str) -> dict:
-    meta = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
+    meta: dict[str, object] = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
             "paths": maxtext.paths(run), "capacity": run.capacity}
     if step == "train":
         meta["total_steps"] = run.train_steps
@@ -256,6 +256,7 @@ def start_step(connection, run: maxtext.Run, step: str) -> str:
     try:
         jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step), claim)
     except jobs.ClaimTaken as taken:
+        assert claim, "only a training claims its run name"
         raise name_taken(run, "trained", taken.found, claim[1]) from None
     return job_id
 
@@ -263,7 +264,7 @@ def start_step(connection, run: maxtext.Run, step: str) -> str:
 def running_jobs(connection, run: maxtext.Run) -> dict[str, jobs.Job]:
     """This run's steps that have a job running now (a pipeline re-run attaches to them)."""
     keys = {record_key(run, step): step for step in maxtext.STEPS}
-    return {keys[job.meta.get("key")]: job for job in jobs.list_jobs(connection)
+    return {keys[job.meta.get("key", "")]: job for job in jobs.list_jobs(connection)
             if job.state == "running" and job.meta.get("key") in keys}
 
 

@@ -153,10 +153,15 @@ def provision_steps(settings) -> list[dict[str, Any]]:
 
     book = playbook.load()
     values = playbook.resolve(book, stack=playbook.stack_values(settings))
+    def command(step: playbook.Step) -> str:
+        if step.run:
+            return playbook.render(step.run, values).strip()
+        assert step.secret, "a step without run is a secret's copy"
+        return f"copy {step.secret['source']} to ~/{step.secret['dest']} (mode 600, over SFTP)"
+
     return [{"step": step.name, "runs": playbook.applies(step, values), "when": list(step.when),
-             "as": "root" if step.become else "ssh user", "tags": list(step.tags),
-             "command": playbook.render(step.run, values).strip() if step.run else f"copy {step.secret['source']} "
-                        f"to ~/{step.secret['dest']} (mode 600, over SFTP)"} for step in book.steps]
+             "as": "root" if step.become else "ssh user", "tags": list(step.tags), "command": command(step)}
+            for step in book.steps]
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:

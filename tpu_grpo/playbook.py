@@ -35,7 +35,10 @@ class PlaybookError(UserError):
     """A playbook, variable override or lock that cannot be used; one line naming where and the fix."""
 
 
-class _LineLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser: 10x faster
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: 10x faster
+
+
+class _LineLoader(_SAFE_LOADER):
     """Keeps each mapping's line number, so errors can name it."""
 
 
@@ -257,6 +260,7 @@ def applies(step: Step, values: dict) -> bool:
     """Whether every `when` condition of the step holds for these variables."""
     for condition in step.when:
         match = _CONDITION.match(condition)
+        assert match, "conditions are checked when the playbook loads"
         if match["name"]:
             holds = str(values[match["name"]]) == match["value"]
         else:

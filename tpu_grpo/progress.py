@@ -185,7 +185,8 @@ class Tracker:
 
     def seconds_per_step(self) -> float | None:
         """Mean time between the train steps seen so far (the first one's compile excluded)."""
-        if self.first_step is None or self.step <= self.first_step:
+        if (self.first_step is None or self.first_step_at is None or self.last_step_at is None
+                or self.step <= self.first_step):
             return None
         return (self.last_step_at - self.first_step_at) / (self.step - self.first_step)
 
@@ -194,7 +195,7 @@ class Tracker:
         if self.completed or (self.total_steps and self.step >= self.total_steps):
             return 0.0
         rate = self.seconds_per_step()
-        if rate is None:
+        if rate is None or self.last_step_at is None:
             return None
         now = self.clock() if now is None else now
         finish = self.last_step_at + (self.total_steps - self.step) * rate

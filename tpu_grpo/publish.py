@@ -109,7 +109,9 @@ def facts(connection, run: str) -> Facts:
 def read_facts(run: str, trainings: list, answer: str) -> Facts:
     """The facts in the host's answer to `facts`' script, for the run's training jobs (oldest first): before
     training as the first training measured it, after as the last one did."""
-    records, evals, version = {}, {}, "unknown"
+    records: dict[str, dict] = {}
+    evals: dict[str | None, list[Eval]] = {}
+    version = "unknown"
     job = None
     for line in answer.splitlines():
         kind, _, rest = line.partition(" ")

@@ -117,7 +117,7 @@ def bring_back(chosen: settings_module.Settings, targets: Callable[[], list[host
     forgotten first (the next connection records the new one and says so). Nobody is there to answer Pulumi's
     question, so the update goes ahead unasked (`--yes`), but never one that deletes the data disk (the stack file
     changed since the run began): that waits for a person."""
-    code, meanings = stack.select_and_refresh(chosen, stdout=stdout), []
+    code, meanings = stack.select_and_refresh(chosen, stdout=stdout), list[str]()
     if code == 0:
         if stack.data_disk_lost(stack.preview(chosen)):
             raise RecoveryError("the stack file now deletes the data disk (gcp:zone or vmName changed since the run "

@@ -258,19 +258,22 @@ def _plotted(found, out: Path | None):
     return found, metrics.plot(found, path)
 
 
-def metrics_of(session: jobs.Session | None, run: str | None, events: Path | None, out: Path | None):
-    """Load a run's metrics (the host's TensorBoard events and train log, copied to the laptop first,
-    or a local events folder) and write its plot; returns (metrics, png path). The flags were
-    checked by check_metrics_flags."""
+def metrics_of_events(run: str | None, events: Path, out: Path | None):
+    """Load a run's metrics from a local folder of TensorBoard events and write its plot; returns (metrics, png
+    path). The flags were checked by check_metrics_flags."""
     from tpu_grpo import metrics
 
-    if events is not None:
-        found = metrics.load(Path(events).expanduser(), run=run)
-        if not found.rows:
-            raise metrics.MetricsError(f"--events {str(events)!r} holds no MaxText scalar (none of "
-                                       f"{', '.join(sorted(metrics.SERIES.values()))}); fix: give a run's tensorboard "
-                                       "folder, e.g. .tpu-grpo/runs/RUN/tensorboard")
-        return _plotted(found, out)
+    found = metrics.load(Path(events).expanduser(), run=run)
+    if not found.rows:
+        raise metrics.MetricsError(f"--events {str(events)!r} holds no MaxText scalar (none of "
+                                   f"{', '.join(sorted(metrics.SERIES.values()))}); fix: give a run's tensorboard "
+                                   "folder, e.g. .tpu-grpo/runs/RUN/tensorboard")
+    return _plotted(found, out)
+
+
+def metrics_of(session: jobs.Session, run: str | None, out: Path | None):
+    """Load a run's metrics (the host's TensorBoard events and train log, copied to the laptop first) and write its
+    plot; returns (metrics, png path)."""
     connection = session.connection
     job = _train_job(connection, run)
     sync_events(connection, job)

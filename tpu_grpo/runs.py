@@ -56,7 +56,9 @@ def _script() -> str:
 
 
 def _host_runs(answer: facts.Answer) -> list[RunRow]:
-    job_lines, logs, saved = [], {}, set()
+    job_lines: list[str] = []
+    logs: dict[str, list[str]] = {}
+    saved: set[str] = set()
     for line in answer.stdout.splitlines():
         kind, _, rest = line.partition("\t" if line.startswith("job\t") else " ")
         if kind == "job":
@@ -67,7 +69,7 @@ def _host_runs(answer: facts.Answer) -> list[RunRow]:
         elif kind == "saved":
             saved.add(rest)
     found = jobs.parse_jobs(facts.Answer("\n".join(job_lines)))
-    rows = {}
+    rows: dict[str, RunRow] = {}
     for job in found:
         row = rows.setdefault(job.run, RunRow(job.run, started=job.started, where=[]))
         _add_job(row, job, logs.get(job.id, []))

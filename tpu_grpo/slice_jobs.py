@@ -55,6 +55,7 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     name = jobset.job_name(step, run.run_name)
     image = images.post_training_image(settings.project, settings.region)
     script = maxtext.script(run, step, in_slice=True)
+    assert settings.tpu_slice, "a slice's stack"
     if step != "train":
         return jobset.cpu(name, step, run.run_name, image, script)
     made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
@@ -246,6 +247,7 @@ def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: 
                 said.add(job.problem)
                 view.note(job.problem)
             if job.state in ("finished", "failed"):
+                assert job.exit_code is not None, "an ended JobSet's state carries its exit code"
                 code = job.exit_code
                 if not streamed and pod:
                     _stream(cluster, pod, view, follow_log=False)

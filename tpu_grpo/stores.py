@@ -28,6 +28,7 @@ def url_problem(url: str) -> str | None:
     naming rules: no name in the form of an IP address, none beginning with "goog" or holding "google"; and a
     prefix of `.` or `..` parts would name another folder than it says."""
     found = BUCKET_URL.fullmatch(url)
+    assert found, "only for a URL that BUCKET_URL matches"
     bucket, parts = found["bucket"], found["prefix"].split("/")[1:]
     if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", bucket):
         return "names a bucket in the form of an IP address, which Cloud Storage refuses"

@@ -89,8 +89,9 @@ class VmTarget:
                                 stdout=pulumi_out)
             return recovery.where_training_stands(self.fresh_session().connection, run)
 
-        outcome = (recovery.keep_going(attempt, chosen, bring_back, recover, recovery.Timeline.of(run.run_name),
-                                       console.print) if recover else attempt())
+        outcome = (attempt() if chosen is None else
+                   recovery.keep_going(attempt, chosen, bring_back, recover, recovery.Timeline.of(run.run_name),
+                                       console.print))
         console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
         return 0, outcome.to_json()
@@ -168,7 +169,7 @@ class VmTarget:
         """A run's metrics (default: the newest trained) from its events and log on the host, and its plot."""
         from tpu_grpo import results
 
-        return results.metrics_of(self.session, run, None, out)
+        return results.metrics_of(self.session, run, out)
 
     def runs(self):
         """Every run of this VM and of this laptop's fetched copies (tpu_grpo/runs.py), and what each source said."""

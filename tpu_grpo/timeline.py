@@ -97,7 +97,8 @@ def training_phases(run: str, started: float, ended: float, log_end: float, line
     def at(stamp: float) -> float:
         return min(max(stamp + shift, started), ended)
 
-    phases, since, first_step, last_step, last_step_at = [], started, None, None, None
+    phases: list[Phase] = []
+    since, last_step_at, first_step, last_step = started, started, None, None
     for stamp, text in marks:
         if text.startswith("Starting RL training"):
             phases.append(Phase("eval", f"{run}: start-up and evaluation before training", since, at(stamp)))
