@@ -17,16 +17,16 @@ import re
 import shlex
 import string
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from tpu_grpo.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.errors import UserError
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
-from tpu_grpo.accelerators import Accelerator
+from tpu_grpo.accelerators import MACHINES, Accelerator
 from tpu_grpo.progress import RESUMES, total_steps
-from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store
+from tpu_grpo.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 
 STEPS = ("convert", "train", "export")
 MODULES = {
@@ -137,6 +137,21 @@ class Run:
     @property
     def export_step(self) -> int:
         return self.step or self.batches
+
+    def to_record(self) -> dict:
+        """Every input of the run, as a job's record keeps it (JSON); `Run.from_record` makes the same Run again."""
+        return {**{each.name: getattr(self, each.name) for each in fields(self)},
+                "machine": self.machine.machine_type, "sets": {step: dict(sets) for step, sets in self.sets.items()},
+                "store": self.store.root if self.store.name == "gs" else self.store.name}  # a checkpointStore value
+
+    @classmethod
+    def from_record(cls, record: dict) -> Run:
+        return cls(**{**record, "machine": MACHINES[record["machine"]], "store": store_for(record["store"])})
+
+    def export_of(self, trained: Run) -> Run:
+        """The export of a trained run: everything as the training had it (model, export name, tokenizer, data,
+        store, batches, its `--set`s), and what this export asks itself (its `--set`s, the checkpoint step)."""
+        return replace(trained, step=self.step, sets={**trained.sets, "export": self.sets.get("export", {})})
 
     def inputs(self, step: str) -> dict:
         """What a step's result depends on: equal inputs mean a done step can be reused."""

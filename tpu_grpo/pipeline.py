@@ -241,8 +241,9 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
 
 
 def job_meta(run: maxtext.Run, step: str) -> dict:
-    meta: dict[str, object] = {"step": step, "run": run.run_name, "key": record_key(run, step), "inputs": run.inputs(step),
-            "paths": maxtext.paths(run), "capacity": run.capacity}
+    meta: dict[str, object] = {"step": step, "run": run.run_name, "key": record_key(run, step),
+                               "inputs": run.inputs(step), "record": run.to_record(), "paths": maxtext.paths(run),
+                               "capacity": run.capacity}
     if step == "train":
         meta["total_steps"] = run.train_steps
     return meta
@@ -382,6 +383,20 @@ def trained_runs(connection) -> list[dict]:
     return [job.meta for job in jobs.list_jobs(connection) if job.step == "train" and job.exit_code == 0]
 
 
+def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
+    """The run a training job ran, from its record; a job recorded before records held the whole run: from its
+    inputs, what it trained on (the model, tokenizer, data and loss), filled in with the run asked for."""
+    if "record" in meta:
+        return maxtext.Run.from_record(meta["record"])
+    inputs = meta["inputs"]
+    said = maxtext.trained_on(inputs)
+    return replace(asked, run_name=meta["run"], model=said["model"], tokenizer=said["tokenizer"],
+                   dataset=said["dataset"], dataset_config=said["dataset_config"], loss_algo=said["loss"],
+                   batches=inputs["batches"], test_batches=inputs["test_batches"],
+                   sets={**asked.sets, "train": inputs.get("train_set", {})},
+                   store=stores.STORES.get(inputs.get("store", "shm"), asked.store))
+
+
 def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Run:
     """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for."""
     trained = trained_runs(connection)
@@ -391,10 +406,7 @@ def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Ru
         which = f"run {run.run_name!r}" if run_name_given else "any run"
         raise PipelineError(f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
                             "(or name a trained run: uv run invoke status)")
-    inputs = trained[-1]["inputs"]
-    run = replace(run, run_name=trained[-1]["run"], batches=inputs["batches"], test_batches=inputs["test_batches"],
-                  sets={**run.sets, "train": inputs.get("train_set", {})},
-                  store=stores.STORES.get(inputs.get("store", "shm"), run.store))  # where it was trained
+    run = run.export_of(_trained_as(trained[-1], run))
     steps = checkpoint_steps(connection, run)
     if run.export_step not in steps:
         raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "

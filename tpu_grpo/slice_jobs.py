@@ -6,6 +6,7 @@ crashed worker) is said in one line with what to do."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 #: A registry refusing the puller (containerd's "403 Forbidden", Artifact Registry's "DENIED: Permission ... denied").
 PULL_DENIED = re.compile(r"\b403\b|[Ff]orbidden|DENIED|denied|[Uu]nauthorized")
 TOTAL_STEPS = "tpu-grpo/total-steps"
+RUN_RECORD = "tpu-grpo/run"  # a training's whole run (maxtext.Run.to_record), which its export is made of
 #: A Kubernetes label value: the run name is one on each of its jobs.
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
@@ -40,6 +42,7 @@ class SliceJob:
     created: str
     problem: str | None
     total_steps: int | None = None  # a training's GRPO steps, for the progress bar
+    trained: dict | None = None  # a training's run record (maxtext.Run.to_record)
 
     def record(self) -> JobRecord:
         return JobRecord(self.name, self.step, self.run, self.state, self.exit_code, self.created, None,
@@ -60,7 +63,8 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
         return jobset.cpu(name, step, run.run_name, image, script)
     made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
                            f"{settings.store.root}/pathways-scratch")
-    made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps)}  # for a later `logs --follow`
+    made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps),  # for a later `logs --follow`
+                                       RUN_RECORD: json.dumps(run.to_record())}
     return made
 
 
@@ -122,10 +126,11 @@ def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
     else:
         running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
         state, problem = ("running" if running else "pending"), trouble(pods, capacity)
-    labels, total = meta.get("labels", {}), meta.get("annotations", {}).get(TOTAL_STEPS, "")
+    labels, annotations = meta.get("labels", {}), meta.get("annotations", {})
+    total, record = annotations.get(TOTAL_STEPS, ""), annotations.get(RUN_RECORD)
     return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
                     exit_code, meta.get("creationTimestamp", ""), problem,
-                    int(total) if re.fullmatch(r"[0-9]+", total) else None)
+                    int(total) if re.fullmatch(r"[0-9]+", total) else None, json.loads(record) if record else None)
 
 
 def _script_pod(pods: list[dict]) -> dict | None:
@@ -322,7 +327,9 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
         which = f"run {run.run_name!r}" if run_name_given else "any run"
         raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
                                    "--batches 50 (or name a trained run: uv run invoke status)")
-    run = dataclasses.replace(run, run_name=trained[-1].run)
+    record = trained[-1].trained
+    run = (run.export_of(maxtext.Run.from_record(record)) if record  # a JobSet made before records: its name only
+           else dataclasses.replace(run, run_name=trained[-1].run))
     steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
     if not steps or (run.step is not None and run.step not in steps):
         raise maxtext.CommandError(f"run {run.run_name} has no checkpoint at step {run.step or 'any'} in "

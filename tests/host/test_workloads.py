@@ -419,6 +419,23 @@ def test_export_of_another_run_is_never_saved_as_this_runs_model(workload_host):
     assert (saved_with["batches"], saved_with["step"]) == (4, 4)
 
 
+def test_an_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_it_is_now(workload_host, stack_dir):
+    """The stack's tokenizer changed after the training: the export still writes the one the run trained with into
+    the model (from the training job's record), as a slice's does (tests/unit/test_slice_jobs.py)."""
+    host = workload_host
+    assert host.invoke("convert", project=stack_dir).returncode == 0
+    assert host.invoke("train", "--run-name", "a", "--batches", "4", project=stack_dir).returncode == 0
+    stack = stack_dir / "Pulumi.dev.yaml"
+    config = yaml.safe_load(stack.read_text())["config"]
+    stack.write_text(yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer",
+                                                "tpu-grpo:batches": "9"}}))
+    exported = host.invoke("export", "--run-name", "a", project=stack_dir)
+    assert exported.returncode == 0, exported.stderr
+    assert host.records("tokenizers") == [{"from_pretrained": "meta-llama/Llama-3.1-8B-Instruct"}]
+    [export] = [r for r in host.records() if r["module"].endswith("to_huggingface")]
+    assert "/a/checkpoints/actor/4/" in export["env"]["POST_TRAIN_PATH"]
+
+
 @pytest.fixture
 def disk_store(stack_dir) -> Path:
     """A project whose stack keeps checkpoints and runs on the data disk, every 2 steps, the newest 2."""

@@ -231,3 +231,29 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
     fresh = subprocess.run(["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True,
                            text=True)
     assert fresh.returncode == 0 and fresh.stdout == ""  # nothing to resume from: no line
+
+
+def test_a_run_record_makes_the_same_run_again_and_its_export_keeps_what_the_training_had():
+    from dataclasses import replace
+
+    from tpu_grpo.stores import store_for
+
+    trained = replace(RUN, tokenizer="someone/trained-tokenizer", dataset="openai/gsm8k", loss_algo="gspo-token",
+                      store=store_for("gs://bucket/runs"), sets={"train": {"rl.num_generations": "4"}}, batches=7)
+    record = json.loads(json.dumps(trained.to_record()))  # as a job's record keeps it
+    assert maxtext.Run.from_record(record) == trained
+    asked = replace(RUN, tokenizer="someone/new-tokenizer", batches=9, step=5, sets={"export": {"a": "1"}})
+    exported = asked.export_of(trained)
+    assert exported == replace(trained, step=5, sets={"train": {"rl.num_generations": "4"}, "export": {"a": "1"}})
+
+
+def test_a_training_recorded_before_whole_run_records_is_exported_with_what_its_inputs_say_it_trained_on():
+    from dataclasses import replace
+
+    from tpu_grpo import pipeline
+
+    trained = replace(RUN, tokenizer="someone/trained-tokenizer", batches=7, sets={"train": {"x": "1"}})
+    old = {"run": trained.run_name, "inputs": trained.inputs("train")}  # a job.json without "record"
+    asked = replace(RUN, tokenizer="someone/new-tokenizer", batches=9)
+    found = pipeline._trained_as(old, asked)
+    assert (found.training_tokenizer, found.batches, found.sets["train"]) == ("someone/trained-tokenizer", 7, {"x": "1"})

@@ -149,6 +149,25 @@ def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trai
     assert "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the newest: 50, the stack's batches
 
 
+def test_a_slice_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_it_is_now(slice_stack, kube):
+    """The stack changed after the training (another tokenizer and batch count): the export still writes the trained
+    tokenizer into the model and reads the trained run's checkpoint, from the training JobSet's record."""
+    kube.scenario = kubeapi.Scenario()
+    folder, _, bucket = slice_stack
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-7", "--batches", "6").returncode == 0
+    checkpoints_in_bucket(bucket, "gsm8k-7", 6)
+    stack = folder / "Pulumi.dev.yaml"
+    config = yaml.safe_load(stack.read_text())["config"]
+    stack.write_text(yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer",
+                                                "tpu-grpo:batches": "9"}}))
+    result = run_task(slice_stack, "export")
+    assert result.returncode == 0, result.stderr
+    made = kube.jobsets[jobset.job_name("export", "gsm8k-7")]
+    script = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert 'meta-llama/Llama-3.1-8B-Instruct "$HF_EXPORT"' in script and "someone/other-tokenizer" not in script
+    assert "export NUM_BATCHES=6" in script
+
+
 def test_a_slice_export_of_a_step_with_no_checkpoint_in_the_bucket_is_refused_before_a_job(slice_stack, kube):
     kube.scenario = kubeapi.Scenario()
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-14", "--batches", "90").returncode == 0
@@ -161,7 +180,7 @@ def test_a_slice_export_of_a_step_with_no_checkpoint_in_the_bucket_is_refused_be
     assert newest.returncode == 0, newest.stderr
     made = kube.jobsets[jobset.job_name("export", "gsm8k-14")]
     script = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert "/checkpoints/actor/90/model_params" in script
+    assert "export NUM_BATCHES=90" in script and "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the run's
     dry = run_task(slice_stack, "export", "--dry-run")  # which run is known once the cluster is asked
     assert dry.returncode == 0 and dry.stdout.startswith("# run name NEWEST: the newest trained run on the cluster")
     assert "RUN_NAME=NEWEST" in dry.stdout
