@@ -12,6 +12,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Exit
 
@@ -20,9 +21,12 @@ from invoke import Exit
 # (PYTHONDONTWRITEBYTECODE, -B) still decides.
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
-from tpu_grpo import settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
+from tpu_grpo import laptop_paths, settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
 from tpu_grpo.cli import checked, one_line_errors, task  # noqa: E402
 from tpu_grpo.errors import INTERRUPTED  # noqa: E402
+
+if TYPE_CHECKING:
+    from tpu_grpo.targets import Where
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
@@ -68,13 +72,13 @@ def _help(*names: str, **extra: str) -> dict:
     return {**{name: HELP[name] for name in names}, **extra}
 
 
-def _check_hosts(host=None, identity=None, stack=None, wait=None, **_) -> None:
-    """The host flags, before anything connects; the stack's settings when the host is the stack's VM."""
-    from tpu_grpo import hosts
+def _check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, **_) -> Where:
+    """Where the task's jobs run (tpu_grpo/targets.py's Where), before anything connects: the host flags, and the
+    stack's settings when the host is the stack's VM or cluster (or `with_stack`: the task needs them anyway)."""
+    from tpu_grpo import hosts, targets
 
-    hosts.check_flags(host, identity, wait)
-    if not host:
-        settings_module.load(stack, lenient=True)
+    flags = hosts.check_flags(host, identity, wait, stack)
+    return targets.Where(flags, settings_module.load(stack, lenient=True) if with_stack or not host else None)
 
 
 def _check_settings(stack=None, **_) -> settings_module.Settings:
@@ -148,7 +152,7 @@ def up(c, stack=None, yes=False):
         from tpu_grpo.hosts import ConnectError
 
         try:
-            unsaved = targets.pick(None, None, stack, None).unsaved()
+            unsaved = targets.pick(_check_hosts(stack=stack)).unsaved()
         except ConnectError as error:
             raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
                        f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
@@ -175,8 +179,7 @@ def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None
     values = playbook_module.resolve(book, var, pinned, stack_values)
     chosen_tags = playbook_module.parse_tags(tags)
     playbook_module.selected(book, chosen_tags)
-    _check_hosts(**flags)
-    return book, values, chosen_tags
+    return book, values, chosen_tags, _check_hosts(**flags)
 
 
 @task(iterable=["host", "var", "tags"], check=_check_provision, help=_help(
@@ -187,12 +190,12 @@ def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
               lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
-    from tpu_grpo import engine, hosts, report as report_module
+    from tpu_grpo import engine, report as report_module
 
     with one_line_errors():
-        book, values, chosen_tags = checked()
-        targets = hosts.resolve(host or [], identity, stack)
-        wait_s = hosts.wait_seconds(wait)
+        book, values, chosen_tags, where = checked()
+        targets = where.flags.hosts(where.settings)
+        wait_s = where.flags.wait_s
     if json_:
         report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, wait_s=wait_s)
         print(json.dumps(report.to_json(), indent=2))
@@ -212,22 +215,21 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
 def _check_freeze(var=None, playbook=None, **flags):
     from tpu_grpo import playbook as playbook_module
 
-    playbook_module.resolve(playbook_module.load(playbook), var)
-    _check_hosts(**flags)
+    book = playbook_module.load(playbook)
+    return book, playbook_module.resolve(book, var), _check_hosts(**flags)
 
 
 @task(iterable=["host", "var"], check=_check_freeze, help=_help(
     *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
-    from tpu_grpo import hosts, lock as lock_module, playbook as playbook_module
+    from tpu_grpo import hosts, lock as lock_module
 
     with one_line_errors():
-        book = playbook_module.load(playbook)
-        values = playbook_module.resolve(book, var)
-        targets = hosts.resolve(host or [], identity, stack)
-        notices = []
-        connection = hosts.connect(targets[0], notices, hosts.wait_seconds(wait))
+        book, values, where = checked()
+        targets = where.flags.hosts(where.settings)
+        notices: list[str] = []
+        connection = hosts.connect(targets[0], notices, where.flags.wait_s)
         try:
             text = lock_module.freeze(connection, book, values, targets[0].name)
         finally:
@@ -243,18 +245,13 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
 STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")
 
 
-def _session(host, identity, stack, wait):
-    from tpu_grpo import jobs
-
-    return jobs.session(host, identity, stack, wait)
-
-
-def _launch(run, step, host, identity, stack, wait, dry_run, detach, verbose, run_name_given=True):
+def _launch(step, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
     from tpu_grpo import targets
 
     with one_line_errors():
-        target = targets.pick(host, identity, stack, wait)
+        run, where = checked()
+        target = targets.pick(where)
         if dry_run:
             if step == "export" and not run_name_given:  # which run is known once the host (or cluster) is asked
                 run = replace(run, run_name="NEWEST")
@@ -270,15 +267,16 @@ def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_s
     """One step's run from the stack and the flags, all checked before anything connects."""
     from tpu_grpo import pipeline
 
-    run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_, default_step=step, step=export_step)
-    _check_hosts(host=host, identity=identity, stack=stack, wait=wait)
-    return run
+    where = _check_hosts(host=host, identity=identity, stack=stack, wait=wait, with_stack=True)
+    run = pipeline.build_run(where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step,
+                             step=export_step)
+    return run, where
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS), check=lambda **flags: _step_run("convert", **flags))
 def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
     """Convert the Hugging Face model to a MaxText checkpoint in the checkpoint store (the tutorial's section 4)."""
-    _launch(checked(), "convert", host, identity, stack, wait, dry_run, detach, verbose)
+    _launch("convert", dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, "batches", "run_name"),
@@ -286,7 +284,7 @@ def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, d
 def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
           detach=False, verbose=False, wait=None):
     """Run GRPO training (the tutorial's section 5) as a detached job and follow its progress."""
-    _launch(checked(), "train", host, identity, stack, wait, dry_run, detach, verbose)
+    _launch("train", dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_"], help=_help(*STEP_FLAGS, run_name="the trained run to export (default: the newest)",
@@ -295,8 +293,7 @@ def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, 
 def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
            detach=False, verbose=False, wait=None):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
-    _launch(checked(), "export", host, identity, stack, wait, dry_run, detach, verbose,
-            run_name_given=run_name is not None)
+    _launch("export", dry_run, detach, verbose, run_name_given=run_name is not None)
 
 
 def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None,
@@ -305,24 +302,25 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
     from tpu_grpo import maxtext, pipeline, playbook, targets
 
-    run = pipeline.build_run(stack, batches=batches, run_name=run_name, sets=set_)
+    where = _check_hosts(stack=stack, with_stack=True, **flags)
+    chosen = where.settings
+    run = pipeline.build_run(chosen, batches=batches, run_name=run_name, sets=set_)
     need = pipeline.parse_need_gb(need_gb, run)
     recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
     if recoveries:
-        targets.pick(flags.get("host"), None, stack, None).check_recovery()
+        targets.pick(where).check_recovery()
     if var and not recoveries:
         raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
                                    "--recover N, or provision with uv run invoke provision --var ...")
-    values = None
+    options = targets.PipelineOptions(need, recover=recoveries)
     if recoveries:
-        values = playbook.resolve(playbook.load(), var, None, playbook.stack_values(settings_module.load(stack,
-                                                                                                         lenient=True)))
+        options = replace(options, provisioning=playbook.resolve(playbook.load(), var, None,
+                                                                 playbook.stack_values(chosen)))
         if not shutil.which("pulumi"):
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
                                        "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
                                        "--recover")
-    _check_hosts(stack=stack, **flags)
-    return run, need, recoveries, values
+    return run, where, options
 
 
 @task(iterable=["host", "set_", "var"], check=_check_pipeline, help=_help(
@@ -339,16 +337,14 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     from tpu_grpo import targets
 
     with one_line_errors():
-        run, need, recoveries, values = checked()
-        target = targets.pick(host, identity, stack, wait)
+        run, where, options = checked()
+        target = targets.pick(where)
         if dry_run:
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
             print(json.dumps(data, indent=2) if json_ else text, end="\n" if json_ else "")
             return
-        code, outcome = target.pipeline(run, _console(stderr=json_), run_name_given=run_name is not None,
-                                        need_gb=need, keep_checkpoint=keep_checkpoint, verbose=verbose,
-                                        recover=recoveries, provisioning=values,
-                                        pulumi_out=sys.stderr if json_ else None)
+        code, outcome = target.pipeline(run, _console(stderr=json_), run_name is not None, replace(
+            options, keep_checkpoint=keep_checkpoint, verbose=verbose, pulumi_out=sys.stderr if json_ else None))
     if json_:
         print(json.dumps(outcome, indent=2))
     _exit_on_failure(code)
@@ -362,7 +358,7 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
     from tpu_grpo import targets
 
     with one_line_errors():
-        target = targets.pick(host, identity, stack, wait)
+        target = targets.pick(checked())
         if not follow:
             for chunk in target.read_log(job):
                 sys.stdout.buffer.write(chunk)
@@ -377,7 +373,7 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo import targets
 
     with one_line_errors():
-        target = targets.pick(host, identity, stack, wait)
+        target = targets.pick(checked())
         found = target.status()
     if json_:
         print(json.dumps(found, indent=2))
@@ -393,7 +389,7 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo import runs as runs_module, targets
 
     with one_line_errors():
-        found, sources = targets.pick(host, identity, stack, wait).runs()
+        found, sources = targets.pick(checked()).runs()
     if json_:
         print(json.dumps({"sources": sources, "runs": [row.to_json() for row in found]}, indent=2))
         return
@@ -409,16 +405,14 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     from tpu_grpo import targets
 
     with one_line_errors():
-        said = targets.pick(host, identity, stack, wait).cancel(job)
+        said = targets.pick(checked()).cancel(job)
     print(said)
 
 
 def _check_fetch(run=None, to=None, **flags):
     from tpu_grpo import results
 
-    destination = results.destination(run, to)
-    _check_hosts(**flags)
-    return destination
+    return results.destination(run, to), _check_hosts(**flags)
 
 
 @task(iterable=["host"], check=_check_fetch, help=_help(
@@ -429,8 +423,8 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
     from tpu_grpo import targets
 
     with one_line_errors():
-        destination = checked()
-        result = targets.pick(host, identity, stack, wait).fetch(run, destination, _console(stderr=json_))
+        destination, where = checked()
+        result = targets.pick(where).fetch(run, destination, _console(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 
@@ -444,7 +438,7 @@ def _check_publish(repo=None, run=None, **flags):
     settings_module.hub_endpoint()
     if run is not None:
         maxtext.check_run_name(run, "--run")
-    _check_hosts(**flags)
+    return _check_hosts(**flags)
 
 
 @task(iterable=["host"], check=_check_publish, help=_help(
@@ -454,11 +448,12 @@ def _check_publish(repo=None, run=None, **flags):
 def publish(c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False,
             verbose=False):
     """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
-    from tpu_grpo import publish as publish_module
+    from tpu_grpo import jobs, publish as publish_module
 
     console = _console(stderr=json_)
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
+        where = checked()
+        session = jobs.session(where.flags, where.settings)
         try:
             outcome = publish_module.publish(session, run, repo, not public, console, verbose)
         except KeyboardInterrupt:
@@ -477,9 +472,7 @@ def _check_metrics(run=None, out=None, events=None, force=False, compare=None, *
     from tpu_grpo import results
 
     path = results.check_metrics_flags(run, out, events, force, compare)
-    if events is None:
-        _check_hosts(**flags)
-    return path
+    return path, None if events is not None else _check_hosts(**flags)  # a local events folder: no host
 
 
 @task(iterable=["host", "compare"], check=_check_metrics, help=_help(
@@ -495,15 +488,15 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
     from tpu_grpo import metrics as metrics_module, results, targets
 
     with one_line_errors():
-        path = checked()
+        path, where = checked()
         if compare:  # the runs of the host (or cluster), one plot
-            target = targets.pick(host, identity, stack, wait)
+            target = targets.pick(where)
             found = [target.metrics(name, None)[0] for name in compare]
-            path = metrics_module.plot(found, path or settings_module.state_dir() / "compare.png")
+            path = metrics_module.plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
         elif events:  # a folder here: no host, no cluster
             found, path = results.metrics_of_events(run, events, path)
         else:
-            found, path = targets.pick(host, identity, stack, wait).metrics(run, path)
+            found, path = targets.pick(where).metrics(run, path)
     if json_:
         data = {"runs": [one.to_json() for one in found]} if compare else found.to_json()
         print(json.dumps({**data, "plot": str(path)}, indent=2))
@@ -514,12 +507,10 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
     console.print(f"plot: {path}")
 
 
-def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float]:
+def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float, Where]:
     from tpu_grpo import board
 
-    checked_flags = board.check_flags(run, port, every)
-    _check_hosts(**flags)
-    return checked_flags
+    return (*board.check_flags(run, port, every), _check_hosts(**flags))
 
 
 @task(iterable=["host"], check=_check_tensorboard, help=_help(
@@ -530,32 +521,32 @@ def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, f
 def tensorboard(c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None,
                 json_=False):
     """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
-    from tpu_grpo import board, hosts, results
+    from tpu_grpo import board, hosts, jobs, results
 
     console = _console(stderr=json_)
     with one_line_errors():
-        port_number, every_s = checked()
-        session = _session(host, identity, stack, wait)
+        port_number, every_s, where = checked()
+        session = jobs.session(where.flags, where.settings)
         try:
             copied = board.sync(session, run)
         except hosts.ConnectError as error:
-            copied = dict.fromkeys(board.local_runs(run, settings_module.state_dir()), 0)
+            copied = dict.fromkeys(board.local_runs(run, laptop_paths.state()), 0)
             if once or not copied:
                 raise
             console.print(f"the host does not answer ({error}); serving the events already here")
     if once:
         if json_:
-            print(json.dumps({"runs": {name: {"bytes_copied": count, "events": str(results.events_dir(name))}
+            print(json.dumps({"runs": {name: {"bytes_copied": count, "events": str(laptop_paths.events(name))}
                                        for name, count in copied.items()}}, indent=2))
         for name, count in copied.items():
-            console.print(f"{name}: {count} new bytes of events in {results.events_dir(name)}")
+            console.print(f"{name}: {count} new bytes of events in {laptop_paths.events(name)}")
         return
     try:
         url = board.serve(sorted(copied), port_number)
     except Exception as error:  # noqa: BLE001 - TensorBoard's own errors (a port in use): one line
         raise Exit(f"error: TensorBoard did not start ({error}); fix: --port another port", code=1) from None
     console.print(f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
-                  f"Ctrl-C stops it, the events stay in {settings_module.state_dir() / 'runs'}", soft_wrap=True)
+                  f"Ctrl-C stops it, the events stay in {laptop_paths.runs()}", soft_wrap=True)
     try:
         board.keep_in_sync(session, run, every_s, console.print)
     except KeyboardInterrupt:
@@ -569,13 +560,14 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
     Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
     its training share; the chart is .tpu-grpo/timeline.png."""
-    from tpu_grpo import timeline as timeline_module
+    from tpu_grpo import jobs, timeline as timeline_module
 
     with one_line_errors():
-        session = _session(host, identity, stack, wait)
+        where = checked()
+        session = jobs.session(where.flags, where.settings)
         found = timeline_module.gather(session.connection)
     built = timeline_module.build(session.host.name, found, timeline_module.fetches())
-    png = timeline_module.plot(built, settings_module.state_dir() / "timeline.png")
+    png = timeline_module.plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
     if json_:
         print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))
         return
@@ -617,8 +609,9 @@ def image(c, stack=None, builder="auto", dry_run=False):
 def _check_down(**flags):
     from tpu_grpo import stack as stack_module
 
-    _check_hosts(**flags)
+    where = _check_hosts(with_stack=True, **flags)
     stack_module.require_cli()  # before any connection: without it, the destroy cannot happen
+    return where
 
 
 @task(iterable=["host"], check=_check_down, help=_help(
@@ -631,8 +624,9 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     from tpu_grpo import stack as stack_module, targets
 
     with one_line_errors():
-        chosen = settings_module.load(stack, lenient=True)
-        unsaved = [] if force else targets.pick(host, identity, stack, wait).unsaved()
+        where = checked()
+        chosen = where.settings
+        unsaved = [] if force else targets.pick(where).unsaved()
     if unsaved:
         lines = "\n".join(f"  - {line}" for line in unsaved)
         raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "

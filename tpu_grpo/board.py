@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tpu_grpo import hosts, jobs, maxtext, results
+from tpu_grpo import hosts, jobs, laptop_paths, maxtext, results
 
 
 def check_flags(run: str | None, port: str | None, every: str | None) -> tuple[int, float]:
@@ -53,7 +53,7 @@ def serve(runs: list[str], port: int) -> str:
     from tensorboard import program
 
     board = program.TensorBoard()
-    spec = ",".join(f"{run}:{results.events_dir(run).parent}" for run in runs)
+    spec = ",".join(f"{run}:{laptop_paths.events(run).parent}" for run in runs)
     board.configure(argv=[None, "--logdir_spec", spec, "--host", "127.0.0.1", "--port", str(port),
                           "--reload_interval", "2"])
     return board.launch()
@@ -83,5 +83,5 @@ def keep_in_sync(session: jobs.Session, run: str | None, every_s: float, say: Ca
 
 def local_runs(run: str | None, state: Path) -> list[str]:
     """The runs whose events are on the laptop already (to serve when the host is gone)."""
-    found = sorted(path.parent.name for path in (state / "runs").glob("*/tensorboard") if any(path.iterdir()))
+    found = sorted(path.parent.name for path in laptop_paths.runs(state).glob("*/tensorboard") if any(path.iterdir()))
     return [name for name in found if run is None or name == run]

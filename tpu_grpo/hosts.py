@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_grpo import settings
+from tpu_grpo import laptop_paths, settings
 from tpu_grpo.errors import UserError
 
 # paramiko logs a failed connection with its traceback (Python's last-resort handler prints it on stderr);
@@ -69,27 +69,42 @@ def identity_file(identity: str | None) -> Path | None:
     return key
 
 
-def parse(spec: str, identity: str | None = None) -> Host:
-    """`USER@ADDR[:PORT]` -> Host, or a one-line HostError."""
+def parse(spec: str, identity: Path | None = None) -> Host:
+    """`USER@ADDR[:PORT]` -> Host (with the key `--identity` named), or a one-line HostError."""
     match = _HOST_SPEC.fullmatch(spec)
     if not match or not 0 < int(match["port"] or 22) < 65536:
         raise HostError(f"--host {spec!r} is not USER@ADDRESS[:PORT]; fix: e.g. --host ubuntu@203.0.113.7")
-    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), identity_file(identity))
+    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), identity)
 
 
-def check_flags(specs: list[str] | None, identity: str | None, wait: str | None) -> None:
-    """All that can be known of the host flags before connecting, or before `invoke up` has made the VM."""
-    for spec in specs or []:
-        parse(spec)
-    identity_file(identity)
-    wait_seconds(wait)
+@dataclass(frozen=True)
+class HostFlags:
+    """The host flags, checked once before anything connects (or before `invoke up` has made the VM): --host's
+    hosts (none: the stack's VM), --identity's key, --wait's seconds, the stack."""
+    given: tuple[Host, ...] = ()
+    identity: Path | None = None
+    wait_s: float = 0.0
+    stack: str | None = None
+
+    def hosts(self, chosen: settings.Settings | None = None) -> list[Host]:
+        """--host's hosts, else the stack's VM (its address from the stack's outputs, asked now; `chosen`: the stack's
+        settings, when already read)."""
+        return list(self.given) or from_stack(chosen or settings.load(self.stack, lenient=True), self.identity)
 
 
-def from_stack(stack: str | None = None, identity: str | None = None) -> list[Host]:
+def check_flags(specs: list[str] | None, identity: str | None, wait: str | None,
+                stack: str | None = None) -> HostFlags:
+    key = identity_file(identity)
+    given = tuple(parse(spec, key) for spec in specs or [])
+    if len({host.name for host in given}) != len(given):
+        raise HostError(f"--host names the same host twice ({', '.join(specs or [])}); fix: give each host once")
+    return HostFlags(given, key, wait_seconds(wait), stack)
+
+
+def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[Host]:
     """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
     from tpu_grpo import stack as stack_module
 
-    chosen = settings.load(stack, lenient=True)
     if chosen.tpu_slice:
         raise HostError(f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
                         "fix: run this task on a one-VM stack (docs/slices.md)")
@@ -100,20 +115,9 @@ def from_stack(stack: str | None = None, identity: str | None = None) -> list[Ho
     if not outputs.get("external_ip"):
         raise HostError(f"stack '{chosen.stack}' has no VM (no external_ip output); "
                         "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")
-    key = identity_file(identity) or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
+    key = identity or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
     return [Host(outputs.get("ssh_user") or chosen.ssh_user, outputs["external_ip"], 22,
                  key if key.is_file() else None)]
-
-
-def resolve(specs: list[str], identity: str | None, stack: str | None) -> list[Host]:
-    """Hosts from `--host` flags when given, else the stack's VM; `--identity` serves either."""
-    identity_file(identity)
-    if specs:
-        hosts = [parse(spec, identity) for spec in specs]
-        if len({host.name for host in hosts}) != len(hosts):
-            raise HostError(f"--host names the same host twice ({', '.join(specs)}); fix: give each host once")
-        return hosts
-    return from_stack(stack, identity)
 
 
 def wait_seconds(text: str | None) -> float:
@@ -128,7 +132,7 @@ def wait_seconds(text: str | None) -> float:
 
 
 def known_hosts_path() -> Path:
-    return settings.state_dir() / "known_hosts"
+    return laptop_paths.known_hosts()
 
 
 def forget_host_key(host: Host) -> None:

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from tpu_grpo import facts, hosts
+from tpu_grpo import facts, hosts, settings
 from tpu_grpo.errors import UserError
 from tpu_grpo.job_records import JobRecord, utc
 from tpu_grpo.host_paths import ROOT, TPU_LOCK
@@ -234,14 +234,14 @@ class Follow:
     reconnects: int = 0
 
 
-def session(specs: list[str] | None, identity: str | None, stack: str | None, wait: str | None) -> "Session":
+def session(flags: hosts.HostFlags, chosen: settings.Settings | None = None) -> "Session":
     """The one host MaxText jobs run on: a v6e-8 is one VM, and a multi-host slice's jobs would need
-    all its workers at once, so several hosts are refused."""
-    targets = hosts.resolve(specs or [], identity, stack)
+    all its workers at once, so several hosts are refused. `chosen`: the stack's settings, when already read."""
+    targets = flags.hosts(chosen)
     if len(targets) > 1:
         raise hosts.HostError(f"MaxText jobs run on one host, got {len(targets)} "
                               f"({', '.join(target.name for target in targets)}); fix: pass one --host")
-    return Session(targets[0], hosts.wait_seconds(wait))
+    return Session(targets[0], flags.wait_s)
 
 
 class Session:

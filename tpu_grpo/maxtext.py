@@ -53,8 +53,11 @@ _SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 #: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
 COUNT_KEYS = ("rl.num_iterations",)
 
+#: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
+#: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
+RUNS_FOLDER, EXPORT_FOLDER = "post-train", "hf-trained"
 #: Where a slice's export writes the Hugging Face model (to_huggingface writes gs:// paths itself).
-SLICE_EXPORT = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
+SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{EXPORT_FOLDER}/"
 #: The tutorial's exports that describe one VM's own chips to libtpu. A slice's trainer runs under Pathways
 #: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
 ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
@@ -252,7 +255,7 @@ def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, 
         ("LAZY_LOAD_TENSORS", "True" if run.lazy_load_tensors else "False"),
     ]
     train = [
-        ("BASE_OUTPUT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/post-train/"),
+        ("BASE_OUTPUT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/{RUNS_FOLDER}/"),
         ("RUN_NAME", _q(run.run_name)),
         ("CHIPS_PER_VM", machine["CHIPS_PER_VM"]),
         ("NUM_BATCHES", str(run.batches)),
@@ -450,7 +453,12 @@ def paths(run: Run) -> dict[str, str]:
     for name, value in environment(run, "export"):
         if not value.startswith("$("):
             values[name] = string.Template(shlex.split(value)[0] if value.startswith("'") else value).substitute(values)
-    return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}",
-            "checkpoints": f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}/checkpoints/actor",
+    folder = f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}"
+    return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": folder, "checkpoints": f"{folder}/checkpoints/actor",
             "post_train": values["POST_TRAIN_PATH"], "hf_export": values["HF_EXPORT"],
-            "shm_model": f"/dev/shm/{run.model}"}
+            "run_export": f"{folder}/{EXPORT_FOLDER}", "shm_model": f"/dev/shm/{run.model}"}
+
+
+def runs_folder(store: Store, model: str) -> str:
+    """A store's folder of a model's runs (BASE_OUTPUT_DIRECTORY, expanded)."""
+    return f"{store.root}/{model}/{RUNS_FOLDER}"

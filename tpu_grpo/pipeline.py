@@ -360,11 +360,10 @@ def run_pipeline(session: jobs.Session, run: maxtext.Run, *, run_name_given: boo
     return outcome
 
 
-def build_run(stack: str | None, *, batches=None, run_name: str | None = None, sets: list[str] | None = None,
-              default_step: str | None = None, step=None) -> maxtext.Run:
+def build_run(chosen: settings.Settings, *, batches=None, run_name: str | None = None,
+              sets: list[str] | None = None, default_step: str | None = None, step=None) -> maxtext.Run:
     """A Run from the stack's settings and the task's flags, every flag validated before any connection.
     `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline."""
-    chosen = settings.load(stack, lenient=True)
     return maxtext.Run(
         model=chosen.model, export_model=chosen.export_model,
         batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,

@@ -101,7 +101,7 @@ def build(stack: str | None = None) -> Plan:
             disks_price_source=HYPERDISK_PRICE_SOURCE,
         ),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
-        jobs=[] if multi_host else job_scripts(stack),
+        jobs=[] if multi_host else job_scripts(settings),
     )
 
 
@@ -138,11 +138,11 @@ def cost_note(settings) -> str:
     return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
 
 
-def job_scripts(stack: str) -> list[dict[str, str]]:
+def job_scripts(settings: settings_module.Settings) -> list[dict[str, str]]:
     """The remote script of each MaxText step with the stack's settings (run name: the start time)."""
     from tpu_grpo import maxtext, pipeline
 
-    run = pipeline.build_run(stack)
+    run = pipeline.build_run(settings)
     return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
 
 

@@ -20,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from tpu_grpo import artifacts, host_paths, hosts, jobs, maxtext, pipeline, results, settings, watch
+from tpu_grpo import artifacts, host_paths, hosts, jobs, laptop_paths, maxtext, pipeline, results, settings, watch
 from tpu_grpo.errors import UserError
 from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.capacity import CAPACITIES
@@ -332,7 +332,7 @@ def publish(session: jobs.Session, run: str | None, repo_id: str, private: bool,
                            + "\n".join(f"  {line}" for line in tail)
                            + "\nfix the cause, then run the same command again: files already on the Hub are "
                            "not sent again")
-    record = results.published_record(run)  # what `invoke runs` and `down` say of the run on the Hub, unasked
+    record = laptop_paths.published_record(run)  # what `invoke runs` and `down` say of the run on the Hub, unasked
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit}))
     return outcome

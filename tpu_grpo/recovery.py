@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tpu_grpo import facts, hosts, jobs, maxtext, pipeline, settings as settings_module, stack
+from tpu_grpo import facts, hosts, jobs, laptop_paths, maxtext, pipeline, settings as settings_module, stack
 from tpu_grpo.errors import UserError
 
 #: Compute Engine's states of a VM that is not coming back by itself (a preempted VM is
@@ -57,7 +57,7 @@ class Timeline:
 
     @classmethod
     def of(cls, run_name: str) -> "Timeline":
-        return cls(settings_module.state_dir() / "runs" / run_name / "timeline.jsonl")
+        return cls(laptop_paths.run_folder(run_name) / laptop_paths.RECOVERY_TIMELINE)
 
     def add(self, event: str, **fields) -> dict:
         entry = {"at": round(time.time(), 3), "event": event, **fields}

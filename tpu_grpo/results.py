@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo import artifacts, facts, gcs, hosts, jobs, maxtext, pipeline, settings
+from tpu_grpo import artifacts, facts, gcs, hosts, jobs, laptop_paths, maxtext, pipeline, settings
 
 
 def destination(run: str | None, to: str | None) -> Path:
@@ -42,20 +42,11 @@ def check_metrics_flags(run: str | None, out: str | None, events: str | None, fo
     return metrics.check_plot_path(Path(out), force) if out is not None else None
 
 
-def _fetched_record(run: str) -> Path:
-    return settings.state_dir() / "fetched" / f"{run}.json"
-
-
-def published_record(run: str) -> Path:
-    """What `invoke publish` records of a run it uploaded: the Hub repository and the commit the Hub answered."""
-    return settings.state_dir() / "published" / f"{run}.json"
-
-
 def is_published(run: str) -> bool:
     """The Hub acknowledged a commit of the run's model (recorded by this laptop's `invoke publish`): it is safe
     there, whatever becomes of the VM."""
     try:
-        return bool(json.loads(published_record(run).read_text()).get("commit"))
+        return bool(json.loads(laptop_paths.published_record(run).read_text()).get("commit"))
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -87,7 +78,7 @@ def finish_command(meta: dict) -> str:
 
 
 def is_fetched(run: str) -> bool:
-    record = _fetched_record(run)
+    record = laptop_paths.fetched_record(run)
     if not record.is_file():
         return False
     return artifacts.verify_local(Path(json.loads(record.read_text())["dir"]))
@@ -148,7 +139,7 @@ def _fetch(run: str, folder: Path, source: str, console: Console, download):
                   console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
         result = download(target, lambda done, total, name: bar.update(task, completed=done, total=total))
-    record = _fetched_record(run)
+    record = laptop_paths.fetched_record(run)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"run": run, "host": source, "dir": str(target.resolve()),
                                   "started": started, "finished": time.time()}))
@@ -191,18 +182,13 @@ def _events_folder(connection, sftp, job: jobs.Job) -> tuple[str, list]:
                                "fix: point --events at a copy")
 
 
-def events_dir(run: str) -> Path:
-    """Where a run's TensorBoard events live on the laptop."""
-    return settings.state_dir() / "runs" / run / "tensorboard"
-
-
 def sync_events(connection, job: jobs.Job) -> int:
     """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
     events file only grows), read from the offset the local copy has; and its hparams beside them (once).
     Returns the bytes copied."""
     from tpu_grpo import metrics
 
-    board = events_dir(job.run)
+    board = laptop_paths.events(job.run)
     board.mkdir(parents=True, exist_ok=True)
     live = f"{job.meta['paths']['run']}/tensorboard"
     if live.startswith("gs://"):  # a bucket store keeps the events: read from the laptop
@@ -235,7 +221,7 @@ def _events_from_bucket(url: str, run: str) -> None:
     """The run's TensorBoard event files from a bucket folder into its laptop folder, or a one-line error."""
     from tpu_grpo import metrics
 
-    board = events_dir(run)
+    board = laptop_paths.events(run)
     board.mkdir(parents=True, exist_ok=True)
     if not [name for name in gcs.download(url, board) if name.startswith("events.")]:
         raise metrics.MetricsError(f"no TensorBoard events of run {run} in {url}; fix: point --events at a copy")
@@ -245,7 +231,7 @@ def _load_and_plot(run: str, train_log: bytes, out: Path | None):
     """The run's metrics from its laptop copy of the events and this training log; its plot written."""
     from tpu_grpo import metrics
 
-    board = events_dir(run)
+    board = laptop_paths.events(run)
     (board.parent / "train.log").write_bytes(train_log)
     return _plotted(metrics.load(board, board.parent / "train.log", run=run), out)
 
@@ -253,7 +239,7 @@ def _load_and_plot(run: str, train_log: bytes, out: Path | None):
 def _plotted(found, out: Path | None):
     from tpu_grpo import metrics
 
-    path = out or settings.state_dir() / "runs" / found.run / "metrics.png"
+    path = out or laptop_paths.run_folder(found.run) / laptop_paths.METRICS_PLOT
     path.parent.mkdir(parents=True, exist_ok=True)
     return found, metrics.plot(found, path)
 

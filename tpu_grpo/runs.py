@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo import facts, jobs, maxtext, pipeline, settings
+from tpu_grpo import facts, jobs, laptop_paths, maxtext, pipeline, settings
 from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.errors import UserError
@@ -124,7 +124,7 @@ def _add_job(row: RunRow, job: jobs.Job, log: list[str]) -> None:
 def laptop_runs(state: Path) -> dict[str, str]:
     """The runs fetched to this laptop whose copy is still there: run -> its folder."""
     found = {}
-    for record in sorted((state / "fetched").glob("*.json")):
+    for record in laptop_paths.records("fetched", state):
         folder = json.loads(record.read_text()).get("dir", "")
         if folder and Path(folder).is_dir():
             found[record.stem] = folder
@@ -133,7 +133,7 @@ def laptop_runs(state: Path) -> dict[str, str]:
 
 def published_runs(state: Path) -> dict[str, str]:
     """The runs this laptop published (`invoke publish` records each): run -> the Hub repository's URL."""
-    records = sorted((state / "published").glob("*.json"))
+    records = laptop_paths.records("published", state)
     return {record.stem: json.loads(record.read_text())["url"] for record in records}
 
 
@@ -159,8 +159,8 @@ def bucket_runs(folder: str) -> list[RunRow]:
         row = rows.setdefault(run, RunRow(run, state="trained"))
         if step := re.match(r"checkpoints/actor/([0-9]+)/", rest):
             row.steps = max(row.steps or 0, int(step[1]))
-        elif rest.startswith("hf-trained/") and row.state != "exported":
-            row.state, row.where = "exported", [f"bucket: {folder.rstrip('/')}/{run}/hf-trained"]
+        elif rest.startswith(f"{maxtext.EXPORT_FOLDER}/") and row.state != "exported":
+            row.state, row.where = "exported", [f"bucket: {folder.rstrip('/')}/{run}/{maxtext.EXPORT_FOLDER}"]
     return list(rows.values())
 
 

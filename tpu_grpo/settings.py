@@ -663,11 +663,6 @@ def hub_endpoint() -> str | None:
     return value.rstrip("/")
 
 
-def state_dir() -> Path:
-    """The laptop-side state of this project (known_hosts, records): never committed."""
-    return Path(os.environ.get(STATE_ENV) or project_root() / ".tpu-grpo")
-
-
 class StackFileLoader(yaml.SafeLoader):
     """Reads a stack file as the Pulumi CLI does before it hands the values to the program: every value is
     text (`50`, `true`, `no` alike; lists and mappings stay so), and a key given twice is refused."""

@@ -205,7 +205,7 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
     for step in maxtext.STEPS:
         manifest(settings, run, step)  # every step's input checked before the first is created
     paths = maxtext.paths(run)
-    model = f"{paths['run']}/hf-trained/"
+    model = f"{paths['run_export']}/"
     outcome: dict = {"run": run.run_name, "steps": [], "model": None}
     for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
         if output and gcs.exists(output):

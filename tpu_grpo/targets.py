@@ -9,14 +9,59 @@ Nothing connects before it is used: a target of a dry run asks neither the host 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable
+from typing import IO, Iterable, Protocol
 
 from rich.console import Console
 
-from tpu_grpo import job_records, settings as settings_module
+from tpu_grpo import job_records, laptop_paths, settings as settings_module
 from tpu_grpo.errors import UserError
+from tpu_grpo.hosts import HostFlags
 from tpu_grpo.job_records import JobRecord
+from tpu_grpo.maxtext import Run
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a task's jobs run, from its host flags, checked once before anything connects: --host's VM, else the
+    stack's VM or slice, whose settings are read once here (none with --host, unless the task needs the stack)."""
+    flags: HostFlags
+    settings: settings_module.Settings | None = None
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What `invoke pipeline` asks of a target beyond the run: each target takes what applies to it (a slice's JobSets
+    restart their own pods, keep their runs in the bucket and need no space check on a VM's disks)."""
+    need_gb: dict
+    keep_checkpoint: bool = False
+    verbose: bool = False
+    recover: int = 0  # lost VMs to bring back (a VM's)
+    provisioning: dict | None = None  # the playbook values a VM brought back is provisioned with
+    pulumi_out: IO[str] | None = None  # where `pulumi up`'s own output goes (stderr with --json)
+
+
+class Target(Protocol):
+    """What a task asks of where its jobs run; VmTarget and SliceTarget implement it, and a task never asks which."""
+    where: str
+
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]: ...
+    def pipeline(self, run: Run, console: Console, run_name_given: bool,
+                 options: PipelineOptions) -> tuple[int, dict]: ...
+    def script(self, run: Run, step: str) -> str: ...
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool,
+               run_name_given: bool) -> int: ...
+    def read_log(self, job: str | None) -> Iterable[bytes]: ...
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int: ...
+    def cancel(self, job: str | None) -> str: ...
+    def status(self) -> dict: ...
+    def show_status(self, console: Console, status: dict) -> None: ...
+    def check_recovery(self) -> None: ...
+    def unsaved(self) -> list[str]: ...
+    def fetch(self, run: str | None, destination, console: Console): ...
+    def metrics(self, run: str | None, out): ...
+    def runs(self) -> tuple[list, dict]: ...
 
 
 class VmTarget:
@@ -24,24 +69,22 @@ class VmTarget:
 
     where = "on the host"
 
-    def __init__(self, host: list[str] | None, identity: str | None, stack: str | None, wait: str | None,
-                 after_stop: str | None):
-        self.flags = (host, identity, stack, wait)
-        self.after_stop = after_stop  # what an idle stop means, for a stack's VM
+    def __init__(self, flags: HostFlags, settings: settings_module.Settings | None):
+        self.flags, self.settings = flags, settings  # the stack's, for its VM (what an idle stop means, recovery)
 
     @cached_property
     def session(self):
         """The host's session (its address from the stack's outputs, or --host), which connects on first use."""
         from tpu_grpo import jobs
 
-        return jobs.session(*self.flags)
+        return jobs.session(self.flags, self.settings)
 
     def fresh_session(self):
         """A new session: the VM may be another since the last one (brought back at another address)."""
         self.__dict__.pop("session", None)
         return self.session
 
-    def pipeline_dry_run(self, run, keep_checkpoint: bool) -> tuple[dict, str]:
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
         """Each step's script and what save does: as data, and as text."""
         from tpu_grpo import maxtext, pipeline
 
@@ -52,16 +95,15 @@ class VmTarget:
         return ({"run": run.run_name, "steps": [*scripts, {"step": "save", "description": save}]},
                 "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n")
 
-    def pipeline(self, run, console: Console, *, run_name_given: bool, need_gb: dict, keep_checkpoint: bool,
-                 verbose: bool, recover: int = 0, provisioning: dict | None = None,
-                 pulumi_out=None) -> tuple[int, dict]:
+    def pipeline(self, run: Run, console: Console, run_name_given: bool,
+                 options: PipelineOptions) -> tuple[int, dict]:
         """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
         `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with `provisioning`, the same
         pipeline again: tpu_grpo/recovery.py), and a dropped link asks the cloud whether the VM is gone."""
-        from tpu_grpo import errors, hosts, pipeline, recovery, watch
+        from tpu_grpo import errors, pipeline, recovery, watch
 
-        host, identity, stack, wait = self.flags
-        chosen = settings_module.load(stack, lenient=True) if recover else None
+        chosen = self.settings if options.recover else None
+        verbose = options.verbose
         total = pipeline.job_meta(run, "train").get("total_steps")
 
         def report(step):
@@ -81,27 +123,28 @@ class VmTarget:
                     raise errors.Detached()
                 return code
 
-            return pipeline.run_pipeline(session, run, run_name_given=run_name_given, need_gb=need_gb, follow=follow,
-                                         on_step=report, keep_checkpoint=keep_checkpoint)
+            return pipeline.run_pipeline(session, run, run_name_given=run_name_given, need_gb=options.need_gb,
+                                         follow=follow, on_step=report, keep_checkpoint=options.keep_checkpoint)
 
         def bring_back():
-            recovery.bring_back(chosen, lambda: hosts.resolve(host or [], identity, stack), provisioning, console.print,
-                                stdout=pulumi_out)
+            assert chosen, "recovery is of the stack's VM"
+            recovery.bring_back(chosen, lambda: self.flags.hosts(chosen), options.provisioning, console.print,
+                                stdout=options.pulumi_out)
             return recovery.where_training_stands(self.fresh_session().connection, run)
 
         outcome = (attempt() if chosen is None else
-                   recovery.keep_going(attempt, chosen, bring_back, recover, recovery.Timeline.of(run.run_name),
-                                       console.print))
+                   recovery.keep_going(attempt, chosen, bring_back, options.recover,
+                                       recovery.Timeline.of(run.run_name), console.print))
         console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
         return 0, outcome.to_json()
 
-    def script(self, run, step: str) -> str:
+    def script(self, run: Run, step: str) -> str:
         from tpu_grpo import maxtext
 
         return maxtext.script(run, step)
 
-    def launch(self, run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
         """Start the step as a detached job (export: of the run named, else the newest trained) and follow it to
         its exit code, or return at once with `detach`."""
         from tpu_grpo import pipeline, watch
@@ -147,8 +190,9 @@ class VmTarget:
 
         connection = self.session.connection
         found = jobs.list_jobs(connection)
+        after_stop = self.settings.obtained.after_stop if self.settings else None  # unknown for a VM of no stack
         return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
-            connection, found), idle_stop=watch.idle_stop(connection, self.after_stop), tpu=chips.CHIPS.read(connection))
+            connection, found), idle_stop=watch.idle_stop(connection, after_stop), tpu=chips.CHIPS.read(connection))
 
     def check_recovery(self) -> None:
         """--recover brings this VM back when it is lost."""
@@ -171,13 +215,13 @@ class VmTarget:
 
         return results.metrics_of(self.session, run, out)
 
-    def runs(self):
+    def runs(self) -> tuple[list, dict]:
         """Every run of this VM and of this laptop's fetched copies (tpu_grpo/runs.py), and what each source said."""
-        from tpu_grpo import runs
+        from tpu_grpo import maxtext, runs
 
-        chosen = settings_module.load(self.flags[2], lenient=True)
-        store = f"{chosen.store.root}/{chosen.model}/post-train" if chosen.store.name == "gs" else None
-        return runs.gather(lambda: self.session.connection, settings_module.state_dir(), store)
+        chosen = self.settings or settings_module.load(self.flags.stack, lenient=True)  # --host: the stack's store
+        store = maxtext.runs_folder(chosen.store, chosen.model) if chosen.store.name == "gs" else None
+        return runs.gather(lambda: self.session.connection, laptop_paths.state(), store)
 
     def show_status(self, console: Console, status: dict) -> None:
         from tpu_grpo import chips, watch
@@ -201,7 +245,7 @@ class SliceTarget:
 
         return Cluster.of_stack(self.settings.stack)
 
-    def pipeline_dry_run(self, run, keep_checkpoint: bool) -> tuple[dict, str]:
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
         """Each step's JobSet: as data, and as kubectl takes them."""
         from tpu_grpo import jobset, maxtext, slice_jobs
 
@@ -210,20 +254,22 @@ class SliceTarget:
                                                 for step, manifest in zip(maxtext.STEPS, manifests)]},
                 jobset.to_yaml(manifests))
 
-    def pipeline(self, run, console: Console, *, verbose: bool, **_) -> tuple[int, dict]:
+    def pipeline(self, run: Run, console: Console, run_name_given: bool,
+                 options: PipelineOptions) -> tuple[int, dict]:
         """convert -> train -> export as JobSets (a step whose output is in the bucket is skipped), each followed;
-        no recovery of its own: a JobSet restarts its own pods."""
+        no recovery of its own (a JobSet restarts its own pods, check_recovery refuses --recover), no space check
+        (the bucket holds the runs, the CPU pool's disk is sized from the model)."""
         from tpu_grpo import slice_jobs
 
-        return slice_jobs.pipeline(self.cluster, self.settings, run, console, verbose)
+        return slice_jobs.pipeline(self.cluster, self.settings, run, console, options.verbose)
 
-    def script(self, run, step: str) -> str:
+    def script(self, run: Run, step: str) -> str:
         """The step's JobSet, as kubectl takes it."""
         from tpu_grpo import jobset, slice_jobs
 
         return jobset.to_yaml([slice_jobs.manifest(self.settings, run, step)])
 
-    def launch(self, run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
         """Create the step's JobSet (export: of the run named, else the newest trained) and follow it."""
         from tpu_grpo import slice_jobs
 
@@ -267,11 +313,11 @@ class SliceTarget:
 
         return run or slice_jobs.newest_run(self.cluster, step, self.settings.capacity)
 
-    def _run_folder(self, run: str) -> str:
-        """A run's folder in the bucket: its checkpoints, TensorBoard events and export."""
+    def _paths(self, run: str) -> dict[str, str]:
+        """A run's paths in the bucket: its folder (checkpoints, TensorBoard events) and its export."""
         from tpu_grpo import maxtext, pipeline
 
-        return maxtext.paths(pipeline.build_run(self.settings.stack, run_name=run))["run"]
+        return maxtext.paths(pipeline.build_run(self.settings, run_name=run))
 
     def check_recovery(self) -> None:
         raise UserError("--recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure policy); "
@@ -286,19 +332,19 @@ class SliceTarget:
         from tpu_grpo import results
 
         run = self._newest(run, "export")
-        return results.fetch_from_bucket(f"{self._run_folder(run)}/hf-trained", run, destination, console)
+        return results.fetch_from_bucket(self._paths(run)["run_export"], run, destination, console)
 
     def metrics(self, run: str | None, out):
         """A run's metrics (default: the newest trained) from its events in the bucket and its training log."""
         from tpu_grpo import results, slice_jobs
 
         run = self._newest(run, "train")
-        return results.metrics_from_bucket(self._run_folder(run), run, slice_jobs.train_log(self.cluster, run), out)
+        return results.metrics_from_bucket(self._paths(run)["run"], run, slice_jobs.train_log(self.cluster, run), out)
 
-    def runs(self):
+    def runs(self) -> tuple[list, dict]:
         """Every run of the cluster's JobSets, one row a run (a slice's jobs record no hours or evaluations yet), and
         this laptop's fetched copies."""
-        from tpu_grpo import runs, slice_jobs
+        from tpu_grpo import maxtext, runs, slice_jobs
 
         rows: dict = {}
         for record in slice_jobs.status(self.cluster, self.settings.capacity):
@@ -308,10 +354,10 @@ class SliceTarget:
                 row.state = {"finished": "trained", "pending": "training", "running": "training"}.get(record.state,
                                                                                                     record.state)
             elif record.step == "export" and record.state == "finished":
-                row.state, row.where = "exported", [f"bucket: {self._run_folder(record.run)}/hf-trained"]
+                row.state, row.where = "exported", [f"bucket: {self._paths(record.run)['run_export']}"]
         sources = {"cluster": "answered"}
-        runs.add_bucket(rows, f"{self.settings.store.root}/{self.settings.model}/post-train", sources)
-        runs.add_laptops(rows, settings_module.state_dir())
+        runs.add_bucket(rows, maxtext.runs_folder(self.settings.store, self.settings.model), sources)
+        runs.add_laptops(rows, laptop_paths.state())
         return list(rows.values()), {**sources, "laptop": "answered"}
 
     def show_status(self, console: Console, status: dict) -> None:
@@ -328,11 +374,10 @@ def status(where: str, records: list[JobRecord], *, progress: dict | None = None
             "idle_stop": idle_stop, "tpu": tpu, "slice": slice}
 
 
-def pick(host: list[str] | None, identity: str | None, stack: str | None, wait: str | None) -> VmTarget | SliceTarget:
+def pick(where: Where) -> Target:
     """The target of a task's host flags: `--host`'s VM, else the stack's slice or VM."""
-    if host:
-        return VmTarget(host, identity, stack, wait, None)  # a VM of no stack: what a stop means is not known
-    chosen = settings_module.load(stack, lenient=True)
-    if chosen.tpu_slice:
-        return SliceTarget(chosen)
-    return VmTarget(host, identity, stack, wait, chosen.obtained.after_stop)
+    if where.flags.given or where.settings is None:
+        return VmTarget(where.flags, where.settings)
+    if where.settings.tpu_slice:
+        return SliceTarget(where.settings)
+    return VmTarget(where.flags, where.settings)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tpu_grpo import facts, host_paths, job_records, jobs, settings
+from tpu_grpo import facts, host_paths, job_records, jobs, laptop_paths
 from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.capacity import CAPACITIES
 from tpu_grpo.progress import absl_seconds, message
@@ -178,7 +178,7 @@ def gather(connection) -> dict:
 def fetches() -> list[dict]:
     """The laptop's fetch records that say when they ran."""
     records = []
-    for path in sorted((settings.state_dir() / "fetched").glob("*.json")):
+    for path in laptop_paths.records("fetched"):
         record = json.loads(path.read_text())
         if "started" in record:
             records.append(record)

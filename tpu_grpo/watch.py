@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tpu_grpo import facts, host_paths, job_records, jobs, settings
+from tpu_grpo import facts, host_paths, job_records, jobs, laptop_paths
 from tpu_grpo.errors import INTERRUPTED
 from tpu_grpo.job_records import JobRecord
 from tpu_grpo.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep, absl_seconds
@@ -21,9 +21,9 @@ SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE
 
 
 def local_log(job_id: str) -> Path:
-    folder = settings.state_dir() / "logs"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{job_id}.log"
+    path = laptop_paths.job_log(job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _eta(seconds: float | None) -> str:

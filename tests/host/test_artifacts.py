@@ -47,7 +47,7 @@ def host(make_host, monkeypatch):
 
 @pytest.fixture
 def connection(host):
-    opened = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    opened = hosts.connect(hosts.parse(host.spec, host.key))
     yield opened
     opened.close()
 
@@ -56,7 +56,7 @@ def connection(host):
 def fetch(request, host):
     """artifacts.fetch over OpenSSH's client (several files at once), and over paramiko's SFTP, which it
     uses when the laptop has no `ssh`."""
-    target = hosts.parse(host.spec, str(host.key)) if request.param == "openssh" else None
+    target = hosts.parse(host.spec, host.key) if request.param == "openssh" else None
 
     def fetched(connection, remote_dir, local_dir, on_progress=None):
         return artifacts.fetch(connection, remote_dir, local_dir, on_progress, host=target)
@@ -286,7 +286,7 @@ def test_the_openssh_path_checks_the_recorded_host_key(host, connection, saved, 
                      f"{(other.with_suffix('.pub')).read_text().split(' ')[1]}\n")
     with pytest.raises(hosts.ConnectError, match=r"OpenSSH refuses the host's key: it is not the one recorded in "
                                                  r".*; if the VM was really rebuilt, forget the old key: ssh-keygen -R"):
-        artifacts.fetch(connection, SAVED, tmp_path / "model", host=hosts.parse(host.spec, str(host.key)))
+        artifacts.fetch(connection, SAVED, tmp_path / "model", host=hosts.parse(host.spec, host.key))
     assert not [path for path in (tmp_path / "model").iterdir() if not path.name.endswith(".part")]
 
 

@@ -314,7 +314,7 @@ def test_connections_ack_at_once_send_at_once_and_give_up_on_a_dead_link(make_ho
     holds a small reply until it is ACKed, and Linux delays that ACK by 40 ms), TCP_USER_TIMEOUT."""
     host = make_host()
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
-    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    connection = hosts.connect(hosts.parse(host.spec, host.key))
     try:
         sock = connection.transport.sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
@@ -331,7 +331,7 @@ def test_connections_work_where_the_os_lacks_linuxs_tcp_options(make_host, monke
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     monkeypatch.delattr(socket, "TCP_QUICKACK")
     monkeypatch.delattr(socket, "TCP_USER_TIMEOUT")
-    connection = hosts.connect(hosts.parse(host.spec, str(host.key)))
+    connection = hosts.connect(hosts.parse(host.spec, host.key))
     try:
         assert type(connection.transport.sock) is socket.socket
         assert connection.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

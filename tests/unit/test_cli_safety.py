@@ -219,12 +219,12 @@ def test_identity_without_host_serves_the_stacks_vm(stack_dir, key_pair, tmp_pat
     monkeypatch.chdir(stack_dir)
     other_key = tmp_path / "other_key"
     other_key.write_text("not read here")
-    [host] = hosts.resolve([], str(other_key), None)
+    [host] = hosts.check_flags([], str(other_key), None).hosts()
     assert (host.address, host.identity) == ("203.0.113.9", other_key)
-    [default] = hosts.resolve([], None, None)
+    [default] = hosts.check_flags([], None, None).hosts()
     assert default.identity == key_pair[0]  # the private half of sshPublicKeyPath
     with pytest.raises(hosts.HostError, match="--identity '/nope' is not a file"):
-        hosts.resolve([], "/nope", None)
+        hosts.check_flags([], "/nope", None)
 
 
 def test_fetch_that_cannot_connect_leaves_no_folder(stack_dir, listener):

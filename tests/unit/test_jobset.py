@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.doubles import kubeapi
-from tpu_grpo import images, jobset, maxtext, pipeline
+from tpu_grpo import images, jobset, maxtext, pipeline, settings
 from tpu_grpo.accelerators import SLICES
 
 IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"
@@ -152,7 +152,7 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
               "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     monkeypatch.chdir(stack_dir)
-    run = pipeline.build_run("dev", run_name="gsm8k-1")
+    run = pipeline.build_run(settings.load("dev", lenient=True), run_name="gsm8k-1")
     vm_exports, vm_argv, vm_other = _parts(maxtext.script(run, step))
     exports, argv, other = _parts(maxtext.script(run, step, in_slice=True))
     # The exports: the one VM's, less those that describe one VM's chips to libtpu, and the export into the

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from tests.support import DATA, FIXTURES
-from tpu_grpo import metrics
+from tpu_grpo import laptop_paths, metrics
 from tpu_grpo.metrics import Metrics, MetricsError, Row
 from tpu_grpo.progress import Eval, TrainStep, parse_lines
 
@@ -265,7 +265,7 @@ def test_import_is_cheap():
 
 
 def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_what_differs(tmp_path):
-    from tpu_grpo import metrics
+    from tpu_grpo import laptop_paths, metrics
 
     def run(name: str, generations: str, scale: float) -> metrics.Metrics:
         rows = [metrics.Row(step, reward=step * scale, loss=0.1, kl=0.01 * step, completion_length=100 + step)
@@ -315,7 +315,7 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
     for name, generations in (("g2", "2"), ("g4", "4")):
-        folder = results.events_dir(name)
+        folder = laptop_paths.events(name)
         shutil.copytree(FIXTURES / "tensorboard", folder)
         given = {"model": "llama3.1-8b-Instruct", "loss": "grpo", "batches": 4, "train:rl.num_generations": generations}
         assert metrics.write_hparams(folder, given, 1796000000.0) is not None
