@@ -77,7 +77,8 @@ def job_home(folder) -> tuple[dict, Path]:
     tools.mkdir()
     (tools / "python3").write_text("#!/usr/bin/python3\nimport json, os, sys\n"
                                    f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
-                                   "'env': dict(os.environ)}) + '\\n')\n")
+                                   "'env': dict(os.environ), "
+                                   "'stdin': sys.stdin.read() if sys.argv[1:2] == ['-'] else None}) + '\\n')\n")
     (tools / "python3").chmod(0o755)
     return {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)}, record
 
@@ -91,7 +92,7 @@ def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dic
     found = {}
     for line in record.read_text().splitlines():
         call = json.loads(line)
-        if call["argv"][0] == "-m":  # MaxText's modules; not the convert job's `python3 -c` asking its version
+        if call["argv"][0] == "-m":  # MaxText's modules; not the convert job's `python3 -` asking its version
             found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
     return found
 

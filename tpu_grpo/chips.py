@@ -7,29 +7,9 @@ from __future__ import annotations
 
 import json
 
-from tpu_grpo import facts, host_paths
+from tpu_grpo import facts, host_paths, remote
 
 GIB = 1 << 30
-
-#: Runs on the host in the MaxText venv; prints one JSON object.
-PROGRAM = """
-import json
-try:
-    from tpu_info import device, metrics
-except ImportError:
-    print(json.dumps({"error": "tpu-info is not in the venv; fix: uv run invoke provision"}))
-    raise SystemExit
-chip_type, count = device.get_local_chips()
-owners = sorted(set(device.get_chip_owners().values()))
-found = {"chip": chip_type.value.name if chip_type else None, "chips": count, "owners": owners, "usage": []}
-if chip_type and owners:
-    try:
-        found["usage"] = [{"device": u.device_id, "hbm_used": u.memory_usage, "hbm_total": u.total_memory,
-                           "duty_cycle_pct": u.duty_cycle_pct} for u in metrics.get_chip_usage(chip_type)]
-    except Exception as error:  # the runtime's metrics server does not answer (a workload starting or ending)
-        found["unavailable"] = type(error).__name__
-print(json.dumps(found))
-"""
 
 
 def parse(answer: facts.Answer) -> dict:
@@ -43,8 +23,7 @@ def parse(answer: facts.Answer) -> dict:
 
 #: The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
 #: duty_cycle_pct}]}, or {"error"}.
-CHIPS = facts.Fact("chips", lambda: f"{host_paths.VENV}/bin/python - <<'TPU_GRPO_CHIPS'\n{PROGRAM}\nTPU_GRPO_CHIPS",
-                   parse)
+CHIPS = facts.Fact("chips", lambda: remote.run("chips", python=f"{host_paths.VENV}/bin/python"), parse)
 
 
 def summary(found: dict) -> str:

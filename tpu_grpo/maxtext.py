@@ -22,6 +22,7 @@ from typing import Mapping
 
 from tpu_grpo.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.errors import UserError
+from tpu_grpo import remote
 from tpu_grpo.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.accelerators import MACHINES, Accelerator
@@ -62,13 +63,6 @@ SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{EXPORT_FOLDER}/"
 #: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
 ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
                "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
-#: The steps of a bucket's folder, listed with the Cloud Storage client that MaxText's tpu-post-train extra brings
-#: (google-cloud-storage), which `ls` cannot do; MaxText's paths hold `//`, which its objects' names do not.
-GCS_CHILDREN = ("python3 -c 'import sys; from google.cloud import storage; "
-                "bucket, _, prefix = sys.argv[1][len(\"gs://\"):].partition(\"/\"); "
-                "prefix = \"/\".join(part for part in prefix.split(\"/\") if part) + \"/\"; "
-                "found = storage.Client().list_blobs(bucket, prefix=prefix, delimiter=\"/\"); list(found); "
-                "print(*(name[len(prefix):].strip(\"/\") for name in found.prefixes), sep=chr(10))'")
 #: A slice's script is PID 1 of its container, which ignores a SIGTERM it has no handler for: a cancel, a
 #: preemption or a node drain would wait out the grace period, then SIGKILL MaxText. So it traps SIGTERM and
 #: passes it on to MaxText, run in the background, as xpk's wrapper does (`exec` would not help: MaxText as PID
@@ -363,7 +357,7 @@ def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
     inputs = shlex.quote(json.dumps(run.inputs("convert"), sort_keys=True))
     before = [
         f"kept={kept}",
-        "version=$(python3 -c 'import importlib.metadata as m; print(m.version(\"maxtext\"))')",
+        f"version=$({remote.run('maxtext_version')}\n)",
         f'if [ -f "$kept/{SUMS}" ] && [ "$(cat "$kept.inputs" 2>/dev/null)" = {inputs} ] '
         '&& [ "$(cat "$kept.maxtext" 2>/dev/null)" = "$version" ]; then',
         '  rm -rf "$MODEL_CHECKPOINT_DIRECTORY" && mkdir -p "$MODEL_CHECKPOINT_DIRECTORY"',
@@ -408,9 +402,10 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
             continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
-        lister = GCS_CHILDREN if run.store.name == "gs" else "ls -1"
-        lines.append(f'newest=$( ({lister} "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor" '
-                     "| grep -E '^[0-9]+$' | sort -n | tail -1) 2>/dev/null || true)")
+        folder, newest = '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"', " | grep -E '^[0-9]+$' | sort -n | tail -1"
+        listing = (remote.run("folder_children", folder, then=newest) if run.store.name == "gs"
+                   else f"ls -1 {folder}{newest}")  # a bucket's steps: with its client, which `ls` is not
+        lines.append(f"newest=$( ({listing}\n) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     if step == "export":
@@ -427,24 +422,13 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Save a tokenizer (argv 1) into a folder (argv 2) as transformers writes it; a gs:// folder through a local copy,
-#: uploaded with the Cloud Storage client of MaxText's post-training extra.
-SAVE_TOKENIZER = ("python3 -c 'import pathlib, sys, tempfile; from transformers import AutoTokenizer; "
-                  "tokenizer, folder = AutoTokenizer.from_pretrained(sys.argv[1]), sys.argv[2]\n"
-                  "if not folder.startswith(\"gs://\"): tokenizer.save_pretrained(folder); sys.exit()\n"
-                  "from google.cloud import storage; local = tempfile.mkdtemp(); tokenizer.save_pretrained(local)\n"
-                  "bucket, _, prefix = folder[5:].partition(\"/\"); bucket = storage.Client().bucket(bucket)\n"
-                  "for path in pathlib.Path(local).iterdir(): "
-                  "bucket.blob(prefix.strip(\"/\") + \"/\" + path.name).upload_from_filename(str(path))'")
-
-
 def trained_tokenizer(run: Run) -> list[str]:
     """Bash after to_huggingface, which saves the tokenizer of HF_IDS[export name]: the tokenizer the run trained with
     (its chat template) in its place, where the two differ (the tutorial's: the base model's, then the Instruct's)."""
     if run.training_tokenizer == MODELS[run.export_model].hf_id:
         return []
     return [f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
-            f'{SAVE_TOKENIZER} {_q(run.training_tokenizer)} "$HF_EXPORT"']
+            remote.run("save_tokenizer", _q(run.training_tokenizer), '"$HF_EXPORT"')]
 
 
 def paths(run: Run) -> dict[str, str]:

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo import artifacts, facts, gcs, host_paths, hosts, jobs, maxtext, release, settings, stores
+from tpu_grpo import artifacts, facts, gcs, host_paths, hosts, jobs, maxtext, release, remote, settings, stores
 from tpu_grpo.errors import UserError
 
 PIPELINE = ("convert", "train", "export", "save")
@@ -206,7 +206,8 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
            f'has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), '
            f'or check the machine type"') if check_tpu else ""
     return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
-version=$({venv}/bin/python -c "import importlib.metadata as m; print(m.version('maxtext'))" 2>/dev/null || echo none)
+version=$({remote.run("maxtext_version", python=f"{venv}/bin/python")}
+) 2>/dev/null || version=none
 [ "$version" = {release.MAXTEXT_VERSION} ] || echo "fail: MaxText in {venv} is $version, not {release.MAXTEXT_VERSION}; fix: uv run invoke provision"
 [ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
 free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')

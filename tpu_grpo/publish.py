@@ -1,6 +1,6 @@
 """`invoke publish`: a saved run's model to the Hugging Face Hub, with a model card.
 
-The upload runs on the host (tpu_grpo/hub_host.py), as a detached job: the model (16 GB) and the
+The upload runs on the host (tpu_grpo/remote/hub.py), as a detached job: the model (16 GB) and the
 token are there, and the VM's uplink is the fast one. Before anything is written or uploaded, the
 host asks the Hub whether its token may write the repo (refused in one line with the fix), and
 creates the repo if it is missing. The card is written beside the saved model (listed in its
@@ -14,13 +14,13 @@ import base64
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from tpu_grpo import artifacts, host_paths, hosts, jobs, laptop_paths, maxtext, pipeline, results, settings, watch
+from tpu_grpo import (artifacts, host_paths, hosts, jobs, laptop_paths, maxtext, pipeline, remote, results, settings,
+                      watch)
 from tpu_grpo.errors import UserError
 from tpu_grpo.accelerators import MACHINES
 from tpu_grpo.capacity import CAPACITIES
@@ -28,7 +28,6 @@ from tpu_grpo.models import DEFAULT_DATASET, MODELS
 from tpu_grpo.progress import Eval, parse_line
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
-HUB_PROGRAM = Path(__file__).with_name("hub_host.py")
 REFUSED_EXIT = 3
 _NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
 _PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes, to \S+ \((\d+) already there\)")
@@ -73,11 +72,9 @@ def _environment(hub: str | None) -> list[str]:
 
 
 def hub_script(command: str, repo_id: str, value: str, hub: str | None) -> str:
-    """Bash that runs hub_host.py's `command` in the MaxText venv (its huggingface_hub)."""
-    program = HUB_PROGRAM.read_text()
+    """Bash that runs remote/hub.py's `command` in the MaxText venv (its huggingface_hub)."""
     return "\n".join(["set -eo pipefail", *_environment(hub),
-                      f"{host_paths.VENV}/bin/python - {command} {repo_id} {value} <<'TPU_GRPO_HUB'", program,
-                      "TPU_GRPO_HUB"]) + "\n"
+                      remote.run("hub", command, repo_id, value, python=f"{host_paths.VENV}/bin/python")]) + "\n"
 
 
 @dataclass
@@ -101,8 +98,8 @@ def facts(connection, run: str) -> Facts:
              for job in trainings]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
-    lines.append(f"echo maxtext $({host_paths.VENV}/bin/python -c \"import importlib.metadata as m; "
-                 f"print(m.version('maxtext'))\" 2>/dev/null || echo unknown)")
+    lines.append(f"echo maxtext $({remote.run('maxtext_version', python=f'{host_paths.VENV}/bin/python')}\n"
+                 ") 2>/dev/null || echo maxtext unknown")
     return read_facts(run, trainings, hosts.run_script(connection, "\n".join(lines) + "\ntrue").stdout)
 
 

@@ -195,7 +195,11 @@ def test_plan_includes_the_scripts(stack_dir):
 
 
 def _lines_about_the_newest_checkpoint(script: str) -> str:
-    return "\n".join(line for line in script.splitlines() if line.startswith(("newest=", '[ -z "$newest" ]')))
+    """From `newest=` (its listing may carry a program's text) to the line that says it."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("newest="))
+    end = next(i for i, line in enumerate(lines) if line.startswith('[ -z "$newest" ]'))
+    return "\n".join(lines[start:end + 1])
 
 
 # ---------------------------------------------------------------- what a script does where it runs

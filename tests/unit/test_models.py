@@ -15,7 +15,7 @@ import yaml
 
 from tests.support import DATA, DOUBLES, FIXTURES, ROOT, invoke
 from tests.tutorial import RUN, run_ours
-from tpu_grpo import maxtext
+from tpu_grpo import maxtext, remote
 from tpu_grpo.accelerators import ACCELERATORS, MACHINES, SLICES
 from tpu_grpo.models import MODELS
 
@@ -218,8 +218,8 @@ def test_the_readmes_model_table_is_the_code_s():
 def test_the_export_carries_the_tokenizer_the_run_trained_with(tmp_path):
     """to_huggingface saves HF_IDS[export name]'s tokenizer: the tutorial's export would ship the base model's (no
     Instruct chat template); a line after it saves the training tokenizer in its place. Not where they are one."""
-    calls = [call for call in json_lines(tmp_path, RUN) if call["argv"][0] == "-c"]
-    saves = [call["argv"][-2:] for call in calls if "AutoTokenizer" in call["argv"][1]]
+    calls = [call for call in json_lines(tmp_path, RUN) if call["argv"][0] == "-"]  # a program on its stdin
+    saves = [call["argv"][1:] for call in calls if call["stdin"] == remote.text("save_tokenizer")]
     assert saves == [["meta-llama/Llama-3.1-8B-Instruct", "/dev/shm/llama3.1-8b-Instruct/hf-trained/"]]
     qwen = maxtext.Run(**{**RUN.__dict__, "model": "qwen3-8b", "export_model": "qwen3-8b"})
     assert "AutoTokenizer" not in maxtext.script(qwen, "export")
@@ -241,9 +241,8 @@ def test_the_tokenizer_is_saved_into_a_folder_or_a_bucket(tmp_path, where, reque
         target = f"gs://{bucket}/runs/r1/hf-trained/"
     else:
         target = str(tmp_path / "hf-trained")
-    program = shlex.split(maxtext.SAVE_TOKENIZER)[2]
-    done = subprocess.run([sys.executable, "-c", program, "meta-llama/Llama-3.1-8B-Instruct", target], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, ROOT / "tpu_grpo/remote/save_tokenizer.py", "meta-llama/Llama-3.1-8B-Instruct",
+                           target], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
     if where == "bucket":

@@ -14,7 +14,7 @@ from tests.doubles.hub import whoami
 from tests.support import ROOT
 from tpu_grpo import maxtext, publish, settings
 from tpu_grpo.capacity import CAPACITIES
-from tpu_grpo.hub_host import refusal
+from tpu_grpo.remote.hub import refusal
 from tpu_grpo.progress import Eval
 
 
