@@ -168,6 +168,9 @@ class Probed:
     pipelines: list[dict] = field(default_factory=list)
     records: dict[str, str] = field(default_factory=dict)  # trained-with / saved-with -> JSON
 
+    def to_json(self) -> dict:
+        return {"done": sorted(self.done), "pipelines": self.pipelines, "records": self.records}
+
     def check_name(self, run: maxtext.Run) -> None:
         """Refuse a run name that was trained, or saved, with other inputs than these."""
         for kind, step, what in (("trained-with", "train", "trained"), ("saved-with", "export", "saved")):
@@ -176,10 +179,9 @@ class Probed:
                 raise name_taken(run, what, self.records[kind], wanted)
 
 
-def probe(connection, run: maxtext.Run) -> Probed:
-    result = hosts.run_script(connection, probe_script(run))
+def parse_probe(answer: facts.Answer) -> Probed:
     probed = Probed()
-    for line in result.stdout.splitlines():
+    for line in answer.stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "done":
             probed.done.add(rest)
@@ -190,6 +192,18 @@ def probe(connection, run: maxtext.Run) -> Probed:
                 probed.pipelines.append(json.loads(base64.b64decode(rest)))
             except ValueError:  # a record cut short (a disk full while writing): not resumable
                 continue
+    return probed
+
+
+#: Which steps of a run are done on the host, what its name was trained and saved with, the pipelines run before
+#: (its argument: the run's record, maxtext.Run.to_record).
+PROBE = facts.Fact("probe", lambda record: probe_script(maxtext.Run.from_record(record)),
+                   lambda answer, record: parse_probe(answer))
+
+
+def probe(connection, run: maxtext.Run) -> Probed:
+    """PROBE, and for a run in a bucket, the steps whose output the bucket holds."""
+    probed = PROBE.read(connection, run.to_record())
     if in_bucket(run):
         for step, key in (("convert", "checkpoint"), ("train", "post_train")):
             if step in probed.done and not gcs.exists(maxtext.paths(run)[key]):
@@ -219,9 +233,15 @@ free=$(df -Pk {jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
 """
 
 
+#: What keeps the host from running a run now, a `what; fix: how` each (its arguments: the run's record, the GB it
+#: needs, whether to count the TPU's chips).
+PREFLIGHT = facts.Fact(
+    "preflight", lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu),
+    lambda answer, *_: [line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")])
+
+
 def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
-    result = hosts.run_script(connection, preflight_script(run, need_gb, check_tpu))
-    failures = [line.removeprefix("fail: ") for line in result.stdout.splitlines() if line.startswith("fail: ")]
+    failures = PREFLIGHT.read(connection, run.to_record(), need_gb, check_tpu)
     if failures:
         raise PipelineError("preflight failed: " + " | ".join(failures))
 

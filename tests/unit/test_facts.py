@@ -14,7 +14,7 @@ from tpu_grpo import chips, facts, jobs, pipeline, recovery, results, runs, time
 RECORDED = ROOT / "tests" / "facts"
 FACTS = {fact.name: fact for fact in (jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
                                       results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
-                                      pipeline.CHECKPOINTS, runs.HOST_RUNS)}
+                                      pipeline.CHECKPOINTS, runs.HOST_RUNS, pipeline.PROBE, pipeline.PREFLIGHT)}
 CASES = sorted(RECORDED.glob("*/*.json"))
 
 
