@@ -8,8 +8,7 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.offline import DEFAULT_ACCOUNT
-from tpu_grpo.settings import PROJECT, Settings
+from tpu_grpo.settings import DEFAULT_ACCOUNT, PROJECT, Settings
 from tpu_grpo.stores import bucket_of
 
 SUBNET_RANGE = "10.130.0.0/24"

@@ -10,12 +10,10 @@ from typing import Any
 
 import pulumi
 
-from tpu_grpo.settings import PROJECT, Settings
+from tpu_grpo.settings import DEFAULT_ACCOUNT, PROJECT, Settings
 
 UNKNOWN = "(known after apply)"
 DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount"
-#: The project's default compute account as Google names it before the project number is known.
-DEFAULT_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
 
 
 @dataclass

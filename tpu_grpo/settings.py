@@ -38,6 +38,9 @@ _HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-
 _HUB_URL = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(?:/[A-Za-z0-9._~/-]*)?")
 STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default: .tpu-grpo/)
 
+#: The project's default compute account (the VM's and the nodes' without tpu-grpo:serviceAccount) as Google names
+#: it, the project number unknown here.
+DEFAULT_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
 MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
 MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer state is tens of GB
 #: Hyperdisk Balanced's provisioned performance: at most 160,000 IOPS and 2,400 MiB/s per volume, and
