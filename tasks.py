@@ -21,12 +21,12 @@ from invoke import Exit
 # (PYTHONDONTWRITEBYTECODE, -B) still decides.
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
-from tpu_grpo import laptop_paths, settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
-from tpu_grpo.cli import checked, one_line_errors, task  # noqa: E402
-from tpu_grpo.errors import INTERRUPTED  # noqa: E402
+from tpu_grpo.config import laptop_paths, settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
+from tpu_grpo.cli.flags import checked, one_line_errors, task  # noqa: E402
+from tpu_grpo.config.errors import INTERRUPTED  # noqa: E402
 
 if TYPE_CHECKING:
-    from tpu_grpo.targets import Where
+    from tpu_grpo.cli.targets import Where
 
 STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
 
@@ -73,9 +73,10 @@ def _help(*names: str, **extra: str) -> dict:
 
 
 def _check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, **_) -> Where:
-    """Where the task's jobs run (tpu_grpo/targets.py's Where), before anything connects: the host flags, and the
+    """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags, and the
     stack's settings when the host is the stack's VM or cluster (or `with_stack`: the task needs them anyway)."""
-    from tpu_grpo import hosts, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.host import hosts
 
     flags = hosts.check_flags(host, identity, wait, stack)
     return targets.Where(flags, settings_module.load(stack, lenient=True) if with_stack or not host else None)
@@ -88,7 +89,7 @@ def _check_settings(stack=None, **_) -> settings_module.Settings:
 @task(help=_help("stack", json="print the plan as JSON"), check=_check_settings)
 def plan(c, stack=None, json_=False):
     """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
-    from tpu_grpo import plan as plan_module
+    from tpu_grpo.cli import plan as plan_module
 
     with one_line_errors():
         result = plan_module.build(stack)
@@ -130,7 +131,8 @@ def up(c, stack=None, yes=False):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
     Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
-    from tpu_grpo import stack as stack_module, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.cloud import stack as stack_module
 
     chosen = checked()
     missing = stack_module.missing_for_up(chosen)
@@ -149,7 +151,7 @@ def up(c, stack=None, yes=False):
     for change in changes:
         console.print(f"replaces: {stack_module.describe(change)}", markup=False, soft_wrap=True)
     if stack_module.data_disk_lost(changes):
-        from tpu_grpo.hosts import ConnectError
+        from tpu_grpo.host.hosts import ConnectError
 
         try:
             unsaved = targets.pick(_check_hosts(stack=stack)).unsaved()
@@ -171,7 +173,7 @@ def up(c, stack=None, yes=False):
 
 def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
-    from tpu_grpo import lock as lock_module, playbook as playbook_module
+    from tpu_grpo.provision import lock as lock_module, playbook as playbook_module
 
     book = playbook_module.load(playbook)
     stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))
@@ -190,7 +192,7 @@ def _check_provision(var=None, tags=None, locked=False, lock=None, playbook=None
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
               lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
-    from tpu_grpo import engine, report as report_module
+    from tpu_grpo.provision import engine, report as report_module
 
     with one_line_errors():
         book, values, chosen_tags, where = checked()
@@ -213,7 +215,7 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
 
 
 def _check_freeze(var=None, playbook=None, **flags):
-    from tpu_grpo import playbook as playbook_module
+    from tpu_grpo.provision import playbook as playbook_module
 
     book = playbook_module.load(playbook)
     return book, playbook_module.resolve(book, var), _check_hosts(**flags)
@@ -223,7 +225,8 @@ def _check_freeze(var=None, playbook=None, **flags):
     *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
-    from tpu_grpo import hosts, lock as lock_module
+    from tpu_grpo.host import hosts
+    from tpu_grpo.provision import lock as lock_module
 
     with one_line_errors():
         book, values, where = checked()
@@ -247,7 +250,7 @@ STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")
 
 def _launch(step, dry_run, detach, verbose, run_name_given=True):
     """What convert, train and export share: print the script, or start the job and follow it."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         run, where = checked()
@@ -265,7 +268,7 @@ def _launch(step, dry_run, detach, verbose, run_name_given=True):
 def _step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
               wait=None, **_):
     """One step's run from the stack and the flags, all checked before anything connects."""
-    from tpu_grpo import pipeline
+    from tpu_grpo.jobs import pipeline
 
     where = _check_hosts(host=host, identity=identity, stack=stack, wait=wait, with_stack=True)
     run = pipeline.build_run(where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step,
@@ -300,7 +303,9 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
                     **flags):
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
-    from tpu_grpo import maxtext, pipeline, playbook, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import maxtext, pipeline
+    from tpu_grpo.provision import playbook
 
     where = _check_hosts(stack=stack, with_stack=True, **flags)
     chosen = where.settings
@@ -334,7 +339,7 @@ def _check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=
 def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
              dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False, recover=None, var=None):
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         run, where, options = checked()
@@ -355,7 +360,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     follow="keep streaming until the job ends (resumes after a dropped link)"))
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         target = targets.pick(checked())
@@ -370,7 +375,7 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 @task(iterable=["host"], check=_check_hosts, help=_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """The jobs (state, exit code, run, duration, progress); on the VM, its TPU chips and its idle stop."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         target = targets.pick(checked())
@@ -386,7 +391,8 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """Every run in one table, newest first: what it was given, how it scored, what it cost, where its model is.
 
     From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
-    from tpu_grpo import runs as runs_module, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.results import runs as runs_module
 
     with one_line_errors():
         found, sources = targets.pick(checked()).runs()
@@ -402,7 +408,7 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
 
     On the VM: the job's whole process group, then whatever holds /dev/vfio and /tmp/libtpu_lockfile. On a
     slice: the JobSet with its pods."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         said = targets.pick(checked()).cancel(job)
@@ -410,9 +416,9 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
 
 
 def _check_fetch(run=None, to=None, **flags):
-    from tpu_grpo import results
+    from tpu_grpo.results import retrieval
 
-    return results.destination(run, to), _check_hosts(**flags)
+    return retrieval.destination(run, to), _check_hosts(**flags)
 
 
 @task(iterable=["host"], check=_check_fetch, help=_help(
@@ -420,7 +426,7 @@ def _check_fetch(run=None, to=None, **flags):
     to="local folder (default: models/RUN)"))
 def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
-    from tpu_grpo import targets
+    from tpu_grpo.cli import targets
 
     with one_line_errors():
         destination, where = checked()
@@ -430,7 +436,8 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
 
 
 def _check_publish(repo=None, run=None, **flags):
-    from tpu_grpo import maxtext, publish as publish_module
+    from tpu_grpo.jobs import maxtext
+    from tpu_grpo.results import publish as publish_module
 
     if not repo:
         raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
@@ -448,12 +455,13 @@ def _check_publish(repo=None, run=None, **flags):
 def publish(c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False,
             verbose=False):
     """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
-    from tpu_grpo import jobs, publish as publish_module
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import publish as publish_module
 
     console = _console(stderr=json_)
     with one_line_errors():
         where = checked()
-        session = jobs.session(where.flags, where.settings)
+        session = vm_jobs.session(where.flags, where.settings)
         try:
             outcome = publish_module.publish(session, run, repo, not public, console, verbose)
         except KeyboardInterrupt:
@@ -469,9 +477,9 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
 
 
 def _check_metrics(run=None, out=None, events=None, force=False, compare=None, **flags):
-    from tpu_grpo import results
+    from tpu_grpo.results import retrieval
 
-    path = results.check_metrics_flags(run, out, events, force, compare)
+    path = retrieval.check_metrics_flags(run, out, events, force, compare)
     return path, None if events is not None else _check_hosts(**flags)  # a local events folder: no host
 
 
@@ -485,7 +493,8 @@ def _check_metrics(run=None, out=None, events=None, force=False, compare=None, *
 def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
             json_=False, compare=None):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
-    from tpu_grpo import metrics as metrics_module, results, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.results import metrics as metrics_module, retrieval
 
     with one_line_errors():
         path, where = checked()
@@ -494,7 +503,7 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
             found = [target.metrics(name, None)[0] for name in compare]
             path = metrics_module.plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
         elif events:  # a folder here: no host, no cluster
-            found, path = results.metrics_of_events(run, events, path)
+            found, path = retrieval.metrics_of_events(run, events, path)
         else:
             found, path = targets.pick(where).metrics(run, path)
     if json_:
@@ -508,9 +517,9 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
 
 
 def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float, Where]:
-    from tpu_grpo import board
+    from tpu_grpo.results import tensorboard_sync
 
-    return (*board.check_flags(run, port, every), _check_hosts(**flags))
+    return (*tensorboard_sync.check_flags(run, port, every), _check_hosts(**flags))
 
 
 @task(iterable=["host"], check=_check_tensorboard, help=_help(
@@ -521,16 +530,18 @@ def _check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, f
 def tensorboard(c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None,
                 json_=False):
     """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
-    from tpu_grpo import board, hosts, jobs, results
+    from tpu_grpo.host import hosts
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import retrieval, tensorboard_sync
 
     console = _console(stderr=json_)
     with one_line_errors():
         port_number, every_s, where = checked()
-        session = jobs.session(where.flags, where.settings)
+        session = vm_jobs.session(where.flags, where.settings)
         try:
-            copied = board.sync(session, run)
+            copied = tensorboard_sync.sync(session, run)
         except hosts.ConnectError as error:
-            copied = dict.fromkeys(board.local_runs(run, laptop_paths.state()), 0)
+            copied = dict.fromkeys(tensorboard_sync.local_runs(run, laptop_paths.state()), 0)
             if once or not copied:
                 raise
             console.print(f"the host does not answer ({error}); serving the events already here")
@@ -542,13 +553,13 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
             console.print(f"{name}: {count} new bytes of events in {laptop_paths.events(name)}")
         return
     try:
-        url = board.serve(sorted(copied), port_number)
+        url = tensorboard_sync.serve(sorted(copied), port_number)
     except Exception as error:  # noqa: BLE001 - TensorBoard's own errors (a port in use): one line
         raise Exit(f"error: TensorBoard did not start ({error}); fix: --port another port", code=1) from None
     console.print(f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
                   f"Ctrl-C stops it, the events stay in {laptop_paths.runs()}", soft_wrap=True)
     try:
-        board.keep_in_sync(session, run, every_s, console.print)
+        tensorboard_sync.keep_in_sync(session, run, every_s, console.print)
     except KeyboardInterrupt:
         console.print("stopped")
         raise Exit(code=INTERRUPTED) from None
@@ -560,11 +571,12 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
     Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
     its training share; the chart is .tpu-grpo/timeline.png."""
-    from tpu_grpo import jobs, timeline as timeline_module
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import timeline as timeline_module
 
     with one_line_errors():
         where = checked()
-        session = jobs.session(where.flags, where.settings)
+        session = vm_jobs.session(where.flags, where.settings)
         found = timeline_module.gather(session.connection)
     built = timeline_module.build(session.host.name, found, timeline_module.fetches())
     png = timeline_module.plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
@@ -576,7 +588,7 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
 def _check_image(stack=None, builder="auto", **_):
     """The stack (a slice's) and the builder's name; whether that builder can run here is asked once, in the task."""
-    from tpu_grpo import image_build
+    from tpu_grpo.provision import image_build
 
     chosen = settings_module.load(stack, lenient=True)
     if not chosen.tpu_slice:
@@ -592,7 +604,8 @@ def _check_image(stack=None, builder="auto", **_):
     dry_run="print the Dockerfile and the commands, and exit"))
 def image(c, stack=None, builder="auto", dry_run=False):
     """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
-    from tpu_grpo import image_build, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.provision import image_build
 
     with one_line_errors():
         chosen = checked()
@@ -607,7 +620,7 @@ def image(c, stack=None, builder="auto", dry_run=False):
 
 
 def _check_down(**flags):
-    from tpu_grpo import stack as stack_module
+    from tpu_grpo.cloud import stack as stack_module
 
     where = _check_hosts(with_stack=True, **flags)
     stack_module.require_cli()  # before any connection: without it, the destroy cannot happen
@@ -621,7 +634,8 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
-    from tpu_grpo import stack as stack_module, targets
+    from tpu_grpo.cli import targets
+    from tpu_grpo.cloud import stack as stack_module
 
     with one_line_errors():
         where = checked()

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.provision_noop import MADE_UP_TOKEN, BenchError, make_host, say
-from tpu_grpo import artifacts
+from tpu_grpo.host import artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = "bench"

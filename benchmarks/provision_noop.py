@@ -245,7 +245,7 @@ def engine_checks(host: Host) -> list[tuple[str, str]]:
 
     `Planned` is the engine's per-step plan; it is the only place that renders the check command
     line (prelude, `cd`, sudo for `become`, the secret's hash comparison)."""
-    from tpu_grpo import engine, playbook
+    from tpu_grpo.provision import engine, playbook
 
     book = playbook.load(ROOT / playbook.PLAYBOOK)
     values = playbook.resolve(book, host.vars)

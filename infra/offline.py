@@ -10,7 +10,7 @@ from typing import Any
 
 import pulumi
 
-from tpu_grpo.settings import DEFAULT_ACCOUNT, PROJECT, Settings
+from tpu_grpo.config.settings import DEFAULT_ACCOUNT, PROJECT, Settings
 
 UNKNOWN = "(known after apply)"
 DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount"

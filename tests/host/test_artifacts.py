@@ -15,8 +15,8 @@ import fabric
 import pytest
 
 from tests.support import FIXTURES
-from tpu_grpo import artifacts, hosts
-from tpu_grpo.artifacts import ArtifactError
+from tpu_grpo.host import artifacts, hosts
+from tpu_grpo.host.artifacts import ArtifactError
 
 EXPORT = FIXTURES / "hf-export"
 

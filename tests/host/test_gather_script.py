@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from tests.support import write_book
-from tpu_grpo import engine, playbook
+from tpu_grpo.provision import engine, playbook
 
 
 # ---------------------------------------------------------------- the round trip and the checks, run for real

@@ -30,7 +30,8 @@ from tests.host import sshd as harness
 from tests.host.kill_points import KILL_POINTS
 from tests.host.rootfs import TEST_VARS
 from tests.support import ROOT, TEST_TOKEN
-from tpu_grpo import engine, hosts, playbook
+from tpu_grpo.host import hosts
+from tpu_grpo.provision import engine, playbook
 
 # mkfs.ext4 formats the test's small loop disk in about 15 ms, less than one scan of /proc on a busy
 # machine (a scan missed it once under load): for these steps the program is held at its exec until

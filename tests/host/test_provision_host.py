@@ -249,7 +249,8 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
 def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: str = "progress"):
     """Apply one step (`kind`: progress or network) running `script` to the host, retrying after 0.1 s:
     (its result, the events seen, timed)."""
-    from tpu_grpo import engine, hosts, playbook
+    from tpu_grpo.host import hosts
+    from tpu_grpo.provision import engine, playbook
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     book = tmp_path / "book.yml"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.support import DOUBLES, TEST_TOKEN, this_python
 from tests.tutorial import RUN
-from tpu_grpo import maxtext
+from tpu_grpo.jobs import maxtext
 
 
 def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
@@ -20,7 +20,7 @@ def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
     from dataclasses import replace
 
     from tests.support import FIXTURES
-    from tpu_grpo.stores import store_for
+    from tpu_grpo.config.stores import store_for
 
     run = replace(RUN, store=store_for(f"gs://{bucket}/runs"), use_pathways=True)
     home = tmp_path / "home"

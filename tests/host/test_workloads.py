@@ -22,7 +22,7 @@ from tests import tutorial
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FAST, FIXTURES, TEST_TOKEN, job_dirs, scan_for_token, wait_for
 from tests.tutorial import assert_same_as_tutorial
-from tpu_grpo import jobs
+from tpu_grpo.jobs import vm_jobs
 
 
 def command_lines() -> list[bytes]:
@@ -171,7 +171,7 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
     # and nothing of the job's process group is left.
     assert host.records("signals") == [{"module": "maxtext.trainers.post_train.rl.train_rl", "pid": maxtext_pid,
                                         "signal": "SIGTERM"}]
-    assert time.monotonic() - asked < jobs.CANCEL_GRACE_S
+    assert time.monotonic() - asked < vm_jobs.CANCEL_GRACE_S
     pgid = host.records()[-1]["pgid"]  # as the host numbers it
     assert host.host.on_host("pgrep", "-g", str(pgid)).stdout == ""
     wait_for(lambda: not [p for p in host.processes() if "maxtext" in p or "run.sh" in p], 10, "no job process")

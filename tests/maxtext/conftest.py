@@ -18,7 +18,7 @@ from tests.maxtext.families import Family
 from tests.support import MAXTEXT_VENV as VENV, ROOT
 
 STANDIN = ROOT / "tests/maxtext/standin"
-#: A pod's environment as a slice's CPU JobSet gives it (tpu_grpo/jobset.py `cpu`), and what GKE puts in every pod.
+#: A pod's environment as a slice's CPU JobSet gives it (tpu_grpo/cloud/jobset.py `cpu`), and what GKE puts in every pod.
 POD_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", "JAX_PLATFORMS": "cpu",
            "HF_TOKEN": "hf_tier_token"}
 
@@ -56,7 +56,7 @@ class Host:
 
     @property
     def model_folder(self) -> Path:
-        from tpu_grpo.models import MODELS
+        from tpu_grpo.config.models import MODELS
 
         return self.home / "tpu-grpo/base-models" / MODELS[self.family.model].hf_id
 
@@ -73,7 +73,7 @@ def make_host(tmp_path, hub):
     `.complete` mark), GSM8K-shaped rows; and on the Hub, the repositories MaxText downloads the model, its
     tokenizers and configs from."""
     def make(family: Family) -> Host:
-        from tpu_grpo.maxtext import MODELS
+        from tpu_grpo.jobs.maxtext import MODELS
 
         home = tmp_path / "home"
         (home / ".cache/huggingface").mkdir(parents=True)

@@ -13,9 +13,11 @@ import pytest
 
 from tests.maxtext.families import FAMILIES, ROWS
 from tests.support import MAXTEXT_VENV as VENV, ROOT
-from tpu_grpo import facts, maxtext, models, pipeline, progress
-from tpu_grpo.accelerators import MACHINES
-from tpu_grpo.stores import STORES
+from tpu_grpo.config import models
+from tpu_grpo.host import facts
+from tpu_grpo.jobs import maxtext, pipeline, progress
+from tpu_grpo.config.accelerators import MACHINES
+from tpu_grpo.config.stores import STORES
 
 BATCHES, MORE_BATCHES = 4, 6
 

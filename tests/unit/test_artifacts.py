@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tpu_grpo import artifacts
+from tpu_grpo.host import artifacts
 
 
 def test_shell_path_quotes_everything_but_a_leading_tilde(tmp_path):

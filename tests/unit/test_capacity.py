@@ -13,8 +13,8 @@ from infra import offline
 from infra.tpu_host import TpuHost, gcloud_create_command
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FLEX, ON_DEMAND, SPOT, invoke
-from tpu_grpo.capacity import CAPACITIES
-from tpu_grpo.settings import SettingsError
+from tpu_grpo.config.capacity import CAPACITIES
+from tpu_grpo.config.settings import SettingsError
 
 SHARED = {"tpu-grpo:reservation": "projects/owner-project/reservations/v6e-shared"}
 
@@ -101,7 +101,7 @@ def test_a_wrong_capacity_setting_is_one_line_before_anything_is_declared(stack_
     ({**ON_DEMAND, "tpu-grpo:idleStopMinutes": "0"}, 0)])
 def test_idle_stop_defaults_follow_the_capacity(stack_values, changes, minutes):
     """0 means never, on every capacity: the provisioning removes the timer rather than installing one."""
-    from tpu_grpo import playbook
+    from tpu_grpo.provision import playbook
 
     settings, _, _ = instance(stack_values, **changes)
     assert settings.idle_stop_minutes == minutes
@@ -249,14 +249,14 @@ def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values,
 
 
 def test_up_explains_a_reservation_that_cannot_be_named(tmp_path):
-    from tpu_grpo.stack import explain
+    from tpu_grpo.cloud.stack import explain
 
     [meaning] = explain(["Error 400: Reservation r is not specificReservationRequired"])
     assert "--require-specific-reservation" in meaning
 
 
 def test_no_code_branches_on_a_capacitys_name():
-    """Every difference between capacities is a field of its row (tpu_grpo/capacity.py): no comparison with, and
+    """Every difference between capacities is a field of its row (tpu_grpo/config/capacity.py): no comparison with, and
     no table keyed by, a capacity's name anywhere else."""
     import re
 

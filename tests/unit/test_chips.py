@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpu_grpo import chips
+from tpu_grpo.host import chips
 
 
 def test_the_summary_says_whether_a_workload_holds_the_chips():

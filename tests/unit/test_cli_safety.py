@@ -211,7 +211,7 @@ def test_settings_validates_and_shows_whole_key_names(stack_dir):
 
 def test_identity_without_host_serves_the_stacks_vm(stack_dir, key_pair, tmp_path, monkeypatch):
     """`--identity` was silently ignored without `--host`; now it is the key for the stack's VM."""
-    from tpu_grpo import hosts
+    from tpu_grpo.host import hosts
 
     cli = PulumiCli(tmp_path / "pulumi", {"external_ip": "203.0.113.9", "ssh_user": "ubuntu"})
     for name, value in cli.on_path().items():

@@ -7,7 +7,7 @@ import re
 import subprocess
 
 from tests.support import ROOT
-from tpu_grpo.settings import KEYS
+from tpu_grpo.config.settings import KEYS
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -84,7 +84,7 @@ def test_example_stack_sets_every_required_key():
 
 
 def test_readme_documents_provisioning_and_every_playbook_variable():
-    from tpu_grpo import playbook
+    from tpu_grpo.provision import playbook
 
     readme = documentation()
     for text in ("invoke provision", "--check", "--var KEY=VALUE", "invoke freeze", "--locked", "--tags"):
@@ -132,8 +132,8 @@ def test_the_repository_points_nowhere_outside_itself():
 
 def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
     """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
-    at it, a slice's other costs, or the README's v6e-16 example, all from tpu_grpo/capacity.py."""
-    from tpu_grpo.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
+    at it, a slice's other costs, or the README's v6e-16 example, all from tpu_grpo/config/capacity.py."""
+    from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 
     prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
     known = {f"${figure:.2f}" for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR,

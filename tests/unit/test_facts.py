@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tpu_grpo import chips, facts, jobs, pipeline, recovery, results, runs, timeline, watch
+from tpu_grpo.host import chips, facts
+from tpu_grpo.jobs import pipeline, recovery, vm_jobs, watch
+from tpu_grpo.results import retrieval, runs, timeline
 
 RECORDED = ROOT / "tests" / "facts"
-FACTS = {fact.name: fact for fact in (jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
-                                      results.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
+FACTS = {fact.name: fact for fact in (vm_jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
+                                      retrieval.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
                                       pipeline.CHECKPOINTS, runs.HOST_RUNS, pipeline.PROBE, pipeline.PREFLIGHT)}
 CASES = sorted(RECORDED.glob("*/*.json"))
 
@@ -41,19 +43,19 @@ def test_a_recorded_answer_parses_to_the_recorded_fact(path: Path):
 
 
 def test_a_job_list_the_host_could_not_make_is_one_error():
-    with pytest.raises(jobs.JobError, match="cannot list the jobs on the host: ls: Permission denied"):
-        jobs.JOBS_FACT.parse(facts.Answer("", "ls: Permission denied\n", 2))
+    with pytest.raises(vm_jobs.JobError, match="cannot list the jobs on the host: ls: Permission denied"):
+        vm_jobs.JOBS_FACT.parse(facts.Answer("", "ls: Permission denied\n", 2))
 
 
 def test_down_counts_a_run_published_with_a_commit_as_safe(tmp_path, monkeypatch):
     """`down` refuses while a run's model is only on the VM: a copy fetched here, or a commit the Hub acknowledged
     (recorded by `invoke publish`), makes it safe; a publish with no commit recorded does not."""
     recorded = json.loads((RECORDED / "runs_on_host" / "one-saved-one-only-trained.json").read_text())
-    host_runs = results.RUNS_ON_HOST.parse(facts.Answer(recorded["stdout"], recorded["stderr"], recorded["exited"]))
+    host_runs = retrieval.RUNS_ON_HOST.parse(facts.Answer(recorded["stdout"], recorded["stderr"], recorded["exited"]))
     monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
-    assert [line.split(":")[0] for line in results.only_on_the_vm(host_runs)] == ["run only-trained", "run saved"]
+    assert [line.split(":")[0] for line in retrieval.only_on_the_vm(host_runs)] == ["run only-trained", "run saved"]
     (tmp_path / "published").mkdir()
     (tmp_path / "published" / "saved.json").write_text(json.dumps({"run": "saved", "repo": "me/m", "commit": None}))
-    assert len(results.only_on_the_vm(host_runs)) == 2  # asked, never acknowledged
+    assert len(retrieval.only_on_the_vm(host_runs)) == 2  # asked, never acknowledged
     (tmp_path / "published" / "saved.json").write_text(json.dumps({"run": "saved", "repo": "me/m", "commit": "abc123"}))
-    assert [line.split(":")[0] for line in results.only_on_the_vm(host_runs)] == ["run only-trained"]
+    assert [line.split(":")[0] for line in retrieval.only_on_the_vm(host_runs)] == ["run only-trained"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.cloud import storage
 
-from tpu_grpo import gcs
+from tpu_grpo.host import gcs
 
 
 def put(bucket: str, *names: str) -> None:
@@ -41,8 +41,8 @@ def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
     from dataclasses import replace
 
     from tests.tutorial import RUN
-    from tpu_grpo import pipeline
-    from tpu_grpo.stores import store_for
+    from tpu_grpo.jobs import pipeline
+    from tpu_grpo.config.stores import store_for
 
     run = replace(RUN, store=store_for(f"gs://{bucket}/runs"))
     folder = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor"

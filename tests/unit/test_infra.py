@@ -9,7 +9,7 @@ import shlex
 import pulumi
 import pytest
 
-from tpu_grpo import settings as settings_module
+from tpu_grpo.config import settings as settings_module
 
 from infra import offline
 from infra.tpu_host import gcloud_create_command

@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from tests.doubles import kubeapi
-from tpu_grpo import images, jobset, maxtext, pipeline, settings
-from tpu_grpo.accelerators import SLICES
+from tpu_grpo.cloud import jobset
+from tpu_grpo.config import images, settings
+from tpu_grpo.jobs import maxtext, pipeline
+from tpu_grpo.config.accelerators import SLICES
 
 IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"
 SCRATCH = "gs://grpo-lab-runs/runs/pathways-scratch"
@@ -25,7 +27,7 @@ SCRATCH = "gs://grpo-lab-runs/runs/pathways-scratch"
 SCRIPT = "set -eo pipefail; python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct"
 HEAD = "spec.replicatedJobs.0.template.spec.template.spec"
 WORKER = "spec.replicatedJobs.1.template.spec.template"
-#: Where tpu-grpo's Pathways JobSet differs from xpk's, and why (tpu_grpo/jobset.py says the same).
+#: Where tpu-grpo's Pathways JobSet differs from xpk's, and why (tpu_grpo/cloud/jobset.py says the same).
 DIFFERENCES = {
     "metadata.labels": "tpu-grpo's run and step labels, by which it finds its jobs; no Kueue queue (the "
                        "cluster runs no Kueue: one workload at a time)",

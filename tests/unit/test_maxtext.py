@@ -14,8 +14,8 @@ import yaml
 from tests import tutorial
 from tests.support import TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
-from tpu_grpo import maxtext
-from tpu_grpo.accelerators import MACHINES
+from tpu_grpo.jobs import maxtext
+from tpu_grpo.config.accelerators import MACHINES
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
 OURS_ONLY = {"PYTHONUNBUFFERED"}
@@ -213,8 +213,8 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
 
     from google.cloud import storage
 
-    from tpu_grpo.progress import RESUMES
-    from tpu_grpo.stores import store_for
+    from tpu_grpo.jobs.progress import RESUMES
+    from tpu_grpo.config.stores import store_for
 
     root = f"gs://{bucket}/runs" if store == "gs" else str(tmp_path / "maxtext")
     run = replace(RUN, store=store_for(root if store == "gs" else "disk"))
@@ -240,7 +240,7 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
 def test_a_run_record_makes_the_same_run_again_and_its_export_keeps_what_the_training_had():
     from dataclasses import replace
 
-    from tpu_grpo.stores import store_for
+    from tpu_grpo.config.stores import store_for
 
     trained = replace(RUN, tokenizer="someone/trained-tokenizer", dataset="openai/gsm8k", loss_algo="gspo-token",
                       store=store_for("gs://bucket/runs"), sets={"train": {"rl.num_generations": "4"}}, batches=7)
@@ -254,7 +254,7 @@ def test_a_run_record_makes_the_same_run_again_and_its_export_keeps_what_the_tra
 def test_a_training_recorded_before_whole_run_records_is_exported_with_what_its_inputs_say_it_trained_on():
     from dataclasses import replace
 
-    from tpu_grpo import pipeline
+    from tpu_grpo.jobs import pipeline
 
     trained = replace(RUN, tokenizer="someone/trained-tokenizer", batches=7, sets={"train": {"x": "1"}})
     old = {"run": trained.run_name, "inputs": trained.inputs("train")}  # a job.json without "record"

@@ -17,9 +17,10 @@ import pytest
 from rich.console import Console
 
 from tests.support import DATA, FIXTURES
-from tpu_grpo import laptop_paths, metrics
-from tpu_grpo.metrics import Metrics, MetricsError, Row
-from tpu_grpo.progress import Eval, TrainStep, parse_lines
+from tpu_grpo.config import laptop_paths
+from tpu_grpo.results import metrics
+from tpu_grpo.results.metrics import Metrics, MetricsError, Row
+from tpu_grpo.jobs.progress import Eval, TrainStep, parse_lines
 
 EVENTS = FIXTURES / "tensorboard"
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
@@ -258,14 +259,15 @@ def test_missing_folder(tmp_path):
 
 
 def test_import_is_cheap():
-    code = ("import sys, tpu_grpo.metrics; "
+    code = ("import sys, tpu_grpo.results.metrics; "
             "print(sorted(m for m in ('matplotlib', 'tensorboard', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
 
 def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_what_differs(tmp_path):
-    from tpu_grpo import laptop_paths, metrics
+    from tpu_grpo.config import laptop_paths
+    from tpu_grpo.results import metrics
 
     def run(name: str, generations: str, scale: float) -> metrics.Metrics:
         rows = [metrics.Row(step, reward=step * scale, loss=0.1, kl=0.01 * step, completion_length=100 + step)
@@ -304,14 +306,14 @@ def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, arg
 
 def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch):
     """Each run's inputs as hparams summaries beside its events (written once, without TensorFlow), read back through
-    TensorBoard's own HTTP API as `invoke tensorboard` serves them (tpu_grpo/board.py): the HParams dashboard's
+    TensorBoard's own HTTP API as `invoke tensorboard` serves them (tpu_grpo/results/tensorboard_sync.py): the HParams dashboard's
     experiment lists the inputs (and which differ) and each run's session its inputs and its scalars' last values."""
     import urllib.request
 
     from tensorboard.backend.event_processing import event_accumulator
 
     from tests.host.sshd import free_port
-    from tpu_grpo import board, results
+    from tpu_grpo.results import retrieval, tensorboard_sync
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
     for name, generations in (("g2", "2"), ("g4", "4")):
@@ -321,7 +323,7 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
         assert metrics.write_hparams(folder, given, 1796000000.0) is not None
         assert metrics.write_hparams(folder, given, 1796000000.0) is None  # once
         assert len(metrics.load(folder).rows) == 4  # the scalars read as before
-    url = board.serve(["g2", "g4"], free_port()) + "data/plugin/hparams/"
+    url = tensorboard_sync.serve(["g2", "g4"], free_port()) + "data/plugin/hparams/"
 
     def post(path: str, body: dict) -> dict:
         request = urllib.request.Request(url + path, data=json.dumps(body).encode(),

@@ -15,9 +15,10 @@ import yaml
 
 from tests.support import DATA, DOUBLES, FIXTURES, ROOT, invoke
 from tests.tutorial import RUN, run_ours
-from tpu_grpo import maxtext, remote
-from tpu_grpo.accelerators import ACCELERATORS, MACHINES, SLICES
-from tpu_grpo.models import MODELS
+from tpu_grpo.host import remote
+from tpu_grpo.jobs import maxtext
+from tpu_grpo.config.accelerators import ACCELERATORS, MACHINES, SLICES
+from tpu_grpo.config.models import MODELS
 
 WHEEL = json.loads((DATA / "maxtext-0.2.3-models.json").read_text())
 CONFIGS = WHEEL["HF_MODEL_CONFIGS"]["configs"]
@@ -241,7 +242,7 @@ def test_the_tokenizer_is_saved_into_a_folder_or_a_bucket(tmp_path, where, reque
         target = f"gs://{bucket}/runs/r1/hf-trained/"
     else:
         target = str(tmp_path / "hf-trained")
-    done = subprocess.run([sys.executable, ROOT / "tpu_grpo/remote/save_tokenizer.py", "meta-llama/Llama-3.1-8B-Instruct",
+    done = subprocess.run([sys.executable, ROOT / "tpu_grpo/host/remote/save_tokenizer.py", "meta-llama/Llama-3.1-8B-Instruct",
                            target], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

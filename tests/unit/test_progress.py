@@ -11,8 +11,8 @@ from datetime import datetime
 import pytest
 
 from tests.support import FIXTURES
-from tpu_grpo import progress
-from tpu_grpo.progress import Completed, Eval, Started, Tracker, TrainStep, parse_line
+from tpu_grpo.jobs import progress
+from tpu_grpo.jobs.progress import Completed, Eval, Started, Tracker, TrainStep, parse_line
 
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
 

@@ -14,9 +14,10 @@ import yaml
 
 from infra import tpu_host
 from tests.support import ROOT, TUTORIAL, write_book
-from tpu_grpo import engine, playbook, settings
-from tpu_grpo import lock as host_lock
-from tpu_grpo.playbook import PlaybookError
+from tpu_grpo.config import settings
+from tpu_grpo.provision import engine, playbook
+from tpu_grpo.provision import lock as host_lock
+from tpu_grpo.provision.playbook import PlaybookError
 
 BOOK = playbook.load()
 
@@ -74,10 +75,12 @@ def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
 
 
 def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkeypatch):
-    """tpu_grpo/release.py holds the release: the playbook's spec, the slice image's tag and what it installs, and
+    """tpu_grpo/config/release.py holds the release: the playbook's spec, the slice image's tag and what it installs, and
     the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
-    from tpu_grpo import image_build, images, maxtext, pipeline, release
-    from tpu_grpo.accelerators import MACHINES
+    from tpu_grpo.config import images, release
+    from tpu_grpo.jobs import maxtext, pipeline
+    from tpu_grpo.provision import image_build
+    from tpu_grpo.config.accelerators import MACHINES
 
     monkeypatch.setattr(release, "MAXTEXT_VERSION", "9.8.7")
     monkeypatch.setattr(release, "MAXTEXT_SPEC", "maxtext[tpu-post-train]==9.8.7")
@@ -97,7 +100,7 @@ def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkey
 
 def test_the_release_default_is_the_engines_not_the_playbooks(tmp_path):
     text = playbook.PLAYBOOK.read_text().replace("default: ~  # tpu-grpo's MaxText release", "default: maxtext==0.2.4  #")
-    with pytest.raises(PlaybookError, match="variable 'maxtext_spec' takes its default from tpu_grpo/release.py; "
+    with pytest.raises(PlaybookError, match="variable 'maxtext_spec' takes its default from tpu_grpo/config/release.py; "
                                             "fix: default: ~"):
         playbook.load(write_book(tmp_path, text, dedent=False))
 
@@ -160,7 +163,7 @@ BAD_OVERRIDES = [
     ("maxtext_spec=maxtext", "--var maxtext_spec: maxtext_spec='maxtext' does not match"),
     ("maxtext_spec=maxtext[tpu-post-train]==0.2.4", "--var 'maxtext_spec=maxtext[tpu-post-train]==0.2.4' pins "
      "MaxText 0.2.4, but tpu-grpo runs MaxText 0.2.3 (its command lines, the slice's image and the preflight: "
-     "tpu_grpo/release.py); fix: remove this --var"),
+     "tpu_grpo/config/release.py); fix: remove this --var"),
     ("maxtext_spec=MaxText==0.3.0", "--var 'maxtext_spec=MaxText==0.3.0' pins MaxText 0.3.0"),
     ("venv=$(reboot)", "--var 'venv=$(reboot)': venv is set by tpu-grpo itself"),
     ("colour=blue", "--var 'colour=blue': unknown variable 'colour'; fix: one of apt_upgrade,"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.host.kill_points import KILL_POINTS
 from tests.host.rootfs import TEST_VARS
-from tpu_grpo import playbook
+from tpu_grpo.provision import playbook
 
 #: The test hosts find this machine's Python 3.12 on PATH, and have no idle-stop timer to remove.
 ALREADY_RIGHT = {"Python", "no idle stop"}

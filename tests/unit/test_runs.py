@@ -7,16 +7,18 @@ from __future__ import annotations
 import json
 
 from tests.tutorial import RUN
-from tpu_grpo import hosts, jobs, runs
-from tpu_grpo.capacity import CAPACITIES
+from tpu_grpo.host import hosts
+from tpu_grpo.jobs import vm_jobs
+from tpu_grpo.results import runs
+from tpu_grpo.config.capacity import CAPACITIES
 
 PRE = "I1202 14:23:07.528425 1 train_rl.py:716] Pre RL Training: corr=1, total=4, accuracy=25.0%, partial_accuracy=25.0%, format_accuracy=100.0%, mean_reward=0.5"  # noqa: E501
 POST = "I1202 14:24:07.528425 1 train_rl.py:760] Post RL Training: corr=3, total=4, accuracy=75.0%, partial_accuracy=75.0%, format_accuracy=100.0%, mean_reward=1.5"  # noqa: E501
 
 
-def job(step: str, started: float, finished: float, capacity: str = "spot", code: int = 0) -> jobs.Job:
+def job(step: str, started: float, finished: float, capacity: str = "spot", code: int = 0) -> vm_jobs.Job:
     meta = {"step": step, "run": "r1", "capacity": capacity, "inputs": RUN.inputs(step), "total_steps": 50}
-    return jobs.Job(f"2026-{step}", step, "r1", "finished", code, started, finished, 0, meta)
+    return vm_jobs.Job(f"2026-{step}", step, "r1", "finished", code, started, finished, 0, meta)
 
 
 def test_a_runs_row_adds_its_jobs_hours_and_prices_its_chip_hours_at_its_capacity():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infra import offline
-from tpu_grpo import settings as settings_module
-from tpu_grpo.settings import SettingsError
+from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config.settings import SettingsError
 
 MISSING = object()
 

@@ -15,7 +15,7 @@ import yaml
 
 from tests.doubles import kubeapi
 from tests.support import FIXTURES, TEST_TOKEN, invoke
-from tpu_grpo import jobset
+from tpu_grpo.cloud import jobset
 
 SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true"}
 IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"

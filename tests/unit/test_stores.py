@@ -12,8 +12,9 @@ from infra import offline
 from tests import tutorial
 from tests.support import FLEX, ON_DEMAND, SPOT, TEST_TOKEN
 from tests.tutorial import RUN, run_ours
-from tpu_grpo import pipeline, stores
-from tpu_grpo.settings import SettingsError
+from tpu_grpo.config import stores
+from tpu_grpo.jobs import pipeline
+from tpu_grpo.config.settings import SettingsError
 
 
 def settings_for(stack_values, **changes):
@@ -149,7 +150,7 @@ def test_preflight_asks_for_the_space_the_model_and_store_need(model, store, kee
 
 @pytest.mark.parametrize("key", ["checkpoint_period", "max_num_checkpoints_to_keep", "base_output_directory"])
 def test_set_cannot_override_what_a_setting_owns(key):
-    from tpu_grpo import maxtext
+    from tpu_grpo.jobs import maxtext
 
     with pytest.raises(maxtext.CommandError, match=f"sets {key}, which comes from tpu-grpo:"):
         maxtext.parse_sets([f"{key}=1"], "train")

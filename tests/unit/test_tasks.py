@@ -203,7 +203,7 @@ def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pul
     ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
 ])
 def test_known_compute_engine_errors_are_explained(message, meaning):
-    from tpu_grpo.stack import explain
+    from tpu_grpo.cloud.stack import explain
 
     [explanation] = explain([message, message])
     assert meaning in explanation
@@ -239,8 +239,8 @@ def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_
     ("reservation", "no capacity outside reservations"), ("spot", "spot capacity comes and goes"),
     ("flex-start", "a zone that offers v6e flex-start"), ("on-demand", "a reservation is what guarantees capacity")])
 def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
-    from tpu_grpo.capacity import CAPACITIES
-    from tpu_grpo.stack import explain
+    from tpu_grpo.config.capacity import CAPACITIES
+    from tpu_grpo.cloud.stack import explain
 
     [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
     assert meaning in explanation
@@ -249,7 +249,7 @@ def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capa
 def test_a_tasks_flags_are_checked_once_before_any_task_runs(stack_dir, monkeypatch):
     """The executor checks every task of the command line first; the bodies get the checked values, and build
     nothing again (here: each step's run, built once per task)."""
-    from tpu_grpo import pipeline
+    from tpu_grpo.jobs import pipeline
 
     built = []
     real = pipeline.build_run

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from tests.support import FIXTURES
-from tpu_grpo import jobs, timeline
+from tpu_grpo.jobs import vm_jobs
+from tpu_grpo.results import timeline
 
 LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_text().splitlines()
 
@@ -45,7 +46,7 @@ def test_the_log_is_placed_by_its_last_line_and_kept_within_the_job():
 
 def test_idle_gaps_and_the_share_of_the_paid_time_that_trained():
     booted = 1_000_000.0
-    job = jobs.Job("20261204-000000.000-train", "train", "r", "finished", 0, booted + 600, booted + 3600, 10, {})
+    job = vm_jobs.Job("20261204-000000.000-train", "train", "r", "finished", 0, booted + 600, booted + 3600, 10, {})
     found = {"boot": booted, "sshd": booted + 30, "now": booted + 7200, "provisioning": [
         {"steps": [{"step": "MaxText", "status": "changed", "started": booted + 60, "seconds": 240}]}],
         "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 400}],
@@ -61,7 +62,7 @@ def test_idle_is_only_where_nothing_ran_when_phases_overlap():
     """The base model's download runs beside the provisioning steps, and outlasts them: no idle is shown while
     it still runs, only after it (and before the training)."""
     booted = 2_000_000.0
-    job = jobs.Job("20261204-010000.000-train", "train", "r", "finished", 0, booted + 2500, booted + 3000, 10, {})
+    job = vm_jobs.Job("20261204-010000.000-train", "train", "r", "finished", 0, booted + 2500, booted + 3000, 10, {})
     found = {"boot": booted, "sshd": booted + 30, "now": booted + 3000, "provisioning": [
         {"steps": [{"step": "uv", "status": "changed", "started": booted + 60, "seconds": 20},
                    {"step": "MaxText", "status": "changed", "started": booted + 100, "seconds": 200}]}],
@@ -75,11 +76,11 @@ def test_idle_is_only_where_nothing_ran_when_phases_overlap():
 def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
     """The timeline carries the chip-hours since boot and their cost at the capacity's price, with its source; before
     any job says the machine and capacity, it says nothing of a cost."""
-    from tpu_grpo.capacity import CAPACITIES
+    from tpu_grpo.config.capacity import CAPACITIES
 
     booted = 1796000000.0
     meta = {"capacity": "flex-start", "inputs": {"machine": "ct6e-standard-4t"}}
-    job = jobs.Job("20261204-000000.000-convert", "convert", "r", "finished", 0, booted + 60, booted + 600, 10, meta)
+    job = vm_jobs.Job("20261204-000000.000-convert", "convert", "r", "finished", 0, booted + 60, booted + 600, 10, meta)
     found = {"boot": booted, "now": booted + 2 * 3600, "provisioning": [], "downloads": [], "saves": [], "logs": {},
              "jobs": [job]}
     built = timeline.build("u@vm", found, [])

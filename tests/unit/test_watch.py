@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from tests.support import FIXTURES
-from tpu_grpo.watch import JobView
+from tpu_grpo.jobs.watch import JobView
 
 LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_bytes()
 
@@ -60,8 +60,8 @@ def test_a_last_line_without_newline_is_counted_once():
 
 @pytest.mark.parametrize("capacity", ["reservation", "spot", "flex-start", "on-demand"])
 def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
-    from tpu_grpo.capacity import CAPACITIES
-    from tpu_grpo.watch import print_status
+    from tpu_grpo.config.capacity import CAPACITIES
+    from tpu_grpo.jobs.watch import print_status
 
     console = Console(file=io.StringIO(), force_terminal=False, width=400)
     after = CAPACITIES[capacity].after_stop

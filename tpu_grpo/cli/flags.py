@@ -1,0 +1,134 @@
+"""What every task of the command line shares: flags, exit codes, and checking a whole command
+line before any task of it acts.
+
+`invoke up provision pipeline --batches 0` runs three tasks in a row; without a look ahead the
+first two would create and provision a VM before the third refused its flag. Invoke parses every
+task's flags first, then hands them to an executor: ours (named in `invoke.yaml`) runs each task's
+`check` over the flags it was given, all of them, before the first task runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable
+
+from invoke import Executor, Exit, ParseError, Program, Task
+from invoke import task as invoke_task
+
+from tpu_grpo.config.errors import BROKEN_PIPE, UserError
+
+
+#: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
+#: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p
+#: -r -R -T -V -w).
+SHORT_FLAGS = {"json_": "j", "verbose": "v", "batches": "b", "stack": "s"}
+
+
+#: What the running task's check returned: its flags' checked values (flags.checked()).
+_CHECKED: ContextVar[Any] = ContextVar("checked")
+
+
+class FlagTask(Task):
+    """An Invoke task with the project's short flags (no automatic ones) and a `check` of its flags
+    that runs, for every task of the command line, before the first of them acts. What the check returns
+    reaches the task's body through `checked()`, so nothing is checked twice."""
+
+    def __init__(self, body: Callable, check: Callable[..., Any] | None = None, **kwargs: Any):
+        super().__init__(body, auto_shortflags=False, **kwargs)
+        self.check = check
+        self.checked_values: list[Any] = []  # one per call of this task on the command line, in order
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.checked_values:
+            value = self.checked_values.pop(0)
+        else:  # called without the executor (another task's body): its check runs here
+            with one_line_errors():
+                value = self.check(**kwargs) if self.check else None
+        token = _CHECKED.set(value)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _CHECKED.reset(token)
+
+    def arg_opts(self, name: str, default: Any, taken_names: set) -> dict:
+        options = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            options["names"].append(SHORT_FLAGS[name])
+        return options
+
+
+def checked() -> Any:
+    """The running task's checked flag values: what its check returned before any task of the command line ran."""
+    return _CHECKED.get()
+
+
+task = functools.partial(invoke_task, klass=FlagTask)
+
+
+@contextmanager
+def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
+    """Bad input ends the task with one line and its exit code (2; a failure on the host: 1), no traceback.
+    Errors of the `keep` types go on up, to a caller that handles them (a lost VM, with --recover)."""
+    try:
+        yield
+    except keep:
+        raise
+    except UserError as error:
+        raise Exit(f"error: {error}" if str(error) else None, code=error.exit_code) from None
+
+
+class CheckingExecutor(Executor):
+    """Checks the flags of every task on the command line before running the first one."""
+
+    def execute(self, *tasks):
+        for call in self.normalize(tasks):
+            if isinstance(call.task, FlagTask):
+                with one_line_errors():
+                    call.task.checked_values.append(call.task.check(**call.kwargs) if call.task.check else None)
+        try:
+            try:
+                return super().execute(*tasks)
+            finally:  # what is still buffered meets a reader gone here, not in Python's exit (which exits 120)
+                sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as command-line tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+            raise Exit(code=BROKEN_PIPE) from None
+
+
+def parse_error_line(error: ParseError) -> str:
+    """Invoke's own words for a command line it cannot parse ("No idea what '-x' is!"), as one line naming the
+    value and the fix, like every other bad input."""
+    task = getattr(error.context, "name", None)
+    where = f"uv run invoke {task} --help" if task else "uv run invoke --list"
+    text = str(error)
+    unknown = re.fullmatch(r"No idea what '(.*)' is!", text)
+    needs = re.fullmatch(r"Flag <Argument: (\w+).*> needed value and was not given one!", text)
+    if unknown and unknown[1].startswith("-"):
+        return f"{task or 'invoke'} has no flag {unknown[1]}; fix: its flags: {where}"
+    if unknown:
+        what = f"no flag or value of {task} (a flag given twice?)" if task else "no task"
+        return f"{unknown[1]!r} is {what}; fix: {where}"
+    if needs:
+        return f"--{needs[1].replace('_', '-')} needs a value; fix: {where}"
+    return f"{text}; fix: {where}"
+
+
+_parse_tasks = Program.parse_tasks
+
+
+def _parse_tasks_in_one_line(program: Program) -> None:
+    try:
+        _parse_tasks(program)
+    except ParseError as error:
+        raise Exit(f"error: {parse_error_line(error)}", code=UserError.exit_code) from None
+
+
+# Invoke has no hook for its parse errors: it prints them in its own words and exits 1. Its tasks are parsed
+# after this module is imported (with tasks.py), so wrapping Program.parse_tasks gives them the project's
+# one line and exit code 2.
+Program.parse_tasks = _parse_tasks_in_one_line  # type: ignore[method-assign, assignment]

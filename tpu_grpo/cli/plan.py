@@ -1,0 +1,242 @@
+"""`invoke plan`: what `pulumi up` would create, worked out offline.
+
+Runs the real Pulumi program in-process under mocks (no cloud account, no Pulumi CLI, no
+network) and shows each resource with its inputs, the equivalent gcloud command, the
+settings still to fill in, and what the machine costs per hour.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config.capacity import (CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, HOURS_PER_MONTH,
+                               HYPERDISK_PRICE_SOURCE, HYPERDISK_USD_PER_GIB_MONTH, PRICES_READ)
+from tpu_grpo.config.accelerators import SLICES
+
+#: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
+TUTORIAL_RUN_MINUTES = 15
+HIDDEN_INPUTS = {"project", "name"}
+
+
+@dataclass
+class Cost:
+    slice: str
+    machine_type: str
+    capacity: str
+    chips: int
+    usd_per_chip_hour: float
+    usd_per_hour: float
+    usd_per_tutorial_run: float
+    price_source: str
+    quota: str
+    note: str
+    disks: list[dict[str, Any]]
+    disks_usd_per_hour: float
+    disks_price_source: str
+
+
+@dataclass
+class Plan:
+    stack: str
+    pending: list[str]
+    warnings: list[str]
+    replaces: list[str]
+    access: list[str]
+    resources: list[dict[str, Any]]
+    outputs: dict[str, Any]
+    gcloud: list[str]
+    cost: Cost
+    provision: list[dict[str, Any]]
+    jobs: list[dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build(stack: str | None = None) -> Plan:
+    """Run the program offline on the stack file; placeholders become `pending`, not errors."""
+    from infra import offline
+    from infra.common import access_to_grant
+    from infra.tpu_host import gcloud_create_command
+    from infra.tpu_slice import gcloud_node_pool_command
+    from tpu_grpo.cloud import stack as stack_module
+
+    stack = settings_module.check_stack_name(settings_module.stack_name() if stack is None else stack)
+    raw = settings_module.read_stack_file(stack, settings_module.project_root())
+    settings, resources, outputs = offline.run(raw, stack, lenient=True)
+    machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
+    paid_disks = disks(settings)
+    return Plan(
+        stack=stack,
+        pending=[str(error) for error in settings.pending],
+        warnings=settings.warnings,
+        replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
+        access=access_to_grant(settings),
+        resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
+                   if not r.type.startswith(settings_module.PROJECT)],
+        outputs=outputs,
+        gcloud=gcloud_node_pool_command(settings) if multi_host else gcloud_create_command(settings),
+        cost=Cost(
+            slice=settings.slice,
+            machine_type=machine.machine_type,
+            capacity=settings.capacity,
+            chips=settings.chips,
+            usd_per_chip_hour=obtained.usd_per_chip_hour,
+            usd_per_hour=settings.usd_per_hour,
+            usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
+            price_source=f"{obtained.price_source} (read {PRICES_READ})",
+            quota=obtained.quota,
+            note=cost_note(settings),
+            disks=paid_disks,
+            disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in paid_disks), 3),
+            disks_price_source=HYPERDISK_PRICE_SOURCE,
+        ),
+        provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
+        jobs=[] if multi_host else job_scripts(settings),
+    )
+
+
+def disks(settings) -> list[dict[str, Any]]:
+    """Each disk the stack pays for while it exists, with its size and price per hour: the VM's boot and data disks,
+    or a slice's hosts' boot disks."""
+    if settings.tpu_slice:
+        hosts = settings.tpu_slice.hosts * settings.num_slices
+        found = [(f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "")]
+    else:
+        found = [("boot disk", settings.boot_disk_gb, ""),
+                 ("data disk", settings.data_disk_gb, f"{settings.data_disk_iops} IOPS, "
+                                                      f"{settings.data_disk_throughput_mibps} MiB/s provisioned")]
+    return [{"disk": name, "gb": gb, "performance": performance,
+             "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4)}
+            for name, gb, performance in found]
+
+
+def cost_note(settings) -> str:
+    """When the chips cost money, for this capacity."""
+    if settings.tpu_slice:
+        return (f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host "
+                f"(${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
+    obtained = settings.obtained
+    if obtained.billed_when_stopped:
+        when = ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
+                "whether or not the VM runs, until the reservation ends")
+    else:
+        when = "Billed while the VM runs, training or not"
+    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH "
+            "login) session (tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
+            "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
+    waits = f" {obtained.waits}" if obtained.waits else ""
+    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
+
+
+def job_scripts(settings: settings_module.Settings) -> list[dict[str, str]]:
+    """The remote script of each MaxText step with the stack's settings (run name: the start time)."""
+    from tpu_grpo.jobs import maxtext, pipeline
+
+    run = pipeline.build_run(settings)
+    return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
+
+
+def provision_steps(settings) -> list[dict[str, Any]]:
+    """The playbook's steps with its default variables and the stack's: what `invoke provision` checks,
+    and what it may run."""
+    from tpu_grpo.provision import playbook
+
+    book = playbook.load()
+    values = playbook.resolve(book, stack=playbook.stack_values(settings))
+    def command(step: playbook.Step) -> str:
+        if step.run:
+            return playbook.render(step.run, values).strip()
+        assert step.secret, "a step without run is a secret's copy"
+        return f"copy {step.secret['source']} to ~/{step.secret['dest']} (mode 600, over SFTP)"
+
+    return [{"step": step.name, "runs": playbook.applies(step, values), "when": list(step.when),
+             "as": "root" if step.become else "ssh user", "tags": list(step.tags), "command": command(step)}
+            for step in book.steps]
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [pair for key, item in value.items() for pair in _flatten(item, f"{prefix}{key}.")]
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        return [pair for i, item in enumerate(value) for pair in _flatten(item, f"{prefix}{i}.")]
+    return [(prefix.rstrip("."), value)]
+
+
+def _short(value: Any, width: int = 72) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # the engine hands numbers over as floats
+    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render(plan: Plan, console: Console) -> None:
+    from infra.tpu_host import render_command
+
+    console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
+    for line in plan.replaces:
+        console.print(f"[bold red]replaces:[/] {line}")
+    for line in plan.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}")
+    for line in plan.access:
+        console.print(f"[bold yellow]access to grant:[/] {escape(line)}")
+    if plan.pending:
+        console.print(Panel(
+            "\n".join(f"[red]✗[/] {line}" for line in plan.pending),
+            title=f"Still to set before `pulumi up` ({len(plan.pending)})", border_style="red",
+        ))
+    table = Table(title=f"`pulumi up` would create {len(plan.resources)} resources",
+                  show_lines=True, title_justify="left")
+    table.add_column("resource", style="cyan", no_wrap=True)
+    table.add_column("inputs")
+    for resource in plan.resources:
+        kind = resource["type"].split(":")[-1]
+        inputs = [f"{k} = {_short(v)}" for k, v in sorted(_flatten(resource["inputs"]))
+                  if k.split(".")[0] not in HIDDEN_INPUTS]
+        table.add_row(f"{kind}\n{resource['name']}", "\n".join(inputs))
+    console.print(table)
+    outputs = Table(title="Stack outputs", title_justify="left", show_header=False)
+    for name, value in plan.outputs.items():
+        outputs.add_row(name, str(value))
+    console.print(outputs)
+    multi_host = plan.cost.slice in SLICES
+    console.rule("The same TPU node pool with gcloud" if multi_host else "The same VM with gcloud", align="left")
+    console.print(Text(render_command(plan.gcloud)), soft_wrap=True)
+    if plan.provision:
+        console.rule("`invoke provision`: playbooks/host.yml with its default variables", align="left")
+        console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
+    for number, step in enumerate(plan.provision, 1):
+        if not step["runs"]:
+            console.print(f"[dim]{number:2}. {step['step']}: skipped (when: {', '.join(step['when'])})[/]")
+            continue
+        console.print(f"[bold]{number:2}. {step['step']}[/] [dim](as {step['as']})[/]")
+        console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
+    if plan.jobs:
+        console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
+    for job in plan.jobs:
+        console.print(Text(job["script"]), soft_wrap=True)
+    cost = plan.cost
+    extra = " + CPU host and GKE fee" if multi_host else ""
+    what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type
+    console.print(Panel(Group(
+        f"{what}, capacity {cost.capacity}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} "
+        f"per chip-hour{extra} = [bold]${cost.usd_per_hour:.2f} per hour[/]",
+        f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
+        f"${cost.usd_per_tutorial_run:.2f}",
+        cost.note,
+        "disks: " + ", ".join(f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"]
+                                                                    else "") for disk in cost.disks)
+        + f" ≈ [bold]${cost.disks_usd_per_hour:.3f} per hour[/] while they exist, running or not",
+        f"quota: {cost.quota}",
+        f"[dim]price: {cost.price_source}[/]",
+        f"[dim]disks' price: {cost.disks_price_source}[/]",
+    ), title="Cost", title_align="left"))

@@ -1,0 +1,171 @@
+"""The laptop's side of a multi-host slice: the GKE cluster's Kubernetes API, through the official
+Python client. Objects travel as the API's own JSON (plain dicts), as `kubectl get -o json` shows
+them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.kubeconfig import kubeconfig
+from tpu_grpo.cloud.jobset import API_VERSION, RUN_LABEL, TOKEN_KEY, TOKEN_SECRET
+
+#: GKE's credential plugin (gcloud's gke-gcloud-auth-plugin component), as `gcloud container clusters
+#: get-credentials` writes it: the kubeconfig holds no token.
+#: A kubeconfig to use instead of the one made from the stack's outputs (a cluster reached another way).
+KUBECONFIG_ENV = "TPU_GRPO_KUBECONFIG"
+NAMESPACE = "default"
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "jobsets"
+#: The ConfigMap in which `invoke image` records the image it pushed.
+IMAGE_RECORD = "tpu-grpo-image"
+
+
+class ClusterError(UserError):
+    """The cluster refused or could not be reached; one line with the fix."""
+
+    exit_code = 1
+
+
+def _stack_kubeconfig(stack: str) -> dict:
+    from tpu_grpo.cloud import stack as stack_module
+
+    stack_module.require_cli()
+    outputs = stack_module.outputs(stack)
+    if not outputs.get("endpoint"):
+        raise ClusterError(f"stack '{stack}' has no cluster (no endpoint output); fix: uv run invoke up")
+    return yaml.safe_load(kubeconfig(outputs["name"], outputs["endpoint"], outputs["cluster_ca_certificate"]))
+
+
+class Cluster:
+    """The JobSets, pods, logs and the token Secret of one namespace."""
+
+    def __init__(self, config: dict, namespace: str = NAMESPACE):
+        from kubernetes import client, config as config_module
+
+        self.api = config_module.new_client_from_config_dict(config)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.namespace = namespace
+        self.server = self.api.configuration.host
+
+    @classmethod
+    def of_stack(cls, stack: str) -> "Cluster":
+        path = os.environ.get(KUBECONFIG_ENV)
+        if path:
+            if not Path(path).is_file():
+                raise ClusterError(f"{KUBECONFIG_ENV}={path} is not a file; fix: unset it to use the stack's cluster")
+            return cls(yaml.safe_load(Path(path).read_text()))
+        return cls(_stack_kubeconfig(stack))
+
+    def _request(self, method, *args, what: str | None = None, absent: tuple[int, ...] = (404,),
+                 refused: dict[int, str] | None = None, fix: str = "check the cluster (kubectl get jobsets, pods)",
+                 **kwargs):
+        """One API call's raw response; None when its status is in `absent`; else a ClusterError: the line
+        `refused` has for the status, or one naming `what` (default: the call) and `fix`."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return method(*args, _preload_content=False, **kwargs)
+        except ApiException as error:
+            if error.status in absent:
+                return None
+            raise ClusterError((refused or {}).get(error.status) or (
+                f"the cluster at {self.server} refused {what or method.__name__} ({error.status} "
+                f"{_reason(error.body)}); fix: {fix}")) from None
+        except HTTPError as error:
+            raise ClusterError(f"the cluster at {self.server} cannot be reached ({type(error).__name__}); fix: "
+                               "check that the stack is up (uv run invoke up) and your network") from None
+
+    def _call(self, method, *args, **kwargs):
+        """One API call, its JSON body as a dict, or None (see _request)."""
+        response = self._request(method, *args, **kwargs)
+        return None if response is None else json.loads(response.data or b"{}")
+
+    # -- JobSets
+    def create(self, manifest: dict) -> dict:
+        name = manifest["metadata"]["name"]
+        return self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                          manifest, what=f"job {name}", absent=(),
+                          refused={409: f"job {name} exists already on the cluster; fix: wait for it (uv run invoke "
+                                        f"status) or cancel it (uv run invoke cancel {name})"},
+                          fix=f"check JobSet {VERSION} is installed (uv run invoke up)")
+
+    def jobset(self, name: str) -> dict | None:
+        return self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def jobsets(self) -> list[dict]:
+        listed = self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                            label_selector=RUN_LABEL)
+        return sorted((listed or {}).get("items", []), key=lambda item: item["metadata"].get("creationTimestamp", ""))
+
+    def delete(self, name: str) -> bool:
+        """Delete a JobSet and (in the foreground) its jobs and pods; False when there was none."""
+        return self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name,
+                          propagation_policy="Foreground") is not None
+
+    # -- pods and logs
+    def pods(self, jobset_name: str) -> list[dict]:
+        listed = self._call(self.core.list_namespaced_pod, self.namespace,
+                            label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset_name}")
+        return (listed or {}).get("items", [])
+
+    def log(self, pod: str, container: str, follow: bool = False) -> Iterator[bytes]:
+        """A container's log, as the kubelet hands it over (followed to the container's end)."""
+        from urllib3.exceptions import HTTPError
+
+        response = self._request(self.core.read_namespaced_pod_log, pod, self.namespace, container=container,
+                                 follow=follow, what=f"the log of {pod}", absent=(400, 404),  # not started, or gone
+                                 fix="uv run invoke status")
+        if response is None:
+            return
+        try:
+            yield from response.stream(64 * 1024)
+        except HTTPError as error:
+            raise ClusterError(f"the log of {pod} broke off ({type(error).__name__}); fix: uv run invoke logs "
+                               "--follow (the job goes on)") from None
+        finally:
+            response.release_conn()
+
+    # -- the post-training image `invoke image` pushed
+    def image_record(self) -> dict:
+        found = self._call(self.core.read_namespaced_config_map, IMAGE_RECORD, self.namespace)
+        return (found or {}).get("data", {})
+
+    def record_image(self, image: str) -> None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": IMAGE_RECORD, "labels": {"app": "tpu-grpo"}},
+                "data": {"image": image, "pushed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+        if self.image_record():
+            self._call(self.core.replace_namespaced_config_map, IMAGE_RECORD, self.namespace, body)
+        else:
+            self._call(self.core.create_namespaced_config_map, self.namespace, body)
+
+    # -- the Hugging Face token
+    def has_token(self) -> bool:
+        return self._call(self.core.read_namespaced_secret, TOKEN_SECRET, self.namespace) is not None
+
+    def put_token(self, token: str) -> None:
+        """The token as a Secret the pods read as HF_TOKEN: sent in a request body, never on a command line."""
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": TOKEN_SECRET, "labels": {"app": "tpu-grpo"}},
+                "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+        if self.has_token():
+            self._call(self.core.replace_namespaced_secret, TOKEN_SECRET, self.namespace, body)
+        else:
+            self._call(self.core.create_namespaced_secret, self.namespace, body)
+
+
+def _reason(body) -> str:
+    """The message of a Kubernetes Status body, else its text."""
+    try:
+        return json.loads(body).get("message", "")
+    except (TypeError, ValueError):
+        return str(body or "")[:200]

@@ -1,0 +1,224 @@
+"""The real Pulumi CLI side: what `pulumi up` needs on this laptop, running it, reading the
+stack's outputs and state, and explaining the Compute Engine errors a TPU VM runs into.
+
+Everything is checked before the CLI starts, so a missing piece is named in one place
+instead of surfacing as a provider error halfway through an update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from infra import replacements
+from tpu_grpo.config.capacity import CAPACITIES, DEFAULT, Capacity
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
+from tpu_grpo.config.settings import Settings, project_root
+
+INSTANCE_TYPE = "gcp:compute/instance:Instance"
+#: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
+#: again (tpu_grpo/config/capacity.py, `after_stop`).
+STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
+#: What a replacement of each kind of resource means for the user (infra/replacements.py finds them).
+REPLACING = {
+    replacements.INSTANCE: "a new VM and boot disk (provisioning again, /dev/shm emptied)",
+    replacements.DISK: "the data disk is DELETED with all it holds (saved models, checkpoints, the kept conversion, "
+                       "the caches) and a new, empty one is made",
+    replacements.NODE_POOL: "new TPU hosts (a running job stops); the runs stay in the bucket",
+    replacements.CLUSTER: "a new cluster (every job stops); the runs stay in the bucket",
+    replacements.BUCKET: "a new bucket; the old one and what it holds are kept (retained on delete)",
+}
+#: `--event-log` is a flag of `pulumi up` only when PULUMI_DEBUG_COMMANDS is set (pkg/cmd/pulumi/operations/up.go:
+#: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
+#: it for the same reason.
+EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
+
+#: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
+KNOWN_ERRORS = (
+    ("does not have sufficient capacity",
+     "the reservation has no free chips: another VM already uses them, or it reserves fewer "
+     "than this machine type has (gcloud compute reservations describe RESERVATION --zone ZONE)"),
+    ("is incorrect for the requested resources",
+     "the reservation is for another machine type or zone: match tpu-grpo:machineType and gcp:zone to it"),
+    ("Could not find the given reservation",
+     "no reservation of that name in this project and zone: check tpu-grpo:reservation and gcp:zone "
+     "(gcloud compute reservations list)"),
+    ("requires reservation to be in READY state",
+     "the reservation is not active yet (a calendar-mode reservation starts at its start time): "
+     "run `invoke up` again once it is READY"),
+    ("must exist in the same project as the instance",
+     "the reservation belongs to another project: set gcp:project to the reservation's project"),
+    ("specificReservationRequired",
+     "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
+     "only such a reservation can be named by a VM; create it so, or ask its owner to"),
+    ("Quota",
+     "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
+)
+
+
+def google_credentials() -> str | None:
+    """Where the Google provider would find credentials, or None (it tries these in order)."""
+    for variable in ("GOOGLE_CREDENTIALS", "GOOGLE_OAUTH_ACCESS_TOKEN"):
+        if os.environ.get(variable):
+            return f"${variable}"
+    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if path:  # a path: credentials only when there is a file to read
+        readable = os.access(path, os.R_OK) and Path(path).is_file()
+        return f"$GOOGLE_APPLICATION_CREDENTIALS ({path})" if readable else None
+    gcloud_dir = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    adc = gcloud_dir / "application_default_credentials.json"
+    return str(adc) if adc.is_file() else None
+
+
+def missing_for_up(settings: Settings) -> list[str]:
+    """Each thing `pulumi up` still needs, as 'what: how to get it'; empty when ready."""
+    missing = [f"setting {error}" for error in settings.pending]
+    pulumi = shutil.which("pulumi")
+    if not pulumi:
+        missing.append("the Pulumi CLI: install it (pulumi.com/docs/install) and put `pulumi` on PATH")
+    elif subprocess.run([pulumi, "whoami"], capture_output=True).returncode != 0:
+        missing.append("a Pulumi backend login: run `pulumi login` (or `pulumi login --local`)")
+    if not google_credentials():
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        missing.append(f"Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names {named}, which is no readable "
+                       "file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+                       if named else "Google Cloud credentials: run `gcloud auth application-default login`")
+    if settings.tpu_slice and not shutil.which(AUTH_PLUGIN):
+        missing.append(f"GKE's credential plugin, with which Pulumi and the tasks reach the slice's cluster: "
+                       f"gcloud components install {AUTH_PLUGIN} (or apt-get install google-cloud-cli-{AUTH_PLUGIN})")
+    return missing
+
+
+def error_messages(event_log: Path) -> list[str]:
+    """The error diagnostics of a Pulumi engine event log (`--event-log`, one JSON event a line)."""
+    messages = []
+    for line in event_log.read_text().splitlines() if event_log.is_file() else []:
+        try:
+            diagnostic = json.loads(line).get("diagnosticEvent") or {}
+        except json.JSONDecodeError:
+            continue  # the last line may be cut short if the CLI was killed
+        if diagnostic.get("severity") == "error":
+            messages.append(diagnostic.get("message", ""))
+    return messages
+
+
+def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> list[str]:
+    """What each known Compute Engine error in these messages means, once each; a zone out of capacity means
+    what it means for the capacity `obtained` (ZONE_RESOURCE_POOL_EXHAUSTED holds the marker too)."""
+    found = []
+    known = (*KNOWN_ERRORS, ("RESOURCE_POOL_EXHAUSTED", obtained.no_capacity))
+    for message in messages:
+        for marker, meaning in known:
+            if marker in message:
+                if meaning not in found:
+                    found.append(meaning)
+                break
+    return found
+
+
+def _pulumi_json(*args: str):
+    """The JSON a read-only Pulumi CLI command prints, or None (no CLI, no stack, nothing made yet)."""
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        return None
+    done = subprocess.run([pulumi, *args], capture_output=True, text=True, cwd=project_root())
+    try:
+        return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def outputs(stack: str) -> dict:
+    """The stack's outputs from its last update (`pulumi stack output --json`); {} when there are none."""
+    return _pulumi_json("stack", "output", "--json", "--stack", stack) or {}
+
+
+def instance_state(stack: str) -> tuple[str, str] | None:
+    """(URN, Compute Engine status) of the stack's VM as its state records it, or None."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    for resource in state.get("deployment", {}).get("resources", []):
+        if resource.get("type") == INSTANCE_TYPE:
+            return resource["urn"], (resource.get("outputs") or {}).get("currentStatus", "")
+    return None
+
+
+def preview(settings: Settings, declared: list | None = None) -> list:
+    """What `pulumi up` would replace or delete (infra/replacements.py): the stack's state as the last update (and
+    refresh) left it against what the program declares now (`declared`, or the program run offline on the stack
+    file); [] with no CLI or nothing made yet."""
+    state = _pulumi_json("stack", "export", "--stack", settings.stack) or {}
+    resources = state.get("deployment", {}).get("resources") or []
+    if not resources:
+        return []
+    from infra import offline, program
+    from tpu_grpo.config.settings import read_stack_file
+
+    if declared is None:
+        _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)
+    return replacements.diff(resources, declared, program.REPLACE_ON_CHANGES)
+
+
+def describe(change) -> str:
+    """One line for a replacement or deletion: what, why, and what it means."""
+    kind = change.type.rsplit(":", 1)[-1]
+    if change.action == "delete":
+        meaning = ("the data disk is DELETED with all it holds" if change.type == replacements.DISK
+                   else "it is deleted")
+        return f"{kind} {change.name} is no longer declared: {meaning}"
+    return f"{kind} {change.name} ({change.because()}): {REPLACING.get(change.type, 'a new one is made')}"
+
+
+def data_disk_lost(changes: list) -> bool:
+    """Whether the update deletes the data disk (replaced by an empty one, or gone)."""
+    return any(change.type == replacements.DISK for change in changes)
+
+
+def select_and_refresh(settings: Settings, stdout=None) -> int:
+    """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
+    Compute Engine has now (a VM it deleted or stopped)."""
+    selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
+    if selected.returncode == 0 and not settings.tpu_slice:
+        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack], stdout=stdout)
+    return selected.returncode
+
+
+def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, list[str]]:
+    """`pulumi up --refresh` on the stack (selected and refreshed by `select_and_refresh`), attached to this
+    terminal: the refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
+    ended) and creates it again. A stopped VM (an idle stop, a preemption) is replaced: no TPU VM is started again,
+    whatever its capacity. `yes`: the user has agreed already (`invoke up --yes`, a recovery nobody watches), so no
+    preview and no question; otherwise Pulumi shows its preview and asks.
+
+    Returns the exit code and, when it failed, what the known errors in it mean. The CLI's output goes
+    to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
+    """
+    stack = settings.stack
+    replace: list[str] = []
+    found = None if settings.tpu_slice else instance_state(stack)
+    if found and found[1] in STOPPED:
+        say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
+            "started again: creating it anew around the same data disk")
+        replace = ["--replace", found[0]]
+    agreed = ["--yes", "--skip-preview"] if yes else []
+    with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
+        event_log = Path(folder) / "events.jsonl"
+        code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed,
+                               "--event-log", str(event_log)], stdout=stdout,
+                              env={**os.environ, **EVENT_LOG_ENV}).returncode
+        return code, explain(error_messages(event_log), settings.obtained) if code else []
+
+
+def require_cli() -> None:
+    if not shutil.which("pulumi"):
+        raise UserError("no pulumi CLI on PATH; fix: install it (pulumi.com/docs/install)")
+
+
+def destroy(stack: str, yes: bool = False) -> int:
+    """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`."""
+    return subprocess.run(["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
+                          ).returncode

@@ -1,0 +1,103 @@
+"""Where MaxText's converted checkpoint and training runs live (`tpu-grpo:checkpointStore`: /dev/shm,
+the data disk or a gs:// bucket), what survives there, and how often a training run writes a
+checkpoint by default.
+
+MaxText 0.2.3's `train_rl`, restarted with the same run_name and base_output_directory,
+restores the newest checkpoint under `checkpoints/actor/` and goes on from its step; it writes
+one every `checkpoint_period` steps (and the last) and keeps the newest
+`max_num_checkpoints_to_keep`. So a run survives losing the VM exactly when its checkpoints are
+kept somewhere the VM's loss does not take, and loses at most `checkpoint_period` steps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: MaxText 0.2.3's rl.yml defaults, which the tutorial's command line leaves as they are.
+MAXTEXT_CHECKPOINT_PERIOD = 50
+MAXTEXT_CHECKPOINTS_TO_KEEP = 10
+#: Room left over beside what a run writes, GB.
+MARGIN_GB = 4.0
+#: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (a bucket name as Cloud Storage allows it).
+BUCKET_URL = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9])(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?")
+
+
+def url_problem(url: str) -> str | None:
+    """What Cloud Storage would refuse in a gs://BUCKET[/PREFIX] that matches BUCKET_URL, or None. Its bucket
+    naming rules: no name in the form of an IP address, none beginning with "goog" or holding "google"; and a
+    prefix of `.` or `..` parts would name another folder than it says."""
+    found = BUCKET_URL.fullmatch(url)
+    assert found, "only for a URL that BUCKET_URL matches"
+    bucket, parts = found["bucket"], found["prefix"].split("/")[1:]
+    if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", bucket):
+        return "names a bucket in the form of an IP address, which Cloud Storage refuses"
+    if bucket.startswith("goog") or "google" in bucket:
+        return "names a bucket beginning with \"goog\" or holding \"google\", which Cloud Storage refuses"
+    if any(part in (".", "..") for part in parts):
+        return "holds a `.` or `..` folder, which names another folder than it says"
+    return None
+
+
+#: What a Hyperdisk Balanced volume includes at no extra charge (Google's "About Hyperdisk Balanced": "up to 3,000
+#: IOPS and 140 MiB/s of throughput"; provisioned performance above them is billed).
+INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS = 3000, 140
+
+
+@dataclass(frozen=True)
+class Store:
+    name: str
+    #: The folder that holds `$MODEL_NAME/mt-format/` (the converted checkpoint) and
+    #: `$MODEL_NAME/post-train/` (the runs), as the host's shell writes it.
+    root: str
+    survives: str
+    checkpoint_period: int
+    checkpoints_to_keep: int
+    #: The data disk's provisioned performance by default: what the store writes there. Only the disk store writes
+    #: checkpoints to it (paid IOPS and throughput: a checkpoint of the 8B model in about 20 s); the others, a saved model now and
+    #: then, which the included performance serves.
+    disk_iops: int = INCLUDED_IOPS
+    disk_throughput_mibps: int = INCLUDED_THROUGHPUT_MIBPS
+
+
+STORES: dict[str, Store] = {store.name: store for store in (
+    # The tutorial's: RAM, the fastest to write; a reboot, a preemption or the VM's deletion empties it.
+    Store("shm", "/dev/shm", "nothing: a reboot, a preemption or the VM's end empties /dev/shm",
+          MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP),
+    # ~/tpu-grpo is the data disk's (playbooks/host.yml, "caches on the data disk"), which outlives the
+    # VM and is attached to the next one.
+    Store("disk", "~/tpu-grpo/maxtext", "a reboot, a preemption and the VM's deletion: the data disk stays",
+          10, 2, disk_iops=10_000, disk_throughput_mibps=2400),
+)}
+
+
+def store_for(value: str) -> Store:
+    """The store a `checkpointStore` value names (checked by the settings first)."""
+    if value in STORES:
+        return STORES[value]
+    # A bucket outlives the VM, its disks and the stack's teardown; Orbax and MaxText write gs:// paths
+    # as they write local ones. tpu-grpo itself reads it from the laptop (tpu_grpo/host/gcs.py).
+    return Store("gs", value.rstrip("/"), "everything: a bucket outlives the VM, its disks and the stack",
+                 STORES["disk"].checkpoint_period, STORES["disk"].checkpoints_to_keep)
+
+
+def bucket_of(store: Store) -> str | None:
+    """The bucket of a Cloud Storage store, else None."""
+    found = BUCKET_URL.fullmatch(store.root) if store.name == "gs" else None
+    return found["bucket"] if found else None
+
+
+def need_gb(store: Store, checkpoints_to_keep: int, weights_gb: float, checkpoint_gb: float) -> dict[str, float]:
+    """Free space (GB) a run needs in /dev/shm and on the data disk, from the model's bfloat16 weights (the converted
+    checkpoint, the export, the saved model) and one training checkpoint (weights and moments): the shm store holds
+    the converted checkpoint, one training checkpoint (a run of the tutorial's length keeps only its last) and the
+    export in /dev/shm, and keeps a copy of the conversion on the data disk beside the saved model; the disk store
+    writes the conversion and the kept checkpoints to the data disk, the export to /dev/shm; a bucket's space is not
+    the VM's."""
+    if store.name == "shm":
+        need = {"shm": weights_gb + checkpoint_gb + weights_gb, "data": weights_gb + weights_gb}
+    elif store.name == "gs":
+        need = {"shm": weights_gb, "data": weights_gb}
+    else:
+        need = {"shm": weights_gb, "data": weights_gb + weights_gb + checkpoint_gb * checkpoints_to_keep}
+    return {where: round(gb + MARGIN_GB, 1) for where, gb in need.items()}

@@ -1,0 +1,448 @@
+"""The tutorial's three MaxText command lines (sections 4, 5 and 6) and their environment.
+
+Each step is one bash script: the tutorial's `export`s, cumulative as in its one shell
+session, then `python3 -m MODULE key=value ...` rendered from one mapping of overrides per
+step, which `--set KEY=VALUE` extends or overrides. Deliberate differences: the Hugging Face
+token is read from the host's token file into `HF_TOKEN` (which MaxText 0.2.3 reads itself),
+never passed as `hf_access_token=` on the command line; with a checkpoint store other than
+/dev/shm (tpu_grpo/config/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
+store; and a checkpoint period or count other than MaxText's own is passed to train_rl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import string
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Mapping
+
+from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.host import remote
+from tpu_grpo.config.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
+from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
+from tpu_grpo.config.accelerators import MACHINES, Accelerator
+from tpu_grpo.jobs.progress import RESUMES, total_steps
+from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
+
+STEPS = ("convert", "train", "export")
+MODULES = {
+    "convert": "maxtext.checkpoint_conversion.to_maxtext",
+    "train": "maxtext.trainers.post_train.rl.train_rl",
+    "export": "maxtext.checkpoint_conversion.to_huggingface",
+}
+#: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
+OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
+              "tokenizer_path": "tpu-grpo:tokenizer", "dataset_name": "tpu-grpo:dataset",
+              "hf_name": "tpu-grpo:datasetConfig", "rl.loss_algo": "tpu-grpo:lossAlgo",
+              "hf_access_token": "the host's token file (invoke provision --tags token)",
+              "load_parameters_path": "--step (export) or the converted checkpoint (train)",
+              "base_output_directory": "tpu-grpo:checkpointStore",
+              "checkpoint_period": "tpu-grpo:checkpointPeriod",
+              "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep"}
+#: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
+GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
+                 "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: A folder being written is NAME.partial until it is complete (tpu_grpo.host.artifacts.save_script).
+RESERVED_SUFFIX = ".partial"
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
+COUNT_KEYS = ("rl.num_iterations",)
+
+#: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
+#: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
+RUNS_FOLDER, EXPORT_FOLDER = "post-train", "hf-trained"
+#: Where a slice's export writes the Hugging Face model (to_huggingface writes gs:// paths itself).
+SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{EXPORT_FOLDER}/"
+#: The tutorial's exports that describe one VM's own chips to libtpu. A slice's trainer runs under Pathways
+#: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
+ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
+               "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+#: A slice's script is PID 1 of its container, which ignores a SIGTERM it has no handler for: a cancel, a
+#: preemption or a node drain would wait out the grace period, then SIGKILL MaxText. So it traps SIGTERM and
+#: passes it on to MaxText, run in the background, as xpk's wrapper does (`exec` would not help: MaxText as PID
+#: 1 ignores it just the same).
+FORWARD_TERM = "trap 'kill -TERM \"$child\" 2>/dev/null' TERM  # PID 1 of its pod: a cancel or preemption reaches MaxText"
+WAIT_CHILD = ['child=$!',
+              'while code=0; wait "$child" || code=$?; kill -0 "$child" 2>/dev/null; do :; done  # a TERM ends wait early',
+              '[ "$code" = 0 ] || exit "$code"']
+#: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/cloud/jobset.py).
+POD_TOKEN_CHECK = ('[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
+                   'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }')
+
+
+class CommandError(UserError, ValueError):
+    """Bad input for a command line; one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the three command lines are made of: the stack's settings and this run's flags."""
+
+    model: str
+    export_model: str
+    batches: int
+    test_batches: int
+    use_pathways: bool
+    lazy_load_tensors: bool
+    machine: Accelerator
+    run_name: str
+    sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
+    step: int | None = None  # the checkpoint to export (default: the last, num_batches)
+    store: Store = STORES["shm"]
+    checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
+    checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
+    capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
+    tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's
+    dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K
+    dataset_config: str | None = None  # tpu-grpo:datasetConfig (hf_name)
+    loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
+
+    @property
+    def row(self) -> Model:
+        return MODELS[self.model]
+
+    @property
+    def training_tokenizer(self) -> str:
+        return self.tokenizer or self.row.training_tokenizer
+
+    def data_overrides(self) -> dict[str, str]:
+        """The train step's tokenizer, dataset and loss, each only where it is not MaxText's default (so the
+        tutorial's command line stays the tutorial's)."""
+        found = {}
+        if self.training_tokenizer != self.row.hf_id:  # MaxText's default tokenizer_path is HF_IDS[model_name]
+            found["tokenizer_path"] = self.training_tokenizer
+        if self.dataset and self.dataset != DEFAULT_DATASET:
+            # the four MaxText names as supported split 95/5 when evaluated on themselves; another, its test split
+            found.update(dataset_name=self.dataset, eval_dataset_name=self.dataset, hf_name=self.dataset_config or "")
+        elif self.dataset_config and self.dataset_config != DEFAULT_DATASET_CONFIG:
+            found["hf_name"] = self.dataset_config
+        if self.loss_algo and self.loss_algo != "grpo":
+            found["rl.loss_algo"] = self.loss_algo
+        return found
+
+    @property
+    def train_steps(self) -> int:
+        """The training's GRPO steps, for the progress bar (rl.num_iterations checked by parse_sets)."""
+        return total_steps(self.batches, int(self.sets.get("train", {}).get("rl.num_iterations", 1)))
+
+    @property
+    def export_step(self) -> int:
+        return self.step or self.batches
+
+    def to_record(self) -> dict:
+        """Every input of the run, as a job's record keeps it (JSON); `Run.from_record` makes the same Run again."""
+        return {**{each.name: getattr(self, each.name) for each in fields(self)},
+                "machine": self.machine.machine_type, "sets": {step: dict(sets) for step, sets in self.sets.items()},
+                "store": self.store.root if self.store.name == "gs" else self.store.name}  # a checkpointStore value
+
+    @classmethod
+    def from_record(cls, record: dict) -> Run:
+        return cls(**{**record, "machine": MACHINES[record["machine"]], "store": store_for(record["store"])})
+
+    def export_of(self, trained: Run) -> Run:
+        """The export of a trained run: everything as the training had it (model, export name, tokenizer, data,
+        store, batches, its `--set`s), and what this export asks itself (its `--set`s, the checkpoint step)."""
+        return replace(trained, step=self.step, sets={**trained.sets, "export": self.sets.get("export", {})})
+
+    def inputs(self, step: str) -> dict:
+        """What a step's result depends on: equal inputs mean a done step can be reused."""
+        common = {"model": self.model, "use_pathways": self.use_pathways, "store": self.store.name,
+                  "convert_set": dict(self.sets.get("convert", {}))}
+        if step == "convert":
+            return {**common, "lazy_load_tensors": self.lazy_load_tensors}
+        trained = {**common, "run_name": self.run_name, "batches": self.batches, "test_batches": self.test_batches,
+                   "machine": self.machine.machine_type, "train_set": dict(self.sets.get("train", {})),
+                   **({"data": self.data_overrides()} if self.data_overrides() else {})}
+        if step == "train":
+            return trained
+        return {**trained, "export_model": self.export_model, "step": self.export_step,
+                "export_set": dict(self.sets.get("export", {}))}
+
+
+def trained_on(inputs: dict) -> dict[str, str]:
+    """What a training's inputs (Run.inputs("train"), as its job records them) say it trained: the model, the
+    dataset and its subset, the loss and the tokenizer, MaxText's defaults filled in."""
+    data = inputs.get("data", {})
+    model = inputs.get("model", DEFAULT_MODEL)
+    dataset = data.get("dataset_name", DEFAULT_DATASET)
+    return {"model": model, "dataset": dataset,
+            "dataset_config": data.get("hf_name", DEFAULT_DATASET_CONFIG if dataset == DEFAULT_DATASET else ""),
+            "loss": data.get("rl.loss_algo", "grpo"), "tokenizer": data.get("tokenizer_path", MODELS[model].hf_id)}
+
+
+def timestamp_run_name(now: float | None = None) -> str:
+    """The tutorial's `RUN_NAME=$(date +%Y-%m-%d-%H-%M-%S)`, taken on the laptop in UTC (the VM's clock zone)."""
+    return time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(now))
+
+
+def check_run_name(name: str, flag: str = "--run-name") -> str:
+    if not _RUN_NAME.fullmatch(name):
+        raise CommandError(f"{flag} {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 100); "
+                           f"fix: e.g. {flag} gsm8k-50")
+    if name.endswith(RESERVED_SUFFIX):
+        raise CommandError(f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
+                           f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2")
+    return name
+
+
+#: The most GRPO batches (or a checkpoint step) a run takes: GSM8K's 7,473 training questions many times over.
+MAX_BATCHES = 100_000
+
+
+def check_count(flag: str, text: object, minimum: int = 1, maximum: int = MAX_BATCHES) -> int:
+    """`--batches 50` -> 50; negatives, numbers out of range and non-numbers (ASCII digits only) are refused."""
+    value = str(text).strip()
+    example = f"fix: e.g. {flag} {50 if minimum else 3}"
+    if re.fullmatch(r"-[0-9]+", value):
+        raise CommandError(f"{flag} {text!r} is negative; {example}")
+    if not re.fullmatch(r"[0-9]+", value) or not minimum <= int(value) <= maximum:
+        raise CommandError(f"{flag} {text!r} is not a whole number from {minimum} to {maximum}; {example}")
+    return int(value)
+
+
+def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, dict[str, str]]:
+    """`--set KEY=VALUE` or `--set STEP:KEY=VALUE` -> {step: {key: value}}.
+
+    A step task (`default_step` given) takes its own step only; `pipeline` (None) takes any, and
+    its bare `KEY=VALUE` is train's. The step is what comes before the first ':' of the part before
+    the first '=', so a value may hold colons (`train:tokenizer_path=gs://bucket/x`)."""
+    sets: dict[str, dict[str, str]] = {}
+    for item in items or []:
+        head, equals, value = item.partition("=")
+        step, colon, key = head.partition(":")
+        if not colon:
+            step, key = default_step or "train", head
+        if step not in STEPS:
+            raise CommandError(f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, "
+                               "e.g. --set train:learning_rate=1e-6")
+        if default_step and step != default_step:
+            raise CommandError(f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
+                               f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=...")
+        if not equals or not _SET_KEY.fullmatch(key):
+            raise CommandError(f"--set {item!r} is not KEY=VALUE; fix: e.g. --set rl.num_generations=4")
+        if key in OWNED_KEYS:
+            raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
+        if key in COUNT_KEYS and not (re.fullmatch(r"[0-9]{1,6}", value) and int(value) >= 1):
+            raise CommandError(f"--set {item!r}: {key} must be a whole number of at least 1; fix: e.g. --set {key}=1")
+        sets.setdefault(step, {})[key] = value
+    return sets
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, str]]:
+    """The tutorial's exports up to this step, in its order, as (name, shell text of the value). In a
+    slice's pod the export goes into the run's folder in the bucket: the pod's /dev/shm goes with it."""
+    machine = run.machine.tpu_env()
+    convert = [
+        ("MODEL_NAME", _q(run.model)),
+        ("MODEL_CHECKPOINT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/mt-format/"),
+        ("USE_PATHWAYS", "1" if run.use_pathways else "0"),
+        ("LAZY_LOAD_TENSORS", "True" if run.lazy_load_tensors else "False"),
+    ]
+    train = [
+        ("BASE_OUTPUT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/{RUNS_FOLDER}/"),
+        ("RUN_NAME", _q(run.run_name)),
+        ("CHIPS_PER_VM", machine["CHIPS_PER_VM"]),
+        ("NUM_BATCHES", str(run.batches)),
+        ("MAXTEXT_CKPT_PATH", "$MODEL_CHECKPOINT_DIRECTORY/0/items"),
+        ("TPU_ACCELERATOR_TYPE", machine["TPU_ACCELERATOR_TYPE"]),
+        ("TPU_WORKER_ID", "0"),
+        ("TPU_NAME", "$(hostname)"),
+        ("TPU_SKIP_MDS_QUERY", "1"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+        ("TPU_TOPOLOGY", machine["TPU_TOPOLOGY"]),
+        ("TPU_CHIPS_PER_HOST_BOUNDS", machine["TPU_CHIPS_PER_HOST_BOUNDS"]),
+        ("TPU_HOST_BOUNDS", machine["TPU_HOST_BOUNDS"]),
+    ]
+    step_dir = "$NUM_BATCHES" if run.export_step == run.batches else str(run.export_step)
+    export = [
+        ("HF_EXPORT", SLICE_EXPORT if in_slice else "/dev/shm/$MODEL_NAME/hf-trained/"),
+        ("HF_MODEL_NAME", _q(run.export_model)),
+        ("POST_TRAIN_PATH", f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/{step_dir}/model_params"),
+    ]
+    return {"convert": convert, "train": convert + train, "export": convert + train + export}[step]
+
+
+def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
+    """The step's `key=value` arguments (values as shell text), with the step's `--set`s applied last. In a slice's
+    CPU pod the export runs as MaxText's convert_checkpoint.md runs to_huggingface on a CPU machine (`hardware=cpu
+    skip_jax_distributed_system=true`): with base.yml's defaults it calls jax.distributed.initialize(), which no
+    TPU host answers there ("coordinator_address should be defined", seen in the real-MaxText tier)."""
+    zarr = "$((1 - USE_PATHWAYS))"
+    mapping = {
+        "convert": {
+            "model_name": '"${MODEL_NAME?}"',
+            "base_output_directory": '"${MODEL_CHECKPOINT_DIRECTORY?}"',
+            "scan_layers": "True",
+            "use_multimodal": "False",
+            "hardware": "cpu",
+            "skip_jax_distributed_system": "true",
+            "checkpoint_storage_use_zarr3": zarr,
+            "checkpoint_storage_use_ocdbt": zarr,
+            "--lazy_load_tensors": '"${LAZY_LOAD_TENSORS?}"',
+        },
+        "train": {
+            "model_name": '"${MODEL_NAME?}"',
+            "load_parameters_path": '"${MAXTEXT_CKPT_PATH?}"',
+            "run_name": '"${RUN_NAME?}"',
+            "base_output_directory": '"${BASE_OUTPUT_DIRECTORY?}"',
+            "chips_per_vm": '"${CHIPS_PER_VM?}"',
+            "num_batches": '"${NUM_BATCHES?}"',
+            "num_test_batches": str(run.test_batches),
+            **run.row.rollout_parallelism(),
+        },
+        "export": {
+            "model_name": '"${HF_MODEL_NAME?}"',
+            "load_parameters_path": '"${POST_TRAIN_PATH?}"',
+            "base_output_directory": '"${HF_EXPORT?}"',
+            "scan_layers": "True",
+            "use_multimodal": "False",
+            "weight_dtype": "bfloat16",
+        },
+    }[step]
+    if step == "convert" and run.row.eager_load_method:
+        mapping["--eager_load_method"] = run.row.eager_load_method
+    if step == "export" and in_slice:
+        mapping.update(hardware="cpu", skip_jax_distributed_system="true")
+    if step == "train":
+        added = {**run.row.rollout_overrides(), **run.data_overrides()}
+        mapping.update({key: _q(value) for key, value in added.items()})
+        if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
+            mapping["checkpoint_period"] = str(run.checkpoint_period)
+        if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:
+            mapping["max_num_checkpoints_to_keep"] = str(run.checkpoints_to_keep)
+    mapping.update({key: _q(value) for key, value in run.sets.get(step, {}).items()})
+    return mapping
+
+
+def token_lines() -> list[str]:
+    """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line."""
+    return [f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
+            "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
+            f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"]
+
+
+#: Converted checkpoints kept on the data disk, one per model: /dev/shm loses them at every reboot.
+KEPT = f"{ROOT}/converted"
+KEPT_LINE = "tpu-grpo: converted checkpoint"
+
+
+def kept_conversion(run: Run) -> str:
+    """Where the data disk keeps the converted checkpoint of these conversion inputs."""
+    digest = hashlib.sha256(json.dumps(run.inputs("convert"), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{KEPT}/{run.model}-{digest}"
+
+
+def downloaded_model(run: Run) -> str:
+    """Where provisioning downloads the model the conversion reads (playbooks/host.yml, "model download")."""
+    return f"{BASE_MODELS}/{run.row.hf_id}"
+
+
+def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
+    """Bash around a conversion into /dev/shm: before it, restore the copy the data disk keeps of the
+    same conversion (same inputs, same MaxText version, every file checked) and stop there; after it,
+    keep a copy (replacing the model's older one). Keeping is best effort: the conversion stands."""
+    from tpu_grpo.host.artifacts import SUMS, save_script
+
+    kept = kept_conversion(run)
+    inputs = shlex.quote(json.dumps(run.inputs("convert"), sort_keys=True))
+    before = [
+        f"kept={kept}",
+        f"version=$({remote.run('maxtext_version')}\n)",
+        f'if [ -f "$kept/{SUMS}" ] && [ "$(cat "$kept.inputs" 2>/dev/null)" = {inputs} ] '
+        '&& [ "$(cat "$kept.maxtext" 2>/dev/null)" = "$version" ]; then',
+        '  rm -rf "$MODEL_CHECKPOINT_DIRECTORY" && mkdir -p "$MODEL_CHECKPOINT_DIRECTORY"',
+        '  cp -a "$kept/." "$MODEL_CHECKPOINT_DIRECTORY"',
+        f'  if (cd "$MODEL_CHECKPOINT_DIRECTORY" && sha256sum -c --quiet {SUMS}); then',
+        f'    echo "{KEPT_LINE} restored from $kept (MaxText $version, the same conversion): not converted again"',
+        "    exit 0",
+        "  fi",
+        f'  echo "{KEPT_LINE} in $kept does not match its {SUMS}: converting again"',
+        "fi",
+    ]
+    after = [
+        f'rm -rf {KEPT}/{run.model}-* && mkdir -p {KEPT}',
+        "if bash <<'TPU_GRPO_KEEP'",
+        save_script(f"{run.store.root}/{run.model}/mt-format", kept).rstrip("\n"),
+        "TPU_GRPO_KEEP",
+        "then",
+        f'  echo {inputs} > "$kept.inputs" && echo "$version" > "$kept.maxtext"',
+        f'  echo "{KEPT_LINE} kept in $kept: a VM that reboots restores it instead of converting again"',
+        "else",
+        f'  rm -rf "$kept" "$kept.partial"; echo "{KEPT_LINE} not kept (no room on the data disk?): a reboot '
+        'converts again"',
+        "fi",
+    ]
+    return before, after
+
+
+def script(run: Run, step: str, in_slice: bool = False) -> str:
+    """The whole remote script of one step: what `--dry-run` prints and what the job runs. `in_slice`: the
+    script a slice's pod runs in the post-training image, which has MaxText on its PATH and no VM's files
+    (no venv, token file or downloaded model), and whose environment says where Pathways is."""
+    lines = [
+        f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
+        "set -eo pipefail",
+        *([] if in_slice else [f"source {VENV}/bin/activate"]),
+        "set -u",
+        *([POD_TOKEN_CHECK] if in_slice else token_lines()),
+        "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
+    ]
+    for name, value in environment(run, step, in_slice):
+        if in_slice and name in ONE_VM_ONLY:
+            continue
+        lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
+    if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
+        folder, newest = '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"', " | grep -E '^[0-9]+$' | sort -n | tail -1"
+        listing = (remote.run("folder_children", folder, then=newest) if run.store.name == "gs"
+                   else f"ls -1 {folder}{newest}")  # a bucket's steps: with its client, which `ls` is not
+        lines.append(f"newest=$( ({listing}\n) 2>/dev/null || true)")
+        lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
+    before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
+    if step == "export":
+        after = trained_tokenizer(run)
+    arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
+    if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
+        before = [f"hf_model_path={downloaded_model(run)}",
+                  '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
+        arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
+    command = [f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments)]
+    if in_slice:
+        command = [FORWARD_TERM, *command[:-1], command[-1] + " &", *WAIT_CHILD]
+    lines += [*before, *command, *after]
+    return "\n".join(lines) + "\n"
+
+
+def trained_tokenizer(run: Run) -> list[str]:
+    """Bash after to_huggingface, which saves the tokenizer of HF_IDS[export name]: the tokenizer the run trained with
+    (its chat template) in its place, where the two differ (the tutorial's: the base model's, then the Instruct's)."""
+    if run.training_tokenizer == MODELS[run.export_model].hf_id:
+        return []
+    return [f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
+            remote.run("save_tokenizer", _q(run.training_tokenizer), '"$HF_EXPORT"')]
+
+
+def paths(run: Run) -> dict[str, str]:
+    """The tutorial's paths as the host will see them (its exports expanded), for records and checks."""
+    values: dict[str, str] = {}
+    for name, value in environment(run, "export"):
+        if not value.startswith("$("):
+            values[name] = string.Template(shlex.split(value)[0] if value.startswith("'") else value).substitute(values)
+    folder = f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}"
+    return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": folder, "checkpoints": f"{folder}/checkpoints/actor",
+            "post_train": values["POST_TRAIN_PATH"], "hf_export": values["HF_EXPORT"],
+            "run_export": f"{folder}/{EXPORT_FOLDER}", "shm_model": f"/dev/shm/{run.model}"}
+
+
+def runs_folder(store: Store, model: str) -> str:
+    """A store's folder of a model's runs (BASE_OUTPUT_DIRECTORY, expanded)."""
+    return f"{store.root}/{model}/{RUNS_FOLDER}"

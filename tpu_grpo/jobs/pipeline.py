@@ -1,0 +1,452 @@
+"""convert -> train -> export -> save on one host, each step a detached job that is recorded
+when it succeeds, so a re-run skips what is done (a converted checkpoint serves every run)
+and resumes after a failure or a killed laptop. A preflight checks the host first, in one
+round trip, so a missing token or a full disk fails in seconds, not after an hour of TPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+from tpu_grpo.config import host_paths, release, settings, stores
+from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
+from tpu_grpo.jobs import maxtext, vm_jobs
+from tpu_grpo.config.errors import UserError
+
+PIPELINE = ("convert", "train", "export", "save")
+MODELS = f"{vm_jobs.ROOT}/models"
+PIPELINES = f"{vm_jobs.ROOT}/pipelines"
+RUNS = f"{vm_jobs.ROOT}/runs"
+LOG_TAIL_LINES = 15
+
+
+class PipelineError(UserError):
+    """A step that failed or cannot start; one line (and the log's last lines) with the fix."""
+
+    exit_code = 1
+
+
+class RunNameTaken(UserError):
+    """A run name given again with other inputs: it names one training, so this is bad input."""
+
+
+@dataclass
+class StepOutcome:
+    """What became of one pipeline step (a playbook's step is provision.playbook.Step)."""
+    name: str
+    state: str  # done | skipped | ran | failed
+    job: str | None = None
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    run: str
+    host: str
+    steps: list[StepOutcome] = field(default_factory=list)
+    saved: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def record_key(run: maxtext.Run, step: str) -> str:
+    """The done-record's name: equal inputs give the same key, so an equal step is found and reused."""
+    digest = hashlib.sha256(json.dumps(run.inputs(step), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{step}-{run.run_name}-{digest}" if step == "train" else f"{step}-{digest}"
+
+
+def saved_dir(run_name: str) -> str:
+    return f"{MODELS}/{run_name}"
+
+
+def run_archive(run_name: str) -> str:
+    """The run's folder on the data disk: what it was trained and saved with, and what else of it
+    must outlive /dev/shm (its TensorBoard events, its last checkpoint when asked for)."""
+    return f"{RUNS}/{run_name}"
+
+
+def trained_record(run_name: str) -> str:
+    """What the run was trained with: written, under the TPU's lock, when its first training starts."""
+    return f"{run_archive(run_name)}/trained-with.json"
+
+
+def saved_record(run_name: str) -> str:
+    """What the run's saved model was exported with: written when save completes."""
+    return f"{run_archive(run_name)}/saved-with.json"
+
+
+def identity(run: maxtext.Run, step: str) -> str:
+    """The inputs behind a run's training ("train") or its saved model ("export"), run name aside, as
+    canonical JSON: a run name names one training, and one saved model."""
+    inputs = run.inputs(step)
+    inputs.pop("run_name")
+    return json.dumps(inputs, sort_keys=True)
+
+
+def name_taken(run: maxtext.Run, what: str, found: str, wanted: str) -> RunNameTaken:
+    """The one line for a run name reused with other inputs: the earlier values against these."""
+    try:
+        earlier = json.loads(found)
+    except ValueError:
+        earlier = {}
+    now = json.loads(wanted)
+    differences = [f"{key}={earlier.get(key)!r} (this command: {now.get(key)!r})"
+                   for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
+    return RunNameTaken(f"run {run.run_name!r} was {what} with {', '.join(differences) or found}; a run name names "
+                        f"one training; fix: pick a new run name (e.g. --run-name {run.run_name}-2), or give the "
+                        "earlier flags to continue that run")
+
+
+def output_test(run: maxtext.Run, step: str) -> str:
+    """A bash test that holds when the step's result is on the host and belongs to these inputs."""
+    paths = maxtext.paths(run)
+    record = f"{vm_jobs.DONE}/{record_key(run, step)}"
+    if step in ("convert", "train"):  # a bucket's folders are looked at from the laptop (probe)
+        folder = paths["checkpoint"] if step == "convert" else paths["post_train"]
+        return f"[ -f {record} ]" + ("" if in_bucket(run) else f" && [ -d {folder} ]")
+    if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
+        return (f"[ -f {record} ] && [ \"$(ls -t {vm_jobs.DONE}/export-* | head -1)\" = {record} ] "
+                f"&& [ -f {paths['hf_export']}config.json ]")
+    wanted = base64.b64encode(identity(run, "export").encode()).decode()
+    return (f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ] "
+            f"&& [ \"$(base64 -w0 {saved_record(run.run_name)} 2>/dev/null)\" = {wanted} ]")
+
+
+def in_bucket(run: maxtext.Run) -> bool:
+    """Whether the run's checkpoints live in a gs:// store, which tpu-grpo reads from the laptop."""
+    return run.store.name == "gs"
+
+
+def present(connection, run: maxtext.Run, folder: str) -> bool:
+    """Whether a folder of the run's store holds something."""
+    if in_bucket(run):
+        return gcs.exists(folder)
+    return hosts.run_script(connection, f"[ -d {folder} ]").exited == 0
+
+
+def _steps(names: list[str]) -> list[int]:
+    return sorted(int(name) for name in names if re.fullmatch(r"[0-9]+", name))
+
+
+#: The checkpoints in a folder of the host's disk (or /dev/shm), by step.
+CHECKPOINTS = facts.Fact("checkpoints", lambda folder: f"ls -1 {folder} 2>/dev/null; true",
+                         lambda answer, folder: _steps(answer.stdout.split()))
+
+
+def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
+    """The training checkpoints of the run in its store, by step."""
+    folder = maxtext.paths(run)["checkpoints"]
+    return _steps(gcs.children(folder)) if in_bucket(run) else CHECKPOINTS.read(connection, folder)
+
+
+def probe_script(run: maxtext.Run) -> str:
+    """One round trip: which steps are done, what the run name was trained and saved with, and which
+    pipelines ran before with these inputs."""
+    lines = [f"if {output_test(run, step)}; then echo done {step}; fi" for step in PIPELINE]
+    for kind, path in (("trained-with", trained_record(run.run_name)), ("saved-with", saved_record(run.run_name))):
+        lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
+    lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $(base64 -w0 {PIPELINES}/$f); done")
+    return "\n".join(lines) + "\ntrue"
+
+
+def pipeline_inputs(run: maxtext.Run) -> dict:
+    """A pipeline's identity, run name aside: the same flags resume the same run."""
+    inputs = run.inputs("export")
+    inputs.pop("run_name")
+    return inputs
+
+
+@dataclass
+class Probed:
+    done: set[str] = field(default_factory=set)
+    pipelines: list[dict] = field(default_factory=list)
+    records: dict[str, str] = field(default_factory=dict)  # trained-with / saved-with -> JSON
+
+    def to_json(self) -> dict:
+        return {"done": sorted(self.done), "pipelines": self.pipelines, "records": self.records}
+
+    def check_name(self, run: maxtext.Run) -> None:
+        """Refuse a run name that was trained, or saved, with other inputs than these."""
+        for kind, step, what in (("trained-with", "train", "trained"), ("saved-with", "export", "saved")):
+            wanted = identity(run, step)
+            if kind in self.records and self.records[kind] != wanted:
+                raise name_taken(run, what, self.records[kind], wanted)
+
+
+def parse_probe(answer: facts.Answer) -> Probed:
+    probed = Probed()
+    for line in answer.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "done":
+            probed.done.add(rest)
+        elif kind in ("trained-with", "saved-with"):
+            probed.records[kind] = base64.b64decode(rest).decode(errors="replace")
+        elif kind == "pipeline":
+            try:
+                probed.pipelines.append(json.loads(base64.b64decode(rest)))
+            except ValueError:  # a record cut short (a disk full while writing): not resumable
+                continue
+    return probed
+
+
+#: Which steps of a run are done on the host, what its name was trained and saved with, the pipelines run before
+#: (its argument: the run's record, maxtext.Run.to_record).
+PROBE = facts.Fact("probe", lambda record: probe_script(maxtext.Run.from_record(record)),
+                   lambda answer, record: parse_probe(answer))
+
+
+def probe(connection, run: maxtext.Run) -> Probed:
+    """PROBE, and for a run in a bucket, the steps whose output the bucket holds."""
+    probed = PROBE.read(connection, run.to_record())
+    if in_bucket(run):
+        for step, key in (("convert", "checkpoint"), ("train", "post_train")):
+            if step in probed.done and not gcs.exists(maxtext.paths(run)[key]):
+                probed.done.discard(step)
+    return probed
+
+
+def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
+    """Every check in one script; each failing one prints `fail: what; fix: how`."""
+    venv = host_paths.VENV
+    shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
+    tpu = (f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
+           f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
+           f'has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), '
+           f'or check the machine type"') if check_tpu else ""
+    return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
+version=$({remote.run("maxtext_version", python=f"{venv}/bin/python")}
+) 2>/dev/null || version=none
+[ "$version" = {release.MAXTEXT_VERSION} ] || echo "fail: MaxText in {venv} is $version, not {release.MAXTEXT_VERSION}; fix: uv run invoke provision"
+[ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
+free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
+[ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
+mkdir -p {vm_jobs.ROOT}
+free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
+[ "$free" -ge {data_kb} ] || echo "fail: the data disk ({vm_jobs.ROOT}) has $((free / 1048576)) GB free, a run needs {need_gb['data']:g}; fix: remove old models in {MODELS} or grow dataDiskGb"
+{tpu}
+"""
+
+
+#: What keeps the host from running a run now, a `what; fix: how` each (its arguments: the run's record, the GB it
+#: needs, whether to count the TPU's chips).
+PREFLIGHT = facts.Fact(
+    "preflight", lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu),
+    lambda answer, *_: [line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")])
+
+
+def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
+    failures = PREFLIGHT.read(connection, run.to_record(), need_gb, check_tpu)
+    if failures:
+        raise PipelineError("preflight failed: " + " | ".join(failures))
+
+
+def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
+    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs."""
+    if text is None:
+        return stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb)
+    parts = str(text).split(",")
+    try:
+        shm, data = (float(part) for part in parts)
+        if not (math.isfinite(shm) and math.isfinite(data) and shm >= 0 and data >= 0):
+            raise ValueError
+    except ValueError:
+        raise maxtext.CommandError(f"--need-gb {text!r} is not SHM_GB,DATA_GB (two numbers of at least 0); "
+                                   "fix: e.g. --need-gb 120,36") from None
+    return {"shm": shm, "data": data}
+
+
+def job_meta(run: maxtext.Run, step: str) -> dict:
+    meta: dict[str, object] = {"step": step, "run": run.run_name, "key": record_key(run, step),
+                               "inputs": run.inputs(step), "record": run.to_record(), "paths": maxtext.paths(run),
+                               "capacity": run.capacity}
+    if step == "train":
+        meta["total_steps"] = run.train_steps
+    return meta
+
+
+def start_step(connection, run: maxtext.Run, step: str) -> str:
+    """Start one MaxText step as a detached job (refused when the TPU is busy, and a training whose run
+    name was trained with other inputs); returns the job id."""
+    job_id = vm_jobs.new_id(step)
+    claim = (trained_record(run.run_name), identity(run, "train")) if step == "train" else None
+    try:
+        vm_jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step), claim)
+    except vm_jobs.ClaimTaken as taken:
+        assert claim, "only a training claims its run name"
+        raise name_taken(run, "trained", taken.found, claim[1]) from None
+    return job_id
+
+
+def running_jobs(connection, run: maxtext.Run) -> dict[str, vm_jobs.Job]:
+    """This run's steps that have a job running now (a pipeline re-run attaches to them)."""
+    keys = {record_key(run, step): step for step in maxtext.STEPS}
+    return {keys[job.meta.get("key", "")]: job for job in vm_jobs.list_jobs(connection)
+            if job.state == "running" and job.meta.get("key") in keys}
+
+
+def failure(connection, job_id: str, step: str, code: int) -> PipelineError:
+    tail = vm_jobs.read_log(connection, job_id).decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    return PipelineError(f"{step} failed (job {job_id}, exit {code}); last lines of its log:\n"
+                         + "\n".join(f"  {line}" for line in tail)
+                         + "\nfix the cause, then run the same command again: finished steps are skipped")
+
+
+def _copy(connection, source: str, destination: str, replace: bool = False) -> None:
+    result = hosts.run_script(connection, artifacts.save_script(source, destination, replace))
+    if result.exited != 0:
+        raise PipelineError(f"save to {destination} failed: {(result.stderr or result.stdout).strip()}")
+
+
+def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: bool = True) -> str:
+    """Copy from /dev/shm to the data disk, each folder with checksums: the exported model,
+    the run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint
+    of the exported step (to train on from it; a bucket store keeps both itself); then record
+    what the model was exported with.
+    `replace=False` keeps a model already saved with these inputs; returns where the model is."""
+    started = time.time()
+    paths = maxtext.paths(run)
+    destination = saved_dir(run.run_name)
+    _copy(connection, paths["hf_export"], destination, replace)
+    if not in_bucket(run):  # a bucket keeps the run's events and checkpoints itself
+        _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard", replace)
+    if keep_checkpoint and not in_bucket(run):
+        _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
+              f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
+    hosts.write_text(connection, saved_record(run.run_name), identity(run, "export"))
+    hosts.write_text(connection, f"{run_archive(run.run_name)}/saved-at.json",
+                     json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
+    return destination
+
+
+def write_record(connection, run: maxtext.Run) -> None:
+    """Note that this run was started with these inputs: a re-run without --run-name continues it."""
+    hosts.write_text(connection, f"{PIPELINES}/{run.run_name}.json",
+                     json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
+
+
+def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
+    """The newest earlier pipeline with the same inputs: its run is the one to continue."""
+    wanted = json.loads(json.dumps(pipeline_inputs(run)))
+    for record in pipelines:
+        if record.get("inputs") == wanted:
+            return record["run"]
+    return None
+
+
+def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, run_name_given: bool, need_gb: dict[str, float],
+                 follow: Callable[[str, str], int], on_step: Callable[[StepOutcome], None] = lambda step: None,
+                 keep_checkpoint: bool = False) -> Outcome:
+    """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
+    A run name that was trained or saved with other inputs is refused before anything starts."""
+    probed = probe(session.connection, run)
+    if not run_name_given:
+        earlier = resumable_run(probed.pipelines, run)
+        if earlier and earlier != run.run_name:
+            run = replace(run, run_name=earlier)
+            probed = probe(session.connection, run)
+    probed.check_name(run)
+    done = probed.done
+    saved_before = "save" in done
+    if keep_checkpoint:  # save again: what it saved before is verified and kept, the checkpoint added
+        done.discard("save")
+    outcome = Outcome(run.run_name, session.host.name)
+    last_done = max((PIPELINE.index(step) for step in done), default=-1)
+    attach = running_jobs(session.connection, run)
+    if last_done < len(PIPELINE) - 1 and not attach:
+        preflight(session.connection, run, need_gb, check_tpu=last_done < PIPELINE.index("export"))
+    write_record(session.connection, run)
+    for number, step in enumerate(PIPELINE):
+        if number <= last_done:
+            outcome.steps.append(StepOutcome(step, "done" if step in done else "skipped",
+                                      detail="done before" if step in done else "a later step is done"))
+        elif step == "save":
+            outcome.saved = save(session.connection, run, keep_checkpoint, replace=not saved_before)
+            outcome.steps.append(StepOutcome(step, "ran", detail=outcome.saved))
+        else:
+            job = attach.get(step)
+            job_id = job.id if job else start_step(session.connection, run, step)
+            code = follow(job_id, step)
+            outcome.steps.append(StepOutcome(step, "ran" if code == 0 else "failed", job_id, code,
+                                      "attached to the running job" if job else ""))
+            if code != 0:
+                on_step(outcome.steps[-1])
+                raise failure(session.connection, job_id, step, code)
+        on_step(outcome.steps[-1])
+    return outcome
+
+
+def build_run(chosen: settings.Settings, *, batches=None, run_name: str | None = None,
+              sets: list[str] | None = None, default_step: str | None = None, step=None) -> maxtext.Run:
+    """A Run from the stack's settings and the task's flags, every flag validated before any connection.
+    `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline."""
+    return maxtext.Run(
+        model=chosen.model, export_model=chosen.export_model,
+        batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
+        test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
+        lazy_load_tensors=chosen.lazy_conversion, machine=chosen.machine,
+        run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
+        sets=maxtext.parse_sets(sets, default_step),
+        step=maxtext.check_count("--step", step) if step is not None else None,
+        store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep,
+        capacity=chosen.capacity, tokenizer=chosen.tokenizer, dataset=chosen.dataset,
+        dataset_config=chosen.dataset_config, loss_algo=chosen.loss_algo)
+
+
+def trained_runs(connection) -> list[dict]:
+    """The runs whose training finished, oldest first, with the inputs they were trained with."""
+    return [job.meta for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.exit_code == 0]
+
+
+def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
+    """The run a training job ran, from its record; a job recorded before records held the whole run: from its
+    inputs, what it trained on (the model, tokenizer, data and loss), filled in with the run asked for."""
+    if "record" in meta:
+        return maxtext.Run.from_record(meta["record"])
+    inputs = meta["inputs"]
+    said = maxtext.trained_on(inputs)
+    return replace(asked, run_name=meta["run"], model=said["model"], tokenizer=said["tokenizer"],
+                   dataset=said["dataset"], dataset_config=said["dataset_config"], loss_algo=said["loss"],
+                   batches=inputs["batches"], test_batches=inputs["test_batches"],
+                   sets={**asked.sets, "train": inputs.get("train_set", {})},
+                   store=stores.STORES.get(inputs.get("store", "shm"), asked.store))
+
+
+def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Run:
+    """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for."""
+    trained = trained_runs(connection)
+    if run_name_given:
+        trained = [meta for meta in trained if meta["run"] == run.run_name]
+    if not trained:
+        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        raise PipelineError(f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
+                            "(or name a trained run: uv run invoke status)")
+    run = run.export_of(_trained_as(trained[-1], run))
+    steps = checkpoint_steps(connection, run)
+    if run.export_step not in steps:
+        raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "
+                            f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
+                            f"fix: --step {steps[-1] if steps else 'N'}")
+    return run
+
+
+def require_converted(connection, run: maxtext.Run) -> None:
+    checkpoint = maxtext.paths(run)["checkpoint"]
+    if not present(connection, run, checkpoint):
+        raise PipelineError(f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
+                            "(or uv run invoke pipeline, which converts first)")
+
+
+def start_checked(connection, run: maxtext.Run, step: str) -> str:
+    """Start one step on its own, after checking its input is there (nothing starts otherwise)."""
+    if step == "train":
+        require_converted(connection, run)
+    return start_step(connection, run, step)

@@ -1,0 +1,240 @@
+"""Progress of a MaxText `train_rl` run, read from its log lines.
+
+The trainer prints a few absl lines a person cares about (train steps, the pre/intermediate/post
+evals, start and end) among thousands of others. This turns those lines into small events and
+keeps a running picture of the run (step, loss, evals, ETA) for `invoke status` and live
+progress displays. Stdlib only, so a laptop can tail a log without the training stack.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Stage = Literal["pre", "intermediate", "post"]
+
+#: absl's prefix: `W1202 14:23:07.528425 140671093824384 train_rl.py:716] `. tqdm may write its
+#: bar (`\r0it [00:00, ?it/s]`) just before it, on the same line, so it is searched, not anchored.
+ABSL_PREFIX = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\] ")
+TRAIN_STEP = re.compile(
+    r"Train step (?P<step>\d+) training loss: (?P<loss>\S+)\s+- training perplexity: (?P<perplexity>\S+)"
+)
+EVAL = re.compile(
+    r"(?:(?P<pre>Pre)|(?P<post>Post)) RL Training: (?P<fields>.*)"
+    r"|Intermediate Eval \(step=(?P<step>\d+)\): (?P<ifields>.*)"
+)
+EVAL_FIELD = re.compile(r"(\w+)=\s*([-+\w.]+)%?")
+EVAL_KEYS = ("corr", "total", "accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
+STARTED = "Starting RL training..."
+COMPLETED = "RL Training Completed Successfully!"
+#: What a training job's script prints before MaxText starts, when the run has a checkpoint that
+#: train_rl will restore (tpu_grpo/jobs/maxtext.py): the steps up to it are done.
+RESUMES = "tpu-grpo: training resumes after checkpoint"
+RESUMED = re.compile(re.escape(RESUMES) + r" (?P<step>\d+)")
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    step: int
+    loss: float
+    perplexity: float
+
+
+@dataclass(frozen=True)
+class Eval:
+    """One evaluation pass. Accuracies are percentages (0-100), as MaxText prints them.
+
+    `step` is the train step for intermediate evals; the log gives none for pre and post.
+    """
+
+    stage: Stage
+    step: int | None
+    correct: int
+    total: int
+    accuracy: float
+    partial_accuracy: float
+    format_accuracy: float
+    mean_reward: float
+
+
+@dataclass(frozen=True)
+class Started:
+    pass
+
+
+@dataclass(frozen=True)
+class Completed:
+    pass
+
+
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+
+
+Event = TrainStep | Eval | Started | Completed | Resumed
+
+
+def message(line: str) -> str:
+    """The message part of a log line: what follows the absl prefix, or the line itself."""
+    line = line.rstrip("\r\n")
+    if found := ABSL_PREFIX.search(line):
+        return line[found.end():].strip()
+    return line.rsplit("\r", 1)[-1].strip()
+
+
+def parse_line(line: str) -> Event | None:
+    """The progress event a log line stands for, or None for every other line."""
+    text = message(line)
+    if text == STARTED:
+        return Started()
+    if text == COMPLETED:
+        return Completed()
+    if match := RESUMED.match(text):
+        return Resumed(int(match["step"]))
+    if match := TRAIN_STEP.match(text):
+        return TrainStep(int(match["step"]), float(match["loss"]), float(match["perplexity"]))
+    if match := EVAL.match(text):
+        return _eval(match)
+    return None
+
+
+def _eval(match: re.Match[str]) -> Eval | None:
+    if match["step"] is not None:
+        stage: Stage = "intermediate"
+        step: int | None = int(match["step"])
+        fields = match["ifields"]
+    else:
+        stage = "pre" if match["pre"] else "post"
+        step = None
+        fields = match["fields"]
+    values = dict(EVAL_FIELD.findall(fields))
+    if not all(key in values for key in EVAL_KEYS):
+        return None
+    try:
+        return Eval(
+            stage=stage,
+            step=step,
+            correct=int(values["corr"]),
+            total=int(values["total"]),
+            accuracy=float(values["accuracy"]),
+            partial_accuracy=float(values["partial_accuracy"]),
+            format_accuracy=float(values["format_accuracy"]),
+            mean_reward=float(values["mean_reward"]),
+        )
+    except ValueError:
+        return None
+
+
+def parse_lines(lines: Iterable[str]) -> list[Event]:
+    return [event for line in lines if (event := parse_line(line)) is not None]
+
+
+def total_steps(num_batches: int, num_iterations: int = 1, train_fraction: float = 1.0,
+                num_epochs: int = 1) -> int:
+    """Train steps of a run, as train_rl.py works them out (`max_train_steps`, truncated)."""
+    return int(num_batches * num_iterations * train_fraction * num_epochs)
+
+
+@dataclass
+class Tracker:
+    """A running picture of one run, fed its log lines as they arrive.
+
+    Times come from `clock` (seconds, monotonic by default) when a line is fed, so the ETA is
+    about the run as watched; `feed(line, now=...)` overrides the clock for one line.
+    """
+
+    total_steps: int
+    clock: Callable[[], float] = time.monotonic
+    step: int = 0
+    loss: float | None = None
+    perplexity: float | None = None
+    evals: list[Eval] = field(default_factory=list)
+    started: bool = False
+    completed: bool = False
+    started_at: float | None = None
+    first_step_at: float | None = None
+    first_step: int | None = None
+    last_step_at: float | None = None
+    resumed_from: int | None = None
+
+    def feed(self, line: str, now: float | None = None) -> Event | None:
+        event = parse_line(line)
+        if event is not None:
+            self.apply(event, self.clock() if now is None else now)
+        return event
+
+    def apply(self, event: Event, now: float) -> None:
+        if isinstance(event, Started):
+            self.started, self.started_at = True, now
+        elif isinstance(event, Completed):
+            self.completed = True
+        elif isinstance(event, Eval):
+            self.evals.append(event)
+        elif isinstance(event, Resumed):
+            self.step = self.resumed_from = event.step
+        elif isinstance(event, TrainStep):
+            if self.first_step_at is None:
+                self.first_step_at, self.first_step = now, event.step
+            self.step, self.loss, self.perplexity = event.step, event.loss, event.perplexity
+            self.last_step_at = now
+
+    def seconds_per_step(self) -> float | None:
+        """Mean time between the train steps seen so far (the first one's compile excluded)."""
+        if (self.first_step is None or self.first_step_at is None or self.last_step_at is None
+                or self.step <= self.first_step):
+            return None
+        return (self.last_step_at - self.first_step_at) / (self.step - self.first_step)
+
+    def eta_seconds(self, now: float | None = None) -> float | None:
+        """Seconds until the last step, at the rate so far; None before two steps are seen."""
+        if self.completed or (self.total_steps and self.step >= self.total_steps):
+            return 0.0
+        rate = self.seconds_per_step()
+        if rate is None or self.last_step_at is None:
+            return None
+        now = self.clock() if now is None else now
+        finish = self.last_step_at + (self.total_steps - self.step) * rate
+        return max(0.0, finish - now)
+
+    @property
+    def latest_accuracy(self) -> float | None:
+        return self.evals[-1].accuracy if self.evals else None
+
+    @property
+    def fraction(self) -> float | None:
+        return min(1.0, self.step / self.total_steps) if self.total_steps > 0 else None
+
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        """A JSON-able view for `invoke status --json`."""
+        eta = self.eta_seconds(now)
+        return {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "fraction": self.fraction,
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "started": self.started,
+            "completed": self.completed,
+            "resumed_from": self.resumed_from,
+            "seconds_per_step": self.seconds_per_step(),
+            "eta_seconds": None if eta is None else round(eta, 1),
+            "latest_accuracy": self.latest_accuracy,
+            "evals": [asdict(e) for e in self.evals],
+        }
+
+
+ABSL_TIME = re.compile(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
+
+
+def absl_seconds(line: str, year: int) -> float | None:
+    """A log line's absl time as seconds on the job's own clock (naive: only differences are used)."""
+    found = ABSL_TIME.search(line)
+    if not found:
+        return None
+    month, day, hour, minute, second = found.groups()
+    return datetime(year, int(month), int(day), int(hour), int(minute)).timestamp() + float(second)

@@ -1,0 +1,358 @@
+"""A step on a multi-host slice: rendered as a JobSet, created through the Kubernetes API, followed by
+its head's log (the same progress view as on one VM), ended by the JobSet's own status, cancelled by
+deleting it. What keeps a slice's job from running (no capacity, an image that cannot be pulled, a
+crashed worker) is said in one line with what to do."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from tpu_grpo.cloud import jobset
+from tpu_grpo.config import images, release
+from tpu_grpo.jobs import maxtext, watch
+from tpu_grpo.config.capacity import CAPACITIES
+from tpu_grpo.config.errors import INTERRUPTED
+from tpu_grpo.jobs.job_records import JobRecord
+from tpu_grpo.cloud.kube import Cluster, ClusterError
+from tpu_grpo.config.settings import Settings
+
+#: The replicated job whose pod runs the step's script: the Pathways head, or the CPU job's only one.
+SCRIPT_JOBS = ("pathways-head", "main")
+POLL_SECONDS = 2.0
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: A registry refusing the puller (containerd's "403 Forbidden", Artifact Registry's "DENIED: Permission ... denied").
+PULL_DENIED = re.compile(r"\b403\b|[Ff]orbidden|DENIED|denied|[Uu]nauthorized")
+TOTAL_STEPS = "tpu-grpo/total-steps"
+RUN_RECORD = "tpu-grpo/run"  # a training's whole run (maxtext.Run.to_record), which its export is made of
+#: A Kubernetes label value: the run name is one on each of its jobs.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+@dataclass
+class SliceJob:
+    name: str
+    step: str
+    run: str
+    state: str  # pending, running, finished, failed
+    exit_code: int | None
+    created: str
+    problem: str | None
+    total_steps: int | None = None  # a training's GRPO steps, for the progress bar
+    trained: dict | None = None  # a training's run record (maxtext.Run.to_record)
+
+    def record(self) -> JobRecord:
+        return JobRecord(self.name, self.step, self.run, self.state, self.exit_code, self.created, None,
+                         self.total_steps, self.problem)
+
+
+def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
+    """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
+    if not _LABEL_VALUE.fullmatch(run.run_name):
+        raise maxtext.CommandError(f"--run-name {run.run_name!r} cannot label a slice's jobs (Kubernetes labels: at most "
+                                   "63 characters, starting and ending with a letter or digit); fix: e.g. "
+                                   "--run-name gsm8k-1")
+    name = jobset.job_name(step, run.run_name)
+    image = images.post_training_image(settings.project, settings.region)
+    script = maxtext.script(run, step, in_slice=True)
+    assert settings.tpu_slice, "a slice's stack"
+    if step != "train":
+        return jobset.cpu(name, step, run.run_name, image, script)
+    made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
+                           f"{settings.store.root}/pathways-scratch")
+    made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps),  # for a later `logs --follow`
+                                       RUN_RECORD: json.dumps(run.to_record())}
+    return made
+
+
+def _container_statuses(pod: dict) -> list[dict]:
+    status = pod.get("status", {})
+    return status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
+
+
+def pull_fix(message: str, image: str) -> str:
+    """What to do about an image the nodes cannot pull: a registry that refuses the nodes' account (403, denied) is
+    a missing role, not a missing image; kubelet's back-off message names no cause."""
+    if PULL_DENIED.search(message):
+        return ("the nodes' service account may not read the image repository: it needs roles/artifactregistry.reader "
+                "on it, which `uv run invoke up` grants (see invoke plan)")
+    if image.endswith(f":{release.MAXTEXT_VERSION}"):
+        return "uv run invoke image"
+    return "check the image's tag and the nodes' access to its registry"
+
+
+def trouble(pods: list[dict], capacity: str) -> str | None:
+    """What keeps the job's pods from running, in one line with the fix, or None."""
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        for container in _container_statuses(pod):
+            waiting = container.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") in PULL_ERRORS:
+                fix = pull_fix(waiting.get("message", ""), container.get("image", ""))
+                return (f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
+                        f"{waiting.get('message', '').strip()}); fix: {fix}")
+            ended = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
+            if container["name"] == "pathways-worker" and ended and ended.get("exitCode"):
+                return (f"worker {name} crashed (exit {ended['exitCode']}, {ended.get('reason', 'Error')}); fix: read "
+                        f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it")
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return (f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: "
+                        f"{condition.get('message', '').strip()}; fix: check the TPU node pool's capacity and quota "
+                        "(gcloud container node-pools describe; the reservation, spot availability, TPU quota in the "
+                        "zone)")
+    return None
+
+
+def describe(cluster: Cluster, found: dict, capacity: str) -> SliceJob:
+    return _state(found, cluster.pods(found["metadata"]["name"]), capacity)
+
+
+def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
+    """A JobSet's state from its own status: Completed or Failed conditions end it; the exit code is the
+    script's (its container's), else 1 for a failure. Its pods say what keeps it from running."""
+    meta, status = found["metadata"], found.get("status", {})
+    conditions = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
+    exit_code, problem = None, None
+    if "Completed" in conditions:
+        state, exit_code = "finished", 0
+    elif "Failed" in conditions:
+        state, exit_code = "failed", _script_exit_code(pods) or 1
+        problem = trouble(pods, capacity) or next(
+            (c.get("message") for c in status.get("conditions", []) if c["type"] == "Failed"), None)
+    else:
+        running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
+        state, problem = ("running" if running else "pending"), trouble(pods, capacity)
+    labels, annotations = meta.get("labels", {}), meta.get("annotations", {})
+    total, record = annotations.get(TOTAL_STEPS, ""), annotations.get(RUN_RECORD)
+    return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
+                    exit_code, meta.get("creationTimestamp", ""), problem,
+                    int(total) if re.fullmatch(r"[0-9]+", total) else None, json.loads(record) if record else None)
+
+
+def _script_pod(pods: list[dict]) -> dict | None:
+    return next((pod for pod in pods if pod["metadata"].get("labels", {}).get(
+        "jobset.sigs.k8s.io/replicatedjob-name") in SCRIPT_JOBS), None)
+
+
+def _script_exit_code(pods: list[dict]) -> int | None:
+    pod = _script_pod(pods)
+    for container in (pod or {}).get("status", {}).get("containerStatuses", []):
+        if container["name"] == jobset.CONTAINER and container.get("state", {}).get("terminated"):
+            return container["state"]["terminated"].get("exitCode")
+    return None
+
+
+def put_token(cluster: Cluster) -> None:
+    """The laptop's Hugging Face token (as huggingface_hub finds it) into the cluster's Secret, replaced when
+    given again; a job without one is refused before it is created."""
+    from tpu_grpo.provision.engine import local_secret
+
+    token = local_secret("hf_token")
+    if token:
+        cluster.put_token(token)
+    elif not cluster.has_token():
+        raise maxtext.CommandError("no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
+                                   f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+
+
+def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console,
+           detach: bool = False, verbose: bool = False) -> int:
+    """Create the step's JobSet and, unless detached, follow it to its end; returns its exit code."""
+    wanted = manifest(settings, run, step)
+    image = images.post_training_image(settings.project, settings.region)
+    if cluster.image_record().get("image") != image:
+        raise maxtext.CommandError(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
+    put_token(cluster)
+    name = wanted["metadata"]["name"]
+    before = cluster.jobset(name)
+    if before is not None:
+        if describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
+            raise maxtext.CommandError(f"job {name} ({step} of run {run.run_name}) is still on the cluster; fix: "
+                                       f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
+                                       f"(uv run invoke cancel --job {name})")
+        _replace_ended(cluster, name)
+    cluster.create(wanted)
+    where = f"slice {settings.slice}" if step == "train" else "the slice's CPU host"
+    console.print(f"{step}: job {name} created on {where} (cluster {settings.vm_name})")
+    if detach:
+        console.print(f"detached: follow it with uv run invoke logs --job {name}")
+        return 0
+    return follow(cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None,
+                  verbose)
+
+
+def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> None:
+    """Delete an ended JobSet of the same name (a step run again), and wait until the API has let it go."""
+    cluster.delete(name)
+    deadline = time.monotonic() + timeout_s
+    while cluster.jobset(name) is not None:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"job {name} is still being deleted after {timeout_s:.0f} s; fix: try again shortly")
+        time.sleep(POLL_SECONDS)
+
+
+def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console,
+             verbose: bool = False) -> tuple[int, dict]:
+    """convert -> train -> export on the slice, each a JobSet followed to its end; a step whose output is in
+    the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped.
+    Returns the exit code and what happened, step by step."""
+    from tpu_grpo.host import gcs
+
+    for step in maxtext.STEPS:
+        manifest(settings, run, step)  # every step's input checked before the first is created
+    paths = maxtext.paths(run)
+    model = f"{paths['run_export']}/"
+    outcome: dict = {"run": run.run_name, "steps": [], "model": None}
+    for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
+        if output and gcs.exists(output):
+            console.print(f"{step}: skipped ({output} is in the store)")
+            outcome["steps"].append({"step": step, "state": "skipped", "job": None})
+            continue
+        code = launch(cluster, settings, run, step, console, verbose=verbose)
+        outcome["steps"].append({"step": step, "state": "finished" if code == 0 else "failed",
+                                 "job": jobset.job_name(step, run.run_name), "exit_code": code})
+        if code:
+            return code, outcome
+    outcome["model"] = model
+    console.print(f"[green]run {run.run_name} is complete[/]: the model is in {model}; get it with: "
+                  f"uv run invoke fetch --run {run.run_name}")
+    return 0, outcome
+
+
+def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str,
+           total_steps: int | None = None, verbose: bool = False) -> int:
+    """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
+    each; the exit code is the JobSet's verdict."""
+    try:
+        return _follow(cluster, name, step, console, capacity, total_steps, verbose)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: job {name} keeps running on the cluster; reattach: uv run invoke logs --job {name} "
+                      f"--follow; stop it: uv run invoke cancel --job {name}")
+        return INTERRUPTED
+
+
+def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str, total_steps: int | None,
+            verbose: bool) -> int:
+    said: set[str] = set()
+    streamed = False
+    with watch.JobView(console, name, step, total_steps, verbose) as view:
+        while True:
+            found = cluster.jobset(name)
+            if found is None:
+                view.note(f"job {name} is gone from the cluster (cancelled?)")
+                code = INTERRUPTED
+                break
+            pods = cluster.pods(name)
+            job, pod = _state(found, pods, capacity), _script_pod(pods)
+            if job.problem and job.problem not in said:
+                said.add(job.problem)
+                view.note(job.problem)
+            if job.state in ("finished", "failed"):
+                assert job.exit_code is not None, "an ended JobSet's state carries its exit code"
+                code = job.exit_code
+                if not streamed and pod:
+                    _stream(cluster, pod, view, follow_log=False)
+                break
+            if not streamed and pod and pod.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed"):
+                _stream(cluster, pod, view, follow_log=True)
+                streamed = True
+                continue
+            time.sleep(POLL_SECONDS)
+    verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
+    console.print(f"{step} {verdict}: job {name}, {view.lines} log lines (saved in {view.path})")
+    return code
+
+
+def _stream(cluster: Cluster, pod: dict, view: watch.JobView, follow_log: bool) -> None:
+    for chunk in cluster.log(pod["metadata"]["name"], jobset.CONTAINER, follow=follow_log):
+        view.feed(chunk)
+
+
+def jobs_on(cluster: Cluster, capacity: str) -> list[SliceJob]:
+    """tpu-grpo's jobs on the cluster, oldest first."""
+    return [describe(cluster, found, capacity) for found in cluster.jobsets()]
+
+
+def status(cluster: Cluster, capacity: str) -> list[JobRecord]:
+    return [job.record() for job in jobs_on(cluster, capacity)]
+
+
+def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
+    """Delete the named JobSet of tpu-grpo's, else every one of them still pending or running; the names deleted.
+    Another JobSet in the cluster is never touched."""
+    if name:
+        ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
+        if name not in ours or not cluster.delete(name):
+            raise maxtext.CommandError(f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke "
+                                       "status")
+        return [name]
+    running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running")]
+    for job in running:
+        cluster.delete(job)
+    return running
+
+
+def find(cluster: Cluster, name: str | None, capacity: str) -> SliceJob:
+    """The named job, else the running one, else the newest."""
+    found = jobs_on(cluster, capacity)
+    if name:
+        chosen = next((job for job in found if job.name == name), None)
+        if chosen is None:
+            raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
+        return chosen
+    if not found:
+        raise maxtext.CommandError("no jobs on the cluster yet; fix: uv run invoke pipeline --batches 50")
+    return next((job for job in reversed(found) if job.state == "running"), found[-1])
+
+
+def read_log(cluster: Cluster, name: str):
+    """A job's script log as it stands (not followed)."""
+    pod = _script_pod(cluster.pods(name))
+    return cluster.log(pod["metadata"]["name"], jobset.CONTAINER) if pod else iter(())
+
+
+def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacity: str) -> maxtext.Run:
+    """The run to export (the named one, else the newest whose training finished on the cluster), at the checkpoint
+    asked for (default: its newest), checked to be in the bucket."""
+    from tpu_grpo.jobs import pipeline
+
+    trained = [job for job in jobs_on(cluster, capacity)
+               if job.step == "train" and job.state == "finished"
+               and (not run_name_given or job.run == run.run_name)]
+    if not trained:
+        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
+                                   "--batches 50 (or name a trained run: uv run invoke status)")
+    record = trained[-1].trained
+    run = (run.export_of(maxtext.Run.from_record(record)) if record  # a JobSet made before records: its name only
+           else dataclasses.replace(run, run_name=trained[-1].run))
+    steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
+    if not steps or (run.step is not None and run.step not in steps):
+        raise maxtext.CommandError(f"run {run.run_name} has no checkpoint at step {run.step or 'any'} in "
+                                   f"{maxtext.paths(run)['checkpoints']}; it has: "
+                                   f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}")
+    return dataclasses.replace(run, step=run.step or steps[-1])
+
+
+def newest_run(cluster: Cluster, step: str, capacity: str) -> str:
+    """The run of the newest job of `step` that finished on the cluster."""
+    done = [job for job in jobs_on(cluster, capacity) if job.step == step and job.state == "finished"]
+    if not done:
+        raise maxtext.CommandError(f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
+                                   f"it: uv run invoke pipeline --batches 50")
+    return done[-1].run
+
+
+def train_log(cluster: Cluster, run: str) -> bytes:
+    """A run's training log: the copy following it kept on this laptop, else the head pod's while it is there."""
+    name = jobset.job_name("train", run)
+    kept = watch.local_log(name)
+    if kept.is_file() and kept.stat().st_size:
+        return kept.read_bytes()
+    return b"".join(read_log(cluster, name))

@@ -1,0 +1,194 @@
+"""Following a job in the terminal: a progress bar fed by MaxText's own log lines, the
+lines a person wants (evals, errors) printed above it, and the whole log kept on the laptop.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tpu_grpo.config import host_paths, laptop_paths
+from tpu_grpo.host import facts
+from tpu_grpo.jobs import job_records, vm_jobs
+from tpu_grpo.config.errors import INTERRUPTED
+from tpu_grpo.jobs.job_records import JobRecord
+from tpu_grpo.jobs.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep, absl_seconds
+
+#: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
+SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")
+
+
+def local_log(job_id: str) -> Path:
+    path = laptop_paths.job_log(job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA …"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"ETA {minutes}m{secs:02d}s"
+
+
+class LogView:
+    """A followed job's log bytes as lines: each kept in the local copy and handed to `_line`, which
+    prints above a progress bar or moves it."""
+
+    def __init__(self, console: Console, job_id: str, progress: Progress):
+        self.console, self.progress = console, progress
+        self.partial = b""
+        self.path = local_log(job_id)
+        self.file = self.path.open("wb")
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.partial:
+            self._line(self.partial.decode(errors="replace"))
+        self.progress.stop()
+        self.file.close()
+
+    def feed(self, data: bytes) -> None:
+        self.file.write(data)
+        self.file.flush()
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        for raw in complete:
+            self._line(raw.decode(errors="replace"))
+
+    def note(self, message: str) -> None:
+        from rich.markup import escape
+
+        self.progress.console.print(f"[yellow]{escape(message)}[/]")
+
+    def _line(self, line: str) -> None:
+        raise NotImplementedError
+
+
+class JobView(LogView):
+    """A MaxText job's log: progress (GRPO step N of the total, eval accuracy, elapsed, ETA) and the
+    lines a person wants (evals, errors)."""
+
+    def __init__(self, console: Console, job_id: str, step: str, total_steps: int | None, verbose: bool = False):
+        self.job_id, self.step, self.verbose = job_id, step, verbose
+        self.tracker = Tracker(total_steps or 0)
+        self.lines = 0
+        super().__init__(console, job_id, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"), console=console, transient=False))
+        self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
+
+    def _line(self, line: str) -> None:
+        self.lines += 1
+        event = self.tracker.feed(line)
+        now = time.monotonic()
+        if isinstance(event, TrainStep):
+            eta = _eta(self.tracker.eta_seconds(now))
+            self.progress.update(self.task, completed=event.step, eta=eta)
+            if not self.console.is_terminal:
+                self.console.print(f"{self.step}: GRPO step {event.step}/{self.tracker.total_steps} "
+                                   f"loss {event.loss:g} {eta}")
+        elif isinstance(event, Resumed):
+            self.progress.update(self.task, completed=event.step)
+            self.progress.console.print(f"{self.step}: resumes after checkpoint {event.step} of "
+                                        f"{self.tracker.total_steps} (MaxText restores it)")
+        elif isinstance(event, Eval):
+            where = f" (step {event.step})" if event.step is not None else ""
+            self.progress.update(self.task, accuracy=f"eval {event.accuracy:g}%")
+            self.progress.console.print(f"{self.step}: {event.stage} eval{where}: accuracy {event.accuracy:g}% "
+                                        f"({event.correct}/{event.total}), format {event.format_accuracy:g}%")
+        elif isinstance(event, (Started, Completed)):
+            self.progress.console.print(f"{self.step}: {line.split('] ', 1)[-1].strip()}")
+        elif line.startswith("tpu-grpo: "):
+            self.progress.console.print(f"{self.step}: {line.removeprefix('tpu-grpo: ')}")
+        elif self.verbose or SHOWN.search(line):
+            self.progress.console.print(line, markup=False, highlight=False)
+
+
+def follow(session: vm_jobs.Session, job: str, step: str, console: Console, total_steps: int | None = None,
+           verbose: bool = False) -> int:
+    """Follow the job to its end with a progress view; returns its exit code. Ctrl-C detaches (the job goes on)
+    and says how to come back."""
+    try:
+        with JobView(console, job, step, total_steps, verbose) as view:
+            code = vm_jobs.follow(session, job, view.feed, on_reconnect=view.note)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: job {job} keeps running on {session.host.name}; reattach: uv run invoke logs "
+                      f"--job {job} --follow; stop it: uv run invoke cancel --job {job}")
+        return INTERRUPTED
+    verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
+    console.print(f"{step} {verdict}: job {job}, {view.lines} log lines (saved in {view.path})")
+    return code
+
+
+PROGRESS_LINES = ("Train step|Pre RL Training|Intermediate Eval|Post RL Training|Starting RL|Completed Successfully|"
+                  + RESUMES)
+
+
+def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
+    """The lines fed at their log's own times (the year from the job id), so the rate is the training's and the
+    ETA counts from its last logged step."""
+    tracker, at = Tracker(total_steps), 0.0
+    for line in answer.stdout.splitlines():
+        at = absl_seconds(line, int(job_id[:4])) or at
+        tracker.feed(line, now=at)
+    return tracker.summary(now=at)
+
+
+#: Where a training job stands (job id, its total steps), from its log's progress lines.
+PROGRESS = facts.Fact("progress", lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {vm_jobs.JOBS}/{job_id}/log",
+                      _progress)
+
+
+def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
+    """Where the running (else newest) training stands."""
+    trains = [job for job in found if job.step == "train"]
+    if not trains:
+        return None
+    job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
+    return {"job": job.id, "run": job.run, **PROGRESS.read(connection, job.id, job.meta.get("total_steps") or 0)}
+
+
+def _idle_stop(answer: facts.Answer) -> dict | None:
+    values = dict(line.split("=", 1) for line in answer.stdout.splitlines() if "=" in line and line[0] != "#")
+    minutes = int(values.get("IDLE_MINUTES") or 0)
+    if not minutes:
+        return None
+    return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
+
+
+#: When the VM powers itself off (its idle-stop timer), or None when it never does. This very session counts as
+#: activity, so the earliest is the idle time from now.
+IDLE_STOP = facts.Fact("idle_stop", lambda: f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)", _idle_stop)
+
+
+def idle_stop(connection, after_stop: str | None = None) -> dict | None:
+    """The idle stop, and what a stop means for the VM's capacity (`after_stop`)."""
+    found = IDLE_STOP.read(connection)
+    return found and {**found, "after_stop": after_stop}
+
+
+def print_status(console: Console, host: str, found: list[JobRecord], progress: dict | None,
+                 idle: dict | None = None) -> None:
+    if idle:
+        at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
+        console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
+                      f"and its last terminal session closes: at {at} UTC at the earliest"
+                      + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
+    else:
+        console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
+    job_records.show(console, host, found)
+    if not found:
+        return
+    if progress:
+        evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
+        resumed = progress.get("resumed_from")
+        console.print(f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
+                      + (f" (resumed after checkpoint {resumed})" if resumed else "")
+                      + (f"; eval accuracy: {evals}" if evals else ""))
