@@ -21,14 +21,14 @@ from invoke import Exit
 # (PYTHONDONTWRITEBYTECODE, -B) still decides.
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
-from tpu_grpo.config import laptop_paths, settings as settings_module  # noqa: E402 - after dont_write_bytecode, so it is cached too
+from tpu_grpo.config import keys, laptop_paths, settings as settings_module, stack_file  # noqa: E402 - after dont_write_bytecode, so it is cached too
 from tpu_grpo.cli.flags import checked, one_line_errors, task  # noqa: E402
 from tpu_grpo.config.errors import INTERRUPTED  # noqa: E402
 
 if TYPE_CHECKING:
     from tpu_grpo.cli.targets import Where
 
-STACK_HELP = f"stack to use (default: ${settings_module.STACK_ENV} or '{settings_module.DEFAULT_STACK}')"
+STACK_HELP = f"stack to use (default: ${stack_file.STACK_ENV} or '{stack_file.DEFAULT_STACK}')"
 
 
 def _console(stderr: bool = False):
@@ -104,16 +104,16 @@ def settings(c, stack=None, json_=False):
     """List every stack setting with its value and meaning, after validating them all."""
     chosen = checked()
     with one_line_errors():
-        values = settings_module.read_stack_file(chosen.stack, settings_module.project_root())
+        values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
     if json_:
-        print(json.dumps({key.name: values.get(key.name) for key in settings_module.KEYS}, indent=2))
+        print(json.dumps({key.name: values.get(key.name) for key in keys.KEYS}, indent=2))
         return
     from rich.markup import escape
     from rich.table import Table
 
     table = Table("setting", "value", "meaning")
     table.columns[0].no_wrap = True
-    for key in settings_module.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
+    for key in keys.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
         value = values.get(key.name)
         table.add_row(key.name, escape(str(value) if value is not None else chosen.default_shown(key)),
                       escape(key.help))
@@ -442,7 +442,7 @@ def _check_publish(repo=None, run=None, **flags):
     if not repo:
         raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
     publish_module.check_repo(repo)
-    settings_module.hub_endpoint()
+    stack_file.hub_endpoint()
     if run is not None:
         maxtext.check_run_name(run, "--run")
     return _check_hosts(**flags)
@@ -532,7 +532,7 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
     """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
     from tpu_grpo.host import hosts
     from tpu_grpo.jobs import vm_jobs
-    from tpu_grpo.results import retrieval, tensorboard_sync
+    from tpu_grpo.results import tensorboard_sync
 
     console = _console(stderr=json_)
     with one_line_errors():

@@ -3,7 +3,7 @@
 import pulumi
 
 from infra.program import declare, read_settings
-from tpu_grpo.config.settings import SettingsError
+from tpu_grpo.config.errors import SettingsError
 
 try:
     settings = read_settings()

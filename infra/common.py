@@ -8,7 +8,8 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
-from tpu_grpo.config.settings import DEFAULT_ACCOUNT, PROJECT, Settings
+from tpu_grpo.config.keys import DEFAULT_ACCOUNT, PROJECT
+from tpu_grpo.config.settings import Settings
 from tpu_grpo.config.stores import bucket_of
 
 SUBNET_RANGE = "10.130.0.0/24"

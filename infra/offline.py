@@ -10,7 +10,8 @@ from typing import Any
 
 import pulumi
 
-from tpu_grpo.config.settings import DEFAULT_ACCOUNT, PROJECT, Settings
+from tpu_grpo.config.keys import DEFAULT_ACCOUNT, PROJECT
+from tpu_grpo.config.settings import Settings
 
 UNKNOWN = "(known after apply)"
 DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount"

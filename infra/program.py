@@ -12,7 +12,9 @@ import pulumi
 from infra.replacements import INSTANCE, NODE_POOL
 from infra.tpu_host import REPLACED_ON_CHANGES, TpuHost
 from infra.tpu_slice import POOL_REPLACED_ON_CHANGES, TpuSlice
-from tpu_grpo.config.settings import KEYS, PROJECT, Settings, parse, project_root
+from tpu_grpo.config.keys import KEYS, PROJECT
+from tpu_grpo.config.settings import Settings, parse
+from tpu_grpo.config.stack_file import project_root
 
 
 #: The program's own `replace_on_changes`, by resource type, for infra/replacements.py (the engine gets them with

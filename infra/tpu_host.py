@@ -18,7 +18,8 @@ import pulumi_gcp as gcp
 
 from infra.common import account_member, declare_bucket, declare_network, labels
 from tpu_grpo.config.capacity import RESERVATION_KEY
-from tpu_grpo.config.settings import PROJECT, Settings
+from tpu_grpo.config.keys import PROJECT
+from tpu_grpo.config.settings import Settings
 
 # The tutorial's flags (section 2); its scheduling flags are the capacity table's `reservation` row.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"

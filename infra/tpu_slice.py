@@ -25,7 +25,8 @@ from infra.tpu_host import SCOPES
 from tpu_grpo.config import images
 from tpu_grpo.config.kubeconfig import kubeconfig
 from tpu_grpo.config.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
-from tpu_grpo.config.settings import PROJECT, Settings
+from tpu_grpo.config.keys import PROJECT
+from tpu_grpo.config.settings import Settings
 from tpu_grpo.config.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
 
 RELEASE_CHANNEL = "RAPID"  # xpk's: the newest GKE versions, which new TPU features need

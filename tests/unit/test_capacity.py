@@ -14,7 +14,7 @@ from infra.tpu_host import TpuHost, gcloud_create_command
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FLEX, ON_DEMAND, SPOT, invoke
 from tpu_grpo.config.capacity import CAPACITIES
-from tpu_grpo.config.settings import SettingsError
+from tpu_grpo.config.errors import SettingsError
 
 SHARED = {"tpu-grpo:reservation": "projects/owner-project/reservations/v6e-shared"}
 

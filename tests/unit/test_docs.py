@@ -7,7 +7,7 @@ import re
 import subprocess
 
 from tests.support import ROOT
-from tpu_grpo.config.settings import KEYS
+from tpu_grpo.config.keys import KEYS
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

@@ -9,7 +9,7 @@ import shlex
 import pulumi
 import pytest
 
-from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config import keys
 
 from infra import offline
 from infra.tpu_host import gcloud_create_command
@@ -112,7 +112,7 @@ def test_data_disk_performance_is_paid_for_only_where_checkpoints_land_on_it(sta
     settings, by_type, _ = declared(stack_values, **{"tpu-grpo:checkpointStore": store})
     [disk] = by_type["Disk"]
     assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == performance
-    assert settings.default_shown(settings_module.KEY["tpu-grpo:dataDiskIops"]).endswith(
+    assert settings.default_shown(keys.KEY["tpu-grpo:dataDiskIops"]).endswith(
         f"({settings.store.name} store's default)".replace("(", "(the "))
 
 

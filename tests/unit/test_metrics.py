@@ -266,7 +266,6 @@ def test_import_is_cheap():
 
 
 def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_what_differs(tmp_path):
-    from tpu_grpo.config import laptop_paths
     from tpu_grpo.results import metrics
 
     def run(name: str, generations: str, scale: float) -> metrics.Metrics:
@@ -313,7 +312,7 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
     from tensorboard.backend.event_processing import event_accumulator
 
     from tests.host.sshd import free_port
-    from tpu_grpo.results import retrieval, tensorboard_sync
+    from tpu_grpo.results import tensorboard_sync
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))
     for name, generations in (("g2", "2"), ("g4", "4")):

@@ -12,7 +12,7 @@ from huggingface_hub import ModelCard
 
 from tests.doubles.hub import whoami
 from tests.support import ROOT
-from tpu_grpo.config import settings
+from tpu_grpo.config import errors, stack_file
 from tpu_grpo.jobs import maxtext
 from tpu_grpo.results import publish
 from tpu_grpo.config.capacity import CAPACITIES
@@ -40,10 +40,10 @@ def test_a_name_not_starting_with_llama_gets_the_licenses_note():
 
 def test_hf_endpoint_must_be_a_url(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
-    assert settings.hub_endpoint() == "http://127.0.0.1:8080"
+    assert stack_file.hub_endpoint() == "http://127.0.0.1:8080"
     monkeypatch.setenv("HF_ENDPOINT", "hub; rm -rf ~")
-    with pytest.raises(settings.SettingsError, match="HF_ENDPOINT='hub; rm -rf ~' is not an http"):
-        settings.hub_endpoint()
+    with pytest.raises(errors.SettingsError, match="HF_ENDPOINT='hub; rm -rf ~' is not an http"):
+        stack_file.hub_endpoint()
 
 
 @pytest.mark.parametrize("answer, repo, expected", [

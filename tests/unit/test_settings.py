@@ -7,7 +7,7 @@ import pytest
 
 from infra import offline
 from tpu_grpo.config import settings as settings_module
-from tpu_grpo.config.settings import SettingsError
+from tpu_grpo.config.errors import SettingsError
 
 MISSING = object()
 

@@ -15,7 +15,7 @@ from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import invoke
 from tpu_grpo.config.accelerators import SLICES
 from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
-from tpu_grpo.config.settings import SettingsError
+from tpu_grpo.config.errors import SettingsError
 
 SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
          "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}

@@ -14,7 +14,7 @@ from tests.support import FLEX, ON_DEMAND, SPOT, TEST_TOKEN
 from tests.tutorial import RUN, run_ours
 from tpu_grpo.config import stores
 from tpu_grpo.jobs import pipeline
-from tpu_grpo.config.settings import SettingsError
+from tpu_grpo.config.errors import SettingsError
 
 
 def settings_for(stack_values, **changes):

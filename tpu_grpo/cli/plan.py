@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config import keys, settings as settings_module, stack_file
 from tpu_grpo.config.capacity import (CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, HOURS_PER_MONTH,
                                HYPERDISK_PRICE_SOURCE, HYPERDISK_USD_PER_GIB_MONTH, PRICES_READ)
 from tpu_grpo.config.accelerators import SLICES
@@ -70,8 +70,8 @@ def build(stack: str | None = None) -> Plan:
     from infra.tpu_slice import gcloud_node_pool_command
     from tpu_grpo.cloud import stack as stack_module
 
-    stack = settings_module.check_stack_name(settings_module.stack_name() if stack is None else stack)
-    raw = settings_module.read_stack_file(stack, settings_module.project_root())
+    stack = stack_file.check_stack_name(stack_file.stack_name() if stack is None else stack)
+    raw = stack_file.read_stack_file(stack, stack_file.project_root())
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
     paid_disks = disks(settings)
@@ -82,7 +82,7 @@ def build(stack: str | None = None) -> Plan:
         replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
         access=access_to_grant(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
-                   if not r.type.startswith(settings_module.PROJECT)],
+                   if not r.type.startswith(keys.PROJECT)],
         outputs=outputs,
         gcloud=gcloud_node_pool_command(settings) if multi_host else gcloud_create_command(settings),
         cost=Cost(

@@ -18,7 +18,8 @@ from infra import replacements
 from tpu_grpo.config.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
-from tpu_grpo.config.settings import Settings, project_root
+from tpu_grpo.config.settings import Settings
+from tpu_grpo.config.stack_file import project_root
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
@@ -156,7 +157,7 @@ def preview(settings: Settings, declared: list | None = None) -> list:
     if not resources:
         return []
     from infra import offline, program
-    from tpu_grpo.config.settings import read_stack_file
+    from tpu_grpo.config.stack_file import read_stack_file
 
     if declared is None:
         _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)

@@ -1,5 +1,9 @@
 """The one kind of error that the command line shows as a single line, without a traceback."""
 
+from __future__ import annotations
+
+from typing import Any
+
 #: What a task exits with when Ctrl-C stops it (128 + SIGINT); UserError says the others.
 INTERRUPTED = 130
 #: What a task exits with when its output's reader went away (`| head`): 128 + SIGPIPE, as a tool killed by it.
@@ -18,3 +22,12 @@ class Detached(UserError):
     """Ctrl-C while following a job: the job goes on, and what to do was said already (no line of its own)."""
 
     exit_code = INTERRUPTED
+
+
+class SettingsError(UserError, ValueError):
+    """A bad setting: says which key, what was wrong with its value and how to fix it."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str):
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        shown = "(missing)" if value is None else repr(value)
+        super().__init__(f"{key}={shown} {problem}; fix: {fix}")

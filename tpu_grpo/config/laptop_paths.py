@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tpu_grpo.config.settings import STATE_ENV, project_root
+from tpu_grpo.config.stack_file import STATE_ENV, project_root
 
 
 def state() -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpu_grpo.cloud import stack
-from tpu_grpo.config import laptop_paths, settings as settings_module
+from tpu_grpo.config import laptop_paths, settings as settings_module, stack_file
 from tpu_grpo.host import facts, hosts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.config.errors import UserError
@@ -42,7 +42,7 @@ class RecoveryError(UserError):
 def vm_state(chosen: settings_module.Settings) -> str:
     """What Compute Engine says of the stack's VM after a refresh: RUNNING, TERMINATED, ... or DELETED."""
     subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", chosen.stack], capture_output=True,
-                   cwd=settings_module.project_root())
+                   cwd=stack_file.project_root())
     found = stack.instance_state(chosen.stack)
     return found[1] if found else "DELETED"
 

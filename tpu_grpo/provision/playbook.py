@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo.config import host_paths, release, settings
+from tpu_grpo.config import host_paths, release, stack_file
 from tpu_grpo.config.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"  # they ship with the code, not the stack
@@ -224,7 +224,7 @@ def stack_values(chosen) -> dict[str, Any]:
     """The playbook variables that follow from the stack's settings and the laptop's $HF_ENDPOINT
     (before any `--var`): the Hub model the conversion reads is downloaded while MaxText installs."""
     return {"idle_stop_minutes": chosen.idle_stop_minutes, "hf_model": chosen.model_row.hf_id,
-            "hf_endpoint": settings.hub_endpoint() or ""}
+            "hf_endpoint": stack_file.hub_endpoint() or ""}
 
 
 def resolve(book: Playbook, overrides: list[str] | None = None, lock=None,

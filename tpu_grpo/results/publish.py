@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from tpu_grpo.config import host_paths, laptop_paths, settings
+from tpu_grpo.config import host_paths, laptop_paths, stack_file
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
 from tpu_grpo.results import retrieval
@@ -308,7 +308,7 @@ class UploadView(watch.LogView):
 def publish(session: vm_jobs.Session, run: str | None, repo_id: str, private: bool, console: Console,
             verbose: bool = False) -> Outcome:
     """Check with the Hub, write the card, then upload in a detached job and follow it."""
-    hub = settings.hub_endpoint()
+    hub = stack_file.hub_endpoint()
     connection = session.connection
     run = run or retrieval.newest_saved(connection)
     found = facts(connection, run)

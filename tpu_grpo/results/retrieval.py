@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo.config import laptop_paths, settings
+from tpu_grpo.config import laptop_paths, stack_file
 from tpu_grpo.host import artifacts, facts, gcs, hosts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 
@@ -23,7 +23,7 @@ def destination(run: str | None, to: str | None) -> Path:
         maxtext.check_run_name(run, "--run")
     if to is not None and not to.strip():
         raise maxtext.CommandError("--to '' names no folder; fix: e.g. --to models/gsm8k (or leave it out: models/RUN)")
-    return artifacts.check_destination(Path(to) if to else settings.project_root() / "models")
+    return artifacts.check_destination(Path(to) if to else stack_file.project_root() / "models")
 
 
 def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool,
@@ -134,7 +134,7 @@ def _fetch(run: str, folder: Path, source: str, console: Console, download):
     recorded as fetched (for `down`'s guard and `invoke timeline`)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
 
-    target = folder / run if folder == settings.project_root() / "models" else folder
+    target = folder / run if folder == stack_file.project_root() / "models" else folder
     artifacts.check_destination(target)
     started = time.time()
     with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),

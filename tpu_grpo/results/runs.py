@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo.config import laptop_paths, settings
+from tpu_grpo.config import keys, laptop_paths
 from tpu_grpo.host import facts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.config.accelerators import MACHINES
@@ -224,5 +224,5 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
     console.print(table)
     for source, said in sources.items():
         console.print(f"{source}: {said}")
-    console.print(f"cost: chip-hours of the run's jobs at its capacity's price ({settings.PROJECT}:capacity; "
+    console.print(f"cost: chip-hours of the run's jobs at its capacity's price ({keys.PROJECT}:capacity; "
                   "docs/capacity.md)")

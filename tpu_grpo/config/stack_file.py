@@ -1,0 +1,99 @@
+"""The laptop's side of a stack: the project's folder (where Pulumi.yaml is), which stack, which Hugging Face Hub,
+and the stack file read as the Pulumi CLI reads it before it hands the values to the program."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpu_grpo.config.errors import SettingsError
+
+DEFAULT_STACK = "dev"
+STACK_ENV = "TPU_GRPO_STACK"
+HUB_ENV = "HF_ENDPOINT"  # huggingface_hub's own: a mirror or a private Hub instead of huggingface.co
+_HUB_URL = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(?:/[A-Za-z0-9._~/-]*)?")
+STATE_ENV = "TPU_GRPO_STATE"  # where known_hosts and run records live (default: .tpu-grpo/)
+_CONFIG_KEY = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+")
+#: Pulumi's stack names: letters, digits, `-`, `_` and `.`, at most 100 (no path: Pulumi.NAME.yaml is a file here).
+_STACK_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The folder holding Pulumi.yaml: this one or the nearest above, as Pulumi finds it."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "Pulumi.yaml").is_file():
+            return folder
+    raise SettingsError("Pulumi.yaml", None, f"is not in {here} or above", "run this from the tpu-grpo checkout")
+
+
+def stack_name() -> str:
+    return os.environ.get(STACK_ENV) or DEFAULT_STACK
+
+
+def hub_endpoint() -> str | None:
+    """The Hugging Face Hub the host talks to ($HF_ENDPOINT on the laptop, passed on), or None: huggingface.co."""
+    value = os.environ.get(HUB_ENV)
+    if value is None:
+        return None
+    if not _HUB_URL.fullmatch(value):
+        raise SettingsError(HUB_ENV, value, "is not an http(s) URL", f"unset it, or e.g. {HUB_ENV}=https://huggingface.co")
+    return value.rstrip("/")
+
+
+class StackFileLoader(yaml.SafeLoader):
+    """Reads a stack file as the Pulumi CLI does before it hands the values to the program: every value is
+    text (`50`, `true`, `no` alike; lists and mappings stay so), and a key given twice is refused."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+StackFileLoader.yaml_implicit_resolvers = {}  # no int, bool, float or null: text, as the Pulumi CLI passes it
+
+
+def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
+    """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
+                            f"pulumi stack init {stack} && pulumi config set ... (or {STACK_ENV}={DEFAULT_STACK})")
+    try:
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=StackFileLoader) or {}
+    except UnicodeDecodeError as error:
+        raise SettingsError(path.name, stack, f"is not UTF-8 text (byte {error.start})",
+                            f"save {path.name} as UTF-8") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(error, "problem", None) or "unreadable"
+        raise SettingsError(path.name, stack, f"is not valid YAML ({problem} at {where})",
+                            f"fix {path.name} at {where}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(path.name, stack, "is not a mapping with a `config:` key",
+                            f"fix {path.name} (e.g. `pulumi config set gcp:zone us-east5-b` writes one)")
+    config = document.get("config") or {}
+    if not isinstance(config, dict):
+        raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")
+    for name in config:
+        if not _CONFIG_KEY.fullmatch(name):
+            raise SettingsError(f"{path.name} config", name, "is not a setting's name (NAMESPACE:NAME, as the "
+                                "Pulumi CLI wants it)", f"remove it from {path.name}, or name it e.g. gcp:zone")
+    return config
+
+
+def check_stack_name(stack: str) -> str:
+    if not _STACK_NAME.fullmatch(stack):
+        raise SettingsError("--stack", stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most "
+                            "100)", f"e.g. --stack {DEFAULT_STACK} (pulumi stack ls lists them)")
+    return stack
