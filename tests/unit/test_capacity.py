@@ -266,7 +266,7 @@ def test_no_code_branches_on_a_capacitys_name():
     # (`short == "reservation"` and `values["reservation"]` name the setting `tpu-grpo:reservation`, not a capacity)
     branch = re.compile(rf'(?<!short )[=!]=\s*"({names})"|"({names})"\s*:|\bin\s*\(\s*"({names})"')
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in [*(ROOT / "tpu_grpo").glob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
+             for path in [*(ROOT / "tpu_grpo").rglob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
              for number, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []
 
