@@ -20,6 +20,7 @@ from typing import Any, Callable
 from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
 
+from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
 
 
@@ -132,3 +133,54 @@ def _parse_tasks_in_one_line(program: Program) -> None:
 # after this module is imported (with tasks.py), so wrapping Program.parse_tasks gives them the project's
 # one line and exit code 2.
 Program.parse_tasks = _parse_tasks_in_one_line  # type: ignore[method-assign, assignment]
+
+
+# ------------------------------------------------------------------ what the tasks share
+
+STACK_HELP = f"stack to use (default: ${stack_file.STACK_ENV} or '{stack_file.DEFAULT_STACK}')"
+
+
+def terminal(stderr: bool = False):
+    """The terminal; with `--json` the human lines go to stderr, so stdout holds only the JSON."""
+    from rich.console import Console
+
+    return Console(highlight=False, stderr=stderr)
+
+
+def exit_on_failure(code: int) -> None:
+    """A non-zero exit code becomes the task's; zero returns, so that chained tasks go on
+    (`invoke up provision pipeline`: Invoke stops the whole chain at any Exit, even Exit(0))."""
+    if code:
+        raise Exit(code=code)
+
+
+#: The help of the flags several tasks share, written once. Invoke shows no value for a repeatable
+#: flag, so its help begins with the value's form.
+HELP = {
+    "host": "USER@ADDRESS[:PORT], repeatable: a host to act on (default: the stack's VM from `invoke up`)",
+    "identity": "private key for the host (default: your SSH agent and ~/.ssh keys; for the stack's VM, "
+                "the private half of sshPublicKeyPath)",
+    "stack": STACK_HELP,
+    "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
+    "var": "KEY=VALUE, repeatable: overrides a playbook variable; see `invoke plan`",
+    "playbook": "playbook to apply (default: playbooks/host.yml)",
+    "json": "print the result as JSON (progress goes to stderr)",
+    "set": "KEY=VALUE, repeatable: adds or overrides a key on the MaxText command line "
+           "(in pipeline STEP:KEY=VALUE, STEP one of convert, train, export; default train)",
+    "dry_run": "print the exact remote script and exit, without connecting",
+    "detach": "start the job and return at once (follow it later with `invoke logs --follow`)",
+    "verbose": "show every log line, not only progress, evals and errors",
+    "run_name": "run name (default: the tutorial's timestamp, YYYY-MM-DD-HH-MM-SS in UTC)",
+    "batches": "GRPO batches, MaxText's num_batches (default: the stack's tpu-grpo:batches)",
+}
+
+
+HOST_FLAGS = ("host", "identity", "stack", "wait")
+
+
+def flag_help(*names: str, **extra: str) -> dict:
+    """The help of a task's flags: the shared wording for these names, plus its own."""
+    return {**{name: HELP[name] for name in names}, **extra}
+
+
+STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")

@@ -1,0 +1,142 @@
+"""Every task's flag check, run for the whole command line before the first task acts (flags.CheckingExecutor):
+each returns what its task needs, checked once (the run, where it runs, the playbook's values), or stops with one
+line naming the bad value and its fix."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+
+from tpu_grpo.config import settings as settings_module, stack_file
+
+if TYPE_CHECKING:
+    from tpu_grpo.cli.targets import Where
+
+
+def check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, **_) -> Where:
+    """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags, and the
+    stack's settings when the host is the stack's VM or cluster (or `with_stack`: the task needs them anyway)."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.host import hosts
+
+    flags = hosts.check_flags(host, identity, wait, stack)
+    return targets.Where(flags, settings_module.load(stack, lenient=True) if with_stack or not host else None)
+
+
+def check_settings(stack=None, **_) -> settings_module.Settings:
+    return settings_module.load(stack, lenient=True)
+
+
+def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
+    """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
+    from tpu_grpo.provision import lock as lock_module, playbook as playbook_module
+
+    book = playbook_module.load(playbook)
+    stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))
+    pinned = lock_module.read_lock(Path(lock or lock_module.LOCK)) if locked else None
+    values = playbook_module.resolve(book, var, pinned, stack_values)
+    chosen_tags = playbook_module.parse_tags(tags)
+    playbook_module.selected(book, chosen_tags)
+    return book, values, chosen_tags, check_hosts(**flags)
+
+
+def check_freeze(var=None, playbook=None, **flags):
+    from tpu_grpo.provision import playbook as playbook_module
+
+    book = playbook_module.load(playbook)
+    return book, playbook_module.resolve(book, var), check_hosts(**flags)
+
+
+def step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
+              wait=None, **_):
+    """One step's run from the stack and the flags, all checked before anything connects."""
+    from tpu_grpo.jobs import pipeline
+
+    where = check_hosts(host=host, identity=identity, stack=stack, wait=wait, with_stack=True)
+    run = pipeline.build_run(where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step,
+                             step=export_step)
+    return run, where
+
+
+def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None,
+                    **flags):
+    """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
+    provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import maxtext, pipeline
+    from tpu_grpo.provision import playbook
+
+    where = check_hosts(stack=stack, with_stack=True, **flags)
+    chosen = where.settings
+    run = pipeline.build_run(chosen, batches=batches, run_name=run_name, sets=set_)
+    need = pipeline.parse_need_gb(need_gb, run)
+    recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
+    if recoveries:
+        targets.pick(where).check_recovery()
+    if var and not recoveries:
+        raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
+                                   "--recover N, or provision with uv run invoke provision --var ...")
+    options = targets.PipelineOptions(need, recover=recoveries)
+    if recoveries:
+        options = replace(options, provisioning=playbook.resolve(playbook.load(), var, None,
+                                                                 playbook.stack_values(chosen)))
+        if not shutil.which("pulumi"):
+            raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
+                                       "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
+                                       "--recover")
+    return run, where, options
+
+
+def check_fetch(run=None, to=None, **flags):
+    from tpu_grpo.results import retrieval
+
+    return retrieval.destination(run, to), check_hosts(**flags)
+
+
+def check_publish(repo=None, run=None, **flags):
+    from tpu_grpo.jobs import maxtext
+    from tpu_grpo.results import publish as publish_module
+
+    if not repo:
+        raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
+    publish_module.check_repo(repo)
+    stack_file.hub_endpoint()
+    if run is not None:
+        maxtext.check_run_name(run, "--run")
+    return check_hosts(**flags)
+
+
+def check_metrics(run=None, out=None, events=None, force=False, compare=None, **flags):
+    from tpu_grpo.results import retrieval
+
+    path = retrieval.check_metrics_flags(run, out, events, force, compare)
+    return path, None if events is not None else check_hosts(**flags)  # a local events folder: no host
+
+
+def check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float, Where]:
+    from tpu_grpo.results import tensorboard_sync
+
+    return (*tensorboard_sync.check_flags(run, port, every), check_hosts(**flags))
+
+
+def check_image(stack=None, builder="auto", **_):
+    """The stack (a slice's) and the builder's name; whether that builder can run here is asked once, in the task."""
+    from tpu_grpo.provision import image_build
+
+    chosen = settings_module.load(stack, lenient=True)
+    if not chosen.tpu_slice:
+        raise image_build.UserError(f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
+                                    "fix: pulumi config set tpu-grpo:slice v6e-16 for a multi-host slice")
+    image_build.check_builder(builder)
+    return chosen
+
+
+def check_down(**flags):
+    from tpu_grpo.cloud import stack as stack_module
+
+    where = check_hosts(with_stack=True, **flags)
+    stack_module.require_cli()  # before any connection: without it, the destroy cannot happen
+    return where

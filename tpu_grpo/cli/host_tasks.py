@@ -1,0 +1,68 @@
+"""The host's tasks: provision and freeze."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from invoke import Exit
+
+from tpu_grpo.cli.flags import (HOST_FLAGS, checked, flag_help, one_line_errors,
+                                task, terminal)
+from tpu_grpo.cli.checks import (check_freeze, check_provision)
+
+if TYPE_CHECKING:
+    pass
+
+
+@task(iterable=["host", "var", "tags"], check=check_provision, help=flag_help(
+    *HOST_FLAGS, "var", "playbook", "json", check="report what would change (and drift from the lock), change nothing",
+    tags="TAG[,TAG], repeatable: run only the steps with these tags",
+    locked="install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
+    lock="the lock file (default: playbooks/host.lock.txt)"))
+def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
+              lock=None, playbook=None, wait=None, json_=False):
+    """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
+    from tpu_grpo.provision import engine, report as report_module
+
+    with one_line_errors():
+        book, values, chosen_tags, where = checked()
+        targets = where.flags.hosts(where.settings)
+        wait_s = where.flags.wait_s
+    if json_:
+        report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, wait_s=wait_s)
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        console = terminal()
+        verb = "checking" if check else "provisioning"
+        console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
+                      + (" (locked)" if locked else ""))
+        with report_module.LiveView(console, check) as view:
+            report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view,
+                                  wait_s=wait_s)
+        report_module.print_summary(report, console)
+    if report.failed:
+        raise Exit(code=1)
+
+
+@task(iterable=["host", "var"], check=check_freeze, help=flag_help(
+    *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
+def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
+    """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
+    from tpu_grpo.host import hosts
+    from tpu_grpo.provision import lock as lock_module
+
+    with one_line_errors():
+        book, values, where = checked()
+        targets = where.flags.hosts(where.settings)
+        notices: list[str] = []
+        connection = hosts.connect(targets[0], notices, where.flags.wait_s)
+        try:
+            text = lock_module.freeze(connection, book, values, targets[0].name)
+        finally:
+            connection.close()
+    path, packages = lock_module.write_lock(Path(lock or lock_module.LOCK), text)
+    for notice in notices:
+        print(f"note: {notice}")
+    print(f"wrote {path}: {packages} packages from {targets[0].name}")

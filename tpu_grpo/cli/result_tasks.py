@@ -1,0 +1,173 @@
+"""What a run leaves: runs, fetch, publish, metrics, tensorboard and timeline."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from invoke import Exit
+
+from tpu_grpo.cli.flags import (HOST_FLAGS, checked, flag_help, one_line_errors,
+                                task, terminal)
+from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics,
+                                 check_publish, check_tensorboard)
+from tpu_grpo.config import laptop_paths
+from tpu_grpo.config.errors import INTERRUPTED
+
+if TYPE_CHECKING:
+    pass
+
+
+@task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
+def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
+    """Every run in one table, newest first: what it was given, how it scored, what it cost, where its model is.
+
+    From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.results import runs as runs_module
+
+    with one_line_errors():
+        found, sources = targets.pick(checked()).runs()
+    if json_:
+        print(json.dumps({"sources": sources, "runs": [row.to_json() for row in found]}, indent=2))
+        return
+    runs_module.show(terminal(), found, sources)
+
+
+@task(iterable=["host"], check=check_fetch, help=flag_help(
+    *HOST_FLAGS, "json", run="the run whose saved model to fetch (default: the newest saved)",
+    to="local folder (default: models/RUN)"))
+def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
+    """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
+    from tpu_grpo.cli import targets
+
+    with one_line_errors():
+        destination, where = checked()
+        result = targets.pick(where).fetch(run, destination, terminal(stderr=json_))
+    if json_:
+        print(json.dumps(result.to_json(), indent=2))
+
+
+@task(iterable=["host"], check=check_publish, help=flag_help(
+    *HOST_FLAGS, "json", "verbose", repo="OWNER/NAME: the Hugging Face model repository (created if missing)",
+    run="the run whose saved model to publish (default: the newest saved)",
+    public="make a new repository public (default: private)"))
+def publish(c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False,
+            verbose=False):
+    """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import publish as publish_module
+
+    console = terminal(stderr=json_)
+    with one_line_errors():
+        where = checked()
+        session = vm_jobs.session(where.flags, where.settings)
+        try:
+            outcome = publish_module.publish(session, run, repo, not public, console, verbose)
+        except KeyboardInterrupt:
+            console.print("\ndetached: the upload goes on on the host; reattach: uv run invoke logs --follow")
+            raise Exit(code=INTERRUPTED) from None
+    if json_:
+        print(json.dumps(outcome.to_json(), indent=2))
+        return
+    sent = (f"{len(outcome.uploaded)} files ({outcome.bytes_uploaded} bytes) uploaded in commit {outcome.commit}"
+            if outcome.uploaded else "nothing uploaded: the Hub already holds every file")
+    console.print(f"[green]published[/] run {outcome.run} at {outcome.url}: {sent}; "
+                  f"{outcome.already_there} already there; card: {outcome.card}")
+
+
+@task(iterable=["host", "compare"], check=check_metrics, help=flag_help(
+    *HOST_FLAGS, "json", run="run name (default: the newest trained run)",
+    compare="RUN, repeatable: overlay two or more runs' reward, KL, completion length and eval accuracy in one PNG "
+            "(default --out .tpu-grpo/compare.png), the legend naming the inputs in which they differ",
+    out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
+    force="let --out overwrite any existing file",
+    events="read a local folder of TensorBoard events instead of the host's"))
+def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
+            json_=False, compare=None):
+    """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.results import metrics as metrics_module, retrieval
+
+    with one_line_errors():
+        path, where = checked()
+        if compare:  # the runs of the host (or cluster), one plot
+            target = targets.pick(where)
+            found = [target.metrics(name, None)[0] for name in compare]
+            path = metrics_module.plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
+        elif events:  # a folder here: no host, no cluster
+            found, path = retrieval.metrics_of_events(run, events, path)
+        else:
+            found, path = targets.pick(where).metrics(run, path)
+    if json_:
+        data = {"runs": [one.to_json() for one in found]} if compare else found.to_json()
+        print(json.dumps({**data, "plot": str(path)}, indent=2))
+        return
+    console = terminal()
+    for one in found if compare else [found]:
+        console.print(metrics_module.table(one))
+    console.print(f"plot: {path}")
+
+
+@task(iterable=["host"], check=check_tensorboard, help=flag_help(
+    *HOST_FLAGS, "json", run="one run to show (default: every run trained on the host, side by side)",
+    port="the port TensorBoard listens on, on 127.0.0.1 (default 6006)",
+    every="seconds between syncs of the events from the host (default 5)",
+    once="sync the events once and exit, without serving"))
+def tensorboard(c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None,
+                json_=False):
+    """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
+    from tpu_grpo.host import hosts
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import tensorboard_sync
+
+    console = terminal(stderr=json_)
+    with one_line_errors():
+        port_number, every_s, where = checked()
+        session = vm_jobs.session(where.flags, where.settings)
+        try:
+            copied = tensorboard_sync.sync(session, run)
+        except hosts.ConnectError as error:
+            copied = dict.fromkeys(tensorboard_sync.local_runs(run, laptop_paths.state()), 0)
+            if once or not copied:
+                raise
+            console.print(f"the host does not answer ({error}); serving the events already here")
+    if once:
+        if json_:
+            print(json.dumps({"runs": {name: {"bytes_copied": count, "events": str(laptop_paths.events(name))}
+                                       for name, count in copied.items()}}, indent=2))
+        for name, count in copied.items():
+            console.print(f"{name}: {count} new bytes of events in {laptop_paths.events(name)}")
+        return
+    try:
+        url = tensorboard_sync.serve(sorted(copied), port_number)
+    except Exception as error:  # noqa: BLE001 - TensorBoard's own errors (a port in use): one line
+        raise Exit(f"error: TensorBoard did not start ({error}); fix: --port another port", code=1) from None
+    console.print(f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
+                  f"Ctrl-C stops it, the events stay in {laptop_paths.runs()}", soft_wrap=True)
+    try:
+        tensorboard_sync.keep_in_sync(session, run, every_s, console.print)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        raise Exit(code=INTERRUPTED) from None
+
+
+@task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
+def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
+    """Where the VM's hours went since it booted: a table and a chart.
+
+    Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
+    its training share; the chart is .tpu-grpo/timeline.png."""
+    from tpu_grpo.jobs import vm_jobs
+    from tpu_grpo.results import timeline as timeline_module
+
+    with one_line_errors():
+        where = checked()
+        session = vm_jobs.session(where.flags, where.settings)
+        found = timeline_module.gather(session.connection)
+    built = timeline_module.build(session.host.name, found, timeline_module.fetches())
+    png = timeline_module.plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
+    if json_:
+        print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))
+        return
+    timeline_module.show(terminal(), built, png)

@@ -1,0 +1,143 @@
+"""The stack's tasks: plan, settings, up, image and down."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from invoke import Exit
+
+from tpu_grpo.cli.flags import (HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors,
+                                task, terminal)
+from tpu_grpo.cli.checks import (check_down, check_hosts, check_image, check_settings)
+from tpu_grpo.config import keys, stack_file
+
+if TYPE_CHECKING:
+    pass
+
+
+@task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)
+def plan(c, stack=None, json_=False):
+    """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
+    from tpu_grpo.cli import plan as plan_module
+
+    with one_line_errors():
+        result = plan_module.build(stack)
+    if json_:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        plan_module.render(result, terminal())
+
+
+@task(help=flag_help("stack", json="print the settings as JSON"), check=check_settings)
+def settings(c, stack=None, json_=False):
+    """List every stack setting with its value and meaning, after validating them all."""
+    chosen = checked()
+    with one_line_errors():
+        values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
+    if json_:
+        print(json.dumps({key.name: values.get(key.name) for key in keys.KEYS}, indent=2))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("setting", "value", "meaning")
+    table.columns[0].no_wrap = True
+    for key in keys.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
+        value = values.get(key.name)
+        table.add_row(key.name, escape(str(value) if value is not None else chosen.default_shown(key)),
+                      escape(key.help))
+    console = terminal()
+    console.print(table)
+    for pending in chosen.pending:
+        console.print(escape(f"still to set before `pulumi up`: {pending}"))
+    for warning in chosen.warnings:
+        console.print(escape(f"warning: {warning}"))
+
+
+@task(help=flag_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"),
+      check=check_settings)
+def up(c, stack=None, yes=False):
+    """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
+
+    Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.cloud import stack as stack_module
+
+    chosen = checked()
+    missing = stack_module.missing_for_up(chosen)
+    if missing:
+        lines = "\n".join(f"  - {item}" for item in missing)
+        raise Exit(
+            f"error: `pulumi up` for stack '{chosen.stack}' cannot start; missing:\n{lines}\n"
+            f"See what it would create, offline and with none of these: uv run invoke plan",
+            code=2,
+        )
+    console = terminal()
+    for warning in chosen.warnings:
+        console.print(f"warning: {warning}", markup=False)
+    exit_on_failure(stack_module.select_and_refresh(chosen))
+    changes = stack_module.preview(chosen)
+    for change in changes:
+        console.print(f"replaces: {stack_module.describe(change)}", markup=False, soft_wrap=True)
+    if stack_module.data_disk_lost(changes):
+        from tpu_grpo.host.hosts import ConnectError
+
+        try:
+            unsaved = targets.pick(check_hosts(stack=stack)).unsaved()
+        except ConnectError as error:
+            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                       f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
+                       "to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then change "
+                       "it again", code=1) from None
+        if unsaved:
+            lines = "\n".join(f"  - {line}" for line in unsaved)
+            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                       f"these results exist only there:\n{lines}\nfetch them first, or undo the change to the "
+                       "stack file", code=1)
+    code, explanations = stack_module.up(chosen, yes=yes, say=console.print)
+    if explanations:
+        raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
+    exit_on_failure(code)
+
+
+@task(check=check_image, help=flag_help(
+    "stack", builder="docker (a local Docker), cloud-build (gcloud builds submit) or auto (default: Docker when "
+                     "its daemon answers, else Cloud Build)",
+    dry_run="print the Dockerfile and the commands, and exit"))
+def image(c, stack=None, builder="auto", dry_run=False):
+    """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.provision import image_build
+
+    with one_line_errors():
+        chosen = checked()
+        if dry_run:
+            print(image_build.dockerfile())
+            for command in image_build.commands(chosen, builder, "CONTEXT"):
+                print("$ " + " ".join(command))
+            return
+        pushed = image_build.build(chosen, image_build.choose(builder))
+        targets.SliceTarget(chosen).cluster.record_image(pushed)
+    print(f"pushed {pushed}; the slice's jobs run it")
+
+
+@task(iterable=["host"], check=check_down, help=flag_help(
+    *HOST_FLAGS, force="destroy even if a trained model exists only on the VM: the data disk goes with it",
+    yes="go ahead without Pulumi's preview and question (for scripts)"))
+def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=False):
+    """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
+
+    The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
+    from tpu_grpo.cli import targets
+    from tpu_grpo.cloud import stack as stack_module
+
+    with one_line_errors():
+        where = checked()
+        chosen = where.settings
+        unsaved = [] if force else targets.pick(where).unsaved()
+    if unsaved:
+        lines = "\n".join(f"  - {line}" for line in unsaved)
+        raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
+                   f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force", code=1)
+    exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))
