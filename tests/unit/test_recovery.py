@@ -31,7 +31,7 @@ def test_recover_n_brings_back_at_most_n_lost_vms_and_the_next_loss_fails(tmp_pa
     timeline = recovery.RecoveryLog.of("r")
     said = []
     with pytest.raises(vm_jobs.VmGone, match=f"lost {recover + 1}"):
-        recovery.keep_going(attempt, None, bring_back, recover, timeline, said.append)
+        recovery.keep_going(attempt, None, bring_back, recover, lambda: timeline, said.append)
     assert (len(attempts), len(brought)) == (recover + 1, recover)
     entries = [json.loads(line) for line in timeline.path.read_text().splitlines()] if recover else []
     assert [entry["event"] for entry in entries] == ["lost", "resumed"] * recover
@@ -55,6 +55,6 @@ def test_a_run_that_succeeds_after_a_loss_returns_its_outcome(
         return outcome
 
     timeline = recovery.RecoveryLog.of("r")
-    assert recovery.keep_going(attempt, None, lambda: (None, 3), 1, timeline, lambda line: None) == "done"
+    assert recovery.keep_going(attempt, None, lambda: (None, 3), 1, lambda: timeline, lambda line: None) == "done"
     [lost, resumed] = [json.loads(line) for line in timeline.path.read_text().splitlines()]
     assert lost["state"] == "DELETED" and (resumed["from_checkpoint"], resumed["steps_redone"]) == (None, 0)

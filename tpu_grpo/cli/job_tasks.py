@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     pass
 
 
-def _launch(step, dry_run, detach, verbose, run_name_given=True):
+def _launch(step, dry_run, detach, verbose):
     """What convert, train and export share: print the script, or start the job and follow it."""
     from tpu_grpo.cli import targets
 
@@ -24,12 +24,12 @@ def _launch(step, dry_run, detach, verbose, run_name_given=True):
         run, where = checked()
         target = targets.pick(where)
         if dry_run:
-            if step == "export" and not run_name_given:  # which run is known once the host (or cluster) is asked
+            if run.run_name is None:  # the newest trained run: known once the host (or cluster) is asked
                 run = replace(run, run_name="NEWEST")
                 print(f"# run name NEWEST: the newest trained run {target.where}, known once connected")
             print(target.script(run, step), end="")
             return
-        code = target.launch(run, step, terminal(), detach, verbose, run_name_given)
+        code = target.launch(run, step, terminal(), detach, verbose)
     exit_on_failure(code)
 
 
@@ -53,7 +53,7 @@ def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, 
 def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
            detach=False, verbose=False, wait=None):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
-    _launch("export", dry_run, detach, verbose, run_name_given=run_name is not None)
+    _launch("export", dry_run, detach, verbose)
 
 
 @task(iterable=["host", "set_", "var"], check=check_pipeline, help=flag_help(
@@ -76,7 +76,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
             print(json.dumps(data, indent=2) if json_ else text, end="\n" if json_ else "")
             return
-        code, outcome = target.pipeline(run, terminal(stderr=json_), run_name is not None, replace(
+        code, outcome = target.pipeline(run, terminal(stderr=json_), replace(
             options, keep_checkpoint=keep_checkpoint, verbose=verbose, pulumi_out=sys.stderr if json_ else None))
     if json_:
         print(json.dumps(outcome, indent=2))

@@ -142,7 +142,7 @@ def job_scripts(settings: settings_module.Settings) -> list[dict[str, str]]:
     """The remote script of each MaxText step with the stack's settings (run name: the start time)."""
     from tpu_grpo.jobs import maxtext, pipeline
 
-    run = pipeline.build_run(settings)
+    run = pipeline.build_run(settings).named(maxtext.timestamp_run_name())
     return [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
 
 

@@ -48,11 +48,9 @@ class Target(Protocol):
     where: str
 
     def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]: ...
-    def pipeline(self, run: Run, console: Console, run_name_given: bool,
-                 options: PipelineOptions) -> tuple[int, dict]: ...
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> tuple[int, dict]: ...
     def script(self, run: Run, step: str) -> str: ...
-    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool,
-               run_name_given: bool) -> int: ...
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool) -> int: ...
     def read_log(self, job: str | None) -> Iterable[bytes]: ...
     def follow(self, job: str | None, console: Console, verbose: bool) -> int: ...
     def cancel(self, job: str | None) -> str: ...
@@ -86,27 +84,29 @@ class VmTarget:
         return self.session
 
     def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
-        """Each step's script and what save does: as data, and as text."""
+        """Each step's script and what save does: as data, and as text (a run not named: as a new one's, since
+        which earlier pipeline it continues is known once the host is asked)."""
         from tpu_grpo.jobs import maxtext, pipeline
 
-        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.run_name)} on the data disk, "
+        run = run.named(maxtext.timestamp_run_name())
+        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.name)} on the data disk, "
                 f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
-                f"{pipeline.run_archive(run.run_name)}")
+                f"{pipeline.run_archive(run.name)}")
         scripts = [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
-        return ({"run": run.run_name, "steps": [*scripts, {"step": "save", "description": save}]},
+        return ({"run": run.name, "steps": [*scripts, {"step": "save", "description": save}]},
                 "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n")
 
-    def pipeline(self, run: Run, console: Console, run_name_given: bool,
-                 options: PipelineOptions) -> tuple[int, dict]:
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> tuple[int, dict]:
         """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
         `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with `provisioning`, the same
         pipeline again: tpu_grpo/jobs/recovery.py), and a dropped link asks the cloud whether the VM is gone."""
         from tpu_grpo.config import errors
-        from tpu_grpo.jobs import pipeline, recovery, watch
+        from tpu_grpo.jobs import maxtext, pipeline, recovery, watch
 
         chosen = self.settings if options.recover else None
         verbose = options.verbose
-        total = pipeline.job_meta(run, "train").get("total_steps")
+        new_name = maxtext.timestamp_run_name()  # a new run's, if it is not named and continues no earlier pipeline
+        total = pipeline.job_meta(run.named(new_name), "train").get("total_steps")
 
         def report(step):
             if step.state in ("done", "skipped"):
@@ -115,7 +115,9 @@ class VmTarget:
                 console.print(f"save: model copied to {step.detail} on the data disk")
 
         def attempt():
+            nonlocal run
             session = self.fresh_session()
+            run = pipeline.named_pipeline(session.connection, run, new_name)  # each attempt after, the same run
             if chosen:  # a dropped link asks the cloud whether the VM is gone
                 session.vm_gone = lambda: recovery.gone(chosen)
 
@@ -125,18 +127,18 @@ class VmTarget:
                     raise errors.Detached()
                 return code
 
-            return pipeline.run_pipeline(session, run, run_name_given=run_name_given, need_gb=options.need_gb,
+            return pipeline.run_pipeline(session, run, need_gb=options.need_gb,
                                          follow=follow, on_step=report, keep_checkpoint=options.keep_checkpoint)
 
         def bring_back():
             assert chosen, "recovery is of the stack's VM"
             recovery.bring_back(chosen, lambda: self.flags.hosts(chosen), options.provisioning, console.print,
                                 stdout=options.pulumi_out)
-            return recovery.where_training_stands(self.fresh_session().connection, run)
+            return recovery.where_training_stands(self.fresh_session().connection, run.named(new_name))
 
         outcome = (attempt() if chosen is None else
                    recovery.keep_going(attempt, chosen, bring_back, options.recover,
-                                       recovery.RecoveryLog.of(run.run_name), console.print))
+                                       lambda: recovery.RecoveryLog.of(run.run_name or new_name), console.print))
         console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
                       f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
         return 0, outcome.to_json()
@@ -146,16 +148,16 @@ class VmTarget:
 
         return maxtext.script(run, step)
 
-    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool) -> int:
         """Start the step as a detached job (export: of the run named, else the newest trained) and follow it to
         its exit code, or return at once with `detach`."""
         from tpu_grpo.jobs import pipeline, watch
 
         connection = self.session.connection
         if step == "export":
-            run = pipeline.for_export(connection, run, run_name_given)
+            run = pipeline.for_export(connection, run)
         job = pipeline.start_checked(connection, run, step)
-        console.print(f"started {step} job {job} (run {run.run_name}) on {self.session.host.name}")
+        console.print(f"started {step} job {job} (run {run.name}) on {self.session.host.name}")
         if detach:
             console.print(f"follow it: uv run invoke logs --job {job} --follow")
             return 0
@@ -255,19 +257,20 @@ class SliceTarget:
         from tpu_grpo.cloud import jobset
         from tpu_grpo.jobs import maxtext, slice_jobs
 
+        run = run.named(maxtext.timestamp_run_name())  # a slice's pipeline not named is a new run
         manifests = [slice_jobs.manifest(self.settings, run, step) for step in maxtext.STEPS]
-        return ({"run": run.run_name, "steps": [{"step": step, "jobset": manifest}
-                                                for step, manifest in zip(maxtext.STEPS, manifests)]},
+        return ({"run": run.name, "steps": [{"step": step, "jobset": manifest}
+                                            for step, manifest in zip(maxtext.STEPS, manifests)]},
                 jobset.to_yaml(manifests))
 
-    def pipeline(self, run: Run, console: Console, run_name_given: bool,
-                 options: PipelineOptions) -> tuple[int, dict]:
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> tuple[int, dict]:
         """convert -> train -> export as JobSets (a step whose output is in the bucket is skipped), each followed;
         no recovery of its own (a JobSet restarts its own pods, check_recovery refuses --recover), no space check
         (the bucket holds the runs, the CPU pool's disk is sized from the model)."""
-        from tpu_grpo.jobs import slice_jobs
+        from tpu_grpo.jobs import maxtext, slice_jobs
 
-        return slice_jobs.pipeline(self.cluster, self.settings, run, console, options.verbose)
+        return slice_jobs.pipeline(self.cluster, self.settings, run.named(maxtext.timestamp_run_name()), console,
+                                   options.verbose)
 
     def script(self, run: Run, step: str) -> str:
         """The step's JobSet, as kubectl takes it."""
@@ -276,12 +279,12 @@ class SliceTarget:
 
         return jobset.to_yaml([slice_jobs.manifest(self.settings, run, step)])
 
-    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool, run_name_given: bool) -> int:
+    def launch(self, run: Run, step: str, console: Console, detach: bool, verbose: bool) -> int:
         """Create the step's JobSet (export: of the run named, else the newest trained) and follow it."""
         from tpu_grpo.jobs import slice_jobs
 
         if step == "export":
-            run = slice_jobs.for_export(self.cluster, run, run_name_given, self.settings.capacity)
+            run = slice_jobs.for_export(self.cluster, run, self.settings.capacity)
         return slice_jobs.launch(self.cluster, self.settings, run, step, console, detach, verbose)
 
     def _job(self, job: str | None):

@@ -91,7 +91,9 @@ class Run:
     use_pathways: bool
     lazy_load_tensors: bool
     machine: Accelerator
-    run_name: str
+    #: None until resolved: a run not named is the newest trained one (export), or the newest earlier pipeline of
+    #: the same inputs, else a new one named by its start time (pipeline)
+    run_name: str | None = None
     sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
     step: int | None = None  # the checkpoint to export (default: the last, num_batches)
     store: Store = STORES["shm"]
@@ -102,6 +104,16 @@ class Run:
     dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K
     dataset_config: str | None = None  # tpu-grpo:datasetConfig (hf_name)
     loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
+
+    @property
+    def name(self) -> str:
+        """The run's name, once resolved: what its scripts, paths and records are made of."""
+        assert self.run_name is not None, "a run is named before its scripts, paths or records are made"
+        return self.run_name
+
+    def named(self, default: str) -> Run:
+        """This run, named `default` if it was not named."""
+        return self if self.run_name is not None else replace(self, run_name=default)
 
     @property
     def row(self) -> Model:
@@ -250,7 +262,7 @@ def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, 
     ]
     train = [
         ("BASE_OUTPUT_DIRECTORY", f"{run.store.root}/$MODEL_NAME/{RUNS_FOLDER}/"),
-        ("RUN_NAME", _q(run.run_name)),
+        ("RUN_NAME", _q(run.name)),
         ("CHIPS_PER_VM", machine["CHIPS_PER_VM"]),
         ("NUM_BATCHES", str(run.batches)),
         ("MAXTEXT_CKPT_PATH", "$MODEL_CHECKPOINT_DIRECTORY/0/items"),
@@ -437,7 +449,7 @@ def paths(run: Run) -> dict[str, str]:
     for name, value in environment(run, "export"):
         if not value.startswith("$("):
             values[name] = string.Template(shlex.split(value)[0] if value.startswith("'") else value).substitute(values)
-    folder = f"{values['BASE_OUTPUT_DIRECTORY']}/{run.run_name}"
+    folder = f"{values['BASE_OUTPUT_DIRECTORY']}/{run.name}"
     return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": folder, "checkpoints": f"{folder}/checkpoints/actor",
             "post_train": values["POST_TRAIN_PATH"], "hf_export": values["HF_EXPORT"],
             "run_export": f"{folder}/{EXPORT_FOLDER}", "shm_model": f"/dev/shm/{run.model}"}

@@ -61,7 +61,7 @@ class Outcome:
 def record_key(run: maxtext.Run, step: str) -> str:
     """The done-record's name: equal inputs give the same key, so an equal step is found and reused."""
     digest = hashlib.sha256(json.dumps(run.inputs(step), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{step}-{run.run_name}-{digest}" if step == "train" else f"{step}-{digest}"
+    return f"{step}-{run.name}-{digest}" if step == "train" else f"{step}-{digest}"
 
 
 def saved_dir(run_name: str) -> str:
@@ -101,8 +101,8 @@ def name_taken(run: maxtext.Run, what: str, found: str, wanted: str) -> RunNameT
     now = json.loads(wanted)
     differences = [f"{key}={earlier.get(key)!r} (this command: {now.get(key)!r})"
                    for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
-    return RunNameTaken(f"run {run.run_name!r} was {what} with {', '.join(differences) or found}; a run name names "
-                        f"one training; fix: pick a new run name (e.g. --run-name {run.run_name}-2), or give the "
+    return RunNameTaken(f"run {run.name!r} was {what} with {', '.join(differences) or found}; a run name names "
+                        f"one training; fix: pick a new run name (e.g. --run-name {run.name}-2), or give the "
                         "earlier flags to continue that run")
 
 
@@ -117,8 +117,8 @@ def output_test(run: maxtext.Run, step: str) -> str:
         return (f"[ -f {record} ] && [ \"$(ls -t {vm_jobs.DONE}/export-* | head -1)\" = {record} ] "
                 f"&& [ -f {paths['hf_export']}config.json ]")
     wanted = base64.b64encode(identity(run, "export").encode()).decode()
-    return (f"[ -f {saved_dir(run.run_name)}/SHA256SUMS ] "
-            f"&& [ \"$(base64 -w0 {saved_record(run.run_name)} 2>/dev/null)\" = {wanted} ]")
+    return (f"[ -f {saved_dir(run.name)}/SHA256SUMS ] "
+            f"&& [ \"$(base64 -w0 {saved_record(run.name)} 2>/dev/null)\" = {wanted} ]")
 
 
 def in_bucket(run: maxtext.Run) -> bool:
@@ -152,7 +152,7 @@ def probe_script(run: maxtext.Run) -> str:
     """One round trip: which steps are done, what the run name was trained and saved with, and which
     pipelines ran before with these inputs."""
     lines = [f"if {output_test(run, step)}; then echo done {step}; fi" for step in PIPELINE]
-    for kind, path in (("trained-with", trained_record(run.run_name)), ("saved-with", saved_record(run.run_name))):
+    for kind, path in (("trained-with", trained_record(run.name)), ("saved-with", saved_record(run.name))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
     lines.append(f"for f in $(ls -1t {PIPELINES} 2>/dev/null); do echo pipeline $(base64 -w0 {PIPELINES}/$f); done")
     return "\n".join(lines) + "\ntrue"
@@ -265,7 +265,7 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
 
 
 def job_meta(run: maxtext.Run, step: str) -> dict:
-    meta: dict[str, object] = {"step": step, "run": run.run_name, "key": record_key(run, step),
+    meta: dict[str, object] = {"step": step, "run": run.name, "key": record_key(run, step),
                                "inputs": run.inputs(step), "record": run.to_record(), "paths": maxtext.paths(run),
                                "capacity": run.capacity}
     if step == "train":
@@ -277,7 +277,7 @@ def start_step(connection, run: maxtext.Run, step: str) -> str:
     """Start one MaxText step as a detached job (refused when the TPU is busy, and a training whose run
     name was trained with other inputs); returns the job id."""
     job_id = vm_jobs.new_id(step)
-    claim = (trained_record(run.run_name), identity(run, "train")) if step == "train" else None
+    claim = (trained_record(run.name), identity(run, "train")) if step == "train" else None
     try:
         vm_jobs.start(connection, job_id, maxtext.script(run, step), job_meta(run, step), record_key(run, step), claim)
     except vm_jobs.ClaimTaken as taken:
@@ -314,23 +314,23 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
     `replace=False` keeps a model already saved with these inputs; returns where the model is."""
     started = time.time()
     paths = maxtext.paths(run)
-    destination = saved_dir(run.run_name)
+    destination = saved_dir(run.name)
     _copy(connection, paths["hf_export"], destination, replace)
     if not in_bucket(run):  # a bucket keeps the run's events and checkpoints itself
-        _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.run_name)}/tensorboard", replace)
+        _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.name)}/tensorboard", replace)
     if keep_checkpoint and not in_bucket(run):
         _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
-              f"{run_archive(run.run_name)}/checkpoints/actor/{run.export_step}")
-    hosts.write_text(connection, saved_record(run.run_name), identity(run, "export"))
-    hosts.write_text(connection, f"{run_archive(run.run_name)}/saved-at.json",
-                     json.dumps({"run": run.run_name, "started": started, "finished": time.time()}))
+              f"{run_archive(run.name)}/checkpoints/actor/{run.export_step}")
+    hosts.write_text(connection, saved_record(run.name), identity(run, "export"))
+    hosts.write_text(connection, f"{run_archive(run.name)}/saved-at.json",
+                     json.dumps({"run": run.name, "started": started, "finished": time.time()}))
     return destination
 
 
 def write_record(connection, run: maxtext.Run) -> None:
     """Note that this run was started with these inputs: a re-run without --run-name continues it."""
-    hosts.write_text(connection, f"{PIPELINES}/{run.run_name}.json",
-                     json.dumps({"run": run.run_name, "inputs": pipeline_inputs(run)}))
+    hosts.write_text(connection, f"{PIPELINES}/{run.name}.json",
+                     json.dumps({"run": run.name, "inputs": pipeline_inputs(run)}))
 
 
 def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
@@ -342,23 +342,27 @@ def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
     return None
 
 
-def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, run_name_given: bool, need_gb: dict[str, float],
+def named_pipeline(connection, run: maxtext.Run, new_name: str) -> maxtext.Run:
+    """A pipeline's run named: its own name, else the newest earlier pipeline's of the same inputs (it continues that
+    run), else `new_name`."""
+    if run.run_name is not None:
+        return run
+    return run.named(resumable_run(probe(connection, run.named(new_name)).pipelines, run.named(new_name)) or new_name)
+
+
+def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, need_gb: dict[str, float],
                  follow: Callable[[str, str], int], on_step: Callable[[StepOutcome], None] = lambda step: None,
                  keep_checkpoint: bool = False) -> Outcome:
     """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
-    A run name that was trained or saved with other inputs is refused before anything starts."""
+    A run name that was trained or saved with other inputs is refused before anything starts. The run is named
+    (named_pipeline)."""
     probed = probe(session.connection, run)
-    if not run_name_given:
-        earlier = resumable_run(probed.pipelines, run)
-        if earlier and earlier != run.run_name:
-            run = replace(run, run_name=earlier)
-            probed = probe(session.connection, run)
     probed.check_name(run)
     done = probed.done
     saved_before = "save" in done
     if keep_checkpoint:  # save again: what it saved before is verified and kept, the checkpoint added
         done.discard("save")
-    outcome = Outcome(run.run_name, session.host.name)
+    outcome = Outcome(run.name, session.host.name)
     last_done = max((PIPELINE.index(step) for step in done), default=-1)
     attach = running_jobs(session.connection, run)
     if last_done < len(PIPELINE) - 1 and not attach:
@@ -387,13 +391,16 @@ def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, run_name_given: 
 def build_run(chosen: settings.Settings, *, batches=None, run_name: str | None = None,
               sets: list[str] | None = None, default_step: str | None = None, step=None) -> maxtext.Run:
     """A Run from the stack's settings and the task's flags, every flag validated before any connection.
-    `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline."""
+    `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline. A run not
+    named is named by its start time for a conversion or a training; an export's or a pipeline's is resolved where
+    it runs (Run.run_name)."""
     return maxtext.Run(
         model=chosen.model, export_model=chosen.export_model,
         batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
         test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
         lazy_load_tensors=chosen.lazy_conversion, machine=chosen.machine,
-        run_name=maxtext.check_run_name(run_name) if run_name is not None else maxtext.timestamp_run_name(),
+        run_name=(maxtext.check_run_name(run_name) if run_name is not None
+                  else maxtext.timestamp_run_name() if default_step in ("convert", "train") else None),
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None,
         store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep,
@@ -420,19 +427,17 @@ def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
                    store=stores.STORES.get(inputs.get("store", "shm"), asked.store))
 
 
-def for_export(connection, run: maxtext.Run, run_name_given: bool) -> maxtext.Run:
+def for_export(connection, run: maxtext.Run) -> maxtext.Run:
     """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for."""
-    trained = trained_runs(connection)
-    if run_name_given:
-        trained = [meta for meta in trained if meta["run"] == run.run_name]
+    trained = [meta for meta in trained_runs(connection) if run.run_name in (None, meta["run"])]
     if not trained:
-        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        which = "any run" if run.run_name is None else f"run {run.run_name!r}"
         raise PipelineError(f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
                             "(or name a trained run: uv run invoke status)")
     run = run.export_of(_trained_as(trained[-1], run))
     steps = checkpoint_steps(connection, run)
     if run.export_step not in steps:
-        raise PipelineError(f"run {run.run_name} has no checkpoint at step {run.export_step}; it has: "
+        raise PipelineError(f"run {run.name} has no checkpoint at step {run.export_step}; it has: "
                             f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
                             f"fix: --step {steps[-1] if steps else 'N'}")
     return run

@@ -81,11 +81,11 @@ LAST_STEP_PRINTED = facts.Fact("last_step_printed", lambda run_name: (
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
     """(the newest checkpoint step in the run's store, the last step the lost training printed)."""
     steps = pipeline.checkpoint_steps(connection, run)
-    return (steps[-1] if steps else None), LAST_STEP_PRINTED.read(connection, run.run_name)
+    return (steps[-1] if steps else None), LAST_STEP_PRINTED.read(connection, run.name)
 
 
 def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
-               bring_back: Callable[[], tuple[int | None, int | None]], recover: int, timeline: RecoveryLog,
+               bring_back: Callable[[], tuple[int | None, int | None]], recover: int, log: Callable[[], RecoveryLog],
                say: Callable[[str], None]):
     """Run `attempt` (the pipeline) until it finishes, bringing the VM back up to `recover` times
     after it was lost. Anything else (a failed step, bad input, a VM that runs but does not answer)
@@ -102,12 +102,12 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
                 raise
             losses += 1
             lost_at = time.time()
-            timeline.add("lost", state=state, error=str(error))
+            log().add("lost", state=state, error=str(error))  # the run's, named by then (its first attempt asks)
             say(f"the VM is lost ({state}); bringing it back ({losses} of {recover}): invoke up, provision, then "
                 "the same pipeline")
             newest, printed = bring_back()
             redone = printed - newest if newest is not None and printed is not None and printed > newest else 0
-            entry = timeline.add("resumed", gone_s=round(time.time() - lost_at, 1), from_checkpoint=newest,
+            entry = log().add("resumed", gone_s=round(time.time() - lost_at, 1), from_checkpoint=newest,
                                  last_step_before=printed, steps_redone=redone)
             say(f"the VM is back after {entry['gone_s']:g} s; training resumes after "
                 + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)"))

@@ -53,17 +53,17 @@ class SliceJob:
 
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
-    if not _LABEL_VALUE.fullmatch(run.run_name):
-        raise maxtext.CommandError(f"--run-name {run.run_name!r} cannot label a slice's jobs (Kubernetes labels: at most "
+    if not _LABEL_VALUE.fullmatch(run.name):
+        raise maxtext.CommandError(f"--run-name {run.name!r} cannot label a slice's jobs (Kubernetes labels: at most "
                                    "63 characters, starting and ending with a letter or digit); fix: e.g. "
                                    "--run-name gsm8k-1")
-    name = jobset.job_name(step, run.run_name)
+    name = jobset.job_name(step, run.name)
     image = images.post_training_image(settings.project, settings.region)
     script = maxtext.script(run, step, in_slice=True)
     assert settings.tpu_slice, "a slice's stack"
     if step != "train":
-        return jobset.cpu(name, step, run.run_name, image, script)
-    made = jobset.pathways(name, step, run.run_name, image, script, settings.tpu_slice, settings.num_slices,
+        return jobset.cpu(name, step, run.name, image, script)
+    made = jobset.pathways(name, step, run.name, image, script, settings.tpu_slice, settings.num_slices,
                            f"{settings.store.root}/pathways-scratch")
     made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps),  # for a later `logs --follow`
                                        RUN_RECORD: json.dumps(run.to_record())}
@@ -173,7 +173,7 @@ def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, co
     before = cluster.jobset(name)
     if before is not None:
         if describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
-            raise maxtext.CommandError(f"job {name} ({step} of run {run.run_name}) is still on the cluster; fix: "
+            raise maxtext.CommandError(f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
                                        f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
                                        f"(uv run invoke cancel --job {name})")
         _replace_ended(cluster, name)
@@ -208,7 +208,7 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
         manifest(settings, run, step)  # every step's input checked before the first is created
     paths = maxtext.paths(run)
     model = f"{paths['run_export']}/"
-    outcome: dict = {"run": run.run_name, "steps": [], "model": None}
+    outcome: dict = {"run": run.name, "steps": [], "model": None}
     for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
         if output and gcs.exists(output):
             console.print(f"{step}: skipped ({output} is in the store)")
@@ -216,12 +216,12 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
             continue
         code = launch(cluster, settings, run, step, console, verbose=verbose)
         outcome["steps"].append({"step": step, "state": "finished" if code == 0 else "failed",
-                                 "job": jobset.job_name(step, run.run_name), "exit_code": code})
+                                 "job": jobset.job_name(step, run.name), "exit_code": code})
         if code:
             return code, outcome
     outcome["model"] = model
-    console.print(f"[green]run {run.run_name} is complete[/]: the model is in {model}; get it with: "
-                  f"uv run invoke fetch --run {run.run_name}")
+    console.print(f"[green]run {run.name} is complete[/]: the model is in {model}; get it with: "
+                  f"uv run invoke fetch --run {run.name}")
     return 0, outcome
 
 
@@ -317,16 +317,16 @@ def read_log(cluster: Cluster, name: str):
     return cluster.log(pod["metadata"]["name"], jobset.CONTAINER) if pod else iter(())
 
 
-def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacity: str) -> maxtext.Run:
+def for_export(cluster: Cluster, run: maxtext.Run, capacity: str) -> maxtext.Run:
     """The run to export (the named one, else the newest whose training finished on the cluster), at the checkpoint
     asked for (default: its newest), checked to be in the bucket."""
     from tpu_grpo.jobs import pipeline
 
     trained = [job for job in jobs_on(cluster, capacity)
                if job.step == "train" and job.state == "finished"
-               and (not run_name_given or job.run == run.run_name)]
+               and run.run_name in (None, job.run)]
     if not trained:
-        which = f"run {run.run_name!r}" if run_name_given else "any run"
+        which = "any run" if run.run_name is None else f"run {run.run_name!r}"
         raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
                                    "--batches 50 (or name a trained run: uv run invoke status)")
     record = trained[-1].trained
@@ -334,7 +334,7 @@ def for_export(cluster: Cluster, run: maxtext.Run, run_name_given: bool, capacit
            else dataclasses.replace(run, run_name=trained[-1].run))
     steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
     if not steps or (run.step is not None and run.step not in steps):
-        raise maxtext.CommandError(f"run {run.run_name} has no checkpoint at step {run.step or 'any'} in "
+        raise maxtext.CommandError(f"run {run.name} has no checkpoint at step {run.step or 'any'} in "
                                    f"{maxtext.paths(run)['checkpoints']}; it has: "
                                    f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}")
     return dataclasses.replace(run, step=run.step or steps[-1])
