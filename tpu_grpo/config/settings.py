@@ -15,21 +15,44 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from tpu_grpo.config.accelerators import (CPU_POD_MEMORY_GB, CPU_POOL_MIN_DISK_GB, CPU_POOL_SYSTEM_GB, MACHINES, SLICES,
                                           Accelerator)
-from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, Capacity
+from tpu_grpo.config.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY,
+                                      GKE_CLUSTER_USD_PER_HOUR, Capacity)
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
 from tpu_grpo.config.models import MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import check_stack_name, project_root, read_stack_file, stack_name
-from tpu_grpo.config.stores import Store, store_for
+from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 
 _KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class Training:
+    """The stack's values a run is made of: the model and its data, the machine, where its checkpoints go and how
+    often (a run, tpu_grpo.jobs.maxtext.Run, is these and its own flags). The defaults are MaxText's."""
+
+    model: str
+    export_model: str
+    batches: int
+    test_batches: int
+    use_pathways: bool
+    lazy_load_tensors: bool
+    machine: Accelerator
+    store: Store = STORES["shm"]
+    checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
+    checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
+    capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
+    tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's
+    dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K
+    dataset_config: str | None = None  # tpu-grpo:datasetConfig (hf_name)
+    loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,13 @@ class Settings:
     def cpu_pool_disk_gb(self) -> int:
         """A slice's CPU host's boot disk: the conversion downloads the model's safetensors there."""
         return max(CPU_POOL_MIN_DISK_GB, math.ceil(self.model_row.weights_gb) + CPU_POOL_SYSTEM_GB)
+
+    @property
+    def training(self) -> Training:
+        """The stack's values a run is made of, each Training field read from its namesake here (the conversion
+        loads lazily where it must: lazy_conversion)."""
+        values = {each.name: getattr(self, each.name) for each in fields(Training)}
+        return Training(**{**values, "lazy_load_tensors": self.lazy_conversion})
 
     @property
     def lazy_conversion(self) -> bool:

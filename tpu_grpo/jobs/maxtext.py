@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
-from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import remote
 from tpu_grpo.config.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
-from tpu_grpo.config.accelerators import MACHINES, Accelerator
+from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.jobs.progress import RESUMES, total_steps
-from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
+from tpu_grpo.config.settings import Training
+from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
 
 STEPS = ("convert", "train", "export")
 MODULES = {
@@ -81,29 +81,19 @@ class CommandError(UserError, ValueError):
 
 
 @dataclass(frozen=True)
-class Run:
-    """What the three command lines are made of: the stack's settings and this run's flags."""
+class Run(Training):
+    """What the three command lines are made of: the stack's training values and this run's flags."""
 
-    model: str
-    export_model: str
-    batches: int
-    test_batches: int
-    use_pathways: bool
-    lazy_load_tensors: bool
-    machine: Accelerator
     #: None until resolved: a run not named is the newest trained one (export), or the newest earlier pipeline of
     #: the same inputs, else a new one named by its start time (pipeline)
     run_name: str | None = None
     sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
     step: int | None = None  # the checkpoint to export (default: the last, num_batches)
-    store: Store = STORES["shm"]
-    checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
-    checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
-    capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
-    tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's
-    dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K
-    dataset_config: str | None = None  # tpu-grpo:datasetConfig (hf_name)
-    loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
+
+    @classmethod
+    def of(cls, training: Training, **own) -> Run:
+        """A run of the stack's training values and its own flags (`own`, which may override one: --batches)."""
+        return cls(**{**{each.name: getattr(training, each.name) for each in fields(training)}, **own})
 
     @property
     def name(self) -> str:

@@ -394,18 +394,12 @@ def build_run(chosen: settings.Settings, *, batches=None, run_name: str | None =
     `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline. A run not
     named is named by its start time for a conversion or a training; an export's or a pipeline's is resolved where
     it runs (Run.run_name)."""
-    return maxtext.Run(
-        model=chosen.model, export_model=chosen.export_model,
-        batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
-        test_batches=chosen.test_batches, use_pathways=chosen.use_pathways,
-        lazy_load_tensors=chosen.lazy_conversion, machine=chosen.machine,
+    return maxtext.Run.of(
+        chosen.training, batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
         run_name=(maxtext.check_run_name(run_name) if run_name is not None
                   else maxtext.timestamp_run_name() if default_step in ("convert", "train") else None),
         sets=maxtext.parse_sets(sets, default_step),
-        step=maxtext.check_count("--step", step) if step is not None else None,
-        store=chosen.store, checkpoint_period=chosen.checkpoint_period, checkpoints_to_keep=chosen.checkpoints_to_keep,
-        capacity=chosen.capacity, tokenizer=chosen.tokenizer, dataset=chosen.dataset,
-        dataset_config=chosen.dataset_config, loss_algo=chosen.loss_algo)
+        step=maxtext.check_count("--step", step) if step is not None else None)
 
 
 def trained_runs(connection) -> list[dict]:
