@@ -93,7 +93,6 @@ def test_readme_documents_provisioning_and_every_playbook_variable():
 
 
 def test_readme_walks_a_newcomer_through_every_task():
-    import ast
 
     readme = documentation()
     tasks = [node.name for node in task_functions()]

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from tpu_grpo.config import settings as settings_module, stack_file
 
 if TYPE_CHECKING:
@@ -32,7 +31,8 @@ def check_settings(stack=None, **_) -> settings_module.Settings:
 
 def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
-    from tpu_grpo.provision import lock as lock_module, playbook as playbook_module
+    from tpu_grpo.provision import lock as lock_module
+    from tpu_grpo.provision import playbook as playbook_module
 
     book = playbook_module.load(playbook)
     stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))

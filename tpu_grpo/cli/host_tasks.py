@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from invoke import Exit
 
-from tpu_grpo.cli.flags import (HOST_FLAGS, checked, flag_help, one_line_errors,
-                                task, terminal)
-from tpu_grpo.cli.checks import (check_freeze, check_provision)
-
-if TYPE_CHECKING:
-    pass
+from tpu_grpo.cli.checks import check_freeze, check_provision
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
 
 
 @task(iterable=["host", "var", "tags"], check=check_provision, help=flag_help(
@@ -24,7 +19,8 @@ if TYPE_CHECKING:
 def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
               lock=None, playbook=None, wait=None, json_=False):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
-    from tpu_grpo.provision import engine, report as report_module
+    from tpu_grpo.provision import engine
+    from tpu_grpo.provision import report as report_module
 
     with one_line_errors():
         book, values, chosen_tags, where = checked()

@@ -5,15 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-
-from tpu_grpo.cli.flags import (HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors,
-                                task, terminal)
-from tpu_grpo.cli.checks import (check_hosts, check_pipeline, step_run)
-
-if TYPE_CHECKING:
-    pass
+from tpu_grpo.cli.checks import check_hosts, check_pipeline, step_run
+from tpu_grpo.cli.flags import (HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task,
+                                terminal)
 
 
 def _launch(step, dry_run, detach, verbose):

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from invoke import Exit
 
-from tpu_grpo.cli.flags import (HOST_FLAGS, checked, flag_help, one_line_errors,
-                                task, terminal)
-from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics,
-                                 check_publish, check_tensorboard)
+from tpu_grpo.cli.checks import check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
-
-if TYPE_CHECKING:
-    pass
 
 
 @task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
@@ -87,7 +81,8 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
             json_=False, compare=None):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo.cli import targets
-    from tpu_grpo.results import metrics as metrics_module, retrieval
+    from tpu_grpo.results import metrics as metrics_module
+    from tpu_grpo.results import retrieval
 
     with one_line_errors():
         path, where = checked()

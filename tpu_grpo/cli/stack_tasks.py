@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from invoke import Exit
 
-from tpu_grpo.cli.flags import (HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors,
-                                task, terminal)
-from tpu_grpo.cli.checks import (check_down, check_hosts, check_image, check_settings)
+from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_settings
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task, terminal
 from tpu_grpo.config import keys, stack_file
-
-if TYPE_CHECKING:
-    pass
 
 
 @task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)
