@@ -407,11 +407,12 @@ def test_events_with_no_maxtext_scalar_are_said_not_plotted(stack_dir, tmp_path)
     assert len(result.stderr.splitlines()) == 1 and "fix: " in result.stderr
 
 
-def test_output_cut_short_by_its_reader_ends_quietly(stack_dir):
+@pytest.mark.parametrize("args", ["pipeline --dry-run --run-name r1 --batches 3", "--list", "--help train", "train -h",
+                                  "settings", "plan"])
+def test_output_cut_short_by_its_reader_ends_quietly(stack_dir, args):
     """`invoke pipeline --dry-run | head -1`: the reader goes away (here before the first line); no
-    BrokenPipeError, 128 + SIGPIPE."""
-    command = (f"{sys.executable} -m invoke -r {ROOT} pipeline --dry-run --run-name r1 --batches 3 | true;"
-               " echo ${PIPESTATUS[0]}")
+    BrokenPipeError, 128 + SIGPIPE: from a task's print or its rich table, and from Invoke's own listing and help."""
+    command = f"{sys.executable} -m invoke -r {ROOT} {args} | true; echo ${{PIPESTATUS[0]}}"
     result = subprocess.run(["bash", "-c", command], cwd=stack_dir, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "141" and result.stderr == ""
 

@@ -91,14 +91,21 @@ class CheckingExecutor(Executor):
             if isinstance(call.task, FlagTask):
                 with one_line_errors():
                     call.task.checked_values.append(call.task.check(**call.kwargs) if call.task.check else None)
+        with quiet_on_a_closed_pipe():
+            return super().execute(*tasks)
+
+
+@contextmanager
+def quiet_on_a_closed_pipe():
+    """The reader went away (`| head`): stop quietly with 128 + SIGPIPE, as command-line tools do."""
+    try:
         try:
-            try:
-                return super().execute(*tasks)
-            finally:  # what is still buffered meets a reader gone here, not in Python's exit (which exits 120)
-                sys.stdout.flush()
-        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as command-line tools do
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
-            raise Exit(code=BROKEN_PIPE) from None
+            yield
+        finally:  # what is still buffered meets a reader gone here, not in Python's exit (which exits 120)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        raise Exit(code=BROKEN_PIPE) from None
 
 
 def parse_error_line(error: ParseError) -> str:
@@ -134,6 +141,18 @@ def _parse_tasks_in_one_line(program: Program) -> None:
 # one line and exit code 2.
 Program.parse_tasks = _parse_tasks_in_one_line  # type: ignore[method-assign, assignment]
 
+_parse_cleanup = Program.parse_cleanup
+
+
+def _cleanup_until_the_reader_goes(program: Program) -> None:
+    with quiet_on_a_closed_pipe():
+        _parse_cleanup(program)
+
+
+# `invoke --list` and `--help` print in Invoke's parse_cleanup, after this module is imported; a reader gone
+# (`| head -1`) was a BrokenPipeError's traceback.
+Program.parse_cleanup = _cleanup_until_the_reader_goes  # type: ignore[method-assign, assignment]
+
 
 # ------------------------------------------------------------------ what the tasks share
 
@@ -144,7 +163,13 @@ def terminal(stderr: bool = False):
     """The terminal; with `--json` the human lines go to stderr, so stdout holds only the JSON."""
     from rich.console import Console
 
-    return Console(highlight=False, stderr=stderr)
+    class Terminal(Console):
+        def on_broken_pipe(self) -> None:
+            """The reader went away: as for print's (quiet_on_a_closed_pipe), not rich's own exit 1."""
+            self.quiet = True
+            raise BrokenPipeError
+
+    return Terminal(highlight=False, stderr=stderr)
 
 
 def exit_on_failure(code: int) -> None:
