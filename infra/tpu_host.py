@@ -163,11 +163,19 @@ def gcloud_create_command(settings: Settings) -> list[str]:
         f"--disk=name={settings.vm_name}-data,device-name={DATA_DEVICE_NAME},mode=rw,auto-delete=no",
         *network,
         f"--tags={ssh_tag(settings)}",
-        f"--metadata=enable-oslogin=FALSE,ssh-keys={ssh_key}",
+        dict_flag("metadata", {"enable-oslogin": "FALSE", "ssh-keys": ssh_key}),
         "--labels=" + ",".join(f"{k}={v}" for k, v in labels(settings).items()),
         *service_account,
         "--scopes=" + ",".join(SCOPES),
     ]
+
+
+def dict_flag(name: str, values: dict[str, str]) -> str:
+    """A gcloud dictionary flag: `--NAME=k1=v1,k2=v2`, or with a delimiter that no value holds (`--NAME=^;^k1=v1;k2=v2`,
+    `gcloud topic escaping`) when one holds a comma (an SSH key's comment may)."""
+    delimiter = next(each for each in (",", ";", "|", "~", "::") if not any(each in value for value in values.values()))
+    items = delimiter.join(f"{key}={value}" for key, value in values.items())
+    return f"--{name}={items}" if delimiter == "," else f"--{name}=^{delimiter}^{items}"
 
 
 def render_command(argv: list[str]) -> str:

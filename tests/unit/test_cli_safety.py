@@ -464,3 +464,18 @@ def test_a_host_that_answers_tcp_but_not_ssh_is_one_line_without_paramikos_trace
     assert result.returncode == 1, result.stderr
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")
     assert "Traceback" not in result.stderr and "paramiko" not in result.stderr
+
+
+def test_the_command_that_forgets_a_host_key_works_pasted_into_a_shell(tmp_path, monkeypatch):
+    """What a changed host key's error says to run forgets that key even when the project's folder holds a space."""
+    from tpu_grpo.host import hosts
+
+    state = tmp_path / "my project" / ".tpu-grpo"
+    state.mkdir(parents=True)
+    monkeypatch.setenv("TPU_GRPO_STATE", str(state))
+    host = hosts.Host("tpu", "203.0.113.7", 2222)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2"
+    (state / "known_hosts").write_text(f"{host.known_hosts_name} {key}\nother.example {key}\n")
+    done = subprocess.run(["bash", "-c", hosts.forget_key_command(host)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (state / "known_hosts").read_text() == f"other.example {key}\n"

@@ -12,7 +12,8 @@ import pytest
 from tpu_grpo.config import keys
 
 from infra import offline
-from infra.tpu_host import gcloud_create_command
+from infra.tpu_host import gcloud_create_command, render_command
+from tpu_grpo.config.settings import parse
 from tests.support import TUTORIAL, run_entry_point
 
 
@@ -290,3 +291,25 @@ def test_entry_point_stops_on_a_placeholder_with_one_line_and_no_resources(stack
     assert mocks.resources == []
     assert str(raised.value) == ("gcp:project='YOUR_PROJECT_ID' is still a placeholder; "
                                  "fix: pulumi config set gcp:project <your-project-id>")
+
+
+def gcloud_dictionary(argument: str) -> dict[str, str]:
+    """A dictionary flag's value as gcloud reads it, from `gcloud topic escaping`: items separated by commas, or by
+    the DELIM a value starting `^DELIM^` names; each item a key and a value at its first '='."""
+    delimiter = ","
+    if argument.startswith("^") and "^" in argument[1:]:
+        delimiter, argument = argument[1:].split("^", 1)
+    return dict(item.split("=", 1) for item in argument.split(delimiter))
+
+
+@pytest.mark.parametrize("comment", ["test@tpu-grpo", "me, my laptop; its key"])
+def test_the_gcloud_command_passes_the_ssh_key_whole_whatever_its_comment(stack_values, tmp_path, comment):
+    """The plan's `gcloud compute instances create`, pasted into a shell, gives gcloud the key line as written: a
+    comma in the key's comment would have started another metadata item."""
+    key = tmp_path / "id.pub"
+    key.write_text(f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2dnZ2 {comment}\n")
+    settings = parse({**stack_values, "tpu-grpo:sshPublicKeyPath": str(key)}, "dev", tmp_path)
+    argv = shlex.split(render_command(gcloud_create_command(settings)).replace("\\\n", ""))
+    [metadata] = [arg.removeprefix("--metadata=") for arg in argv if arg.startswith("--metadata=")]
+    assert gcloud_dictionary(metadata) == {"enable-oslogin": "FALSE",
+                                           "ssh-keys": f"{settings.ssh_user}:{key.read_text().strip()}"}

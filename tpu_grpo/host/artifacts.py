@@ -291,8 +291,8 @@ def _over_openssh(host: hosts.Host) -> Callable | None:
             if any("Host key verification failed" in line for line in said):
                 raise hosts.ConnectError(
                     f"{host.name}: OpenSSH refuses the host's key: it is not the one recorded in "
-                    f"{hosts.known_hosts_path()}; if the VM was really rebuilt, forget the old key: ssh-keygen -R "
-                    f"'{host.known_hosts_name}' -f {hosts.known_hosts_path()}")
+                    f"{hosts.known_hosts_path()}; if the VM was really rebuilt, forget the old key: "
+                    f"{hosts.forget_key_command(host)}")
             why = f": {said[-1]}" if said else ""
             raise OSError(f"ssh ended after {have + read} of {size} bytes (exit {code}{why})")
         return read, digest.hexdigest()

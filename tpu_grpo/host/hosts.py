@@ -131,6 +131,11 @@ def wait_seconds(text: str | None) -> float:
     return float(text)
 
 
+def forget_key_command(host: Host) -> str:
+    """The command that forgets the host's recorded key, quoted for pasting (a project folder may hold a space)."""
+    return shlex.join(["ssh-keygen", "-R", host.known_hosts_name, "-f", str(known_hosts_path())])
+
+
 def known_hosts_path() -> Path:
     return laptop_paths.known_hosts()
 
@@ -280,7 +285,7 @@ def _explained(host: Host, error: Exception) -> HostError:
         return ConnectError(
             f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
             f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
-            f"ssh-keygen -R '{host.known_hosts_name}' -f {known_hosts_path()}")
+            f"{forget_key_command(host)}")
     if isinstance(error, paramiko.AuthenticationException):
         return ConnectError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
                          "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted")
