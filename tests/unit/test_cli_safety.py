@@ -479,3 +479,25 @@ def test_the_command_that_forgets_a_host_key_works_pasted_into_a_shell(tmp_path,
     done = subprocess.run(["bash", "-c", hosts.forget_key_command(host)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (state / "known_hosts").read_text() == f"other.example {key}\n"
+
+
+@pytest.mark.parametrize("later, slice_stack, message", [
+    (("status", "--host", "a@192.0.2.1", "--host", "b@192.0.2.2"), False,
+     "error: this task acts on one host, got 2 (a@192.0.2.1, b@192.0.2.2); fix: pass one --host"),
+    (("timeline",), True, "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this "
+                          "task on a one-VM stack (docs/slices.md)"),
+])
+def test_a_later_task_refused_by_its_flags_stops_the_chain_before_the_first_acts(stack_dir, stack_values, later,
+                                                                                slice_stack, message):
+    """The whole command line is checked first: a task after `metrics` that cannot run (two hosts where one is
+    needed; a VM's task on a slice's stack) ends the chain before the plot is written."""
+    if slice_stack:
+        (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
+            **stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
+            "tpu-grpo:checkpointStore": "gs://grpo-runs/runs"}}))
+    events = stack_dir / "events"
+    write_events(events)
+    plot = stack_dir / "plot.png"
+    result = invoke("metrics", "--events", str(events), "--out", str(plot), *later, cwd=stack_dir)
+    assert result.returncode == 2 and result.stderr.strip() == message
+    assert not plot.exists()

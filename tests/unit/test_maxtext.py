@@ -154,7 +154,7 @@ def test_bad_set_is_refused(item, message):
     (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a run name"),
     (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
     (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
-    (("status", "--host", "other@192.0.2.2"), "error: MaxText jobs run on one host, got 2 (other@192.0.2.2, "
+    (("status", "--host", "other@192.0.2.2"), "error: this task acts on one host, got 2 (other@192.0.2.2, "
                                               "nobody@192.0.2.1); fix: pass one --host"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_connection(args, message, stack_dir):

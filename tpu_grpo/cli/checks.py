@@ -15,14 +15,24 @@ if TYPE_CHECKING:
     from tpu_grpo.cli.targets import Where
 
 
-def check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, **_) -> Where:
-    """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags, and the
-    stack's settings when the host is the stack's VM or cluster (or `with_stack`: the task needs them anyway)."""
+def check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, one_host=True, needs_vm=False,
+                **_) -> Where:
+    """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags (one
+    host, but for provisioning), and the stack's settings when the host is the stack's VM or cluster (or
+    `with_stack`: the task needs them anyway); `needs_vm`: the task logs into a VM, which a slice's stack has not."""
     from tpu_grpo.cli import targets
     from tpu_grpo.host import hosts
 
-    flags = hosts.check_flags(host, identity, wait, stack)
-    return targets.Where(flags, settings_module.load(stack, lenient=True) if with_stack or not host else None)
+    flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
+    chosen = settings_module.load(stack, lenient=True) if with_stack or not host else None
+    if needs_vm and chosen and not host:
+        hosts.require_vm(chosen)
+    return targets.Where(flags, chosen)
+
+
+def check_vm(**flags) -> Where:
+    """The host flags of a task that logs into the VM (timeline): check_hosts with a VM needed."""
+    return check_hosts(needs_vm=True, **flags)
 
 
 def check_settings(stack=None, **_) -> settings_module.Settings:
@@ -40,14 +50,14 @@ def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None,
     values = playbook_module.resolve(book, var, pinned, stack_values)
     chosen_tags = playbook_module.parse_tags(tags)
     playbook_module.selected(book, chosen_tags)
-    return book, values, chosen_tags, check_hosts(**flags)
+    return book, values, chosen_tags, check_hosts(one_host=False, needs_vm=True, **flags)
 
 
 def check_freeze(var=None, playbook=None, **flags):
     from tpu_grpo.provision import playbook as playbook_module
 
     book = playbook_module.load(playbook)
-    return book, playbook_module.resolve(book, var), check_hosts(**flags)
+    return book, playbook_module.resolve(book, var), check_hosts(needs_vm=True, **flags)
 
 
 def step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
@@ -106,7 +116,7 @@ def check_publish(repo=None, run=None, **flags):
     stack_file.hub_endpoint()
     if run is not None:
         maxtext.check_run_name(run, "--run")
-    return check_hosts(**flags)
+    return check_hosts(needs_vm=True, **flags)
 
 
 def check_metrics(run=None, out=None, events=None, force=False, compare=None, **flags):
@@ -119,7 +129,7 @@ def check_metrics(run=None, out=None, events=None, force=False, compare=None, **
 def check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float, Where]:
     from tpu_grpo.results import tensorboard_sync
 
-    return (*tensorboard_sync.check_flags(run, port, every), check_hosts(**flags))
+    return (*tensorboard_sync.check_flags(run, port, every), check_hosts(needs_vm=True, **flags))
 
 
 def check_image(stack=None, builder="auto", **_):

@@ -6,7 +6,8 @@ import json
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard
+from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard,
+                                 check_vm)
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
@@ -147,7 +148,7 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
         raise Exit(code=INTERRUPTED) from None
 
 
-@task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
+@task(iterable=["host"], check=check_vm, help=flag_help(*HOST_FLAGS, "json"))
 def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """Where the VM's hours went since it booted: a table and a chart.
 

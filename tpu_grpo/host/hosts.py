@@ -93,21 +93,38 @@ class HostFlags:
 
 
 def check_flags(specs: list[str] | None, identity: str | None, wait: str | None,
-                stack: str | None = None) -> HostFlags:
+                stack: str | None = None, one: bool = True) -> HostFlags:
+    """The host flags checked; `one`: the task acts on one host (all but provisioning, which takes several)."""
     key = identity_file(identity)
     given = tuple(parse(spec, key) for spec in specs or [])
     if len({host.name for host in given}) != len(given):
         raise HostError(f"--host names the same host twice ({', '.join(specs or [])}); fix: give each host once")
+    if one:
+        only(list(given))
     return HostFlags(given, key, wait_seconds(wait), stack)
+
+
+def only(hosts: list[Host]) -> list[Host]:
+    """The hosts, refused when they are several: MaxText's jobs, a run's files and a VM's record are one VM's (a
+    multi-host slice's jobs would need all its workers at once: docs/slices.md)."""
+    if len(hosts) > 1:
+        raise HostError(f"this task acts on one host, got {len(hosts)} ({', '.join(host.name for host in hosts)}); "
+                        "fix: pass one --host")
+    return hosts
+
+
+def require_vm(chosen: settings.Settings) -> None:
+    """A task that logs into the stack's VM refuses a slice's stack, which has none."""
+    if chosen.tpu_slice:
+        raise HostError(f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
+                        "fix: run this task on a one-VM stack (docs/slices.md)")
 
 
 def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[Host]:
     """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
     from tpu_grpo.cloud import stack as stack_module
 
-    if chosen.tpu_slice:
-        raise HostError(f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
-                        "fix: run this task on a one-VM stack (docs/slices.md)")
+    require_vm(chosen)
     if shutil.which("pulumi") is None:
         raise HostError(f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
                         "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`")

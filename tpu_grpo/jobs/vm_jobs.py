@@ -238,11 +238,8 @@ class Follow:
 def session(flags: hosts.HostFlags, chosen: settings.Settings | None = None) -> "Session":
     """The one host MaxText jobs run on: a v6e-8 is one VM, and a multi-host slice's jobs would need
     all its workers at once, so several hosts are refused. `chosen`: the stack's settings, when already read."""
-    targets = flags.hosts(chosen)
-    if len(targets) > 1:
-        raise hosts.HostError(f"MaxText jobs run on one host, got {len(targets)} "
-                              f"({', '.join(target.name for target in targets)}); fix: pass one --host")
-    return Session(targets[0], flags.wait_s)
+    [target] = hosts.only(flags.hosts(chosen))
+    return Session(target, flags.wait_s)
 
 
 class Session:
