@@ -150,7 +150,7 @@ def test_metrics_run_name_cannot_lead_the_plot_out_of_the_project(stack_dir, tmp
     result = invoke("metrics", "--events", str(events), "--run", "../../../x", cwd=stack_dir,
                     env={"TPU_GRPO_STATE": str(state)})
     assert result.returncode == 2
-    assert result.stderr.startswith("error: --run '../../../x' is not a run name")
+    assert result.stderr.startswith("error: --run '../../../x' is not a name")
     assert not state.exists() and not (tmp_path / "x").exists()
 
 
@@ -332,6 +332,29 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
         (("provision", "--var", "idle_stop_minutes=-3", *host), "is negative"),
         (("provision", "--var", "idle_stop_minutes=٣", *host), "'٣'"),
         (("timeline", "--wait", "-5", *host), "is negative"),
+        # issue 50: each kind of value by its one parser (values.py), before anything connects or is written
+        (("status", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"), (("runs", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"),
+        (("status", "--host", "u@.a"), "'u@.a'"), (("status", "--host", f"u@{'a' * 64}.com"), "a" * 64),
+        (("fetch", "--to", "x" * 300, *host), "255"), (("metrics", "--events", "events", "--out", "x" * 300 + ".png"),
+                                                        "255"),
+        (("metrics", "--events", "x" * 300), "255"), (("status", "--identity", "x" * 300, *host), "255"),
+        (("provision", "--playbook", "latin1.yml", *host), "not UTF-8"),
+        (("provision", "--locked", "--lock", "latin1.lock", *host), "not UTF-8"),
+        (("provision", "--tags", "token", *host), "not UTF-8"),  # HF_TOKEN_PATH names latin1.token
+        (("train", "--set", "num_test_batches=5", *host), "tpu-grpo:testBatches"),
+        (("train", "--set", "chips_per_vm=4", *host), "chips_per_vm"),
+        (("train", "--set", "eval_dataset_name=x", *host), "eval_dataset_name"),
+        (("train", "--set", "learning_rate=", *host), "'learning_rate='"), (("train", "--set", "a.=1"), "'a.=1'"),
+        (("train", "--set", "a..b=1", *host), "'a..b=1'"),
+        (("train", "--set", "rl.num_iterations=1000000", *host), "from 1 to 999999"),
+        (("tensorboard", "--every", "٣", *host), "'٣'"), (("tensorboard", "--every", "1_0", *host), "'1_0'"),
+        (("pipeline", "--need-gb", "1_2,3", *host), "'1_2,3'"), (("pipeline", "--need-gb", "١,٢", *host), "'١,٢'"),
+        (("cancel", "--job", "", *host), "--job ''"), (("logs", "--job", "../../etc/passwd", *host), "'../../etc/passwd'"),
+        (("runs", "--host", "u@a", "--host", "u@b"), "one host"),
+        (("metrics", "--events", "events", "--out", "dangling.png"), "'dangling.png'"),
+        (("freeze", "--lock", "events", *host), "'events'"), (("freeze", "--lock", "Pulumi.yaml/x", *host), "Pulumi.yaml"),
+        (("fetch", "--to", " ", *host), "--to ' '"), (("metrics", "--compare", "a", "--compare", "a", *host), "twice"),
+        (("settings", "--stack", "nonexist"), "--stack='nonexist'"),
         # Invoke's own parse errors, in the project's words and exit code
         (("train", "--bogus"), "--bogus"), (("train", "-x"), "-x"), (("train", "--batches"), "--batches"),
         (("nosuchtask",), "'nosuchtask'"), (("train", "--batches", "3", "--batches", "4"), "'4'"),
@@ -347,7 +370,7 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+    return {str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns)
             for path in folder.rglob("*")}
 
 
@@ -366,6 +389,9 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}}))
     write_events(stack_dir / "events")
     write_events(stack_dir / "damaged", "corrupt")
+    for name in ("latin1.yml", "latin1.lock", "latin1.token"):
+        (stack_dir / name).write_bytes("café".encode("latin-1"))
+    (stack_dir / "dangling.png").symlink_to(tmp_path / "nowhere.png")
     (stack_dir / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n someone else's picture")
     state = tmp_path / "state"
     checkout = {path: path.stat().st_mtime_ns for path in ROOT.iterdir() if path.is_file()}
@@ -375,7 +401,8 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
 
     def run(case):
         argv, named = case
-        return case, invoke(*argv, cwd=stack_dir, env={"TPU_GRPO_STATE": str(state), "HF_TOKEN": "hf_secret"})
+        return case, invoke(*argv, cwd=stack_dir, env={"TPU_GRPO_STATE": str(state), "HF_TOKEN": "" if "token" in argv
+                                                       else "hf_secret", "HF_TOKEN_PATH": "latin1.token"})
 
     results = [run(case) for case in cases]
     failures = []
@@ -437,7 +464,7 @@ def test_a_public_key_path_naming_a_folder_says_so(stack_dir, stack_values, tmp_
         **stack_values, "tpu-grpo:sshPublicKeyPath": str(tmp_path)}}))
     result = invoke("settings", cwd=stack_dir)
     assert result.returncode == 2 and result.stderr == (
-        f"error: tpu-grpo:sshPublicKeyPath={str(tmp_path)!r} is a folder, not a public key file; fix: pulumi config "
+        f"error: tpu-grpo:sshPublicKeyPath={str(tmp_path)!r} is a folder, not a file; fix: pulumi config "
         f"set tpu-grpo:sshPublicKeyPath {tmp_path}/id_ed25519.pub\n")
 
 
@@ -501,3 +528,46 @@ def test_a_later_task_refused_by_its_flags_stops_the_chain_before_the_first_acts
     result = invoke("metrics", "--events", str(events), "--out", str(plot), *later, cwd=stack_dir)
     assert result.returncode == 2 and result.stderr.strip() == message
     assert not plot.exists()
+
+
+@pytest.mark.parametrize("name", ["[/x].png", "[bold]b[/bold].png"])
+def test_what_a_user_wrote_is_printed_as_written_never_as_markup(stack_dir, name):
+    write_events(stack_dir / "events")
+    result = invoke("metrics", "--events", "events", "--out", name, cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    assert f"plot: {name}" in result.stdout  # rich read `[/x]` as a closing tag (a traceback) and ate `[bold]`
+    assert (stack_dir / name).is_file()
+
+
+def test_a_narrow_terminal_still_shows_every_cell(stack_dir):
+    write_events(stack_dir / "events")
+    result = invoke("metrics", "--events", "events", "--out", "m.png", cwd=stack_dir, env={"COLUMNS": "10"})
+    assert result.returncode == 0, result.stderr
+    assert "reward" in result.stdout and "plot: m.png" in result.stdout  # COLUMNS=10 printed every cell empty
+
+
+@pytest.mark.parametrize("state", ["a-file", "unwritable"])
+def test_a_state_folder_that_cannot_be_written_is_one_line_before_anything(stack_dir, state):
+    write_events(stack_dir / "events")
+    folder = stack_dir / "state" if state == "a-file" else Path("/proc/1/tpu-grpo")  # root may not write in /proc
+    if state == "a-file":
+        folder.write_text("not a folder")
+    result = invoke("metrics", "--events", "events", cwd=stack_dir, env={"TPU_GRPO_STATE": str(folder)})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: TPU_GRPO_STATE='{folder}' ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_a_damaged_record_is_read_as_none_and_records_are_written_whole(tmp_path):
+    from tpu_grpo.config import laptop_paths
+    from tpu_grpo.results import runs
+
+    record = laptop_paths.fetched_record("empty", tmp_path)
+    record.parent.mkdir(parents=True)
+    record.write_text("")  # a fetch stopped while it wrote the record, before records were written whole
+    laptop_paths.fetched_record("list", tmp_path).write_text("[1]")
+    model = tmp_path / "models" / "good"
+    model.mkdir(parents=True)
+    laptop_paths.write_record(laptop_paths.fetched_record("good", tmp_path), {"dir": str(model)})
+    assert runs.laptop_runs(tmp_path) == {"good": str(model)}  # `runs` read the empty one: a JSONDecodeError
+    assert sorted(path.name for path in record.parent.iterdir()) == ["empty.json", "good.json", "list.json"]

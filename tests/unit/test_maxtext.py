@@ -99,13 +99,12 @@ def test_tpu_environment_of_every_machine_type_is_googles_topology(tmp_path, mac
 
 
 def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
-    sets = maxtext.parse_sets(["rl.num_generations=4", "num_test_batches=2", "export:weight_dtype=float32",
+    sets = maxtext.parse_sets(["rl.num_generations=4", "rl.grpo_beta=0.04", "export:weight_dtype=float32",
                                "learning_rate=1e-6 * 2"], None)
     run = maxtext.Run(**{**RUN.__dict__, "sets": sets})
     ours = run_ours(tmp_path, run)
     train = ours[tutorial.MODULES[1]]["argv"]
-    assert train[-2:] == ["rl.num_generations=4", "learning_rate=1e-6 * 2"]
-    assert "num_test_batches=2" in train and "num_test_batches=10" not in train
+    assert train[-3:] == ["rl.num_generations=4", "rl.grpo_beta=0.04", "learning_rate=1e-6 * 2"]
     assert ours[tutorial.MODULES[2]]["argv"][-1] == "weight_dtype=float32"
     assert ours[tutorial.MODULES[0]]["argv"] == run_ours(tmp_path / "plain", RUN)[tutorial.MODULES[0]]["argv"]
 
@@ -132,7 +131,7 @@ def test_default_run_name_is_the_tutorials_timestamp():
 
 
 @pytest.mark.parametrize("item, message", [
-    ("novalue", "--set 'novalue' is not KEY=VALUE; fix: e.g. --set rl.num_generations=4"),
+    ("novalue", "--set 'novalue' is not KEY=VALUE (a MaxText key, a value); fix: e.g. --set rl.num_generations=4"),
     ("=3", "--set '=3' is not KEY=VALUE"),
     ("bad key=1", "--set 'bad key=1' is not KEY=VALUE"),
     ("num_batches=3", "--set 'num_batches=3' sets num_batches, which comes from --batches; fix: use that instead"),
@@ -147,11 +146,11 @@ def test_bad_set_is_refused(item, message):
 
 @pytest.mark.parametrize("args, message", [
     (("train", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000; fix: e.g. --batches 50"),
-    (("train", "--batches", "-1"), "error: --batches '-1' is negative; fix: e.g. --batches 50"),
+    (("train", "--batches", "-1"), "error: --batches '-1' is negative (a whole number from 1 to 100000); fix: e.g. --batches 50"),
     (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number from 1 to 100000"),
     (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000"),
     (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
-    (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a run name"),
+    (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a name"),
     (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
     (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
     (("status", "--host", "other@192.0.2.2"), "error: this task acts on one host, got 2 (other@192.0.2.2, "

@@ -300,7 +300,9 @@ def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, arg
     result = invoke("metrics", *argv, cwd=stack_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: --compare ") and result.stderr.endswith(
-        "fix: e.g. --compare RUN1 --compare RUN2\n")
+        "e.g. --compare RUN1 --compare RUN2\n")
+    if argv.count("a") == 2:
+        assert "names the same run twice" in result.stderr
 
 
 def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch):

@@ -274,5 +274,5 @@ def test_a_model_maxtext_converts_only_eagerly_refuses_the_lazy_loader(stack_dir
                                       "tpu-grpo:lazyLoadTensors": "true"})
     result = invoke("settings", cwd=stack_dir)
     assert result.returncode == 2 and result.stderr == (
-        "error: tpu-grpo:lazyLoadTensors=True cannot convert gemma3-4b: MaxText's to_maxtext converts it only with "
+        "error: tpu-grpo:lazyLoadTensors=true cannot convert gemma3-4b: MaxText's to_maxtext converts it only with "
         "the transformers eager loader; fix: pulumi config set tpu-grpo:lazyLoadTensors false\n")

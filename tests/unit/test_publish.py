@@ -13,6 +13,7 @@ from huggingface_hub import ModelCard
 from tests.doubles.hub import whoami
 from tests.support import ROOT
 from tpu_grpo.config import errors, stack_file
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.jobs import maxtext
 from tpu_grpo.results import publish
 from tpu_grpo.config.capacity import CAPACITIES
@@ -28,7 +29,7 @@ def test_repo_names_the_hub_takes_pass(repo):
 @pytest.mark.parametrize("repo", ["noslash", "a/b/c", "a/-b", "a/b.", "a/b--c", "a/b..c", "a/b.git", "a/b c",
                                   "a/" + "b" * 97, "/b", "a/", "a/bé"])
 def test_repo_names_the_hub_refuses_are_one_line_with_the_fix(repo):
-    with pytest.raises(maxtext.CommandError, match=r"is not OWNER/NAME.*fix: e\.g\. --repo"):
+    with pytest.raises(UserError, match=r"is not a Hugging Face repository id \(OWNER/NAME.*fix: e\.g\. --repo"):
         publish.check_repo(repo)
 
 
@@ -123,9 +124,9 @@ def test_the_card_names_the_dataset_the_loss_the_tokenizer_and_the_models_licens
 
 
 def test_publish_refuses_a_bad_repo_before_connecting(tmp_path):
-    for argv, wanted in ((["--repo", "no-slash"], "--repo 'no-slash' is not OWNER/NAME"),
+    for argv, wanted in ((["--repo", "no-slash"], "--repo 'no-slash' is not a Hugging Face repository id (OWNER/NAME"),
                          ([], "--repo is missing"),
-                         (["--repo", "a/b", "--run", "../x"], "--run '../x' is not a run name")):
+                         (["--repo", "a/b", "--run", "../x"], "--run '../x' is not a name")):
         result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "publish", *argv,
                                  "--host", "nobody@192.0.2.1"], capture_output=True, text=True, cwd=ROOT, timeout=60,
                                 env={"PATH": "/usr/bin:/bin", "TPU_GRPO_STATE": str(tmp_path), "HOME": str(tmp_path)})
@@ -155,3 +156,24 @@ def test_a_run_trained_in_two_jobs_is_scored_before_by_the_first_and_after_by_th
     found = publish.read_facts("r", [first, second], answer)
     assert (found.pre.correct, found.post.correct, found.trainings) == (1, 5, 2)
     assert found.train_seconds == 1000.0 and found.maxtext_version == "0.2.3"
+
+
+@pytest.mark.parametrize("repo", ["a/b", "_a/b_", "A.b/c-d", "a/b.gi", "a" * 96 + "/b", "a/b--", "a/b.git", "a/.b",
+                                  "a/b..", "-a/b", "a/b/c", "a", "a/bé", "a/b c", "a/", "a/b\n", "a/" + "b" * 97])
+def test_the_hub_id_rule_is_huggingface_hubs(repo):
+    """values.hub_id takes what huggingface_hub's validate_repo_id takes of OWNER/NAME ids, and nothing else."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from tpu_grpo.config import values
+
+    try:
+        validate_repo_id(repo)
+        hub_takes = "/" in repo
+    except HFValidationError:
+        hub_takes = False
+    try:
+        values.hub_id(repo)
+        ours = True
+    except values.Refused:
+        ours = False
+    assert ours == hub_takes

@@ -27,9 +27,9 @@ BAD = [
      "pulumi config set tpu-grpo:reservation"),
     ("tpu-grpo:vmName", "-tpu", "Compute Engine name", "pulumi config set tpu-grpo:vmName"),
     ("tpu-grpo:machineType", "ct5lp-hightpu-8t", "known TPU machine type", "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
-    ("tpu-grpo:bootDiskGb", "100", "under the tutorial's 200 GB", "pulumi config set tpu-grpo:bootDiskGb 200"),
+    ("tpu-grpo:bootDiskGb", "100", "from 200 to 65536 GB (200: the tutorial's", "pulumi config set tpu-grpo:bootDiskGb 200"),
     ("tpu-grpo:bootDiskGb", "big", "is not a whole number", "pulumi config set tpu-grpo:bootDiskGb 200"),
-    ("tpu-grpo:dataDiskGb", "50", "under 100 GB", "pulumi config set tpu-grpo:dataDiskGb 500"),
+    ("tpu-grpo:dataDiskGb", "50", "from 100 to 65536 GB", "pulumi config set tpu-grpo:dataDiskGb 500"),
     ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
     ("tpu-grpo:sshSourceRanges", ["203.0.113.7/24"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
     ("tpu-grpo:sshSourceRanges", "office", "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
@@ -38,7 +38,7 @@ BAD = [
     ("tpu-grpo:sshUser", "Root User", "not a Linux user name", "pulumi config set tpu-grpo:sshUser"),
     ("tpu-grpo:labels", {"Team": "ML"}, "not a label", "pulumi config set --path 'tpu-grpo:labels.team'"),
     ("tpu-grpo:model", "llama2-7b", "is not a model MaxText 0.2.3 post-trains here", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
-    ("tpu-grpo:batches", "0", "at least 1", "pulumi config set tpu-grpo:batches 50"),
+    ("tpu-grpo:batches", "0", "from 1 to 100000", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:batches", "abc", "is not a whole number", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:usePathways", "maybe", "is not true or false", "pulumi config set tpu-grpo:usePathways false"),
 ]
@@ -205,3 +205,61 @@ def test_pulumi_up_refuses_an_unknown_key_the_engine_passes(stack_values, monkey
 def test_missing_stack_file_says_how_to_make_it(stack_dir):
     with pytest.raises(SettingsError, match="has no stack file Pulumi.prod.yaml; fix: pulumi stack init prod"):
         settings_module.load("prod", stack_dir)
+
+
+# Issue 50's settings, each refused by the parser of its kind, as the flags of that kind are.
+KINDS_REFUSED = [
+    ("tpu-grpo:batches", "200000", "from 1 to 100000"),  # as `--batches 200000`
+    ("tpu-grpo:batches", "9" * 5000, "is not a whole number"),  # int() refuses over 4,300 digits: a traceback
+    ("tpu-grpo:batches", "١٢٠", "digits 0-9"),
+    ("tpu-grpo:testBatches", "1_0", "digits 0-9"),
+    ("tpu-grpo:serviceAccount", "`id`@a.com", "is not a service account email"),
+    ("tpu-grpo:serviceAccount", "$(id)x@p.iam.gserviceaccount.com", "is not a service account email"),
+    *[(key, value, "is not a Hugging Face repository id") for key in ("tpu-grpo:tokenizer", "tpu-grpo:dataset")
+      for value in ("a--b/c", "a/b..c", "a/b.", "a/b-", "a/b.git", "a", "a/b/c")],
+    ("tpu-grpo:datasetConfig", "a b", "is not a name"),
+    ("tpu-grpo:datasetConfig", "main\nx", "is not a name"),
+    ("tpu-grpo:datasetConfig", "x" * 10_000, "is not a name"),
+    ("tpu-grpo:labels", {"app": "mine"}, "labels every resource app="),
+    ("tpu-grpo:labels", {"stack": "x"}, "labels every resource stack="),
+    ("tpu-grpo:checkpointStore", "gs://g00gle-runs/runs", "look-alike"),
+    ("tpu-grpo:checkpointStore", "gs://a..b/runs", "is not a bucket name"),
+    ("tpu-grpo:datasetConfig", {"secure": "AAABAJ5x"}, "is a Pulumi secret"),
+]
+
+
+@pytest.mark.parametrize("key, value, problem", KINDS_REFUSED, ids=[f"{k}={str(v)[:20]!r}" for k, v, _ in KINDS_REFUSED])
+def test_each_kind_of_setting_is_refused_by_its_parser(stack_values, tmp_path, key, value, problem):
+    with pytest.raises(SettingsError) as raised:
+        settings_module.parse(with_value(stack_values, key, value), "dev", tmp_path)
+    assert problem in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_what_cloud_storage_and_google_take_is_taken(stack_values, tmp_path):
+    dotted = ".".join(["a" * 26, "b" * 26, "c" * 27])  # 81 characters: a valid dotted bucket name
+    assert len(dotted) == 81
+    values = {**stack_values, "tpu-grpo:checkpointStore": f"gs://{dotted}/runs", "tpu-grpo:capacity": "flex-start",
+              "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24", "gcp:zone": "us-south1-ai1b"}
+    chosen = settings_module.parse(values, "dev", tmp_path)
+    assert chosen.checkpoint_store == f"gs://{dotted}/runs" and chosen.zone == "us-south1-ai1b"
+    assert chosen.warnings == []  # the flex-start zone the warning names is one gcp:zone takes
+
+
+def test_a_misspelt_namespace_is_refused_not_silently_dropped(stack_values, tmp_path):
+    with pytest.raises(SettingsError) as raised:
+        settings_module.parse({**stack_values, "tpu_grpo:lossAlgo": "gspo-token"}, "dev", tmp_path)
+    assert "did you mean tpu-grpo:lossAlgo?" in str(raised.value)
+
+
+def test_a_one_vm_slice_beside_another_machine_is_refused(stack_values, tmp_path):
+    values = {**stack_values, "tpu-grpo:slice": "v6e-8", "tpu-grpo:machineType": "ct6e-standard-1t"}
+    with pytest.raises(SettingsError) as raised:
+        settings_module.parse(values, "dev", tmp_path)
+    assert "machineType ct6e-standard-1t is a v6e-1" in str(raised.value)
+
+
+def test_true_and_false_are_said_as_the_stack_file_writes_them(stack_values, tmp_path):
+    values = {**stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}
+    with pytest.raises(SettingsError) as raised:
+        settings_module.parse(values, "dev", tmp_path)
+    assert str(raised.value).startswith("tpu-grpo:usePathways=false ")

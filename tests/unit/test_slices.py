@@ -190,7 +190,7 @@ def test_plan_says_what_an_undeclared_bucket_must_grant_the_stacks_own_account(s
 
 @pytest.mark.parametrize("changes, key, problem", [
     ({"tpu-grpo:slice": "v6e-12"}, "tpu-grpo:slice", "is not a slice (v6e-8, the one VM, or v6e-16, v6e-32, "),
-    ({"tpu-grpo:numSlices": "5"}, "tpu-grpo:numSlices", "is outside 1 to 4 slices"),
+    ({"tpu-grpo:numSlices": "5"}, "tpu-grpo:numSlices", "from 1 to 4 slices"),
     ({"tpu-grpo:slice": "v6e-8", "tpu-grpo:checkpointStore": "disk", "tpu-grpo:bucket": None,
       "tpu-grpo:numSlices": "2"}, "tpu-grpo:numSlices", "is set, but slice v6e-8 is one VM"),
     ({"tpu-grpo:usePathways": "false"}, "tpu-grpo:usePathways", "but slice v6e-16 has several hosts"),

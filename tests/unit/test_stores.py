@@ -54,17 +54,19 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
      "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a checkpoint store (shm, disk, or gs://BUCKET[/PREFIX]); "
      "fix: pulumi config set tpu-grpo:checkpointStore disk"),
     ({"tpu-grpo:bucket": "true"}, "tpu-grpo:bucket",
-     "tpu-grpo:bucket=True asks for a bucket, but checkpointStore is shm; fix: pulumi config set "
+     "tpu-grpo:bucket=true asks for a bucket, but checkpointStore is shm; fix: pulumi config set "
      "tpu-grpo:checkpointStore gs://BUCKET/runs (or pulumi config rm tpu-grpo:bucket)"),
     ({"tpu-grpo:checkpointPeriod": "0"}, "tpu-grpo:checkpointPeriod",
-     "tpu-grpo:checkpointPeriod=0 must be at least 1; fix: pulumi config set tpu-grpo:checkpointPeriod 10"),
+     "tpu-grpo:checkpointPeriod='0' is not a whole number from 1 to 1000000000 steps; fix: pulumi config set tpu-grpo:checkpointPeriod 10"),
     ({"tpu-grpo:checkpointsToKeep": "none"}, "tpu-grpo:checkpointsToKeep",
-     "tpu-grpo:checkpointsToKeep='none' is not a whole number; fix: pulumi config set tpu-grpo:checkpointsToKeep 2"),
+     "tpu-grpo:checkpointsToKeep='none' is not a whole number from 1 to 1000 (digits "
+     "0-9); fix: pulumi config set tpu-grpo:checkpointsToKeep 2"),
     ({"tpu-grpo:dataDiskIops": "500"}, "tpu-grpo:dataDiskIops",
-     "tpu-grpo:dataDiskIops=500 is outside Hyperdisk Balanced's 3000 to 160000 IOPS; fix: pulumi config set "
+     "tpu-grpo:dataDiskIops='500' is not a whole number from 3000 to 160000 IOPS, Hyperdisk Balanced's; fix: pulumi config set "
      "tpu-grpo:dataDiskIops 10000"),
     ({"tpu-grpo:dataDiskThroughputMibps": "5000"}, "tpu-grpo:dataDiskThroughputMibps",
-     "tpu-grpo:dataDiskThroughputMibps=5000 is outside Hyperdisk Balanced's 140 to 2400 MiB/s; fix: pulumi config "
+     "tpu-grpo:dataDiskThroughputMibps='5000' is not a whole number from 140 to 2400 MiB/s, Hyperdisk Balanced's; "
+     "fix: pulumi config "
      "set tpu-grpo:dataDiskThroughputMibps 2400"),
 ], ids=["spot-shm", "flex-shm", "unknown-store", "bad-bucket", "bucket-without-gs", "period-0", "keep-text", "iops",
         "throughput"])

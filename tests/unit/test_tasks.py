@@ -92,7 +92,8 @@ def test_plan_with_a_bad_setting_is_one_line_and_nonzero(stack_dir):
     result = invoke("plan", cwd=stack_dir)
     assert result.returncode == 2
     assert result.stderr == (
-        "error: gcp:zone='us-east5' is not a zone of the form region-letter; "
+        "error: gcp:zone='us-east5' is not a zone of the form region-letter (us-east5-b; an AI zone: "
+        "us-south1-ai1b); "
         "fix: pulumi config set gcp:zone us-east5-b\n")
     assert result.stdout == ""
 

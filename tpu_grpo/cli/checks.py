@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpu_grpo.config import settings as settings_module, stack_file
+from tpu_grpo.config import laptop_paths, settings as settings_module, stack_file
 
 if TYPE_CHECKING:
     from tpu_grpo.cli.targets import Where
@@ -24,6 +24,7 @@ def check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=Fals
     from tpu_grpo.host import hosts
 
     flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
+    laptop_paths.writable_state()  # the host's key is recorded there at first contact
     chosen = settings_module.load(stack, lenient=True) if with_stack or not host else None
     if needs_vm and chosen and not host:
         hosts.require_vm(chosen)
@@ -44,7 +45,10 @@ def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None,
     from tpu_grpo.provision import lock as lock_module
     from tpu_grpo.provision import playbook as playbook_module
 
+    from tpu_grpo.provision import engine
+
     book = playbook_module.load(playbook)
+    engine.local_secrets(book)  # a token file that cannot be read is said now, not after the first host connects
     stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))
     pinned = lock_module.read_lock(Path(lock or lock_module.LOCK)) if locked else None
     values = playbook_module.resolve(book, var, pinned, stack_values)
@@ -53,11 +57,23 @@ def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None,
     return book, values, chosen_tags, check_hosts(one_host=False, needs_vm=True, **flags)
 
 
-def check_freeze(var=None, playbook=None, **flags):
+def check_freeze(var=None, playbook=None, lock=None, **flags):
+    """The playbook, its variables and where the lock goes (a file this user can write), before anything connects."""
+    from tpu_grpo.provision import lock as lock_module
     from tpu_grpo.provision import playbook as playbook_module
 
     book = playbook_module.load(playbook)
-    return book, playbook_module.resolve(book, var), check_hosts(needs_vm=True, **flags)
+    path = lock_module.check_lock_path(lock)
+    return book, playbook_module.resolve(book, var), path, check_hosts(needs_vm=True, **flags)
+
+
+def check_job(job=None, **flags) -> Where:
+    """`--job ID` is a job's id (a name, never a path or empty: an unset $JOB would match any job), and the host."""
+    from tpu_grpo.config import values
+
+    if job is not None:
+        values.flag("--job", job, values.name, "20261205-101500.123-train (uv run invoke status lists them)")
+    return check_hosts(**flags)
 
 
 def step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
@@ -123,6 +139,7 @@ def check_metrics(run=None, out=None, events=None, force=False, compare=None, **
     from tpu_grpo.results import retrieval
 
     path = retrieval.check_metrics_flags(run, out, events, force, compare)
+    laptop_paths.writable_state()  # the plot's default place, the events' copies
     return path, None if events is not None else check_hosts(**flags)  # a local events folder: no host
 
 

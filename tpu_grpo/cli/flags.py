@@ -22,6 +22,7 @@ from invoke import task as invoke_task
 
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
+from tpu_grpo.config.printing import terminal  # noqa: F401 - the tasks' terminal, with their flags
 
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
@@ -157,19 +158,6 @@ Program.parse_cleanup = _cleanup_until_the_reader_goes  # type: ignore[method-as
 # ------------------------------------------------------------------ what the tasks share
 
 STACK_HELP = f"stack to use (default: ${stack_file.STACK_ENV} or '{stack_file.DEFAULT_STACK}')"
-
-
-def terminal(stderr: bool = False):
-    """The terminal; with `--json` the human lines go to stderr, so stdout holds only the JSON."""
-    from rich.console import Console
-
-    class Terminal(Console):
-        def on_broken_pipe(self) -> None:
-            """The reader went away: as for print's (quiet_on_a_closed_pipe), not rich's own exit 1."""
-            self.quiet = True
-            raise BrokenPipeError
-
-    return Terminal(highlight=False, stderr=stderr)
 
 
 def exit_on_failure(code: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from invoke import Exit
 
@@ -50,7 +49,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
     from tpu_grpo.provision import lock as lock_module
 
     with one_line_errors():
-        book, values, where = checked()
+        book, values, lock_path, where = checked()
         targets = where.flags.hosts(where.settings)
         notices: list[str] = []
         connection = hosts.connect(targets[0], notices, where.flags.wait_s)
@@ -58,7 +57,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
             text = lock_module.freeze(connection, book, values, targets[0].name)
         finally:
             connection.close()
-    path, packages = lock_module.write_lock(Path(lock or lock_module.LOCK), text)
+    path, packages = lock_module.write_lock(lock_path, text)
     for notice in notices:
         print(f"note: {notice}")
     print(f"wrote {path}: {packages} packages from {targets[0].name}")

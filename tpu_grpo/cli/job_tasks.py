@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import replace
 
-from tpu_grpo.cli.checks import check_hosts, check_pipeline, step_run
+from tpu_grpo.cli.checks import check_hosts, check_job, check_pipeline, step_run
 from tpu_grpo.cli.flags import (HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task,
                                 terminal)
 
@@ -78,7 +78,7 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
     exit_on_failure(code)
 
 
-@task(iterable=["host"], check=check_hosts, help=flag_help(
+@task(iterable=["host"], check=check_job, help=flag_help(
     *HOST_FLAGS, "verbose", job="job id (default: the running job, else the newest)",
     follow="keep streaming until the job ends (resumes after a dropped link)"))
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
@@ -109,7 +109,7 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
         target.show_status(terminal(), found)
 
 
-@task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, job="job id (default: the running job)"))
+@task(iterable=["host"], check=check_job, help=flag_help(*HOST_FLAGS, job="job id (default: the running job)"))
 def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     """Stop a job and free the TPU; on a slice, delete its JobSet.
 

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from tpu_grpo.config import keys, settings as settings_module, stack_file
+from tpu_grpo.config.printing import styled
 from tpu_grpo.config.capacity import (CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, HOURS_PER_MONTH,
                                HYPERDISK_PRICE_SOURCE, HYPERDISK_USD_PER_GIB_MONTH, PRICES_READ)
 from tpu_grpo.config.accelerators import SLICES
@@ -70,8 +70,9 @@ def build(stack: str | None = None) -> Plan:
     from infra.tpu_slice import gcloud_node_pool_command
     from tpu_grpo.cloud import stack as stack_module
 
-    stack = stack_file.check_stack_name(stack_file.stack_name() if stack is None else stack)
-    raw = stack_file.read_stack_file(stack, stack_file.project_root())
+    root = stack_file.project_root()
+    stack = stack_file.chosen_stack(stack, root)
+    raw = stack_file.read_stack_file(stack, root)
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
     paid_disks = disks(settings)
@@ -182,16 +183,16 @@ def _short(value: Any, width: int = 72) -> str:
 def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
-    console.print(f"[bold]Plan for stack [cyan]{plan.stack}[/] (offline: nothing is created)[/]")
+    console.print(styled("[bold]Plan for stack [cyan]{}[/] (offline: nothing is created)[/]", plan.stack))
     for line in plan.replaces:
-        console.print(f"[bold red]replaces:[/] {line}")
+        console.print(styled("[bold red]replaces:[/] {}", line))
     for line in plan.warnings:
-        console.print(f"[bold yellow]warning:[/] {escape(line)}")
+        console.print(styled("[bold yellow]warning:[/] {}", line))
     for line in plan.access:
-        console.print(f"[bold yellow]access to grant:[/] {escape(line)}")
+        console.print(styled("[bold yellow]access to grant:[/] {}", line))
     if plan.pending:
         console.print(Panel(
-            "\n".join(f"[red]✗[/] {line}" for line in plan.pending),
+            Text("\n").join(styled("[red]✗[/] {}", line) for line in plan.pending),
             title=f"Still to set before `pulumi up` ({len(plan.pending)})", border_style="red",
         ))
     table = Table(title=f"`pulumi up` would create {len(plan.resources)} resources",
@@ -216,9 +217,10 @@ def render(plan: Plan, console: Console) -> None:
         console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
     for number, step in enumerate(plan.provision, 1):
         if not step["runs"]:
-            console.print(f"[dim]{number:2}. {step['step']}: skipped (when: {', '.join(step['when'])})[/]")
+            console.print(styled("[dim]{}. {}: skipped (when: {})[/]", f"{number:2}", step["step"],
+                                 ", ".join(step["when"])))
             continue
-        console.print(f"[bold]{number:2}. {step['step']}[/] [dim](as {step['as']})[/]")
+        console.print(styled("[bold]{}. {}[/] [dim](as {})[/]", f"{number:2}", step["step"], step["as"]))
         console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
     if plan.jobs:
         console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
@@ -228,15 +230,15 @@ def render(plan: Plan, console: Console) -> None:
     extra = " + CPU host and GKE fee" if multi_host else ""
     what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type
     console.print(Panel(Group(
-        f"{what}, capacity {cost.capacity}: {cost.chips} v6e chips × ${cost.usd_per_chip_hour:.2f} "
-        f"per chip-hour{extra} = [bold]${cost.usd_per_hour:.2f} per hour[/]",
+        styled("{}, capacity {}: {} v6e chips × ${} per chip-hour{} = [bold]${} per hour[/]", what, cost.capacity,
+               cost.chips, f"{cost.usd_per_chip_hour:.2f}", extra, f"{cost.usd_per_hour:.2f}"),
         f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
         f"${cost.usd_per_tutorial_run:.2f}",
         cost.note,
-        "disks: " + ", ".join(f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"]
-                                                                    else "") for disk in cost.disks)
-        + f" ≈ [bold]${cost.disks_usd_per_hour:.3f} per hour[/] while they exist, running or not",
+        styled("disks: {} ≈ [bold]${} per hour[/] while they exist, running or not", ", ".join(
+            f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"] else "")
+            for disk in cost.disks), f"{cost.disks_usd_per_hour:.3f}"),
         f"quota: {cost.quota}",
-        f"[dim]price: {cost.price_source}[/]",
-        f"[dim]disks' price: {cost.disks_price_source}[/]",
+        styled("[dim]price: {}[/]", cost.price_source),
+        styled("[dim]disks' price: {}[/]", cost.disks_price_source),
     ), title="Cost", title_align="left"))

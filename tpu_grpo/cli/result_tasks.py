@@ -11,6 +11,7 @@ from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics, check_
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
+from tpu_grpo.config.printing import styled
 
 
 @task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
@@ -67,8 +68,8 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
         return
     sent = (f"{len(outcome.uploaded)} files ({outcome.bytes_uploaded} bytes) uploaded in commit {outcome.commit}"
             if outcome.uploaded else "nothing uploaded: the Hub already holds every file")
-    console.print(f"[green]published[/] run {outcome.run} at {outcome.url}: {sent}; "
-                  f"{outcome.already_there} already there; card: {outcome.card}")
+    console.print(styled("[green]published[/] run {} at {}: {}; {} already there; card: {}", outcome.run, outcome.url,
+                         sent, outcome.already_there, outcome.card))
 
 
 @task(iterable=["host", "compare"], check=check_metrics, help=flag_help(

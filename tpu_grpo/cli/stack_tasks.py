@@ -33,21 +33,19 @@ def settings(c, stack=None, json_=False):
     if json_:
         print(json.dumps({key.name: values.get(key.name) for key in keys.KEYS}, indent=2))
         return
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table("setting", "value", "meaning")
     table.columns[0].no_wrap = True
     for key in keys.KEYS:  # shown as written: `[/PREFIX]` or a value in brackets is no markup
         value = values.get(key.name)
-        table.add_row(key.name, escape(str(value) if value is not None else chosen.default_shown(key)),
-                      escape(key.help))
+        table.add_row(key.name, str(value) if value is not None else chosen.default_shown(key), key.help)
     console = terminal()
     console.print(table)
     for pending in chosen.pending:
-        console.print(escape(f"still to set before `pulumi up`: {pending}"))
+        console.print(f"still to set before `pulumi up`: {pending}")
     for warning in chosen.warnings:
-        console.print(escape(f"warning: {warning}"))
+        console.print(f"warning: {warning}")
 
 
 @task(help=flag_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"),
@@ -70,11 +68,11 @@ def up(c, stack=None, yes=False):
         )
     console = terminal()
     for warning in chosen.warnings:
-        console.print(f"warning: {warning}", markup=False)
+        console.print(f"warning: {warning}")
     exit_on_failure(stack_module.select_and_refresh(chosen))
     changes = stack_module.preview(chosen)
     for change in changes:
-        console.print(f"replaces: {stack_module.describe(change)}", markup=False, soft_wrap=True)
+        console.print(f"replaces: {stack_module.describe(change)}", soft_wrap=True)
     if stack_module.data_disk_lost(changes):
         from tpu_grpo.host.hosts import ConnectError
 

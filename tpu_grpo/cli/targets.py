@@ -21,6 +21,7 @@ from tpu_grpo.config.errors import UserError
 from tpu_grpo.host.hosts import HostFlags
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.maxtext import Run
+from tpu_grpo.config.printing import styled
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,8 @@ class VmTarget:
         outcome = (attempt() if chosen is None else
                    recovery.keep_going(attempt, chosen, bring_back, options.recover,
                                        lambda: recovery.RecoveryLog.of(run.run_name or new_name), console.print))
-        console.print(f"[green]run {outcome.run} is complete[/]: model saved in {outcome.saved or 'an earlier run'} "
-                      f"on {outcome.host}; get it with: uv run invoke fetch --run {outcome.run}")
+        console.print(styled("[green]run {} is complete[/]: model saved in {} on {}; get it with: uv run invoke fetch "
+                             "--run {}", outcome.run, outcome.saved or "an earlier run", outcome.host, outcome.run))
         return 0, outcome.to_json()
 
     def script(self, run: Run, step: str) -> str:

@@ -29,5 +29,5 @@ class SettingsError(UserError, ValueError):
 
     def __init__(self, key: str, value: Any, problem: str, fix: str):
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
-        shown = "(missing)" if value is None else repr(value)
+        shown = "(missing)" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
         super().__init__(f"{key}={shown} {problem}; fix: {fix}")

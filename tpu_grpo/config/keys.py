@@ -5,23 +5,30 @@ a choice, a form), which `settings.parse` checks each value against. Adding a se
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from tpu_grpo.config.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
 from tpu_grpo.config.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
-from tpu_grpo.config.stores import BUCKET_URL, STORES, url_problem
+from tpu_grpo.config.stores import BUCKET_URL, STORES
+from tpu_grpo.config.values import Parser, Refused, bucket, hub_id, name, whole
 
 PROJECT = "tpu-grpo"
-#: A Hugging Face repository id: OWNER/NAME (the Hub's own rule: letters, digits, ".", "_", "-").
-_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 #: The project's default compute account (the VM's and the nodes' without tpu-grpo:serviceAccount) as Google names
 #: it, the project number unknown here.
 DEFAULT_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
 MIN_BOOT_DISK_GB = 200  # the tutorial's --boot-disk-size
 MIN_DATA_DISK_GB = 100  # one GRPO checkpoint of an 8B model with optimizer state is tens of GB
+#: Compute Engine's largest Hyperdisk Balanced and persistent disk volume: 64 TiB.
+MAX_DISK_GB = 65_536
+#: The most GRPO batches (or a checkpoint step) a run takes: GSM8K's 7,473 training questions many times over.
+MAX_BATCHES = 100_000
+#: The most training steps between checkpoints: a run's steps are at most its batches times rl.num_iterations.
+MAX_STEPS = 10**9
 #: Hyperdisk Balanced's provisioned performance: at most 160,000 IOPS and 2,400 MiB/s per volume, and
 #: 3,000 IOPS and 140 MiB/s included at no charge (Compute Engine's "About Hyperdisk Balanced").
 DATA_DISK_IOPS = (3000, 160_000)
@@ -39,13 +46,16 @@ PUBLIC_KEY_TYPES = (
 # Matched whole (fullmatch): a trailing space or newline is not part of a valid value.
 _GCE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _PROJECT_ID = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
-_ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-([a-z])")
+#: A zone: REGION-LETTER, or an AI zone's REGION-aiNLETTER (us-south1-ai1b: SkyPilot's sky/clouds/gcp.py).
+_ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-([a-z]|ai[0-9][a-z])")
 #: A reservation of this project (NAME) or another project's shared one (projects/PROJECT/reservations/NAME).
 _RESERVATION = re.compile(r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
-_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[a-z]+")
+#: A service account email as IAM names them: NAME@PROJECT.iam.gserviceaccount.com, or Google-managed ones
+#: (PROJECT_NUMBER-compute@developer.gserviceaccount.com): no character a shell or a flag would read.
+_SERVICE_ACCOUNT = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]{0,99}\.gserviceaccount\.com")
 PLACEHOLDER = re.compile(r"YOUR_", re.IGNORECASE)
 
 
@@ -60,8 +70,13 @@ class Key:
     required: bool = True
     #: Only the one VM reads it; a multi-host slice (GKE) neither needs nor checks it.
     vm_only: bool = False
-    #: What is wrong with a value of the right kind (its rule: a range, a choice, a form), or None.
-    check: Callable[[Any], str | None] = lambda value: None
+    #: The value as the Pulumi CLI hands it over (text; lists and mappings as YAML or JSON) -> the setting's value,
+    #: or Refused with what is wrong: its kind, its range, its choices, its form (values.py's parsers). None: the
+    #: kind's own parser.
+    rule: Parser | None = None
+
+    def parse(self, value: Any) -> Any:
+        return (self.rule or KINDS[self.kind])(value)
 
     @property
     def namespace(self) -> str:
@@ -78,7 +93,7 @@ class Key:
         return re.sub("([A-Z])", r"_\1", self.short).lower()
 
     def set_command(self, value: str | None = None) -> str:
-        value = value or self.example
+        value = shlex.quote(value) if value else self.example
         if self.kind is list:
             return f"pulumi config set --path '{self.name}[0]' {value}"
         if self.kind is dict:
@@ -87,47 +102,105 @@ class Key:
         return f"pulumi config set {self.name} {value}"
 
 
-def _within(low: int, high: int, problem: str) -> Callable[[Any], str | None]:
-    return lambda value: None if low <= value <= high else problem
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise Refused("is not text")
+    return value
 
 
-def _one_of(choices, problem: str) -> Callable[[Any], str | None]:
-    return lambda value: None if value in choices else problem
+def _boolean(value: Any) -> bool:
+    """`true` or `false`, as Pulumi writes them (YAML's other spellings are text to the Pulumi CLI)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise Refused("is not true or false")
 
 
-def _form(pattern: re.Pattern, problem: str) -> Callable[[Any], str | None]:
-    return lambda value: None if pattern.fullmatch(value) else problem
+def _json_or(value: Any, kind: type, split: Callable[[str], Any]) -> Any:
+    """A list or mapping as YAML gives it, or as the Pulumi CLI passes it (JSON), or `a,b` / `k=v,k=v` text."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text.startswith(("[", "{")) else split(text)
+        except json.JSONDecodeError:
+            raise Refused(f"is not {'a list' if kind is list else 'a mapping'}") from None
+    if not isinstance(value, kind):
+        raise Refused(f"is not {'a list' if kind is list else 'a mapping'}")
+    return value
 
 
-def _store_problem(value: str) -> str | None:
-    if value in STORES:
-        return None
-    if not BUCKET_URL.fullmatch(value):
-        return "is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])"
-    return url_problem(value)
+def _list(value: Any) -> list:
+    return _json_or(value, list, lambda text: [part.strip() for part in text.split(",") if part.strip()])
 
 
-def _ranges_problem(value: list) -> str | None:
-    if not value:
-        return "is empty: nobody could reach port 22"
-    for cidr in value:
+def _mapping(value: Any) -> dict:
+    return _json_or(value, dict, lambda text: dict(part.split("=", 1) for part in text.split(",") if "=" in part))
+
+
+KINDS: dict[type, Parser] = {str: _text, int: whole(-2**63, 2**63 - 1), bool: _boolean, list: _list, dict: _mapping}
+
+
+def _one_of(choices, problem: str) -> Parser:
+    def parse(value: Any) -> str:
+        if _text(value) not in choices:
+            raise Refused(problem)
+        return value
+    return parse
+
+
+def _form(pattern: re.Pattern, problem: str) -> Parser:
+    def parse(value: Any) -> str:
+        if not pattern.fullmatch(_text(value)):
+            raise Refused(problem)
+        return value
+    return parse
+
+
+def _text_by(parser: Parser) -> Parser:
+    return lambda value: parser(_text(value))
+
+
+def _store(value: Any) -> str:
+    if _text(value) in STORES:
+        return value
+    found = BUCKET_URL.fullmatch(value)
+    if not found:
+        raise Refused("is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])")
+    bucket(found["bucket"])
+    if any(part in (".", "..") for part in found["prefix"].split("/")[1:]):
+        raise Refused("holds a `.` or `..` folder, which names another folder than it says")
+    return value
+
+
+def _ranges(value: Any) -> list:
+    ranges = _list(value)
+    if not ranges:
+        raise Refused("is empty: nobody could reach port 22")
+    for cidr in ranges:
         try:
             ipaddress.ip_network(str(cidr), strict=True)
         except ValueError as error:
-            return f"holds {cidr!r}, not a CIDR range ({error})"
-    return None
+            raise Refused(f"holds {cidr!r}, not a CIDR range ({error})") from None
+    return ranges
 
 
-def _labels_problem(value: dict) -> str | None:
-    for label, text in value.items():
+#: The labels the project puts on every resource itself (infra/common.py): a stack's own may not replace them.
+OWN_LABELS = ("app", "stack")
+
+
+def _labels(value: Any) -> dict:
+    labels = _mapping(value)
+    for label, text in labels.items():
         if not (_LABEL.fullmatch(str(label)) and _LABEL_VALUE.fullmatch(str(text))):
-            return f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)"
-    return None
+            raise Refused(f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)")
+        if label in OWN_LABELS:
+            raise Refused(f"holds {label}={text}, and tpu-grpo labels every resource {label}= itself")
+    return labels
 
 
-_AT_LEAST_ONE = _within(1, 2**63, "must be at least 1")
 _GCE_NAMED = _form(_GCE_NAME, "is not a Compute Engine name (lowercase letters, digits, '-'; at most 63)")
-_HF_REPO_ID = _form(_HF_REPO, "is not a Hugging Face repository id (OWNER/NAME)")
+_HUB_ID = _text_by(hub_id)
 
 
 def _capacities(where) -> str:
@@ -145,92 +218,90 @@ def _by_capacity(value) -> str:
 
 KEYS: tuple[Key, ...] = (
     Key("gcp:project", str, "Google Cloud project that holds the reservation", "<your-project-id>",
-        check=_form(_PROJECT_ID, "is not a Google Cloud project id")),
+        rule=_form(_PROJECT_ID, "is not a Google Cloud project id")),
     Key("gcp:zone", str, "zone of the reservation (region-letter)", "us-east5-b",
-        check=_form(_ZONE, "is not a zone of the form region-letter")),
+        rule=_form(_ZONE, "is not a zone of the form region-letter (us-east5-b; an AI zone: us-south1-ai1b)")),
     Key(f"{PROJECT}:capacity", str, "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
-        "spot", required=False, check=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")")),
+        "spot", required=False, rule=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")")),
     Key(f"{PROJECT}:reservation", str, "the v6e reservation the VM is bound to (capacity "
         f"{_capacities(lambda row: row.needs_reservation)}): NAME, or "
         "projects/PROJECT/reservations/NAME for another project's shared one", "<your-reservation-name>",
-        required=False, check=_form(_RESERVATION, "is not a reservation name (NAME, or projects/PROJECT/reservations/"
+        required=False, rule=_form(_RESERVATION, "is not a reservation name (NAME, or projects/PROJECT/reservations/"
                                                   "NAME; lowercase letters, digits, '-')")),
     Key(f"{PROJECT}:maxRunHours", int, f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
         f"deleted ({MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]}; capacity {_capacities(lambda row: row.run_limited)} "
-        "only)", "24", required=False, check=_within(*MAX_RUN_HOURS, f"is outside {MAX_RUN_HOURS[0]} to "
-                                                     f"{MAX_RUN_HOURS[1]} hours (a flex-start VM runs at most 7 days)")),
+        "only)", "24", required=False, rule=whole(*MAX_RUN_HOURS, " hours: a flex-start VM runs at most 7 days")),
     Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or terminal (SSH login) session before the "
         f"VM powers itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})", "60", required=False,
-        check=_within(0, 7 * 24 * 60, "is outside 0 (never) to 10080 minutes")),
+        rule=whole(0, 7 * 24 * 60, " minutes; 0: never")),
     Key(f"{PROJECT}:slice", str, f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
         "on GKE with Pathways: " + ", ".join(SLICES), "v6e-16", required=False,
-        check=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")")),
+        rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")")),
     Key(f"{PROJECT}:numSlices", int, f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; "
-        "default 1)", "2", required=False, check=_within(1, MAX_SLICES, f"is outside 1 to {MAX_SLICES} slices")),
+        "default 1)", "2", required=False, rule=whole(1, MAX_SLICES, " slices")),
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
-        "tpu-grpo", check=_GCE_NAMED),
+        "tpu-grpo", rule=_GCE_NAMED),
     Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
-        vm_only=True, check=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
+        vm_only=True, rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
     Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
-        "disk", required=False, check=_store_problem),
+        "disk", required=False, rule=_store),
     Key(f"{PROJECT}:bucket", bool, "declare checkpointStore's bucket in this stack (default: it exists already)",
         "true", required=False),
     Key(f"{PROJECT}:checkpointPeriod", int, "training steps between checkpoints, MaxText's checkpoint_period "
-        "(default 50 on shm, 10 on disk)", "10", required=False, check=_AT_LEAST_ONE),
+        "(default 50 on shm, 10 on disk)", "10", required=False, rule=whole(1, MAX_STEPS, " steps")),
     Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
-        "on shm, 2 on disk)", "2", required=False, check=_AT_LEAST_ONE),
+        "on shm, 2 on disk)", "2", required=False, rule=whole(1, 1000)),
     Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB of the VM, or of each slice host (at least and by "
         f"default {MIN_BOOT_DISK_GB}, the tutorial's)", "200", required=False,
-        check=_within(MIN_BOOT_DISK_GB, 2**63, f"is under the tutorial's {MIN_BOOT_DISK_GB} GB boot disk")),
+        rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)")),
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
-        vm_only=True, check=_within(MIN_DATA_DISK_GB, 2**63, f"is under {MIN_DATA_DISK_GB} GB: one GRPO checkpoint "
-                                    "of an 8B model with its optimizer state is tens of GB")),
+        vm_only=True, rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its "
+                                                    "optimizer state is tens of GB")),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
         f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)", str(STORES["disk"].disk_iops),
-        required=False, check=_within(*DATA_DISK_IOPS, f"is outside Hyperdisk Balanced's {DATA_DISK_IOPS[0]} to "
-                                      f"{DATA_DISK_IOPS[1]} IOPS")),
+        required=False, rule=whole(*DATA_DISK_IOPS, " IOPS, Hyperdisk Balanced's")),
     Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
         f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default: "
         f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, "
         f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)", str(STORES["disk"].disk_throughput_mibps),
-        required=False, check=_within(*DATA_DISK_THROUGHPUT_MIBPS, "is outside Hyperdisk Balanced's "
-                                      f"{DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]} MiB/s")),
+        required=False, rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's")),
     Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True,
-        check=_form(_UNIX_USER, "is not a Linux user name")),
+        rule=_form(_UNIX_USER, "is not a Linux user name")),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
         vm_only=True),
     Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32",
-        vm_only=True, check=_ranges_problem),
+        vm_only=True, rule=_ranges),
     Key(f"{PROJECT}:allowSshFromAnywhere", bool, "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to "
         "the whole internet)", "true", required=False),
     Key(f"{PROJECT}:network", str, "existing VPC network to use (default: the stack makes its own)", "default", required=False,
-        check=_GCE_NAMED),
+        rule=_GCE_NAMED),
     Key(f"{PROJECT}:subnetwork", str, "subnetwork of that existing network (default: its auto subnet)", "default", required=False,
-        check=_GCE_NAMED),
+        rule=_GCE_NAMED),
     Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False,
-        check=_form(_EMAIL, "is not a service account email")),
+        rule=_form(_SERVICE_ACCOUNT, "is not a service account email (NAME@PROJECT.iam.gserviceaccount.com, or a "
+                                                           "Google-managed one: lowercase letters, digits, '.', '-')")),
     Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False,
-        check=_labels_problem),
+        rule=_labels),
     Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL,
-        check=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
+        rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
     Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, "
         "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
         required=False),
     Key(f"{PROJECT}:tokenizer", str, "Hugging Face tokenizer to train and export with (default: the model table's, "
         "an Instruct model's for a base model)", "meta-llama/Llama-3.1-8B-Instruct", required=False,
-        check=_HF_REPO_ID),
+        rule=_HUB_ID),
     Key(f"{PROJECT}:dataset", str, f"Hugging Face dataset to train on, with a question column (problem, prompt, "
         f"question) and an answer column (answer, solution, expected_answer) (default: {DEFAULT_DATASET})",
-        "nvidia/OpenMathInstruct-2", required=False, check=_HF_REPO_ID),
+        "nvidia/OpenMathInstruct-2", required=False, rule=_HUB_ID),
     Key(f"{PROJECT}:datasetConfig", str, f"the dataset's subset, MaxText's hf_name (default: {DEFAULT_DATASET_CONFIG} "
-        "for GSM8K, the dataset's default for another)", "main", required=False),
+        "for GSM8K, the dataset's default for another)", "main", required=False, rule=_text_by(name)),
     Key(f"{PROJECT}:lossAlgo", str, "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default "
         "grpo)", "gspo-token", required=False,
-        check=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")")),
-    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50", check=_AT_LEAST_ONE),
-    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10", check=_AT_LEAST_ONE),
+        rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")")),
+    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50", rule=whole(1, MAX_BATCHES)),
+    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10", rule=whole(1, MAX_BATCHES)),
     Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false"),
     Key(f"{PROJECT}:lazyLoadTensors", bool, "lazy tensor loading in the Hugging Face conversion", "false"),
 )

@@ -3,14 +3,29 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from tpu_grpo.config import values
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.stack_file import STATE_ENV, project_root
 
 
 def state() -> Path:
     return Path(os.environ.get(STATE_ENV) or project_root() / ".tpu-grpo")
+
+
+def writable_state() -> Path:
+    """The state folder, checked before a task that writes in it acts: a folder (or one to make) this user can
+    write in."""
+    folder = state()
+    try:
+        return values.new_folder(str(folder))
+    except values.Refused as problem:
+        said = f"{STATE_ENV}={str(folder)!r}" if os.environ.get(STATE_ENV) else f"the state folder {str(folder)!r}"
+        raise UserError(f"{said} {problem}; fix: {STATE_ENV}=FOLDER, a folder you can write (tpu-grpo keeps host "
+                        "keys, logs and plots there)") from None
 
 
 def known_hosts() -> Path:
@@ -26,6 +41,25 @@ def fetched_record(run: str, folder: Path | None = None) -> Path:
 def published_record(run: str, folder: Path | None = None) -> Path:
     """What `invoke publish` records of a run it uploaded: the Hub repository and the commit the Hub answered."""
     return (folder or state()) / "published" / f"{run}.json"
+
+
+def write_record(path: Path, data: dict) -> None:
+    """A record written whole or not at all (a temporary file renamed over it): a task stopped midway never
+    leaves the half-written record another task would read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def read_record(path: Path) -> dict:
+    """A record as written, or {} for one that is not there or not readable (empty, damaged, by hand): a record is
+    what tpu-grpo knows, never a reason to fail."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def records(kind: str, folder: Path | None = None) -> list[Path]:

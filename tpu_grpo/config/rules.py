@@ -91,8 +91,15 @@ def check_model(values: dict[str, Any]) -> None:
 
 def check_slice(values: dict[str, Any]) -> None:
     """A multi-host slice runs under Pathways on GKE, with its runs in a bucket; the one VM takes no slice count."""
-    shape = values["slice"] = values["slice"] or ONE_VM
+    named = values["slice"]
+    shape = values["slice"] = named or ONE_VM
     count = KEY[f"{PROJECT}:numSlices"]
+    machine = MACHINES.get(values["machineType"])
+    if named == ONE_VM and machine and machine.name != ONE_VM:
+        raise SettingsError(KEY[f"{PROJECT}:slice"].name, shape, f"is the one VM of 8 chips, but machineType "
+                            f"{values['machineType']} is a {machine.name}", f"pulumi config rm {PROJECT}:slice (the "
+                            f"one VM of machineType), or pulumi config set {PROJECT}:machineType "
+                            f"{next(m for m, row in MACHINES.items() if row.name == ONE_VM)}")
     if shape == ONE_VM:
         if values["numSlices"] is not None:
             raise SettingsError(count.name, values["numSlices"], f"is set, but slice {ONE_VM} is one VM",

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import base64
 import difflib
-import json
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,14 +24,13 @@ from tpu_grpo.config.accelerators import (CPU_POD_MEMORY_GB, CPU_POOL_MIN_DISK_G
 from tpu_grpo.config.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY,
                                       GKE_CLUSTER_USD_PER_HOUR, Capacity)
 from tpu_grpo.config.errors import SettingsError
-from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
+from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
 from tpu_grpo.config.models import MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
-from tpu_grpo.config.stack_file import check_stack_name, project_root, read_stack_file, stack_name
+from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
+from tpu_grpo.config import values
+from tpu_grpo.config.values import Refused
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
-
-_KIND_NAMES = {str: "text", int: "a whole number", bool: "true or false", list: "a list", dict: "a mapping"}
-
 
 @dataclass(frozen=True)
 class Training:
@@ -178,43 +177,6 @@ class Settings:
         return round(self.chips * self.obtained.usd_per_chip_hour + extra, 2)
 
 
-def _coerce(key: Key, value: Any) -> Any:
-    """Pulumi hands every value over as a string (objects as JSON); YAML gives native types."""
-    bad = SettingsError(key.name, value, f"is not {_KIND_NAMES[key.kind]}", key.set_command())
-    if key.kind is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if key.kind is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
-            return int(value)
-        raise bad
-    if key.kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise bad
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith(("[", "{")):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise bad from None
-        elif key.kind is list:
-            value = [part.strip() for part in text.split(",") if part.strip()]
-        else:
-            value = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
-    if not isinstance(value, key.kind):
-        raise bad
-    return value
-
-
 def _placeholders(value: Any) -> bool:
     items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
     return any(isinstance(item, str) and PLACEHOLDER.search(item) for item in items)
@@ -223,16 +185,13 @@ def _placeholders(value: Any) -> bool:
 def read_public_key(path: str, root: Path) -> str:
     """The key line of an OpenSSH public key file, checked to really be one."""
     key = KEY[f"{PROJECT}:sshPublicKeyPath"]
-    file = Path(os.path.expanduser(path))
-    file = file if file.is_absolute() else root / file
-    if file.is_dir():
-        raise SettingsError(key.name, path, "is a folder, not a public key file",
-                            key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"))
-    if not file.is_file():
-        raise SettingsError(
-            key.name, path, "is not a file",
-            f"ssh-keygen -t ed25519 -f {path.removesuffix('.pub')}, or {key.set_command('PATH.pub')}",
-        )
+    try:
+        file = values.existing_file(str(root / os.path.expanduser(path)))
+    except values.Refused as problem:
+        fix = {"is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
+               "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', path.removesuffix('.pub')])}, or "
+                                f"{key.set_command('PATH.pub')}"}.get(str(problem), key.set_command("PATH.pub"))
+        raise SettingsError(key.name, path, str(problem), fix) from None
     text = file.read_text(errors="replace").strip()
     if "PRIVATE KEY" in text:
         raise SettingsError(key.name, path, "is a private key", f"{key.set_command(path + '.pub')} (the .pub file)")
@@ -250,12 +209,22 @@ def read_public_key(path: str, root: Path) -> str:
     return " ".join(parts)
 
 
+def _namespace_of(name: str) -> str:
+    """A key's namespace as a person may misspell this project's (`tpu_grpo:`, `TPU-GRPO:`): the project's name,
+    so that the key is checked (and refused) rather than silently left out."""
+    namespace = name.split(":", 1)[0]
+    return PROJECT if re.sub(r"[^a-z0-9]", "", namespace.lower()) == "tpugrpo" else namespace
+
+
 def unknown_key(name: str, value: Any) -> SettingsError:
     """A key of this project's namespace that is no setting: a typo `pulumi up` would silently drop."""
     names = {key.name.lower(): key.name for key in KEYS}
     close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
-    fix = (f"did you mean {names[close[0]].split(':', 1)[1]}? pulumi config rm {name}, then "
-           f"{KEY[names[close[0]]].set_command()}" if close else f"pulumi config rm {name} (settings: `invoke settings`)")
+    close = close or [known for known in names if known.split(":")[1] == name.lower().split(":", 1)[1]]
+    meant = names[close[0]] if close else ""
+    fix = (f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? pulumi config rm {shlex.quote(name)}, then "
+           f"{KEY[names[close[0]]].set_command()}" if close else f"pulumi config rm {shlex.quote(name)} (settings: "
+           "`invoke settings`)")
     return SettingsError(name, value, "is not a setting of this project", fix)
 
 
@@ -266,7 +235,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     are kept in `Settings.pending` so an offline plan can show what is still to set.
     """
     for name in raw:
-        if name.startswith(f"{PROJECT}:") and name not in KEY:
+        if _namespace_of(name) == PROJECT and name not in KEY:
             raise unknown_key(name, raw[name])
     pending: list[SettingsError] = []
     values: dict[str, Any] = {}
@@ -281,16 +250,20 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                 raise SettingsError(key.name, None, "is not set", key.set_command())
             values[key.short] = {dict: {}, bool: False}.get(key.kind)  # an unset int or str: None
             continue
-        value = values[key.short] = _coerce(key, value)
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            raise SettingsError(key.name, "(a secret)", "is a Pulumi secret (`--secret`), and tpu-grpo reads every "
+                                "setting in plain text", f"pulumi config rm {key.name}, then {key.set_command()}")
         if _placeholders(value):
             error = SettingsError(key.name, value, "is still a placeholder", key.set_command())
             if not lenient:
                 raise error
             pending.append(error)
+            values[key.short] = KINDS[list](value) if key.kind is list else value  # its kind, not its rule
             continue
-        problem = key.check(value)
-        if problem:
-            raise SettingsError(key.name, value, problem, key.set_command())
+        try:
+            values[key.short] = key.parse(value)
+        except Refused as problem:
+            raise SettingsError(key.name, value, str(problem), key.set_command()) from None
     anywhere = open_to_everyone(values["sshSourceRanges"]) if isinstance(values["sshSourceRanges"], list) else []
     if anywhere and not values["allowSshFromAnywhere"]:
         raise SettingsError(KEY[f"{PROJECT}:sshSourceRanges"].name, values["sshSourceRanges"],
@@ -320,6 +293,6 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
 
 def load(stack: str | None = None, root: Path | None = None, *, lenient: bool = False) -> Settings:
     """The Invoke side's settings: the same stack file `pulumi up` reads, validated the same way."""
-    stack = check_stack_name(stack_name() if stack is None else stack)
     root = root or project_root()
+    stack = chosen_stack(stack, root)
     return parse(read_stack_file(stack, root), stack, root, lenient=lenient)

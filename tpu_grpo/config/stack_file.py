@@ -31,10 +31,6 @@ def project_root(start: Path | None = None) -> Path:
     raise SettingsError("Pulumi.yaml", None, f"is not in {here} or above", "run this from the tpu-grpo checkout")
 
 
-def stack_name() -> str:
-    return os.environ.get(STACK_ENV) or DEFAULT_STACK
-
-
 def hub_endpoint() -> str | None:
     """The Hugging Face Hub the host talks to ($HF_ENDPOINT on the laptop, passed on), or None: huggingface.co."""
     value = os.environ.get(HUB_ENV)
@@ -92,8 +88,17 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     return config
 
 
-def check_stack_name(stack: str) -> str:
+def chosen_stack(flag: str | None, root: Path) -> str:
+    """The stack a task acts on: --stack, else $TPU_GRPO_STACK, else dev; a bad name or a missing stack file is
+    blamed on whichever of them named it."""
+    env = os.environ.get(STACK_ENV)
+    stack, said = ((flag, "--stack") if flag is not None else (env, STACK_ENV) if env else
+                   (DEFAULT_STACK, "the default stack"))
+    other = f"--stack {DEFAULT_STACK}" if said == "--stack" else f"unset {STACK_ENV}, or --stack NAME"
     if not _STACK_NAME.fullmatch(stack):
-        raise SettingsError("--stack", stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most "
-                            "100)", f"e.g. --stack {DEFAULT_STACK} (pulumi stack ls lists them)")
+        raise SettingsError(said, stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
+                            f"e.g. {other} (pulumi stack ls lists them)")
+    if not (root / f"Pulumi.{stack}.yaml").is_file():
+        raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml",
+                            f"pulumi stack init {stack} && pulumi config set ... (or {other})")
     return stack

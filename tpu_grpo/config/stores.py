@@ -19,24 +19,8 @@ MAXTEXT_CHECKPOINT_PERIOD = 50
 MAXTEXT_CHECKPOINTS_TO_KEEP = 10
 #: Room left over beside what a run writes, GB.
 MARGIN_GB = 4.0
-#: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (a bucket name as Cloud Storage allows it).
-BUCKET_URL = re.compile(r"gs://(?P<bucket>[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9])(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?")
-
-
-def url_problem(url: str) -> str | None:
-    """What Cloud Storage would refuse in a gs://BUCKET[/PREFIX] that matches BUCKET_URL, or None. Its bucket
-    naming rules: no name in the form of an IP address, none beginning with "goog" or holding "google"; and a
-    prefix of `.` or `..` parts would name another folder than it says."""
-    found = BUCKET_URL.fullmatch(url)
-    assert found, "only for a URL that BUCKET_URL matches"
-    bucket, parts = found["bucket"], found["prefix"].split("/")[1:]
-    if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", bucket):
-        return "names a bucket in the form of an IP address, which Cloud Storage refuses"
-    if bucket.startswith("goog") or "google" in bucket:
-        return "names a bucket beginning with \"goog\" or holding \"google\", which Cloud Storage refuses"
-    if any(part in (".", "..") for part in parts):
-        return "holds a `.` or `..` folder, which names another folder than it says"
-    return None
+#: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (the bucket's name checked by values.bucket).
+BUCKET_URL = re.compile(r"gs://(?P<bucket>[a-z0-9_.-]{1,222})(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?")
 
 
 #: What a Hyperdisk Balanced volume includes at no extra charge (Google's "About Hyperdisk Balanced": "up to 3,000

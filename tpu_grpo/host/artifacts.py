@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tpu_grpo.host import hosts
+from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
 
 SUMS = "SHA256SUMS"
@@ -173,29 +173,10 @@ def remote_manifest(connection, folder: str) -> dict[str, tuple[int, str]]:
     return _manifest(connection, folder)[1]
 
 
-def unwritable(folder: Path) -> str | None:
-    """Why `folder` could not be made and written, or None; makes nothing (a probe file in the
-    nearest folder that exists comes and goes)."""
-    existing = Path(folder)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a folder"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            return None
-    except OSError as error:
-        return f"cannot write in {existing} ({error.strerror or error})"
-
-
-def check_destination(local_dir: Path) -> Path:
-    """Prove that `local_dir` can be made and written, making nothing: run this before connecting,
-    so that a fetch that cannot connect leaves no empty folder behind."""
-    local_dir = Path(local_dir).expanduser()
-    problem = unwritable(local_dir)
-    if problem:
-        raise ArtifactError(f"--to {str(local_dir)!r}: {problem}; fix: --to somewhere you can write")
-    return local_dir
+def check_destination(to: str | Path) -> Path:
+    """Prove that `to` can be made and written, making nothing: run this before connecting, so that a fetch that
+    cannot connect leaves no empty folder behind."""
+    return values.flag("--to", str(to), values.new_folder, "models/gsm8k (or leave it out: models/RUN)")
 
 
 def _make_folder(local_dir: Path) -> None:

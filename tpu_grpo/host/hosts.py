@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_grpo.config import laptop_paths, settings
+from tpu_grpo.config import laptop_paths, settings, values
 from tpu_grpo.config.errors import UserError
 
 # paramiko logs a failed connection with its traceback (Python's last-resort handler prints it on stderr);
@@ -63,18 +63,22 @@ def identity_file(identity: str | None) -> Path | None:
     """`--identity KEY` -> its path, checked to be a file."""
     if identity is None:
         return None
-    key = Path(identity).expanduser()
-    if not key.is_file():
-        raise HostError(f"--identity {identity!r} is not a file; fix: give the private key whose .pub is on the VM")
-    return key
+    try:
+        return values.existing_file(identity)
+    except values.Refused as problem:
+        raise HostError(f"--identity {identity!r} {problem}; fix: give the private key whose .pub is on the VM") from None
 
 
 def parse(spec: str, identity: Path | None = None) -> Host:
     """`USER@ADDR[:PORT]` -> Host (with the key `--identity` named), or a one-line HostError."""
     match = _HOST_SPEC.fullmatch(spec)
-    if not match or not 0 < int(match["port"] or 22) < 65536:
-        raise HostError(f"--host {spec!r} is not USER@ADDRESS[:PORT]; fix: e.g. --host ubuntu@203.0.113.7")
-    return Host(match["user"], match["address"].strip("[]"), int(match["port"] or 22), identity)
+    try:
+        if not match or not 0 < int(match["port"] or 22) < 65536:
+            raise values.Refused("is not USER@ADDRESS[:PORT]")
+        address = values.address(match["address"])
+    except values.Refused as problem:
+        raise HostError(f"--host {spec!r} {problem}; fix: e.g. --host ubuntu@203.0.113.7") from None
+    return Host(match["user"], address, int(match["port"] or 22), identity)
 
 
 @dataclass(frozen=True)
@@ -141,11 +145,7 @@ def wait_seconds(text: str | None) -> float:
     """`--wait SECONDS` -> seconds, or a one-line HostError."""
     if text is None:
         return 0.0
-    if re.fullmatch(r"-[0-9]+", str(text)):
-        raise HostError(f"--wait {text!r} is negative; fix: e.g. --wait 120 (0: no retries)")
-    if not re.fullmatch(r"[0-9]{1,5}", str(text)):
-        raise HostError(f"--wait {text!r} is not a whole number of seconds (at most 99999); fix: e.g. --wait 120")
-    return float(text)
+    return float(values.flag("--wait", text, values.whole(0, 99_999, " seconds; 0: no retries"), "120"))
 
 
 def forget_key_command(host: Host) -> str:

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from rich.console import Console
-from rich.markup import escape
+
+from tpu_grpo.config.printing import styled
 
 #: pending (a slice's pods wait for nodes), running, finished (exit 0), failed, cancelled (the VM's), lost (a VM
 #: job whose processes are gone without an exit code).
@@ -67,4 +68,4 @@ def show(console: Console, where: str, records: list[JobRecord]) -> None:
     console.print(table)
     for record in records:
         if record.problem:
-            console.print(f"[red]{record.id}:[/] {escape(record.problem)}", highlight=False)
+            console.print(styled("[red]{}:[/] {}", record.id, record.problem))

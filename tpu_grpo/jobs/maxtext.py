@@ -20,7 +20,9 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.keys import MAX_BATCHES
 from tpu_grpo.host import remote
 from tpu_grpo.config.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
@@ -43,16 +45,18 @@ OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name"
               "load_parameters_path": "--step (export) or the converted checkpoint (train)",
               "base_output_directory": "tpu-grpo:checkpointStore",
               "checkpoint_period": "tpu-grpo:checkpointPeriod",
-              "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep"}
+              "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
+              "num_test_batches": "tpu-grpo:testBatches", "eval_dataset_name": "tpu-grpo:dataset",
+              "chips_per_vm": "tpu-grpo:machineType (or slice)"}
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
 GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
                  "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: A folder being written is NAME.partial until it is complete (tpu_grpo.host.artifacts.save_script).
 RESERVED_SUFFIX = ".partial"
-_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: A MaxText config key: names joined by single dots (`rl.num_generations`), as its pyconfig reads them.
+_SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
-COUNT_KEYS = ("rl.num_iterations",)
+COUNT_KEYS = {"rl.num_iterations": values.whole(1, 999_999)}
 
 #: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
 #: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
@@ -184,28 +188,16 @@ def timestamp_run_name(now: float | None = None) -> str:
 
 
 def check_run_name(name: str, flag: str = "--run-name") -> str:
-    if not _RUN_NAME.fullmatch(name):
-        raise CommandError(f"{flag} {name!r} is not a run name (letters, digits, '.', '_', '-'; at most 100); "
-                           f"fix: e.g. {flag} gsm8k-50")
+    values.flag(flag, name, values.name, "gsm8k-50")
     if name.endswith(RESERVED_SUFFIX):
         raise CommandError(f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
                            f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2")
     return name
 
 
-#: The most GRPO batches (or a checkpoint step) a run takes: GSM8K's 7,473 training questions many times over.
-MAX_BATCHES = 100_000
-
-
 def check_count(flag: str, text: object, minimum: int = 1, maximum: int = MAX_BATCHES) -> int:
-    """`--batches 50` -> 50; negatives, numbers out of range and non-numbers (ASCII digits only) are refused."""
-    value = str(text).strip()
-    example = f"fix: e.g. {flag} {50 if minimum else 3}"
-    if re.fullmatch(r"-[0-9]+", value):
-        raise CommandError(f"{flag} {text!r} is negative; {example}")
-    if not re.fullmatch(r"[0-9]+", value) or not minimum <= int(value) <= maximum:
-        raise CommandError(f"{flag} {text!r} is not a whole number from {minimum} to {maximum}; {example}")
-    return int(value)
+    """`--batches 50` -> 50, by the one parser of whole numbers (values.whole)."""
+    return values.flag(flag, text, values.whole(minimum, maximum), "50" if minimum else "3")
 
 
 def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, dict[str, str]]:
@@ -226,12 +218,16 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
         if default_step and step != default_step:
             raise CommandError(f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
                                f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=...")
-        if not equals or not _SET_KEY.fullmatch(key):
-            raise CommandError(f"--set {item!r} is not KEY=VALUE; fix: e.g. --set rl.num_generations=4")
+        if not equals or not _SET_KEY.fullmatch(key) or not value:
+            raise CommandError(f"--set {item!r} is not KEY=VALUE (a MaxText key, a value); fix: e.g. "
+                               "--set rl.num_generations=4")
         if key in OWNED_KEYS:
             raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
-        if key in COUNT_KEYS and not (re.fullmatch(r"[0-9]{1,6}", value) and int(value) >= 1):
-            raise CommandError(f"--set {item!r}: {key} must be a whole number of at least 1; fix: e.g. --set {key}=1")
+        if key in COUNT_KEYS:
+            try:
+                COUNT_KEYS[key](value)
+            except values.Refused as problem:
+                raise CommandError(f"--set {item!r}: {key} {problem}; fix: e.g. --set {key}=1") from None
         sets.setdefault(step, {})[key] = value
     return sets
 

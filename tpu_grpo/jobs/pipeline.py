@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
-from tpu_grpo.config import host_paths, release, settings, stores
+from tpu_grpo.config import host_paths, release, settings, stores, values
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
 from tpu_grpo.jobs import maxtext, vm_jobs
 from tpu_grpo.config.errors import UserError
@@ -253,14 +252,14 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
     """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs."""
     if text is None:
         return stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb)
+    gigabytes = values.decimal(0, 100_000, " GB")
     parts = str(text).split(",")
     try:
-        shm, data = (float(part) for part in parts)
-        if not (math.isfinite(shm) and math.isfinite(data) and shm >= 0 and data >= 0):
-            raise ValueError
-    except ValueError:
-        raise maxtext.CommandError(f"--need-gb {text!r} is not SHM_GB,DATA_GB (two numbers of at least 0); "
-                                   "fix: e.g. --need-gb 120,36") from None
+        if len(parts) != 2:
+            raise values.Refused("is not SHM_GB,DATA_GB (two numbers)")
+        shm, data = (gigabytes(part) for part in parts)
+    except values.Refused as problem:
+        raise maxtext.CommandError(f"--need-gb {text!r} {problem}; fix: e.g. --need-gb 120,36") from None
     return {"shm": shm, "data": data}
 
 

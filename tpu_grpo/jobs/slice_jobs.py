@@ -21,6 +21,7 @@ from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.cloud.kube import Cluster, ClusterError
 from tpu_grpo.config.settings import Settings
+from tpu_grpo.config.printing import styled
 
 #: The replicated job whose pod runs the step's script: the Pathways head, or the CPU job's only one.
 SCRIPT_JOBS = ("pathways-head", "main")
@@ -220,8 +221,8 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
         if code:
             return code, outcome
     outcome["model"] = model
-    console.print(f"[green]run {run.name} is complete[/]: the model is in {model}; get it with: "
-                  f"uv run invoke fetch --run {run.name}")
+    console.print(styled("[green]run {} is complete[/]: the model is in {}; get it with: uv run invoke fetch --run {}",
+                         run.name, model, run.name))
     return 0, outcome
 
 
@@ -265,7 +266,7 @@ def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: 
                 continue
             time.sleep(POLL_SECONDS)
     verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
-    console.print(f"{step} {verdict}: job {name}, {view.lines} log lines (saved in {view.path})")
+    console.print(styled("{} " + verdict + ": job {}, {} log lines (saved in {})", step, name, view.lines, view.path))
     return code
 
 

@@ -17,6 +17,7 @@ from tpu_grpo.jobs import job_records, vm_jobs
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep, absl_seconds
+from tpu_grpo.config.printing import styled
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
 SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")
@@ -63,9 +64,7 @@ class LogView:
             self._line(raw.decode(errors="replace"))
 
     def note(self, message: str) -> None:
-        from rich.markup import escape
-
-        self.progress.console.print(f"[yellow]{escape(message)}[/]")
+        self.progress.console.print(styled("[yellow]{}[/]", message))
 
     def _line(self, line: str) -> None:
         raise NotImplementedError
@@ -80,7 +79,7 @@ class JobView(LogView):
         self.tracker = Tracker(total_steps or 0)
         self.lines = 0
         super().__init__(console, job_id, Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"), console=console, transient=False))
         self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
 
@@ -123,7 +122,7 @@ def follow(session: vm_jobs.Session, job: str, step: str, console: Console, tota
                       f"--job {job} --follow; stop it: uv run invoke cancel --job {job}")
         return INTERRUPTED
     verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
-    console.print(f"{step} {verdict}: job {job}, {view.lines} log lines (saved in {view.path})")
+    console.print(styled("{} " + verdict + ": job {}, {} log lines (saved in {})", step, job, view.lines, view.path))
     return code
 
 

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tpu_grpo.config import values
 from tpu_grpo.host import hosts as hosts_module
 from tpu_grpo.config.host_paths import PROVISIONING
-from tpu_grpo.provision.playbook import Playbook, Step, applies, render, selected
+from tpu_grpo.provision.playbook import Playbook, PlaybookError, Step, applies, render, selected
 
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them
 # What apt, curl, uv, pip and git print when the network, not the request, failed: only such a failure
@@ -46,7 +47,13 @@ def local_secret(source: str) -> str | None:
         return token
     home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     path = Path(os.environ.get("HF_TOKEN_PATH") or home / "token").expanduser()
-    return path.read_text().strip() or None if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return values.text_of(path).strip() or None
+    except values.Refused as problem:
+        raise PlaybookError(f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH) {problem}; fix: save the "
+                            "token in it alone, as UTF-8 text (or set HF_TOKEN)") from None
 
 
 @dataclass
@@ -122,10 +129,14 @@ class Planned:
         return f"{render(book.prelude, self.values).rstrip()}\ncd\n{render(text, self.values)}"
 
 
+def local_secrets(book: Playbook) -> dict[str, str | None]:
+    """The secrets the playbook's steps send, read here (checked once before anything connects, read again to send)."""
+    return {source: local_secret(source) for source in {step.secret["source"] for step in book.steps if step.secret}}
+
+
 def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Planned]:
     """Each selected step as it would run now: its exact check and run command lines, or why it is skipped."""
-    sources = {step.secret["source"] for step in book.steps if step.secret}
-    secrets = {source: local_secret(source) for source in sources}
+    secrets = local_secrets(book)
     return [Planned(book, step, values, secrets) for step in selected(book, tags)]
 
 

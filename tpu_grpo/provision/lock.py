@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tpu_grpo.config import values
 from tpu_grpo.host import hosts
 from tpu_grpo.provision.playbook import PLAYBOOKS, Playbook, PlaybookError, render
 
@@ -27,9 +28,10 @@ class Lock:
 def read_lock(path: Path) -> Lock:
     """Parse the lock `invoke freeze` wrote; every requirement line is checked, so it is safe to template."""
     try:
-        text = Path(path).read_text()
-    except OSError:
-        raise PlaybookError(f"{path}: no lock file; fix: run `uv run invoke freeze` on a provisioned host first") from None
+        text = values.text_of(values.existing_file(str(path)))
+    except values.Refused as problem:
+        raise PlaybookError(f"--lock {str(path)!r} {problem}; fix: run `uv run invoke freeze` on a provisioned host "
+                            "first, or give its lock") from None
     header = dict(re.findall(r"^# (python|uv): (\S+)$", text, re.M))
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     for number, line in enumerate(text.splitlines(), 1):
@@ -39,6 +41,11 @@ def read_lock(path: Path) -> Lock:
     if not lines:
         raise PlaybookError(f"{path}: the lock lists no packages; fix: run `uv run invoke freeze`")
     return Lock(str(path), header.get("python", ""), header.get("uv", ""), "\n".join(lines))
+
+
+def check_lock_path(text: str | None) -> Path:
+    """Where freeze writes the lock, checked before anything connects: a file in a folder this user may write."""
+    return values.flag("--lock", text, values.new_file, "playbooks/host.lock.txt") if text is not None else LOCK
 
 
 def write_lock(path: Path, text: str) -> tuple[Path, int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo.config import host_paths, release, stack_file
+from tpu_grpo.config import host_paths, release, stack_file, values
 from tpu_grpo.config.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"  # they ship with the code, not the stack
@@ -116,9 +116,9 @@ def load(path: Path | None = None) -> Playbook:
     """Read and validate a playbook; any problem is a PlaybookError naming the file, line and step."""
     path = Path(path or PLAYBOOK)
     try:
-        document = yaml.load(path.read_text(), Loader=_LineLoader)
-    except OSError as error:
-        raise PlaybookError(f"{path}: cannot read ({error.strerror}); fix: give an existing playbook") from None
+        document = yaml.load(values.text_of(values.existing_file(str(path))), Loader=_LineLoader)
+    except values.Refused as problem:
+        raise PlaybookError(f"--playbook {str(path)!r} {problem}; fix: give a playbook, e.g. playbooks/host.yml") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from tpu_grpo.config.printing import styled
 from tpu_grpo.provision.engine import OUTPUT_TAIL_LINES, Report, StepResult
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
@@ -48,31 +49,31 @@ class LiveView:
                 self.console.print(_step_line(host, payload, self.check_mode), soft_wrap=True)
 
 
-def _step_line(host: str, result: StepResult, check_mode: bool) -> str:
+def _step_line(host: str, result: StepResult, check_mode: bool):
     label = "would change" if check_mode and result.status == "changed" else result.status
     seconds = f"{result.seconds:6.1f}s" if result.seconds else " " * 7
     note = f"  ({result.note})" if result.note and result.note != "would change" else ""
-    return f"{host}  [{STATUS_STYLE[result.status]}]{label:<12}[/] {seconds}  {result.step}{note}"
+    return styled("{}  [" + STATUS_STYLE[result.status] + "]{}[/] {}  {}{}", host, f"{label:<12}", seconds,
+                  result.step, note)
 
 
 def print_summary(report: Report, console) -> None:
     """After the step lines: what failed and why, and one summary line per host."""
-    from rich.markup import escape
-
     for host in report.hosts:
         for notice in host.notices:
-            console.print(f"note: {escape(notice)}", soft_wrap=True)
+            console.print(f"note: {notice}", soft_wrap=True)
         for result in host.steps:
             if result.status == "failed" or (report.check_mode and result.output):
                 verb = "would change" if report.check_mode else "failed"
                 heading = f"{host.host}: '{result.step}' {verb}" + (f" with exit code {result.exit_code}" if result.exit_code else "")
                 note = "" if result.note in {f"exit code {result.exit_code}", "would change"} else f": {result.note}"
-                console.print(f"[bold]{escape(heading)}[/]{escape(note)}", soft_wrap=True)
+                console.print(styled("[bold]{}[/]{}", heading, note), soft_wrap=True)
                 for line in result.output.splitlines()[-OUTPUT_TAIL_LINES:]:
-                    console.print(f"    {escape(line)}", soft_wrap=True)
+                    console.print(f"    {line}", soft_wrap=True)
     for host in report.hosts:
         counts = host.counts()
         summary = ", ".join(f"{count} {'would change' if report.check_mode and status == 'changed' else status}"
                             for status, count in counts.items())
         state = "[bold red]FAILED[/]" if host.failed else "[green]done[/]"
-        console.print(f"{escape(host.host)}: {state}  {summary}" + (f"  [red]{escape(host.error)}[/]" if host.error else ""))
+        console.print(styled("{}: " + state + "  {}" + ("  [red]{}[/]" if host.error else ""), host.host, summary,
+                             host.error))

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.jobs.progress import Eval, parse_lines
 
@@ -273,23 +274,16 @@ def is_our_plot(path: Path) -> bool:
     return head.startswith(PNG_SIGNATURE) and b"Software\x00" + PLOT_MARK.encode() in head
 
 
-def check_plot_path(path: Path, force: bool) -> Path:
+def check_plot_path(out: str, force: bool) -> Path:
     """Where the plot may go: a .png that is new or a plot of ours (any file with `force`), in a
     folder that can be made and written. Run before anything is read or written."""
-    from tpu_grpo.host.artifacts import unwritable
-
-    path = Path(path).expanduser()
-    flag = f"--out {str(path)!r}"
+    path = values.flag("--out", out, values.new_file, "metrics.png")
+    flag = f"--out {out!r}"
     if path.suffix.lower() != ".png":
         raise MetricsError(f"{flag}: the plot is a PNG; fix: --out NAME.png")
-    if path.is_dir():
-        raise MetricsError(f"{flag} is a folder; fix: --out {path / 'metrics.png'}")
     if path.exists() and not force and not is_our_plot(path):
         raise MetricsError(f"{flag} exists and is not a plot that tpu-grpo wrote; fix: another --out, "
                            "or --force to overwrite it")
-    problem = unwritable(path.parent)
-    if problem:
-        raise MetricsError(f"{flag}: {problem}; fix: --out somewhere you can write")
     return path
 
 

@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from tpu_grpo.config import host_paths, laptop_paths, stack_file
+from tpu_grpo.config import host_paths, laptop_paths, stack_file, values
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
 from tpu_grpo.results import retrieval
@@ -31,7 +31,6 @@ from tpu_grpo.jobs.progress import Eval, parse_line
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
 REFUSED_EXIT = 3
-_NAME_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
 _PLAN = re.compile(r"tpu-grpo: publish (\d+) files, (\d+) bytes, to \S+ \((\d+) already there\)")
 _SENT = re.compile(r"tpu-grpo: sent (\S+) (\d+)$")
 _UPLOADED = re.compile(r"tpu-grpo: uploaded (\S+) (\d+)$")
@@ -49,13 +48,8 @@ class UploadFailed(UserError):
 
 
 def check_repo(text: str) -> str:
-    """`--repo OWNER/NAME` as the Hub names repositories (huggingface_hub's validate_repo_id rules)."""
-    parts = str(text).split("/")
-    if (len(parts) != 2 or not all(_NAME_PART.fullmatch(part) for part in parts) or "--" in text or ".." in text
-            or text.endswith(".git")):
-        raise maxtext.CommandError(f"--repo {text!r} is not OWNER/NAME (letters, digits, '-', '_', '.'; no '--' or "
-                                   "'..'; at most 96 each); fix: e.g. --repo your-name/Llama-3.1-8B-Instruct-GRPO")
-    return text
+    """`--repo OWNER/NAME` as the Hub names repositories: the one rule of Hub ids (values.hub_id)."""
+    return values.flag("--repo", text, values.hub_id, "your-name/Llama-3.1-8B-Instruct-GRPO")
 
 
 def license_note(repo_id: str, license_id: str) -> str | None:
@@ -282,7 +276,7 @@ class UploadView(watch.LogView):
 
     def __init__(self, console: Console, job_id: str, outcome: Outcome, verbose: bool):
         self.outcome, self.verbose = outcome, verbose
-        super().__init__(console, job_id, Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+        super().__init__(console, job_id, Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                                                    TransferSpeedColumn(), TimeRemainingColumn(), console=console))
         self.task = self.progress.add_task(f"publish {outcome.run}", total=None)
 
@@ -331,8 +325,8 @@ def publish(session: vm_jobs.Session, run: str | None, repo_id: str, private: bo
                            + "\n".join(f"  {line}" for line in tail)
                            + "\nfix the cause, then run the same command again: files already on the Hub are "
                            "not sent again")
-    record = laptop_paths.published_record(run)  # what `invoke runs` and `down` say of the run on the Hub, unasked
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit}))
+    # what `invoke runs` and `down` say of the run on the Hub, unasked
+    laptop_paths.write_record(laptop_paths.published_record(run),
+                              {"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit})
     return outcome
 

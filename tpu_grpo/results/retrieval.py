@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpu_grpo.config import laptop_paths, stack_file
+from tpu_grpo.config import laptop_paths, stack_file, values
 from tpu_grpo.host import artifacts, facts, gcs, hosts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 
@@ -21,9 +21,7 @@ def destination(run: str | None, to: str | None) -> Path:
     """Where fetch writes, checked writable (and nothing made) before anything connects."""
     if run is not None:
         maxtext.check_run_name(run, "--run")
-    if to is not None and not to.strip():
-        raise maxtext.CommandError("--to '' names no folder; fix: e.g. --to models/gsm8k (or leave it out: models/RUN)")
-    return artifacts.check_destination(Path(to) if to else stack_file.project_root() / "models")
+    return artifacts.check_destination(to if to is not None else str(stack_file.project_root() / "models"))
 
 
 def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool,
@@ -35,22 +33,23 @@ def check_metrics_flags(run: str | None, out: str | None, events: str | None, fo
         maxtext.check_run_name(run, "--run")
     for name in compare or []:
         maxtext.check_run_name(name, "--compare")
-    if compare and (len(set(compare)) < 2 or run is not None or events is not None):
+    if compare and len(set(compare)) < len(compare):
+        twice = next(name for name in compare if compare.count(name) > 1)
+        raise metrics.MetricsError(f"--compare {twice!r} names the same run twice; fix: name each run once, e.g. "
+                                   "--compare RUN1 --compare RUN2")
+    if compare and (len(compare) < 2 or run is not None or events is not None):
         raise metrics.MetricsError(f"--compare {' '.join(compare)!r} compares two or more runs of the host, and takes "
                                    "no --run or --events; fix: e.g. --compare RUN1 --compare RUN2")
-    if events is not None and not Path(events).expanduser().is_dir():
-        raise metrics.MetricsError(f"--events {events!r} is not a folder; fix: the run's tensorboard folder, "
-                                   "copied from the VM")
-    return metrics.check_plot_path(Path(out), force) if out is not None else None
+    if events is not None:
+        values.flag("--events", events, values.existing_folder, "", "give the run's tensorboard folder, copied from "
+                    "the VM")
+    return metrics.check_plot_path(out, force) if out is not None else None
 
 
 def is_published(run: str) -> bool:
     """The Hub acknowledged a commit of the run's model (recorded by this laptop's `invoke publish`): it is safe
     there, whatever becomes of the VM."""
-    try:
-        return bool(json.loads(laptop_paths.published_record(run).read_text()).get("commit"))
-    except (OSError, ValueError, AttributeError):
-        return False
+    return bool(laptop_paths.read_record(laptop_paths.published_record(run)).get("commit"))
 
 
 def _runs(answer: facts.Answer) -> dict[str, dict | None]:
@@ -80,10 +79,8 @@ def finish_command(meta: dict) -> str:
 
 
 def is_fetched(run: str) -> bool:
-    record = laptop_paths.fetched_record(run)
-    if not record.is_file():
-        return False
-    return artifacts.verify_local(Path(json.loads(record.read_text())["dir"]))
+    folder = laptop_paths.read_record(laptop_paths.fetched_record(run)).get("dir")
+    return bool(folder) and artifacts.verify_local(Path(str(folder)))
 
 
 def unfetched(session: vm_jobs.Session) -> list[str]:
@@ -132,19 +129,18 @@ def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
 def _fetch(run: str, folder: Path, source: str, console: Console, download):
     """A run's model into `folder` (models/RUN unless --to) by `download(target, progress)`, with a progress bar,
     recorded as fetched (for `down`'s guard and `invoke timeline`)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
 
     target = folder / run if folder == stack_file.project_root() / "models" else folder
     artifacts.check_destination(target)
     started = time.time()
-    with Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
         result = download(target, lambda done, total, name: bar.update(task, completed=done, total=total))
-    record = laptop_paths.fetched_record(run)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run": run, "host": source, "dir": str(target.resolve()),
-                                  "started": started, "finished": time.time()}))
+    laptop_paths.write_record(laptop_paths.fetched_record(run), {
+        "run": run, "host": source, "dir": str(target.resolve()), "started": started, "finished": time.time()})
     console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
                   f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
     return result

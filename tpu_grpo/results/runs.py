@@ -5,7 +5,6 @@ fetched copies), so the table outlives the VM for what was fetched."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -127,7 +126,7 @@ def laptop_runs(state: Path) -> dict[str, str]:
     """The runs fetched to this laptop whose copy is still there: run -> its folder."""
     found = {}
     for record in laptop_paths.records("fetched", state):
-        folder = json.loads(record.read_text()).get("dir", "")
+        folder = str(laptop_paths.read_record(record).get("dir") or "")
         if folder and Path(folder).is_dir():
             found[record.stem] = folder
     return found
@@ -136,7 +135,8 @@ def laptop_runs(state: Path) -> dict[str, str]:
 def published_runs(state: Path) -> dict[str, str]:
     """The runs this laptop published (`invoke publish` records each): run -> the Hub repository's URL."""
     records = laptop_paths.records("published", state)
-    return {record.stem: json.loads(record.read_text())["url"] for record in records}
+    urls = {record.stem: laptop_paths.read_record(record).get("url") for record in records}
+    return {run: str(url) for run, url in urls.items() if url}
 
 
 def add_laptops(rows: dict[str, RunRow], state: Path) -> None:

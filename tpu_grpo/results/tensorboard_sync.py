@@ -4,12 +4,11 @@ few seconds while they train (only the new bytes, tpu_grpo/results/retrieval.py)
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Callable
 
-from tpu_grpo.config import laptop_paths
+from tpu_grpo.config import laptop_paths, values
 from tpu_grpo.host import hosts
 from tpu_grpo.jobs import maxtext, vm_jobs
 from tpu_grpo.results import retrieval
@@ -20,16 +19,9 @@ def check_flags(run: str | None, port: str | None, every: str | None) -> tuple[i
     default 5)."""
     if run is not None:
         maxtext.check_run_name(run, "--run")
-    number = str(port if port is not None else 6006)
-    if not re.fullmatch(r"[0-9]{1,5}", number) or not 1 <= int(number) <= 65535:
-        raise maxtext.CommandError(f"--port {port!r} is not a TCP port; fix: e.g. --port 6006")
-    try:
-        seconds = float(every if every is not None else 5)
-    except ValueError:
-        seconds = float("nan")
-    if not 0.5 <= seconds <= 3600:
-        raise maxtext.CommandError(f"--every {every!r} is not a number of seconds from 0.5 to 3600; fix: e.g. --every 5")
-    return int(number), seconds
+    number = values.flag("--port", port, values.whole(1, 65535, ", a TCP port"), "6006") if port is not None else 6006
+    seconds = values.flag("--every", every, values.decimal(0.5, 3600, " seconds"), "5") if every is not None else 5.0
+    return number, seconds
 
 
 def trained_runs(connection, run: str | None) -> list[vm_jobs.Job]:

@@ -181,7 +181,7 @@ def fetches() -> list[dict]:
     """The laptop's fetch records that say when they ran."""
     records = []
     for path in laptop_paths.records("fetched"):
-        record = json.loads(path.read_text())
+        record = laptop_paths.read_record(path)
         if "started" in record:
             records.append(record)
     return records

@@ -1,0 +1,37 @@
+"""The one way tpu-grpo prints: the terminal reads no markup in what it is given, so a path, a run name or a host's
+line is shown as written (`[/x]` crashed rich, `[bold]` vanished); the project's own colours come from `styled`,
+which escapes everything it fills in."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+#: Narrower than this, rich's tables print their cells empty (`COLUMNS=10`); a narrow terminal wraps instead.
+MIN_WIDTH = 80
+
+
+def styled(template: str, *values: object) -> Text:
+    """`template`'s markup is ours; each `{}` is filled with a value shown as written (escaped, never markup)."""
+    from rich.markup import escape
+    from rich.text import Text
+
+    return Text.from_markup(template.format(*(escape(str(value)) for value in values)))
+
+
+def terminal(stderr: bool = False):
+    """The terminal, with no markup read in plain text; with `--json` the human lines go to stderr, so stdout holds
+    only the JSON. A reader gone (`| head`) raises BrokenPipeError as print's does (rich would exit 1)."""
+    from rich.console import Console
+
+    class Terminal(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = Terminal(highlight=False, markup=False, stderr=stderr)
+    if console.width < MIN_WIDTH:
+        console.width = MIN_WIDTH
+    return console
