@@ -249,8 +249,8 @@ def test_fetch_gives_up_when_the_host_copy_does_not_match_its_sums(connection, s
 def test_an_unwritable_destination_fails_before_connecting(host, tmp_path, where):
     (tmp_path / "file").write_text("a regular file")
     local = tmp_path / "file" / "models" if where == "under-a-file" else Path("/proc/tpu-grpo-models")
-    problem = r".+ is not a folder" if where == "under-a-file" else r"cannot write in /proc \(.+\)"
-    with pytest.raises(ArtifactError, match=f"^--to '{local}': {problem}; fix: --to somewhere you can write$"):
+    problem = r"is inside .+, which is not a folder" if where == "under-a-file" else r"cannot be written: no writing in /proc \(.+\)"
+    with pytest.raises(ArtifactError, match=f"^--to '{local}' {problem}; fix: --to somewhere you can write"):
         artifacts.check_destination(local)
     never_opened = fabric.Connection("127.0.0.1", user=host.user.name, port=host.vm.port,
                                      connect_kwargs={"key_filename": str(host.key)})

@@ -176,7 +176,11 @@ def remote_manifest(connection, folder: str) -> dict[str, tuple[int, str]]:
 def check_destination(to: str | Path) -> Path:
     """Prove that `to` can be made and written, making nothing: run this before connecting, so that a fetch that
     cannot connect leaves no empty folder behind."""
-    return values.flag("--to", str(to), values.new_folder, "models/gsm8k (or leave it out: models/RUN)")
+    try:
+        return values.new_folder(str(to))
+    except values.Refused as problem:
+        raise ArtifactError(f"--to {str(to)!r} {problem}; fix: --to somewhere you can write, e.g. --to models/gsm8k "
+                            "(or leave it out: models/RUN)") from None
 
 
 def _make_folder(local_dir: Path) -> None:
