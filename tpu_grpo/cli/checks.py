@@ -42,10 +42,9 @@ def check_settings(stack=None, **_) -> settings_module.Settings:
 
 def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
+    from tpu_grpo.provision import engine
     from tpu_grpo.provision import lock as lock_module
     from tpu_grpo.provision import playbook as playbook_module
-
-    from tpu_grpo.provision import engine
 
     book = playbook_module.load(playbook)
     engine.local_secrets(book)  # a token file that cannot be read is said now, not after the first host connects
@@ -139,8 +138,10 @@ def check_metrics(run=None, out=None, events=None, force=False, compare=None, **
     from tpu_grpo.results import retrieval
 
     path = retrieval.check_metrics_flags(run, out, events, force, compare)
-    laptop_paths.writable_state()  # the plot's default place, the events' copies
-    return path, None if events is not None else check_hosts(**flags)  # a local events folder: no host
+    if events is None:
+        return path, check_hosts(**flags)  # which checks the state folder too
+    laptop_paths.writable_state()  # the plot's default place; a local events folder: no host
+    return path, None
 
 
 def check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, float, Where]:

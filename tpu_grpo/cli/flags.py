@@ -22,7 +22,6 @@ from invoke import task as invoke_task
 
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
-from tpu_grpo.config.printing import terminal  # noqa: F401 - the tasks' terminal, with their flags
 
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,

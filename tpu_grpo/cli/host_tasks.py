@@ -7,7 +7,8 @@ import json
 from invoke import Exit
 
 from tpu_grpo.cli.checks import check_freeze, check_provision
-from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
+from tpu_grpo.config.printing import terminal
 
 
 @task(iterable=["host", "var", "tags"], check=check_provision, help=flag_help(

@@ -7,8 +7,8 @@ import sys
 from dataclasses import replace
 
 from tpu_grpo.cli.checks import check_hosts, check_job, check_pipeline, step_run
-from tpu_grpo.cli.flags import (HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task,
-                                terminal)
+from tpu_grpo.cli.flags import HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
+from tpu_grpo.config.printing import terminal
 
 
 def _launch(step, dry_run, detach, verbose):

@@ -8,10 +8,10 @@ from invoke import Exit
 
 from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard,
                                  check_vm)
-from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task, terminal
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
-from tpu_grpo.config.printing import styled
+from tpu_grpo.config.printing import styled, terminal
 
 
 @task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))

@@ -7,8 +7,9 @@ import json
 from invoke import Exit
 
 from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_settings
-from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task, terminal
+from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config import keys, stack_file
+from tpu_grpo.config.printing import terminal
 
 
 @task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)

@@ -28,8 +28,7 @@ from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, KINDS, MIN_BOOT_DISK_GB
 from tpu_grpo.config.models import MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
-from tpu_grpo.config import values
-from tpu_grpo.config.values import Refused
+from tpu_grpo.config.values import Refused, existing_file
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 
 @dataclass(frozen=True)
@@ -186,8 +185,8 @@ def read_public_key(path: str, root: Path) -> str:
     """The key line of an OpenSSH public key file, checked to really be one."""
     key = KEY[f"{PROJECT}:sshPublicKeyPath"]
     try:
-        file = values.existing_file(str(root / os.path.expanduser(path)))
-    except values.Refused as problem:
+        file = existing_file(str(root / os.path.expanduser(path)))
+    except Refused as problem:
         fix = {"is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
                "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', path.removesuffix('.pub')])}, or "
                                 f"{key.set_command('PATH.pub')}"}.get(str(problem), key.set_command("PATH.pub"))

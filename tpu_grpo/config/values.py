@@ -48,40 +48,34 @@ def flag(name: str, text: Any, parse: Parser[T], example: str, fix: str | None =
         raise UserError(f"{name} {text!r} {problem}; fix: {fix or f'e.g. {name} {example}'}") from None
 
 
-def whole(low: int, high: int, unit: str = "") -> Parser[int]:
-    """Whole numbers from `low` to `high`: ASCII digits only (`int()` reads `١٢٠` and `1_20`), the range said."""
-    bounds = f"a whole number from {low} to {high}{unit}"
+def _ranged(form: re.Pattern, convert: Callable[[str], Any], kinds: tuple[type, ...], low: Any, high: Any,
+            bounds: str, characters: str) -> Parser:
+    """Numbers written in `form` (ASCII only: `int()` and `float()` read `١٢٠` and `1_20`), from `low` to `high`,
+    the range said in every refusal."""
 
-    def parse(value: Any) -> int:
-        text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-        if text is None or not _WHOLE.fullmatch(text):
-            raise Refused(f"is not {bounds} (digits 0-9)")
+    def parse(value: Any) -> Any:
+        text = str(value).strip() if isinstance(value, kinds) and not isinstance(value, bool) else None
+        if text is None or not form.fullmatch(text):
+            raise Refused(f"is not {bounds} ({characters})")
         if text.startswith("-") and low >= 0:
             raise Refused(f"is negative ({bounds})")
-        number = int(text)
+        number = convert(text)
         if not low <= number <= high:
             raise Refused(f"is not {bounds}")
         return number
 
     return parse
+
+
+def whole(low: int, high: int, unit: str = "") -> Parser[int]:
+    """Whole numbers from `low` to `high` (a setting's YAML may give an int)."""
+    return _ranged(_WHOLE, int, (str, int), low, high, f"a whole number from {low} to {high}{unit}", "digits 0-9")
 
 
 def decimal(low: float, high: float, unit: str = "") -> Parser[float]:
-    """Decimal numbers (`12`, `0.5`) from `low` to `high`: ASCII digits and one '.', no sign, exponent or '_'."""
-    bounds = f"a number from {low:g} to {high:g}{unit}"
-
-    def parse(value: Any) -> float:
-        text = value.strip() if isinstance(value, str) else None
-        if text is None or not _DECIMAL.fullmatch(text):
-            raise Refused(f"is not {bounds} (digits 0-9 and '.')")
-        if text.startswith("-") and low >= 0:
-            raise Refused(f"is negative ({bounds})")
-        number = float(text)
-        if not low <= number <= high:
-            raise Refused(f"is not {bounds}")
-        return number
-
-    return parse
+    """Decimal numbers (`12`, `0.5`) from `low` to `high`: one '.', no sign, exponent or '_'."""
+    return _ranged(_DECIMAL, float, (str,), low, high, f"a number from {low:g} to {high:g}{unit}",
+                   "digits 0-9 and '.'")
 
 
 def name(value: Any) -> str:
