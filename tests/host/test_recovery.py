@@ -164,6 +164,8 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     if losses[-1][0] == "train":
         resumed_log = (trainings[-1] / "log").read_bytes()
         assert f"restored checkpoint {timeline[-1]['from_checkpoint']} from ".encode() in resumed_log
+        # the VM created anew starts warm: the compile cache is the data disk's, which the lost VM's training filled
+        assert b"tpu-grpo: compile cache warm: 1 entries, " in resumed_log
         steps = [int(step) for step in re.findall(rb"\] Train step (\d+) ", resumed_log)]
         assert steps and min(steps) > timeline[-1]["from_checkpoint"] and max(steps) == 8
     actor = host.vm.path(f"{STORE}/post-train/durable/checkpoints/actor")

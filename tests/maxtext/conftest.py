@@ -67,29 +67,30 @@ def hub():
         yield served
 
 
-@pytest.fixture
-def make_host(tmp_path, hub):
-    """A host for `family`: the venv, the token file, the model downloaded as provisioning does (with its
+def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
+    """A host for `family` in `folder`: the venv, the token file, the model downloaded as provisioning does (with its
     `.complete` mark), GSM8K-shaped rows; and on the Hub, the repositories MaxText downloads the model, its
     tokenizers and configs from."""
-    def make(family: Family) -> Host:
-        from tpu_grpo.jobs.maxtext import MODELS
+    from tpu_grpo.jobs.maxtext import MODELS
 
-        home = tmp_path / "home"
-        (home / ".cache/huggingface").mkdir(parents=True)
-        (home / ".cache/huggingface/token").write_text("hf_tier_token")
-        (home / "maxtext_venv").symlink_to(VENV)
-        row = MODELS[family.model]
-        host = Host(home, family, tmp_path / "data", hub)
-        host.model_folder.parent.mkdir(parents=True)
-        for what, folder in ((family.model, host.model_folder), ("gsm8k", host.data)):
-            subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", what, folder], cwd=ROOT, check=True,
-                           capture_output=True)
-        host.model_folder.with_name(host.model_folder.name + ".complete").touch()
-        files = {path.name: path.read_bytes() for path in host.model_folder.iterdir()}
-        for repo_id in {row.hf_id, row.training_tokenizer, MODELS[row.export_model].hf_id}:
-            hub.seed(repo_id, files, gated=False)
-        return host
-    return make
+    home = folder / "home"
+    (home / ".cache/huggingface").mkdir(parents=True)
+    (home / ".cache/huggingface/token").write_text("hf_tier_token")
+    (home / "maxtext_venv").symlink_to(VENV)
+    row = MODELS[family.model]
+    host = Host(home, family, folder / "data", hub)
+    host.model_folder.parent.mkdir(parents=True)
+    for what, made in ((family.model, host.model_folder), ("gsm8k", host.data)):
+        subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", what, made], cwd=ROOT, check=True,
+                       capture_output=True)
+    host.model_folder.with_name(host.model_folder.name + ".complete").touch()
+    files = {path.name: path.read_bytes() for path in host.model_folder.iterdir()}
+    for repo_id in {row.hf_id, row.training_tokenizer, MODELS[row.export_model].hf_id}:
+        hub.seed(repo_id, files, gated=False)
+    return host
 
 
+@pytest.fixture
+def make_host(tmp_path, hub):
+    """A host for a family (lay_out_host) in the test's folder."""
+    return lambda family: lay_out_host(tmp_path, hub, family)

@@ -78,9 +78,18 @@ def test_a_family_converts_trains_resumes_and_exports(make_host, model, placemen
                                         check=True).stdout)
     assert weighed == {"model_params": models.WEIGHT_BYTES, "optimizer_state": models.MOMENT_BYTES}  # the disk's
 
+    # the actor is the reference model copied, not the checkpoint restored a second time (load_checkpoint_only_once)
+    assert "Creating policy model by copying reference model instead of restoring" in train.stdout + train.stderr
+    cold = progress.startup((train.stdout + train.stderr).splitlines(), 2026)
+    assert cold["cache"]["warm"] is False and cold["phases"].keys() == set(progress.STARTUP_LABELS)
+    cache = host.path(cold["cache"]["folder"])  # JAX wrote the trainer's compiled programs there
+    assert cache.is_relative_to(host.path(maxtext.compile_cache_root(run, in_slice))) and any(cache.glob("*-cache"))
+
     longer = dataclasses.replace(run, batches=MORE_BATCHES)
     resumed = host.run(maxtext.script(longer, "train", in_slice=in_slice), in_slice=in_slice)
     assert resumed.returncode == 0, tail(resumed)
+    warm = progress.startup((resumed.stdout + resumed.stderr).splitlines(), 2026)
+    assert warm["cache"]["warm"] and warm["cache"]["folder"] == cold["cache"]["folder"]  # batches fix no shape
     events = progress.parse_lines((resumed.stdout + resumed.stderr).splitlines())
     assert progress.Resumed(BATCHES) in events  # the script's own line, before MaxText restores it
     assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(BATCHES + 1, MORE_BATCHES + 1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -142,10 +143,11 @@ def _parts(script: str) -> tuple[dict, list[str], list[str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("python3 -m "))
     end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
     argv = [line.strip().removesuffix("\\").strip() for line in lines[start:end + 1]]
-    exports = dict(line.removeprefix("export ").split("=", 1) for line in lines if line.startswith("export "))
+    assigned = [line for line in lines if re.match(r"export \w+=", line)]
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in assigned)
     exports.update(line.split(";")[0].split("=", 1) for line in lines if line.startswith("TPU_NAME="))
     return exports, argv, [line for line in lines[:start] + lines[end + 1:]
-                           if not line.startswith(("export ", "TPU_NAME="))]
+                           if line not in assigned and not line.startswith("TPU_NAME=")]
 
 
 @pytest.mark.parametrize("step", maxtext.STEPS)
@@ -156,10 +158,11 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     monkeypatch.chdir(stack_dir)
     run = pipeline.build_run(settings.load("dev", lenient=True), run_name="gsm8k-1")
     vm_exports, vm_argv, vm_other = _parts(maxtext.script(run, step))
-    exports, argv, other = _parts(maxtext.script(run, step, in_slice=True))
+    exports, argv, other = _parts(maxtext.script(run, step, in_slice=True, slice_shape="v6e-16x1"))
     # The exports: the one VM's, less those that describe one VM's chips to libtpu, and the export into the
     # run's folder in the bucket rather than a pod's /dev/shm.
-    expected = {name: value for name, value in vm_exports.items() if name not in maxtext.ONE_VM_ONLY}
+    expected = {name: value for name, value in vm_exports.items()
+                if name not in maxtext.ONE_VM_ONLY and f"export {name}={value}" != maxtext.KEEP_EVERY_COMPILATION}
     if step == "export":
         assert expected["HF_EXPORT"] == "/dev/shm/$MODEL_NAME/hf-trained/"
         expected["HF_EXPORT"] = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
@@ -171,9 +174,15 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     argv[-1] = argv[-1].removesuffix(" &")
     on_cpu = ["hardware=cpu", "skip_jax_distributed_system=true"] if step == "export" else []
     assert argv == [arg for arg in vm_argv if "hf_model_path" not in arg] + on_cpu
-    # The rest: the image has MaxText on its PATH, and the token comes from a Secret.
+    # The rest: the image has MaxText on its PATH, the token comes from a Secret, and the compile cache is the
+    # bucket's, for the slice's shape (the training) or its CPU pool (the others).
+    cache = [line for line in vm_other if line.startswith("COMPILE_CACHE=$(")]
     assert [line for line in vm_other if line not in other] == [
         "source ~/maxtext_venv/bin/activate", *maxtext.token_lines(),
-        *[line for line in vm_other if "hf_model_path" in line]]
-    assert [line for line in other if line not in vm_other] == [maxtext.POD_TOKEN_CHECK, maxtext.FORWARD_TERM,
-                                                                *maxtext.WAIT_CHILD]
+        *[line for line in vm_other if "hf_model_path" in line], *cache]
+    where = "v6e-16x1" if step == "train" else "cpu-pool"
+    cache_line = [line for line in other if line.startswith("COMPILE_CACHE=$(")]
+    assert cache_line == [cache[0].replace(f"~/tpu-grpo/compile-cache {run.machine.machine_type}/",
+                                           f"gs://grpo-lab-runs/runs/compile-cache {where}/")]
+    assert [line for line in other if line not in vm_other] == [maxtext.POD_TOKEN_CHECK, *cache_line,
+                                                                maxtext.FORWARD_TERM, *maxtext.WAIT_CHILD]

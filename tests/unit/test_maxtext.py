@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -14,11 +15,13 @@ import yaml
 from tests import tutorial
 from tests.support import TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
+from tpu_grpo.config import settings, stores
 from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import MACHINES
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
-OURS_ONLY = {"PYTHONUNBUFFERED"}
+OURS_ONLY = {"PYTHONUNBUFFERED", "COMPILE_CACHE", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "VLLM_XLA_CACHE_PATH",
+             "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"}
 
 
 def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
@@ -105,7 +108,7 @@ def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
     ours = run_ours(tmp_path, run)
     train = ours[tutorial.MODULES[1]]["argv"]
     assert train[-3:] == ["rl.num_generations=4", "rl.grpo_beta=0.04", "learning_rate=1e-6 * 2"]
-    assert ours[tutorial.MODULES[2]]["argv"][-1] == "weight_dtype=float32"
+    assert [arg for arg in ours[tutorial.MODULES[2]]["argv"] if "weight_dtype" in arg] == ["weight_dtype=float32"]
     assert ours[tutorial.MODULES[0]]["argv"] == run_ours(tmp_path / "plain", RUN)[tutorial.MODULES[0]]["argv"]
 
 
@@ -191,6 +194,10 @@ def test_plan_includes_the_scripts(stack_dir):
     assert [job["step"] for job in plan["jobs"]] == list(maxtext.STEPS)
     assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
     assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
+    run = maxtext.Run.of(settings.load("dev", lenient=True, root=stack_dir).training)
+    assert plan["compile_cache"].startswith(f"compile cache: ~/tpu-grpo/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
+                                            f"{maxtext.compile_cache_name(run, 'train')}, on the data disk. The first "
+                                            "training of these settings compiles (a cold start)")
 
 
 def _lines_about_the_newest_checkpoint(script: str) -> str:
@@ -260,3 +267,47 @@ def test_a_training_recorded_before_whole_run_records_is_exported_with_what_its_
     asked = replace(RUN, tokenizer="someone/new-tokenizer", batches=9)
     found = pipeline._trained_as(old, asked)
     assert (found.training_tokenizer, found.batches, found.sets["train"]) == ("someone/trained-tokenizer", 7, {"x": "1"})
+
+
+def test_a_compile_cache_is_named_by_what_fixes_the_compiled_programs():
+    """One folder for the settings that fix what a step compiles (the machine, the model, the step's `--set`s, the
+    training's data and loss), so that a training of more batches or another name starts warm, and another
+    `--set`, model or machine does not take a folder that is warm for something else."""
+    name = maxtext.compile_cache_name
+    assert name(RUN, "train") == name(dataclasses.replace(RUN, batches=200, run_name="other", step=3), "train")
+    assert name(RUN, "train").startswith(f"{RUN.machine.machine_type}/{RUN.model}/train-")
+    others = [dataclasses.replace(RUN, sets={"train": {"rl.num_generations": "4"}}),
+              dataclasses.replace(RUN, loss_algo="gspo-token"), dataclasses.replace(RUN, model="qwen3-8b")]
+    assert len({name(RUN, "train"), *(name(other, "train") for other in others)}) == 4
+    assert name(RUN, "export") == name(dataclasses.replace(RUN, sets={"train": {"rl.num_generations": "4"}}), "export")
+    assert name(RUN, "train", "v6e-16x2").startswith("v6e-16x2/") and name(RUN, "export", "v6e-16x2").startswith(
+        "cpu-pool/")
+    assert maxtext.compile_cache_root(RUN) == "~/tpu-grpo/compile-cache"  # the data disk's
+    bucket = dataclasses.replace(RUN, store=stores.store_for("gs://b/runs"))
+    assert maxtext.compile_cache_root(bucket, in_slice=True) == "gs://b/runs/compile-cache"
+
+
+def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_path):
+    """Each step's MaxText gets the folder the compile cache program printed as jax_cache_dir, and the training's
+    vLLM the same folder; a cache that cannot be had leaves MaxText's own ~/jax_cache and says so."""
+    env, record = tutorial.job_home(tmp_path)
+    (tmp_path / "bin/python3").write_text((tmp_path / "bin/python3").read_text() + (
+        "if sys.argv[-1:] == ['make']: print(sys.argv[2] + '/v/' + sys.argv[3])\n"))
+    ours = tutorial.run_ours(tmp_path, RUN, env)
+    for step, module in zip(maxtext.STEPS, tutorial.MODULES):
+        folder = f"{env['HOME']}/tpu-grpo/compile-cache/v/{maxtext.compile_cache_name(RUN, step)}"
+        assert f"jax_cache_dir={folder}" in ours[module]["argv"]
+        assert ours[module]["env"]["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    trained = f"{env['HOME']}/tpu-grpo/compile-cache/v/{maxtext.compile_cache_name(RUN, 'train')}"
+    assert ours[tutorial.MODULES[1]]["env"]["VLLM_XLA_CACHE_PATH"] == trained
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    env, record = tutorial.job_home(failing)
+    (failing / "bin/python3").write_text((failing / "bin/python3").read_text() + (
+        "if sys.argv[-1:] == ['make']: sys.exit(1)\n"))
+    done = subprocess.run(["bash", "-c", maxtext.script(RUN, "train")], capture_output=True, text=True, env=env,
+                          cwd=env["HOME"])
+    assert done.returncode == 0, done.stderr
+    assert "tpu-grpo: compile cache unavailable: this start compiles everything" in done.stderr
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert f"jax_cache_dir={env['HOME']}/jax_cache" in calls[-1]["argv"]

@@ -3,6 +3,7 @@ write (the upload itself runs against a throwaway host: tests/host/test_publish.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -148,14 +149,24 @@ def test_a_run_trained_in_two_jobs_is_scored_before_by_the_first_and_after_by_th
         return (f"W1202 14:23:07.528425 140671093824384 train_rl.py:716] {stage} RL Training: corr={correct}, total=8, "
                 f"accuracy={correct * 12.5}%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0000")
 
+    def started(cache: str, weights_s: int) -> list[str]:
+        return [f"tpu-grpo: compile cache {cache}: 3 entries, 300 bytes, in /c",
+                "I1204 12:00:00.000000 1 model_creation_utils.py:751] Creating reference model and also meshes",
+                f"I1204 12:00:{weights_s:02d}.000000 1 train_rl.py:498] Creating RL cluster..."]
+
     first = Job("20261204-100000000-train", "train", "r", "lost", None, 1000.0, None, 10, {"capacity": "spot"})
     second = Job("20261204-120000000-train", "train", "r", "finished", 0, 5000.0, 6000.0, 10, {"capacity": "spot"})
     record = base64.b64encode(json_module.dumps({"batches": 8}).encode()).decode()
-    answer = "\n".join([f"job {first.id}", eval_line("Pre", 1), f"job {second.id}", eval_line("Pre", 3),
-                        eval_line("Post", 5), f"trained {record}", f"saved {record}", "maxtext 0.2.3"])
+    answer = "\n".join([f"job {first.id}", *started("cold", 50), eval_line("Pre", 1), f"job {second.id}",
+                        *started("warm", 20), eval_line("Pre", 3), eval_line("Post", 5), f"trained {record}",
+                        f"saved {record}", "maxtext 0.2.3"])
     found = publish.read_facts("r", [first, second], answer)
     assert (found.pre.correct, found.post.correct, found.trainings) == (1, 5, 2)
     assert found.train_seconds == 1000.0 and found.maxtext_version == "0.2.3"
+    # the start-up the card states is the last training's: its weights phase, its warm cache
+    assert found.startup["phases"] == {"weights": 20.0} and found.startup["cache"]["warm"]
+    assert "| start-up | weights 0m20s (compile cache warm) |" in publish.card(
+        dataclasses.replace(found, trained={**found.trained, "model": "llama3.1-8b-Instruct"}))
 
 
 @pytest.mark.parametrize("repo", ["a/b", "_a/b_", "A.b/c-d", "a/b.gi", "a" * 96 + "/b", "a/b--", "a/b.git", "a/.b",

@@ -86,7 +86,7 @@ def test_status_says_in_one_line_why_a_job_cannot_run_and_cancel_deletes_it(slic
     started = run_task(slice_stack, "train", "--run-name", "gsm8k-3", "--detach")
     assert started.returncode == 0, started.stderr
     status = json.loads(run_task(slice_stack, "status", "--json").stdout)
-    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice"]  # the VM's shape too
+    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]  # the VM's shape too
     assert (status["where"], status["slice"], status["tpu"]) == ("tpu-grpo", "v6e-16 x1", None)
     [job] = status["jobs"]
     assert (job["step"], job["run"], job["state"], job["exit_code"]) == ("train", "gsm8k-3", "pending", None)

@@ -229,6 +229,9 @@ def test_plan_shows_the_node_pool_as_gcloud_and_the_slice_cost(stack_dir, stack_
     assert plan["cost"]["chips"] == 64 and plan["cost"]["slice"] == "v6e-64"
     assert plan["cost"]["usd_per_hour"] == round(64 * CAPACITIES[capacity].usd_per_chip_hour + 3.21, 2)
     assert plan["provision"] == [] and plan["jobs"] == []
+    bucket = values["tpu-grpo:checkpointStore"].rstrip("/")
+    assert plan["compile_cache"].startswith(f"compile cache: {bucket}/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
+                                            "v6e-64x1/llama3.1-8b-Instruct/train-")
 
 
 def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values, home):

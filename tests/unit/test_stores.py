@@ -86,10 +86,13 @@ def keyed(argv: list[str]) -> dict[str, str]:
 
 
 def differences(ours: dict, theirs: dict) -> dict[str, dict[str, tuple]]:
-    """module -> argument -> (tutorial's value, ours), for every argument that differs or is only one side's."""
+    """module -> argument -> (tutorial's value, ours), for every argument that differs or is only one side's, our
+    deliberate additions aside (tests/tutorial.py OURS_ADDED)."""
     found = {}
     for module in tutorial.MODULES:
-        mine, tutorials = keyed(ours[module]["argv"]), keyed(theirs[module]["argv"])
+        mine = {key: value for key, value in keyed(ours[module]["argv"]).items()
+                if f"{key}=" not in tutorial.OURS_ADDED}
+        tutorials = keyed(theirs[module]["argv"])
         tutorials.pop("hf_access_token", None)  # ours is in HF_TOKEN (test_maxtext)
         found[module] = {key: (tutorials.get(key), mine.get(key)) for key in sorted(mine.keys() | tutorials.keys())
                          if mine.get(key) != tutorials.get(key)}

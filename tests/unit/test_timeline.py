@@ -21,13 +21,19 @@ def test_a_training_splits_into_start_up_step_ranges_and_evaluations_by_its_logs
     started, log_end, ended = _at("14:22:40"), _at("14:23:22.246774"), _at("14:23:23")
     phases = timeline.training_phases("smoke", started, ended, log_end, LOG)
     assert [(phase.kind, phase.label) for phase in phases] == [
-        ("eval", "smoke: start-up and evaluation before training"),
+        ("startup", "smoke: start"), ("startup", "smoke: weights"), ("startup", "smoke: vLLM start and compile"),
+        ("eval", "smoke: evaluation before training"),
         ("train", "smoke: GRPO steps 1-2"), ("eval", "smoke: evaluation at step 2"),
         ("train", "smoke: GRPO steps 3-4"), ("eval", "smoke: evaluation at step 4"),
         ("eval", "smoke: evaluation after training")]
     starts = {phase.label: (round(phase.start - started, 3), round(phase.seconds, 3)) for phase in phases}
-    # from the log's own times: Starting RL training at 14:23:07.531, step 2 at 21.594, eval 2 at 21.663, ...
-    assert starts["smoke: start-up and evaluation before training"] == (0.0, round(_at("14:23:07.531409") - started, 3))
+    # from the log's own times: MaxText's start-up lines (the reference model at 14:22:51.400, the RL cluster at
+    # 14:23:03.846, the trainer at 06.554), Starting RL training at 07.531, step 2 at 21.594, eval 2 at 21.663, ...
+    assert starts["smoke: start"] == (0.0, round(_at("14:22:51.400292") - started, 3))
+    assert starts["smoke: weights"][1] == round(_at("14:23:03.845697") - _at("14:22:51.400292"), 3)
+    assert starts["smoke: vLLM start and compile"][1] == round(_at("14:23:06.553774") - _at("14:23:03.845697"), 3)
+    assert starts["smoke: evaluation before training"] == (round(_at("14:23:06.553774") - started, 3),
+                                                          round(_at("14:23:07.531409") - _at("14:23:06.553774"), 3))
     assert starts["smoke: GRPO steps 1-2"] == (round(_at("14:23:07.531409") - started, 3),
                                                round(_at("14:23:21.594429") - _at("14:23:07.531409"), 3))
     assert starts["smoke: evaluation at step 2"][1] == round(_at("14:23:21.662907") - _at("14:23:21.594429"), 3)

@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from tests.support import FIXTURES
+from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.watch import JobView
 
 LOG = (FIXTURES / "train_rl.cpu-rehearsal.log").read_bytes()
@@ -70,3 +71,21 @@ def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
     billing = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
     assert f"at the earliest; then {billing}" in shown
     assert "the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM is never started" in shown
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_status_says_whether_the_stacks_next_training_starts_warm_and_how_the_last_one_started(warm):
+    from tpu_grpo.jobs.watch import print_status
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=400)
+    cache = {"warm": warm, "entries": 40 if warm else 0, "bytes": 1_234_567_890 if warm else 0, "folder": "/c/f"}
+    started = {"phases": {"weights": 75.0, "rollout": 610.0}, "vllm_compile": 580.0, "to_first_step": 700.0,
+               "cache": {**cache, "warm": False}}
+    job = JobRecord(id="20261205-100000.000-train", step="train", run="r", state="running", exit_code=None,
+                    started="2026-12-05T10:00:00Z", finished=None, total_steps=50, problem=None)
+    print_status(console, "vm", [job], {"run": "r", "step": 3, "total_steps": 50, "startup": started}, None, cache)
+    shown = " ".join(console.file.getvalue().split())
+    assert ("next training of the stack's settings: starts warm (40 compiled programs, 1,234.6 MB) from /c/f" in shown
+            if warm else "starts cold (its compile cache /c/f is empty: this start compiles" in shown)
+    assert ("start-up: to first step 11m40s: weights 1m15s, vLLM start and compile 10m10s, of which vLLM compiled "
+            "9m40s (compile cache cold)") in shown

@@ -57,6 +57,7 @@ class Plan:
     cost: Cost
     provision: list[dict[str, Any]]
     jobs: list[dict[str, str]]
+    compile_cache: str
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,7 +104,22 @@ def build(stack: str | None = None) -> Plan:
         ),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
         jobs=[] if multi_host else job_scripts(settings),
+        compile_cache=compile_cache_note(settings),
     )
+
+
+def compile_cache_note(settings) -> str:
+    """Where the training's compiled programs are kept, and which starts will be warm."""
+    from tpu_grpo.jobs import maxtext, pipeline
+
+    run = pipeline.build_run(settings)
+    shape = f"{settings.slice}x{settings.num_slices}" if settings.tpu_slice else ""
+    where = "the store's bucket" if shape else "the data disk"
+    folder = (f"{maxtext.compile_cache_root(run, in_slice=bool(shape))}/MAXTEXT_JAX_LIBTPU_VERSIONS/"
+              f"{maxtext.compile_cache_name(run, 'train', shape)}")
+    return (f"compile cache: {folder}, on {where}. The first training of these settings compiles (a cold start); "
+            "the next ones, a resumed run, a recovery and a VM created anew start warm, until a --set that changes "
+            "what is compiled or another MaxText, JAX or libtpu; `invoke status` says which the next start is")
 
 
 def disks(settings) -> list[dict[str, Any]]:
@@ -226,6 +242,7 @@ def render(plan: Plan, console: Console) -> None:
         console.rule("`invoke pipeline`: the MaxText steps, each a detached job on the VM", align="left")
     for job in plan.jobs:
         console.print(Text(job["script"]), soft_wrap=True)
+    console.print(Text(plan.compile_cache))
     cost = plan.cost
     extra = " + CPU host and GKE fee" if multi_host else ""
     what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type

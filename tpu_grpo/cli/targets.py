@@ -197,8 +197,10 @@ class VmTarget:
         connection = self.session.connection
         found = vm_jobs.list_jobs(connection)
         after_stop = self.settings.obtained.after_stop if self.settings else None  # unknown for a VM of no stack
+        chosen = self.settings or settings_module.load(self.flags.stack, lenient=True)  # --host: the stack's run
         return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
-            connection, found), idle_stop=watch.idle_stop(connection, after_stop), tpu=chips.CHIPS.read(connection))
+            connection, found), idle_stop=watch.idle_stop(connection, after_stop), tpu=chips.CHIPS.read(connection),
+            compile_cache=watch.next_start(connection, Run.of(chosen.training)))
 
     def check_recovery(self) -> None:
         """--recover brings this VM back when it is lost."""
@@ -235,7 +237,7 @@ class VmTarget:
         from tpu_grpo.jobs import watch
 
         watch.print_status(console, status["where"], [JobRecord(**job) for job in status["jobs"]],
-                           status["progress"], status["idle_stop"])
+                           status["progress"], status["idle_stop"], status["compile_cache"])
         chips.show(console, status["tpu"])
 
 
@@ -380,11 +382,12 @@ class SliceTarget:
 
 
 def status(where: str, records: list[JobRecord], *, progress: dict | None = None, idle_stop: dict | None = None,
-           tpu: dict | None = None, slice: str | None = None) -> dict:
+           tpu: dict | None = None, slice: str | None = None, compile_cache: dict | None = None) -> dict:
     """`status --json`, one shape on both targets: where (the VM or the cluster), its jobs, and what is known of
-    the training's progress, the idle stop, the TPU chips (the VM's) and the slice (the cluster's); null if not."""
+    the training's progress and start-up, the idle stop, the TPU chips (the VM's), the slice (the cluster's) and
+    the compile cache the stack's next training would start with (the VM's); null if not."""
     return {"where": where, "jobs": [record.to_json() for record in records], "progress": progress,
-            "idle_stop": idle_stop, "tpu": tpu, "slice": slice}
+            "idle_stop": idle_stop, "tpu": tpu, "slice": slice, "compile_cache": compile_cache}
 
 
 def pick(where: Where) -> Target:

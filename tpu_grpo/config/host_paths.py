@@ -5,6 +5,7 @@ VENV = "~/maxtext_venv"  # the tutorial's
 TOKEN_FILE = "~/.cache/huggingface/token"  # where huggingface_hub looks for the token
 ROOT = "~/tpu-grpo"  # jobs, step records, runs and saved models; a link to the data disk
 BASE_MODELS = f"{ROOT}/base-models"  # the Hub's models the conversion reads, downloaded by provisioning
+COMPILE_CACHES = f"{ROOT}/compile-cache"  # JAX's and vLLM's compiled programs, kept for the next start (jobs/maxtext.py)
 PROVISIONING = f"{ROOT}/provisioning"  # a record of each provisioning run that changed something
 TPU_LOCK = f"{ROOT}/tpu.lock"  # held by a running job's processes: one TPU job at a time
 IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # the idle-stop timer's settings (playbooks/host.yml, "idle stop")

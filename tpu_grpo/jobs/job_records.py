@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from rich.console import Console
 
 from tpu_grpo.config.printing import styled
+from tpu_grpo.jobs.progress import duration
 
 #: pending (a slice's pods wait for nodes), running, finished (exit 0), failed, cancelled (the VM's), lost (a VM
 #: job whose processes are gone without an exit code).
@@ -37,12 +38,6 @@ class JobRecord:
 
 def utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def duration(seconds: float) -> str:
-    """A span as a person reads it in a table: 1h02m, or 4m05s under an hour."""
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def _seconds(stamp: str) -> float:

@@ -6,7 +6,9 @@ step, which `--set KEY=VALUE` extends or overrides. Deliberate differences: the 
 token is read from the host's token file into `HF_TOKEN` (which MaxText 0.2.3 reads itself),
 never passed as `hf_access_token=` on the command line; with a checkpoint store other than
 /dev/shm (tpu_grpo/config/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
-store; and a checkpoint period or count other than MaxText's own is passed to train_rl.
+store; a checkpoint period or count other than MaxText's own is passed to train_rl; every step compiles into a
+compile cache that outlives the VM (compile_cache_lines); and the actor is a copy of the reference model, not a
+second restore of the same checkpoint (load_checkpoint_only_once).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.keys import MAX_BATCHES
 from tpu_grpo.host import remote
-from tpu_grpo.config.host_paths import BASE_MODELS, ROOT, TOKEN_FILE, VENV
+from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.jobs.progress import RESUMES, total_steps
@@ -47,7 +49,8 @@ OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name"
               "checkpoint_period": "tpu-grpo:checkpointPeriod",
               "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
               "num_test_batches": "tpu-grpo:testBatches", "eval_dataset_name": "tpu-grpo:dataset",
-              "chips_per_vm": "tpu-grpo:machineType (or slice)"}
+              "chips_per_vm": "tpu-grpo:machineType (or slice)",
+              "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)"}
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
 GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
                  "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
@@ -307,6 +310,7 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
             "weight_dtype": "bfloat16",
         },
     }[step]
+    mapping["jax_cache_dir"] = '"${COMPILE_CACHE?}"'  # compile_cache_lines
     if step == "convert" and run.row.eager_load_method:
         mapping["--eager_load_method"] = run.row.eager_load_method
     if step == "export" and in_slice:
@@ -318,6 +322,10 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
             mapping["checkpoint_period"] = str(run.checkpoint_period)
         if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:
             mapping["max_num_checkpoints_to_keep"] = str(run.checkpoints_to_keep)
+        # MaxText 0.2.3 (model_creation_utils.create_models_and_meshes) clones the reference model into the actor on
+        # the same mesh instead of restoring the same weights a second time; a resumed run's actor is then restored
+        # from its own checkpoint by the trainer, as without it, and train_rl checks that the reference is unchanged
+        mapping["load_checkpoint_only_once"] = "true"
     mapping.update({key: _q(value) for key, value in run.sets.get(step, {}).items()})
     return mapping
 
@@ -383,10 +391,56 @@ def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
     return before, after
 
 
-def script(run: Run, step: str, in_slice: bool = False) -> str:
+#: Entries that compile in under JAX's default second are kept too where the cache is the data disk, on which writing
+#: one costs little (marin and tpu-inference's CI set the minimum to 0); in a bucket each entry costs a round trip
+#: to read, more than the quickest compilations take, so a slice keeps JAX's default.
+KEEP_EVERY_COMPILATION = "export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0"
+
+
+#: JAX 0.10.1 turns on an XLA GPU cache inside the compile cache by default (jax_persistent_cache_enable_xla_caches:
+#: xla_gpu_per_fusion_autotune_cache_dir), whose path then enters every entry's key through the compile options: a
+#: cache reached by another path (another home, another user) would never hit. A TPU or CPU has no use for it.
+PATH_FREE_KEYS = "export JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES=none  # keys that do not hold the cache's path"
+
+
+def compile_cache_name(run: Run, step: str, slice_shape: str = "") -> str:
+    """The compile cache's folder below its versions: where the step compiles (the VM's machine; a slice's shape for
+    its training, its CPU pool otherwise), the model, and the step's settings that fix what it compiles (its
+    `--set`s; the training's data and loss), so that a folder with entries means a warm start. JAX's own key
+    (jaxlib, XLA flags, devices, the program) still guards each entry."""
+    settings = {"sets": dict(run.sets.get(step, {})), **({"data": run.data_overrides()} if step == "train" else {})}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    where = (slice_shape if step == "train" else "cpu-pool") if slice_shape else run.machine.machine_type
+    return f"{where}/{run.model}/{step}-{digest}"
+
+
+def compile_cache_root(run: Run, in_slice: bool = False) -> str:
+    """Where compile caches live: the data disk of one VM (a replaced VM gets the same disk), the store's bucket for
+    a slice (its pods keep nothing)."""
+    return f"{run.store.root}/compile-cache" if in_slice else COMPILE_CACHES
+
+
+def compile_cache_lines(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -> list[str]:
+    """Bash that names and makes the step's compile cache and says whether this start is warm; MaxText's
+    jax_cache_dir and (the trainer's rollout) tpu-inference's VLLM_XLA_CACHE_PATH both point there. If the cache
+    cannot be had, the step runs on, compiling everything (MaxText's own ~/jax_cache)."""
+    from tpu_grpo.host.remote.compile_cache import LINE
+
+    named = compile_cache_name(run, step, slice_shape)
+    make = remote.run("compile_cache", compile_cache_root(run, in_slice), _q(named), "make")
+    lines = [f"COMPILE_CACHE=$({make}\n) || {{ COMPILE_CACHE=$HOME/jax_cache; "
+             f"echo '{LINE} unavailable: this start compiles everything' >&2; }}",
+             "export COMPILE_CACHE", PATH_FREE_KEYS]
+    if step == "train":
+        lines.append('export VLLM_XLA_CACHE_PATH="$COMPILE_CACHE"  # tpu-inference sets JAX\'s cache to it')
+    return lines if in_slice else [*lines, KEEP_EVERY_COMPILATION]
+
+
+def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -> str:
     """The whole remote script of one step: what `--dry-run` prints and what the job runs. `in_slice`: the
     script a slice's pod runs in the post-training image, which has MaxText on its PATH and no VM's files
-    (no venv, token file or downloaded model), and whose environment says where Pathways is."""
+    (no venv, token file or downloaded model), and whose environment says where Pathways is; `slice_shape` names
+    the slice its compile cache is for (SLICE x NUMBER)."""
     lines = [
         f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
         "set -eo pipefail",
@@ -416,7 +470,7 @@ def script(run: Run, step: str, in_slice: bool = False) -> str:
     command = [f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments)]
     if in_slice:
         command = [FORWARD_TERM, *command[:-1], command[-1] + " &", *WAIT_CHILD]
-    lines += [*before, *command, *after]
+    lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
     return "\n".join(lines) + "\n"
 
 

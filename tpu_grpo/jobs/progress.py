@@ -231,6 +231,81 @@ class Tracker:
 ABSL_TIME = re.compile(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
 
 
+#: The start of a training, phase by phase, each from its line to the next's: MaxText 0.2.3's own lines
+#: (model_creation_utils.create_models_and_meshes, train_rl.py), the first train step ending the last.
+STARTUP_PHASES = (("boot", "System Information: Jax Version"), ("weights", "Creating reference model"),
+                  ("rollout", "Creating RL cluster"), ("eval", "Setting up RL trainer"), ("first_step", STARTED))
+#: What each phase is, for a person: imports and config, both models' weights, vLLM's start and its precompilation
+#: (tpu-inference's), the trainer's set-up and the evaluation before training, the first step's compilation.
+STARTUP_LABELS = {"boot": "start", "weights": "weights", "rollout": "vLLM start and compile",
+                  "eval": "evaluation before training", "first_step": "first step"}
+#: tpu-inference's CompilationManager: `Compilation finished in 12.34 [secs].` after each precompiled function
+#: (`Compilation of NAME finished in` in some releases), in vLLM's own format (`INFO 08-16 20:24:55 [file:line]`).
+VLLM_COMPILED = re.compile(r"Compilation (?:of .*? )?finished in (?P<seconds>[0-9.]+) \[secs\]")
+#: tpu_grpo/host/remote/compile_cache.py's line, before MaxText starts.
+CACHE_LINE = re.compile(r"tpu-grpo: compile cache (?P<state>warm|cold): (?P<entries>\d+) entries, "
+                        r"(?P<bytes>\d+) bytes, in (?P<folder>\S+)")
+#: What a log's start-up is read from (a fact's grep), with the first train step that ends it.
+STARTUP_LINES = "|".join([*(mark for _, mark in STARTUP_PHASES[:-1]), "Starting RL training", "Train step",
+                          "Compilation .*finished in", "tpu-grpo: compile cache"])
+
+
+def compile_cache(line: str) -> dict | None:
+    """The compile cache a training started with, from the line its script prints."""
+    found = CACHE_LINE.search(line)
+    if found is None:
+        return None
+    return {"warm": found["state"] == "warm", "entries": int(found["entries"]), "bytes": int(found["bytes"]),
+            "folder": found["folder"]}
+
+
+def startup(lines: Iterable[str], year: int) -> dict[str, Any]:
+    """How long each phase of a training's start took (seconds, by the log's own times; a phase not reached is
+    absent), the time to its first step, vLLM's precompilation, and the compile cache it started with. A resumed
+    run's log holds one start; a log of several starts (none here) gives the last."""
+    marks: dict[str, float] = {}
+    first_step, compiled, cache = None, 0.0, None
+    for line in lines:
+        text = message(line)
+        if (said := compile_cache(text)) is not None:
+            marks, first_step, compiled, cache = {}, None, 0.0, said
+        elif (vllm := VLLM_COMPILED.search(text)) is not None:
+            compiled += float(vllm["seconds"])
+        elif (at := absl_seconds(line, year)) is not None:
+            if first_step is None and TRAIN_STEP.match(text):
+                first_step = at
+            for phase, mark in STARTUP_PHASES:
+                if text.startswith(mark) and phase not in marks:
+                    marks[phase] = at
+    ends = [*(marks.get(phase) for phase, _ in STARTUP_PHASES[1:]), first_step]
+    phases = {phase: round(end - marks[phase], 3) for (phase, _), end in zip(STARTUP_PHASES, ends)
+              if phase in marks and end is not None}
+    found: dict[str, Any] = {"phases": phases, "vllm_compile": round(compiled, 3) if compiled else None,
+                             "to_first_step": None, "cache": cache}
+    if first_step is not None and marks:
+        found["to_first_step"] = round(first_step - min(marks.values()), 3)
+    return found
+
+
+def startup_text(found: dict | None) -> str:
+    """`weights 12s, vLLM start and compile 3m05s, ... (compile cache warm)`, or "" before a training starts."""
+    if not found or not (found.get("phases") or found.get("cache")):
+        return ""
+    parts = [f"{STARTUP_LABELS[phase]} {duration(seconds)}" for phase, seconds in found["phases"].items()]
+    if found.get("vllm_compile"):
+        parts.append(f"of which vLLM compiled {duration(found['vllm_compile'])}")
+    total = f"to first step {duration(found['to_first_step'])}: " if found.get("to_first_step") is not None else ""
+    cache = found.get("cache")
+    said = f" (compile cache {'warm' if cache['warm'] else 'cold'})" if cache else ""
+    return total + ", ".join(parts) + said
+
+
+def duration(seconds: float) -> str:
+    """A span as a person reads it in a table: 1h02m, or 4m05s under an hour."""
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
 def absl_seconds(line: str, year: int) -> float | None:
     """A log line's absl time as seconds on the job's own clock (naive: only differences are used)."""
     found = ABSL_TIME.search(line)

@@ -60,8 +60,8 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
                                    "--run-name gsm8k-1")
     name = jobset.job_name(step, run.name)
     image = images.post_training_image(settings.project, settings.region)
-    script = maxtext.script(run, step, in_slice=True)
     assert settings.tpu_slice, "a slice's stack"
+    script = maxtext.script(run, step, in_slice=True, slice_shape=f"{settings.tpu_slice.name}x{settings.num_slices}")
     if step != "train":
         return jobset.cpu(name, step, run.name, image, script)
     made = jobset.pathways(name, step, run.name, image, script, settings.tpu_slice, settings.num_slices,

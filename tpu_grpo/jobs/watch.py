@@ -5,6 +5,7 @@ lines a person wants (evals, errors) printed above it, and the whole log kept on
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from tpu_grpo.host import facts
 from tpu_grpo.jobs import job_records, vm_jobs
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
-from tpu_grpo.jobs.progress import RESUMES, Completed, Eval, Resumed, Started, Tracker, TrainStep, absl_seconds
+from tpu_grpo.jobs import maxtext
+from tpu_grpo.host import remote
+from tpu_grpo.jobs.progress import (RESUMES, STARTUP_LINES, Completed, Eval, Resumed, Started, Tracker, TrainStep,
+                                    absl_seconds, compile_cache, startup, startup_text)
 from tpu_grpo.config.printing import styled
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
@@ -126,18 +130,19 @@ def follow(session: vm_jobs.Session, job: str, step: str, console: Console, tota
     return code
 
 
-PROGRESS_LINES = ("Train step|Pre RL Training|Intermediate Eval|Post RL Training|Starting RL|Completed Successfully|"
-                  + RESUMES)
+PROGRESS_LINES = ("Pre RL Training|Intermediate Eval|Post RL Training|Completed Successfully|"
+                  f"{RESUMES}|{STARTUP_LINES}")
 
 
 def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
     """The lines fed at their log's own times (the year from the job id), so the rate is the training's and the
-    ETA counts from its last logged step."""
-    tracker, at = Tracker(total_steps), 0.0
-    for line in answer.stdout.splitlines():
-        at = absl_seconds(line, int(job_id[:4])) or at
+    ETA counts from its last logged step; and how its start went."""
+    tracker, at, year = Tracker(total_steps), 0.0, int(job_id[:4])
+    lines = answer.stdout.splitlines()
+    for line in lines:
+        at = absl_seconds(line, year) or at
         tracker.feed(line, now=at)
-    return tracker.summary(now=at)
+    return {**tracker.summary(now=at), "startup": startup(lines, year)}
 
 
 #: Where a training job stands (job id, its total steps), from its log's progress lines.
@@ -152,6 +157,19 @@ def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
         return None
     job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
     return {"job": job.id, "run": job.run, **PROGRESS.read(connection, job.id, job.meta.get("total_steps") or 0)}
+
+
+#: The compile cache a training of these settings would start with now (the caches' root, the folder its settings
+#: name): the venv's versions are the host's to say.
+NEXT_START = facts.Fact(
+    "next_start", lambda root, named: f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
+                                      f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}",
+    lambda answer, root, named: next(filter(None, map(compile_cache, answer.stdout.splitlines())), None))
+
+
+def next_start(connection, run: maxtext.Run) -> dict | None:
+    """Whether the next training of `run`'s settings on this VM starts warm: its compile cache's entries."""
+    return NEXT_START.read(connection, host_paths.COMPILE_CACHES, shlex.quote(maxtext.compile_cache_name(run, "train")))
 
 
 def _idle_stop(answer: facts.Answer) -> dict | None:
@@ -174,7 +192,7 @@ def idle_stop(connection, after_stop: str | None = None) -> dict | None:
 
 
 def print_status(console: Console, host: str, found: list[JobRecord], progress: dict | None,
-                 idle: dict | None = None) -> None:
+                 idle: dict | None = None, next_cache: dict | None = None) -> None:
     if idle:
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
         console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
@@ -182,6 +200,12 @@ def print_status(console: Console, host: str, found: list[JobRecord], progress: 
                       + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
+    if next_cache is not None:
+        size = f"{next_cache['entries']} compiled programs, {next_cache['bytes'] / 1e6:,.1f} MB"
+        console.print(styled("next training of the stack's settings: starts warm ({}) from {}", size,
+                             next_cache["folder"]) if next_cache["warm"] else
+                      styled("next training of the stack's settings: starts cold (its compile cache {} is empty: "
+                             "this start compiles, the next ones reuse it)", next_cache["folder"]))
     job_records.show(console, host, found)
     if not found:
         return
@@ -191,3 +215,5 @@ def print_status(console: Console, host: str, found: list[JobRecord], progress: 
         console.print(f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
                       + (f" (resumed after checkpoint {resumed})" if resumed else "")
                       + (f"; eval accuracy: {evals}" if evals else ""))
+        if said := startup_text(progress.get("startup")):
+            console.print(f"start-up: {said}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from dataclasses import asdict, dataclass, field
 
 import yaml
@@ -27,7 +28,7 @@ from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.models import DEFAULT_DATASET, MODELS
-from tpu_grpo.jobs.progress import Eval, parse_line
+from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, parse_line, startup, startup_text
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
 REFUSED_EXIT = 3
@@ -85,12 +86,13 @@ class Facts:
     trainings: int
     pre: Eval | None = None
     post: Eval | None = None
+    startup: dict | None = None  # the last training's start (tpu_grpo.jobs.progress.startup)
 
 
 def facts(connection, run: str) -> Facts:
     """Two round trips: the run's training jobs, then their eval lines, its records and MaxText's version."""
     trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run]
-    lines = [f"echo job {job.id}; grep -aE 'Pre RL Training|Post RL Training' {vm_jobs.JOBS}/{job.id}/log || true"
+    lines = [f"echo job {job.id}; grep -aE 'Pre RL Training|Post RL Training|{STARTUP_LINES}' {vm_jobs.JOBS}/{job.id}/log || true"
              for job in trainings]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
@@ -104,6 +106,7 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
     training as the first training measured it, after as the last one did."""
     records: dict[str, dict] = {}
     evals: dict[str | None, list[Eval]] = {}
+    logs: dict[str | None, list[str]] = {}
     version = "unknown"
     job = None
     for line in answer.splitlines():
@@ -114,8 +117,10 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
             version = rest.strip()
         elif kind == "job":
             job = rest
-        elif isinstance(event := parse_line(line), Eval):
-            evals.setdefault(job, []).append(event)
+        else:
+            logs.setdefault(job, []).append(line)
+            if isinstance(event := parse_line(line), Eval):
+                evals.setdefault(job, []).append(event)
     if "saved" not in records:
         raise artifacts.HostStateError(f"run {run} has no saved model on this host; fix: uv run invoke pipeline "
                                        f"--run-name {run} (it exports and saves it), or pick one from uv run invoke "
@@ -127,7 +132,9 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
                  capacity=trainings[-1].meta.get("capacity", "unknown") if trainings else "unknown",
                  maxtext_version=version, train_seconds=sum(job.finished - job.started for job in finished),
                  trainings=len(trainings), pre=next((e for e in first if e.stage == "pre"), None),
-                 post=next((e for e in reversed(last) if e.stage == "post"), None))
+                 post=next((e for e in reversed(last) if e.stage == "post"), None),
+                 startup=startup(logs.get(trainings[-1].id, []), time.gmtime(trainings[-1].started).tm_year)
+                 if trainings else None)
 
 
 def _duration(seconds: float) -> str:
@@ -190,7 +197,8 @@ def card(found: Facts) -> str:
             ("capacity", found.capacity),
             ("training time", f"{_duration(found.train_seconds)} in {found.trainings} training job"
                               f"{'s' if found.trainings != 1 else ''}"),
-            ("cost", _cost(found.train_seconds, machine, found.capacity))]
+            ("cost", _cost(found.train_seconds, machine, found.capacity)),
+            ("start-up", startup_text(found.startup) or "not in the log")]
     evals = [(label, _score(found.pre, name), _score(found.post, name))
              for label, name in (("accuracy", "accuracy"), ("partial accuracy", "partial_accuracy"),
                                  ("format accuracy", "format_accuracy"))]

@@ -18,10 +18,11 @@ from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
-from tpu_grpo.jobs.progress import Tracker
+from tpu_grpo.jobs.job_records import duration
+from tpu_grpo.jobs.progress import STARTUP_LINES, Tracker, startup
 
-#: What a run's log says of it: its steps and its evaluations before and after training.
-_LOG_LINES = "Train step|Pre RL Training|Post RL Training"
+#: What a run's log says of it: its start, its steps and its evaluations before and after training.
+_LOG_LINES = f"Pre RL Training|Post RL Training|{STARTUP_LINES}"
 
 
 @dataclass
@@ -44,6 +45,7 @@ class RunRow:
     cost_usd: float | None = None  # chip-hours at the capacity's price (tpu_grpo/config/capacity.py)
     started: float | None = None
     where: list[str] = field(default_factory=list)
+    startup: dict | None = None  # its newest training's start (tpu_grpo.jobs.progress.startup)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,6 +115,7 @@ def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
         if row.accuracy_before is None and pre:
             row.accuracy_before = pre[0]
         row.accuracy_after = post[-1] if post else row.accuracy_after
+        row.startup = startup(log, time.gmtime(job.started).tm_year)
         failed = job.state == "finished" and job.exit_code != 0
         done = "failed" if failed else "trained"
         row.state = {"running": "training", "lost": "lost", "cancelled": "failed"}.get(job.state, done)
@@ -211,13 +214,20 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         return "" if value is None else f"{value:g}%"
 
     table = Table(title="runs, newest first", title_justify="left")
-    for column in ("run", "model", "dataset", "loss", "batches", "state", "steps", "accuracy before -> after",
-                   "job hours", "chip-hours", "cost", "model is"):
+    def started(found: dict | None) -> str:
+        if not found:
+            return ""
+        cache = found.get("cache")
+        ready = "" if found.get("to_first_step") is None else duration(found["to_first_step"])
+        return " ".join(filter(None, (ready, cache and ("warm" if cache["warm"] else "cold"))))
+
+    for column in ("run", "model", "dataset", "loss", "batches", "state", "steps", "start-up",
+                   "accuracy before -> after", "job hours", "chip-hours", "cost", "model is"):
         table.add_column(column)
     for row in rows:
         steps = f"{row.steps}/{row.total_steps}" if row.steps is not None else ""
         table.add_row(row.run, row.model, row.dataset, row.loss, "" if row.batches is None else str(row.batches),
-                      row.state, steps, f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
+                      row.state, steps, started(row.startup), f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
                       if row.accuracy_before is not None or row.accuracy_after is not None else "",
                       f"{row.job_hours:.2f}", f"{row.chip_hours:.2f}",
                       "" if row.cost_usd is None else f"${row.cost_usd:,.2f}", "; ".join(row.where))
@@ -225,4 +235,5 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
     for source, said in sources.items():
         console.print(f"{source}: {said}")
     console.print(f"cost: chip-hours of the run's jobs at its capacity's price ({keys.PROJECT}:capacity; "
-                  "docs/capacity.md)")
+                  "docs/capacity.md); start-up: its newest training's time to its first step, and whether its "
+                  "compile cache was warm")

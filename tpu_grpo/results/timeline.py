@@ -22,19 +22,20 @@ from tpu_grpo.host import facts
 from tpu_grpo.jobs import job_records, vm_jobs
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.capacity import CAPACITIES
-from tpu_grpo.jobs.progress import absl_seconds, message
+from tpu_grpo.jobs.progress import STARTUP_LABELS, STARTUP_PHASES, absl_seconds, message
 
 #: A gap between phases at least this long is shown as idle.
 IDLE_MIN_S = 60.0
 #: absl's time of a log line (month, day, time; the year is the job's).
-_LANDMARKS = "Pre RL Training|Starting RL training|Train step|Intermediate Eval|RL Training Completed|Post RL Training"
+_LANDMARKS = "|".join(["Pre RL Training", "Starting RL training", "Train step", "Intermediate Eval",
+                       "RL Training Completed", "Post RL Training", *(mark for _, mark in STARTUP_PHASES[1:-1])])
 _STEP = re.compile(r"^Train step (\d+) ")
 _EVAL_STEP = re.compile(r"^Intermediate Eval \(step=(\d+)\)")
 
 
 @dataclass
 class Phase:
-    kind: str  # vm | provision | download | convert | train | eval | export | save | publish | fetch | idle
+    kind: str  # vm | provision | download | convert | startup | train | eval | export | save | publish | fetch | idle
     label: str
     start: float
     end: float
@@ -101,10 +102,12 @@ def training_phases(run: str, started: float, ended: float, log_end: float, line
 
     phases: list[Phase] = []
     since, last_step_at, first_step, last_step = started, started, None, None
+    starting = "boot"  # the start-up phase since `since`: each of MaxText's start-up lines begins the next
     for stamp, text in marks:
-        if text.startswith("Starting RL training"):
-            phases.append(Phase("eval", f"{run}: start-up and evaluation before training", since, at(stamp)))
-            since = at(stamp)
+        if next_phase := next((phase for phase, mark in STARTUP_PHASES[1:] if text.startswith(mark)), None):
+            kind = "eval" if starting == "eval" else "startup"
+            phases.append(Phase(kind, f"{run}: {STARTUP_LABELS[starting]}", since, at(stamp)))
+            since, starting = at(stamp), next_phase
         elif found := _STEP.match(text):
             first_step = first_step if first_step is not None else int(found[1])
             last_step, last_step_at = int(found[1]), at(stamp)
@@ -254,7 +257,7 @@ def show(console, timeline: Timeline, png: Path) -> None:
                       f"{timeline.capacity}) = ${usd:,.2f}; price: {source}")
 
 
-COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "train": "#2ca02c",
+COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "startup": "#aec7e8", "train": "#2ca02c",
            "eval": "#bcbd22", "export": "#8c564b", "save": "#e377c2", "publish": "#ff7f0e", "fetch": "#7f7f7f",
            "idle": "#d62728", "other": "#aaaaaa"}
 

@@ -405,6 +405,10 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         raise StandinError(f"stand-in: num_batches must be at least 1, got {num_batches}")
     check_load_path(args)
     run = store_path(os.path.join(base, run_name))
+    if args.get("jax_cache_dir"):  # JAX's persistent cache (jax/_src/lru_cache.py): a KEY-cache file per program
+        cache = Path(os.path.expanduser(args["jax_cache_dir"]))
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "jit_train_step-standin-cache").write_bytes(b"\0" * 4096)
 
     period = count_arg(args, "checkpoint_period", MAXTEXT_CHECKPOINT_PERIOD)
     keep = count_arg(args, "max_num_checkpoints_to_keep", MAXTEXT_CHECKPOINTS_TO_KEEP)
