@@ -237,3 +237,36 @@ def namespaced_workload_host(make_host):
         yield bridge, prepare_workload(make_host(disk_mb=0, address=bridge.address("a"), port=22, netns=bridge.netns("a")))
     finally:
         bridge.down()
+
+
+# ---------------------------------------------------------------- a stack's VM (tests/doubles/pulumi_cli.py)
+
+@pytest.fixture
+def spot_project(stack_dir, stack_values) -> Path:
+    """A spot stack (so the disk store) writing a checkpoint every 2 steps, keeping 2."""
+    import yaml
+
+    from tests.support import SPOT
+
+    values = {key: value for key, value in {**stack_values, **SPOT}.items() if value is not None}
+    values.update({"tpu-grpo:checkpointPeriod": "2", "tpu-grpo:checkpointsToKeep": "2"})
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    return stack_dir
+
+
+def invoke_on_stack(host, cloud, project: Path, *args: str, **popen) -> subprocess.Popen:
+    """A task on the stack's VM (no --host: its address comes from the stack's outputs, which `cloud`, the Pulumi
+    CLI's double, answers)."""
+    return subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), *args, "--identity", str(host.key)],
+                            cwd=project, env=host.env(cloud.on_path()), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+
+
+@pytest.fixture
+def bridge():
+    made = sshd.Bridge(("a",))
+    try:
+        yield made.up()
+    finally:
+        made.down()
+

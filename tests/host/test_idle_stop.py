@@ -160,3 +160,27 @@ def test_a_wrong_idle_setting_is_one_line(idle_host):
     assert result.returncode == 2
     assert result.stderr == ("error: --var idle_stop_minutes: idle_stop_minutes='soon' is not a whole number; "
                              "fix: e.g. idle_stop_minutes=0\n")
+
+
+def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(make_workload_host, bridge, spot_project,
+                                                                            tmp_path):
+    """No --host: the VM is the stack's (its address from the stack's outputs, the Pulumi CLI's double), so status
+    knows its capacity and says, in its table and in --json alike, what a stop means for it."""
+    from tests.doubles.pulumi_cli import PulumiCli
+    from tests.host.conftest import invoke_on_stack
+    from tpu_grpo.config.capacity import CAPACITIES
+
+    address = bridge.address("a")
+    host = make_workload_host(address=address, port=22, netns=bridge.netns("a")).host
+    cloud = PulumiCli(tmp_path / "cloud", {"external_ip": address, "ssh_user": host.user.name,
+                                           "machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
+                                           "capacity": "spot"})
+    conf = host.vm.root / "etc/tpu-grpo/idle.conf"  # as the playbook's "idle stop" step writes it
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("# tpu-grpo idle stop\nIDLE_MINUTES=30\n")
+    after_stop = CAPACITIES["spot"].after_stop
+    out, err = invoke_on_stack(host, cloud, spot_project, "status", "--json").communicate(timeout=300)
+    idle = json.loads(out)["idle_stop"]
+    assert (idle["idle_minutes"], idle["after_stop"]) == (30, after_stop), err
+    out, err = invoke_on_stack(host, cloud, spot_project, "status").communicate(timeout=300)
+    assert f"at the earliest; then {after_stop}" in " ".join(out.split()), err

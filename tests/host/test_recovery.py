@@ -13,19 +13,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.doubles.pulumi_cli import INSTANCE, PulumiCli
 from tests.doubles.wheels import WORKLOAD_STANDIN, workload_standin_wheel
-from tests.host import sshd as harness
+from tests.host.conftest import invoke_on_stack as invoke
 from tests.host.rootfs import TEST_VARS
-from tests.support import FIXTURES, MODELS_KNOWN, ROOT, SPOT, wait_for
+from tests.support import FIXTURES, MODELS_KNOWN, wait_for
 
 STORE = "/mnt/disks/data/tpu-grpo/maxtext/llama3.1-8b-Instruct"  # the disk store, as the host names it
 
@@ -44,35 +41,10 @@ def vm_image(host, wheels: Path) -> None:
     host.own(home)
 
 
-@pytest.fixture
-def spot_project(stack_dir, stack_values) -> Path:
-    """A spot stack (so the disk store) writing a checkpoint every 2 steps, keeping 2."""
-    values = {key: value for key, value in {**stack_values, **SPOT}.items() if value is not None}
-    values.update({"tpu-grpo:checkpointPeriod": "2", "tpu-grpo:checkpointsToKeep": "2"})
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    return stack_dir
-
-
-def invoke(host, cloud: PulumiCli, project: Path, *args: str, **popen) -> subprocess.Popen:
-    """A task on the stack's VM (no --host: its address comes from the stack's outputs)."""
-    return subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), *args, "--identity", str(host.key)],
-                            cwd=project, env=host.env(cloud.on_path()), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **popen)
-
-
 def provisioning_vars(host) -> list[str]:
     values = [*(v for v in TEST_VARS if not v.startswith("maxtext_spec=")), f"maxtext_spec={WORKLOAD_STANDIN}==0.2.3",
               f"data_device={host.disk.device}"]
     return [arg for value in values for arg in ("--var", value)]
-
-
-@pytest.fixture
-def bridge():
-    made = harness.Bridge(("a",))
-    try:
-        yield made.up()
-    finally:
-        made.down()
 
 
 def lost_at(host, point: tuple[str, int]) -> bool:

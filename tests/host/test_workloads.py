@@ -89,10 +89,15 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert len(host.records()) == 3 and len(job_dirs(host)) == 3
 
     status = json.loads(host.invoke("status", "--json").stdout)
-    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice"] and status["slice"] is None
+    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]
+    assert status["slice"] is None
     assert [(job["step"], job["state"], job["exit_code"]) for job in status["jobs"]] == [
         ("convert", "finished", 0), ("train", "finished", 0), ("export", "finished", 0)]
     assert status["progress"]["step"] == 50 and status["progress"]["run"] == run_name
+    # the training started cold, and wrote the compile cache that the stack's next training starts warm from
+    startup = status["progress"]["startup"]
+    assert startup["cache"]["warm"] is False and startup["to_first_step"] > 0
+    assert status["compile_cache"] == {**startup["cache"], "warm": True, "entries": 1, "bytes": 4096}
 
     # down refuses while the model is only on the VM ...
     cli = PulumiCli(tmp_path / "pulumi")
@@ -603,6 +608,13 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
         grown.write(whole[len(whole) // 2:])
     assert sync() == len(whole) - len(whole) // 2 and local.read_bytes() == whole
     assert sync() == 0
+    # --run is that run only, and a run the host never trained is refused
+    assert host.invoke("train", "--run-name", "other", "--batches", "4").returncode == 0
+    only = host.invoke("tensorboard", "--run", "tb", "--once", "--json")
+    assert list(json.loads(only.stdout)["runs"]) == ["tb"] and not (host.host.state / "runs/other").exists()
+    missing = host.invoke("tensorboard", "--run", "nosuch", "--once")
+    assert (missing.returncode, missing.stderr) == (2, "error: no training of run 'nosuch' on this host; fix: name a "
+                                                       "run from uv run invoke status\n")
 
     port = free_port()
     served = host.popen("tensorboard", "--run", "tb", "--port", str(port), "--every", "1")

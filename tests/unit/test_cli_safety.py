@@ -258,6 +258,8 @@ BAD_SETTINGS = [  # (key, value) written into a stack file of its own; the messa
     ("tpu-grpo:checkpointStore", "gs://goog-bucket"), ("tpu-grpo:checkpointStore", "gs://192.168.5.4"),
     ("tpu-grpo:checkpointStore", "gs://my-google-runs"),
     ("tpu-grpo:maxRunHours", "1e3"), ("tpu-grpo:idleStopMinutes", "٣"),
+    # a Hub dataset is OWNER/NAME, as the tokenizer is
+    ("tpu-grpo:dataset", "gsm8k"), ("tpu-grpo:dataset", "openai/gsm8k/main"), ("tpu-grpo:tokenizer", "Llama-3.1-8B"),
 ]
 #: Stack files that are not what a stack file is, as a user may write them: (name, bytes, what the line names).
 RAW_STACK_FILES = [

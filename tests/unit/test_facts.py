@@ -60,3 +60,10 @@ def test_down_counts_a_run_published_with_a_commit_as_safe(tmp_path, monkeypatch
     assert len(retrieval.only_on_the_vm(host_runs)) == 2  # asked, never acknowledged
     (tmp_path / "published" / "saved.json").write_text(json.dumps({"run": "saved", "repo": "me/m", "commit": "abc123"}))
     assert [line.split(":")[0] for line in retrieval.only_on_the_vm(host_runs)] == ["run only-trained"]
+
+
+def test_a_runs_checkpoints_are_its_steps_as_numbers_whatever_order_ls_gives():
+    """`ls` sorts by text (10 before 2, in some locales 2 after 10): the newest checkpoint is the largest number, and
+    Orbax's unfinished saves (STEP.orbax-checkpoint-tmp) are none."""
+    found = pipeline.CHECKPOINTS.parse(facts.Answer("10\n2\n4.orbax-checkpoint-tmp-123\n4\n"), "/x")
+    assert found == [2, 4, 10]

@@ -121,6 +121,18 @@ def test_an_export_name_of_another_model_is_refused(stack_dir, stack_values):
         "fix: pulumi config rm tpu-grpo:exportModel (the model table's: qwen3-8b)\n")
 
 
+@pytest.mark.parametrize("model", ["llama3.1-8b-Instruct", "qwen3-8b"])
+def test_an_export_name_that_is_the_models_own_is_taken_and_exported_as(stack_dir, stack_values, model):
+    """docs/settings.md: exportModel is the model's own name or its export name."""
+    stack(stack_dir, stack_values, **{"tpu-grpo:model": model, "tpu-grpo:exportModel": model,
+                                      "tpu-grpo:machineType": "ct6e-standard-8t"})
+    shown = invoke("settings", "--json", cwd=stack_dir)
+    assert shown.returncode == 0, shown.stderr
+    dry = invoke("export", "--run-name", "r1", "--dry-run", cwd=stack_dir)
+    assert dry.returncode == 0, dry.stderr
+    assert f"export HF_MODEL_NAME={model}" in dry.stdout and "export RUN_NAME=r1" in dry.stdout  # the run asked
+
+
 def arguments(script: str, module: str) -> dict[str, str]:
     """The `key=value` arguments of the script's call of `module`, as bash would split them."""
     line = script.split(f"python3 -m {module}", 1)[1].split("\n\n")[0].split("\nset +x")[0]

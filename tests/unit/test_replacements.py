@@ -166,3 +166,28 @@ def test_the_replace_on_changes_read_are_those_the_program_gives(stack_values, e
     run()
     for type_, seen in given.items():
         assert seen == {program.REPLACE_ON_CHANGES.get(type_, ())}, type_
+
+
+@pytest.mark.parametrize("key, first, second, extra", [
+    ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com", "sb@grpo-lab-123.iam.gserviceaccount.com",
+     {}),
+    ("tpu-grpo:maxRunHours", "4", "8", FLEX),
+])
+def test_a_setting_set_for_the_first_time_replaces_the_vm_as_a_change_of_its_value_does(stack_values, key, first,
+                                                                                         second, extra):
+    """From unset to a value, as from one value to another: the VM is replaced, and plan and up say so by the field."""
+    from infra import offline, program, replacements
+    from tpu_grpo.cloud import stack
+
+    def said(before: dict, after: dict) -> list[str]:
+        state = state_of({k: v for k, v in before.items() if v is not None}, "dev")["deployment"]["resources"]
+        _, declared, _ = offline.run({k: v for k, v in after.items() if v is not None}, "dev")
+        return [stack.describe(change) for change in replacements.diff(state, declared, program.REPLACE_ON_CHANGES)]
+
+    base = {**stack_values, **extra}
+    unset_to_value = said(base, {**base, key: first})
+    value_to_value = said({**base, key: first}, {**base, key: second})
+    assert len(unset_to_value) == len(value_to_value) == 1
+    assert unset_to_value[0].startswith("Instance tpu-grpo (") and value_to_value[0].startswith("Instance tpu-grpo (")
+    assert unset_to_value[0].split("(")[1].split()[0] == value_to_value[0].split("(")[1].split()[0]  # one field
+    assert unset_to_value[0].endswith(value_to_value[0].rsplit("): ", 1)[1])  # the same meaning

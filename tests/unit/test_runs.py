@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.tutorial import RUN
 from tpu_grpo.host import hosts
 from tpu_grpo.jobs import vm_jobs
@@ -87,3 +89,60 @@ def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_do
                        "laptop": "answered"}
     _, missing = runs.gather(unreachable, tmp_path, "gs://no-such-bucket-here/runs/m/post-train")
     assert missing["bucket"].startswith("no answer: cannot list gs://no-such-bucket-here/")
+
+
+def test_a_run_trained_in_two_jobs_is_scored_before_by_its_first_and_after_by_its_last():
+    """A resumed run: its accuracy before training is the first job's evaluation of the converted model (the second
+    job's evaluates a model already trained), after is the last job's."""
+    later = PRE.replace("corr=1", "corr=2").replace("accuracy=25.0%", "accuracy=50.0%")
+    row = runs.RunRow("r1")
+    runs._add_job(row, job("train", 0, 600), [PRE])
+    runs._add_job(row, job("train", 700, 1300), [later, POST])
+    assert (row.accuracy_before, row.accuracy_after) == (25.0, 75.0)
+
+
+@pytest.mark.parametrize("state, code", [("finished", 1), ("failed", 1), ("running", None), ("cancelled", None),
+                                         ("lost", None)])
+def test_only_an_export_that_finished_well_makes_a_run_exported(state, code):
+    row = runs.RunRow("r1")
+    runs._add_job(row, job("train", 0, 600), [PRE, POST])
+    export = job("export", 700, 800, code=code or 0)
+    runs._add_job(row, vm_jobs.Job(export.id, "export", "r1", state, code, 700.0, 800.0, 0, export.meta), [])
+    assert row.state == "trained"
+
+
+def test_runs_are_listed_newest_first_and_runs_of_no_known_start_last():
+    rows = [runs.RunRow("b", started=100.0), runs.RunRow("fetched-only"), runs.RunRow("a", started=300.0),
+            runs.RunRow("c", started=200.0)]
+    assert [row.run for row in runs.newest_first(rows)] == ["a", "c", "b", "fetched-only"]
+
+
+def test_a_runs_steps_in_the_bucket_are_its_newest_checkpoint_as_a_number(bucket):
+    """The bucket lists names as text ("10" before "2"): the steps are 10."""
+    from google.cloud import storage
+
+    client = storage.Client().bucket(bucket)
+    for step in (2, 10, 4):
+        client.blob(f"runs/m/post-train/r1/checkpoints/actor/{step}/model_params/x").upload_from_string(b"x")
+    [row] = runs.bucket_runs(f"gs://{bucket}/runs/m/post-train")
+    assert (row.run, row.steps, row.state) == ("r1", 10, "trained")
+
+
+def test_runs_on_a_vm_are_newest_first_from_what_the_host_answered(tmp_path, monkeypatch):
+    """The host's recorded answer (tests/facts/host_runs: `saved`'s pipeline, then `failed`, then `only-trained`),
+    through gather: the newest run first."""
+    from tests.support import ROOT
+    from tpu_grpo.host import facts
+
+    case = json.loads((ROOT / "tests/facts/host_runs/saved-failed-and-trained.json").read_text())
+    fact = runs.HOST_RUNS
+
+    class Recorded:
+        """HOST_RUNS answering what the host answered when it was recorded."""
+        @staticmethod
+        def read(connection):
+            return fact.parse(facts.Answer(case["stdout"], case["stderr"], case["exited"]))
+
+    monkeypatch.setattr(runs, "HOST_RUNS", Recorded)
+    rows, sources = runs.gather(lambda: None, tmp_path)
+    assert [row.run for row in rows] == ["only-trained", "failed", "saved"] and sources["host"] == "answered"

@@ -405,3 +405,57 @@ def test_runs_on_a_slice_lists_each_run_of_the_clusters_jobsets(slice_stack, kub
     [row] = found["runs"]
     assert (row["run"], row["state"], row["model"], row["chips"], row["capacity"]) == (
         "gsm8k-21", "training", "llama3.1-8b-Instruct", 16, "reservation")
+
+
+def export_in_bucket(bucket: str, run: str) -> None:
+    """What a slice's export writes into the run's folder (some of it, if the export has not ended well)."""
+    from google.cloud import storage
+
+    storage.Client().bucket(bucket).blob(f"runs/llama3.1-8b-Instruct/post-train/{run}/hf-trained/config.json"
+                                         ).upload_from_string("{}")
+
+
+def test_a_slice_run_is_exported_only_by_an_export_that_finished_well_and_runs_are_newest_first(slice_stack, kube):
+    """A failed export, or one still running, leaves its run trained even with files of it in the bucket; the one
+    that finished makes its run exported; the runs are listed newest first; its steps are its newest checkpoint as a
+    number (10 after 2, though the bucket lists "10" first)."""
+    bucket = slice_stack[2]
+    outcomes = {"ended-well": kubeapi.Scenario(), "failed": kubeapi.Scenario(exit_code=1),
+                "running": kubeapi.Scenario(unschedulable="0/1 nodes are available")}
+    for run, outcome in outcomes.items():
+        kube.scenario = kubeapi.Scenario()
+        assert run_task(slice_stack, "train", "--run-name", run, "--batches", "10").returncode == 0
+        checkpoints_in_bucket(bucket, run, 2, 10)
+        export_in_bucket(bucket, run)
+        kube.scenario = outcome
+        run_task(slice_stack, "export", "--run-name", run, *(["--detach"] if run == "running" else []))
+    found = json.loads(run_task(slice_stack, "runs", "--json").stdout)
+    assert [(row["run"], row["state"], row["steps"]) for row in found["runs"]] == [
+        ("running", "trained", 10), ("failed", "trained", 10), ("ended-well", "exported", 10)]
+
+
+def test_a_slice_fetch_brings_the_newest_exported_run_not_the_newest_trained(slice_stack, kube, tmp_path):
+    bucket = slice_stack[2]
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "train", "--run-name", "older", "--batches", "4").returncode == 0
+    checkpoints_in_bucket(bucket, "older", 4)
+    assert run_task(slice_stack, "export", "--run-name", "older").returncode == 0
+    export_in_bucket(bucket, "older")
+    assert run_task(slice_stack, "train", "--run-name", "newer", "--batches", "4").returncode == 0
+    checkpoints_in_bucket(bucket, "newer", 4)
+    fetched = run_task(slice_stack, "fetch", "--json", "--to", str(tmp_path / "model"))
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert json.loads(fetched.stdout)["files"] == ["config.json"] and (tmp_path / "model" / "config.json").is_file()
+    assert json.loads((slice_stack[0] / "state/fetched/older.json").read_text())["dir"] == str(tmp_path / "model")
+
+
+def test_a_slice_exports_dry_run_shows_the_export_of_the_run_it_names(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario()
+    for run in ("asked", "newer"):
+        assert run_task(slice_stack, "train", "--run-name", run, "--batches", "4").returncode == 0
+        checkpoints_in_bucket(slice_stack[2], run, 4)
+    shown = run_task(slice_stack, "export", "--run-name", "asked", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "export RUN_NAME=asked" in shown.stdout and "RUN_NAME=newer" not in shown.stdout
+    assert jobset.job_name("export", "asked") in shown.stdout and not any(
+        name.startswith("export-") for name in kube.jobsets)  # shown, not created

@@ -4,6 +4,7 @@ under Pulumi's mocks, its settings' refusals, and `invoke plan` with its cost.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -296,3 +297,26 @@ def test_the_cpu_host_is_sized_for_the_models_conversion(stack_dir, stack_values
     [container] = pod["containers"]
     assert container["resources"]["limits"]["memory"] == "230G"
     assert f"LAZY_LOAD_TENSORS={'True' if lazy else 'False'}" in container["command"][2]
+
+
+def test_the_kubeconfig_of_a_slices_stack_reaches_the_gke_endpoint_over_https(tmp_path, monkeypatch):
+    """What tpu-grpo writes from the stack's outputs (the endpoint, GKE's CA), as the Kubernetes client reads it: the
+    API server at https://ENDPOINT (GKE serves its API on 443 only), the token from gke-gcloud-auth-plugin. The
+    plugin's stand-in prints what the Kubernetes docs' "client-go credential plugins" page says an exec plugin prints
+    (an ExecCredential of client.authentication.k8s.io/v1beta1), as gke-gcloud-auth-plugin does."""
+    import base64
+
+    import yaml
+
+    from tpu_grpo.cloud.kube import Cluster
+    from tpu_grpo.config.kubeconfig import AUTH_PLUGIN, kubeconfig
+
+    plugin = tmp_path / AUTH_PLUGIN
+    plugin.write_text('#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": '
+                      '"ExecCredential", "status": {"token": "ya29.stand-in"}}\'\n')
+    plugin.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    cluster = Cluster(yaml.safe_load(kubeconfig("tpu-grpo", "34.118.0.5", ca)))
+    assert cluster.server == "https://34.118.0.5"
+    assert cluster.api.configuration.api_key == {"BearerToken": "Bearer ya29.stand-in"}

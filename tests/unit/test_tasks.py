@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import ROOT, invoke, invoke_process
@@ -258,3 +259,34 @@ def test_a_tasks_flags_are_checked_once_before_any_task_runs(stack_dir, monkeypa
     result = invoke("convert", "--dry-run", "train", "--dry-run", "--batches", "3", cwd=stack_dir)
     assert result.returncode == 0, result.stderr
     assert len(built) == 2 and "export NUM_BATCHES=3" in result.stdout
+
+
+@pytest.mark.parametrize("flags, taken", [
+    (("train", "--batches", "100000", "--dry-run"), True), (("train", "--batches", "100001", "--dry-run"), False),
+    (("pipeline", "--recover", "100", "--dry-run"), True), (("pipeline", "--recover", "101", "--dry-run"), False),
+])
+def test_the_documented_maxima_are_taken_and_one_more_is_refused(stack_dir, pulumi_cli, flags, taken):
+    """docs: --batches up to 100,000, --recover up to 100."""
+    _, env = pulumi_cli
+    result = invoke(*flags, cwd=stack_dir, env=env)
+    if taken:
+        assert result.returncode == 0, result.stderr
+        assert flags[1] == "--recover" or f"export NUM_BATCHES={flags[2]}" in result.stdout
+    else:
+        assert result.returncode == 2 and result.stderr == (
+            f"error: {flags[1]} '{flags[2]}' is not a whole number from {0 if flags[1] == '--recover' else 1} to "
+            f"{flags[2][:-1]}0; fix: e.g. {flags[1]} {'3' if flags[1] == '--recover' else '50'}\n")
+
+
+@pytest.mark.parametrize("dataset", ["gsm8k", "openai/gsm8k/main", "openai/gsm8k "])
+def test_a_dataset_that_is_not_owner_slash_name_is_refused_before_pulumi_runs(stack_dir, stack_values, pulumi_cli,
+                                                                             dataset):
+    """tpu-grpo:dataset names a Hub dataset as OWNER/NAME, like the tokenizer: a typo is one line, and `pulumi up`
+    never starts."""
+    cli, env = pulumi_cli
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**stack_values,
+                                                                          "tpu-grpo:dataset": dataset}}))
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: tpu-grpo:dataset={dataset!r} is not a "
+                                                               "Hugging Face repository id")
+    assert len(result.stderr.splitlines()) == 1 and not any(call.startswith("up") for call in cli.calls())

@@ -95,3 +95,8 @@ def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
     data = built.to_json()
     assert (data["chip_hours"], data["cost_usd"], data["price_source"]) == (8.0, built.cost[0], built.cost[1])
     assert timeline.build("u@vm", {**found, "jobs": []}, []).cost is None
+    # a VM made anew on other capacity and machine since an older job: the newest job's say what is paid now
+    older = vm_jobs.Job("20261203-000000.000-train", "train", "r", "finished", 0, booted - 9000, booted - 8000, 10,
+                        {"capacity": "reservation", "inputs": {"machine": "ct6e-standard-8t"}})
+    both = timeline.build("u@vm", {**found, "jobs": [older, job]}, [])
+    assert (both.chips, both.capacity, both.chip_hours) == (4, "flex-start", 8.0)

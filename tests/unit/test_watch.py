@@ -89,3 +89,25 @@ def test_status_says_whether_the_stacks_next_training_starts_warm_and_how_the_la
             if warm else "starts cold (its compile cache /c/f is empty: this start compiles" in shown)
     assert ("start-up: to first step 11m40s: weights 1m15s, vLLM start and compile 10m10s, of which vLLM compiled "
             "9m40s (compile cache cold)") in shown
+
+
+def test_a_job_table_reads_hours_and_a_job_that_ended_unseen_shows_no_growing_duration(monkeypatch):
+    """A finished job took its finish less its start (1h00m05s reads 1h00m); a running one has run until now; a lost
+    job, or a JobSet that finished without a finish time, shows none, rather than a time that grows every call."""
+    from tpu_grpo.jobs import job_records
+
+    monkeypatch.setattr(job_records.time, "time", lambda: job_records.seconds("2026-12-05T12:00:00Z"))
+
+    def record(name: str, state: str, started: str, finished: str | None) -> JobRecord:
+        return JobRecord(id=name, step="train", run="r", state=state, exit_code=None, started=started,
+                         finished=finished, total_steps=None, problem=None)
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    job_records.show(console, "vm", [
+        record("done", "finished", "2026-12-05T08:00:00Z", "2026-12-05T09:00:05Z"),
+        record("going", "running", "2026-12-05T10:54:55Z", None),
+        record("gone", "lost", "2026-12-01T08:00:00Z", None),
+        record("jobset", "finished", "2026-12-01T08:00:00Z", None)])
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in console.file.getvalue().splitlines()]
+    took = {row[0]: row[-1] for row in cells if row and row[0] in ("done", "going", "gone", "jobset")}
+    assert took == {"done": "1h00m", "going": "1h05m", "gone": "", "jobset": ""}

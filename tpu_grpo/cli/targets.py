@@ -9,6 +9,7 @@ Nothing connects before it is used: a target of a dry run asks neither the host 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import IO, Iterable, Protocol
@@ -362,9 +363,14 @@ class SliceTarget:
         from tpu_grpo.results import runs
 
         rows: dict = {}
-        for record in slice_jobs.status(self.cluster, self.settings.capacity):
+        # a run's steps in their order, so that its export's state is said after its training's
+        records = sorted(slice_jobs.status(self.cluster, self.settings.capacity),
+                         key=lambda record: maxtext.STEPS.index(record.step))
+        for record in records:
             row = rows.setdefault(record.run, runs.RunRow(record.run, model=self.settings.model,
                                                           chips=self.settings.chips, capacity=self.settings.capacity))
+            if record.started:
+                row.started = min(row.started or math.inf, job_records.seconds(record.started))
             if record.step == "train":
                 row.state = {"finished": "trained", "pending": "training", "running": "training"}.get(record.state,
                                                                                                     record.state)
@@ -372,8 +378,11 @@ class SliceTarget:
                 row.state, row.where = "exported", [f"bucket: {self._paths(record.run)['run_export']}"]
         sources = {"cluster": "answered"}
         runs.add_bucket(rows, maxtext.runs_folder(self.settings.store, self.settings.model), sources)
+        for record in records:
+            if record.step == "export" and record.state != "finished":  # what it wrote so far is no whole export
+                rows[record.run].state, rows[record.run].where = "trained", []
         runs.add_laptops(rows, laptop_paths.state())
-        return list(rows.values()), {**sources, "laptop": "answered"}
+        return runs.newest_first(rows.values()), {**sources, "laptop": "answered"}
 
     def show_status(self, console: Console, status: dict) -> None:
         settings = self.settings

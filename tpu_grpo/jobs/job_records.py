@@ -40,7 +40,7 @@ def utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def _seconds(stamp: str) -> float:
+def seconds(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
@@ -55,7 +55,7 @@ def show(console: Console, where: str, records: list[JobRecord]) -> None:
     for column in ("job", "step", "run", "state", "exit", "started (UTC)", "took"):
         table.add_column(column)
     for record in records:
-        took = (duration((_seconds(record.finished) if record.finished else time.time()) - _seconds(record.started))
+        took = (duration((seconds(record.finished) if record.finished else time.time()) - seconds(record.started))
                 if record.started and (record.finished or record.state == "running") else "")
         table.add_row(record.id, record.step, record.run, f"[{COLOURS[record.state]}]{record.state}[/]",
                       "" if record.exit_code is None else str(record.exit_code), record.started.replace("T", " ")[:19],

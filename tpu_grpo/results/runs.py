@@ -204,7 +204,12 @@ def gather(connect, state: Path, bucket: str | None = None) -> tuple[list[RunRow
         add_bucket(rows, bucket, sources)
     add_laptops(rows, state)
     sources["laptop"] = "answered"
-    return sorted(rows.values(), key=lambda row: (row.started or 0, row.run), reverse=True), sources
+    return newest_first(rows.values()), sources
+
+
+def newest_first(rows) -> list[RunRow]:
+    """The rows by their run's start, the newest first; runs of no known start (a laptop's or a bucket's) last."""
+    return sorted(rows, key=lambda row: (row.started or 0, row.run), reverse=True)
 
 
 def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
