@@ -169,3 +169,42 @@ def task_functions() -> list:
     return [node for path in sorted((ROOT / "tpu_grpo/cli").glob("*_tasks.py"))
             for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)
             and any("task" in ast.unparse(decorator) for decorator in node.decorator_list)]
+
+
+def _tasks_with(flag: str) -> set[str]:
+    """The tasks whose body takes `flag` (Invoke's argument name), read from their signatures."""
+    import inspect
+
+    import tasks
+
+    return {name for name in tasks.ns.task_names if flag in inspect.signature(tasks.ns.tasks[name].body).parameters}
+
+
+def test_the_readmes_json_list_is_every_task_that_takes_json():
+    readme = (ROOT / "README.md").read_text()
+    said = readme[readme.index("**`--json`** (on ") + len("**`--json`** (on "):].split(")", 1)[0]
+    listed = {name.split()[0] for name in re.findall(r"`([a-z-]+(?: --dry-run)?)`", said)}
+    assert listed == _tasks_with("json_")
+
+
+def test_the_keys_set_refuses_are_the_ones_the_code_owns():
+    """docs/training.md's list of keys `--set` refuses is MaxText's keys that have a flag or setting of their own."""
+    from tpu_grpo.jobs.maxtext import OWNED_KEYS
+
+    page = (ROOT / "docs/training.md").read_text()
+    said = page[page.index("Keys with a flag or setting of their own ("):].split(") are refused", 1)[0]
+    assert set(re.findall(r"`([a-z_.]+)`", said)) == set(OWNED_KEYS)
+    example = re.search(r"a value may hold colons: `--set (train:[^=]+)=", page)
+    assert example and example[1].split(":")[1] not in OWNED_KEYS  # an example the code takes
+
+
+def test_the_stack_outputs_documented_are_the_programs():
+    from infra import offline
+
+    page = (ROOT / "docs/settings.md").read_text()
+    said = page[page.index("Stack outputs (`pulumi stack output --json`): "):].split(". ", 1)[0]
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+    _, _, outputs = offline.run(raw, "dev", lenient=True)
+    assert set(re.findall(r"`([a-z_]+)`", said)) == set(outputs)

@@ -263,3 +263,29 @@ def test_true_and_false_are_said_as_the_stack_file_writes_them(stack_values, tmp
     with pytest.raises(SettingsError) as raised:
         settings_module.parse(values, "dev", tmp_path)
     assert str(raised.value).startswith("tpu-grpo:usePathways=false ")
+
+
+def test_settings_say_what_an_unset_key_comes_to_in_the_table_and_in_json_alike(stack_dir, stack_values):
+    """The data keys come to MaxText's or the model table's defaults, a one-VM stack's slice to its machine's, and
+    --json says the same values, with whence, where it used to say null."""
+    import json
+
+    import yaml
+
+    from tests.support import invoke
+
+    values = {**stack_values, "tpu-grpo:machineType": "ct6e-standard-1t", "tpu-grpo:model": "qwen3-0.6b"}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
+    assert found["tpu-grpo:dataset"] == {"value": "openai/gsm8k", "default": "MaxText's default"}
+    assert found["tpu-grpo:datasetConfig"] == {"value": "main", "default": "MaxText's default"}
+    assert found["tpu-grpo:lossAlgo"] == {"value": "grpo", "default": "MaxText's default"}
+    assert found["tpu-grpo:tokenizer"]["default"] == "the model table's" and found["tpu-grpo:tokenizer"]["value"]
+    assert found["tpu-grpo:slice"] == {"value": "v6e-1", "default": "the one VM of machineType"}
+    assert found["tpu-grpo:idleStopMinutes"] == {"value": 0, "default": "capacity reservation's default"}
+    assert found["tpu-grpo:machineType"] == {"value": "ct6e-standard-1t", "default": None}
+    table = " ".join(invoke("settings", cwd=stack_dir, env={"COLUMNS": "300"}).stdout.split())
+    for key, said in found.items():
+        if said["default"] not in (None, "unset"):
+            value = str(said["value"]).lower() if isinstance(said["value"], bool) else str(said["value"])
+            assert f"{key} │ {value or '(none)'} ({said['default']})" in table, key

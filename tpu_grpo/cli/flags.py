@@ -174,7 +174,7 @@ HELP = {
                 "the private half of sshPublicKeyPath)",
     "stack": STACK_HELP,
     "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
-    "var": "KEY=VALUE, repeatable: overrides a playbook variable; see `invoke plan`",
+    "var": "KEY=VALUE, repeatable: overrides a playbook variable (playbooks/host.yml's vars, docs/provisioning.md)",
     "playbook": "playbook to apply (default: playbooks/host.yml)",
     "json": "print the result as JSON (progress goes to stderr)",
     "set": "KEY=VALUE, repeatable: adds or overrides a key on the MaxText command line "

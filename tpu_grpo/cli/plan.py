@@ -249,8 +249,8 @@ def render(plan: Plan, console: Console) -> None:
     console.print(Panel(Group(
         styled("{}, capacity {}: {} v6e chips × ${} per chip-hour{} = [bold]${} per hour[/]", what, cost.capacity,
                cost.chips, f"{cost.usd_per_chip_hour:.2f}", extra, f"{cost.usd_per_hour:.2f}"),
-        f"the tutorial's run (≈{TUTORIAL_RUN_MINUTES} min of conversion and training) ≈ "
-        f"${cost.usd_per_tutorial_run:.2f}",
+        f"the tutorial's run (Llama 3.1 8B on a v6e-8: ≈{TUTORIAL_RUN_MINUTES} min of conversion and training; "
+        f"another model or machine takes another time) at this price ≈ ${cost.usd_per_tutorial_run:.2f}",
         cost.note,
         styled("disks: {} ≈ [bold]${} per hour[/] while they exist, running or not", ", ".join(
             f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"] else "")

@@ -31,8 +31,14 @@ def settings(c, stack=None, json_=False):
     chosen = checked()
     with one_line_errors():
         values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
-    if json_:
-        print(json.dumps({key.name: values.get(key.name) for key in keys.KEYS}, indent=2))
+    if json_:  # each key: what it comes to, and whence when the stack file does not set it (null: it does)
+        def shown(key: keys.Key) -> dict:
+            if values.get(key.name) is not None:
+                return {"value": values[key.name], "default": None}
+            value, whence = chosen.default(key) or (None, "unset")
+            return {"value": value, "default": whence}
+
+        print(json.dumps({key.name: shown(key) for key in keys.KEYS}, indent=2))
         return
     from rich.table import Table
 

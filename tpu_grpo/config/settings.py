@@ -25,7 +25,7 @@ from tpu_grpo.config.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT
                                       GKE_CLUSTER_USD_PER_HOUR, Capacity)
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
-from tpu_grpo.config.models import MODELS, Model
+from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.values import Refused, existing_file
@@ -145,17 +145,35 @@ class Settings:
         """The capacity row: how the chips are obtained, billed and restarted."""
         return CAPACITIES[self.capacity]
 
-    def default_shown(self, key: Key) -> str:
-        """What an unset key comes to, and whence (`invoke settings`): a capacity's or a store's default."""
+    def default(self, key: Key) -> tuple[Any, str] | None:
+        """What an unset key comes to, and whence: a capacity's, a store's, MaxText's or the model table's default;
+        None when nothing stands in for it (`invoke settings`)."""
+        if key.vm_only and self.tpu_slice:
+            return None
+        maxtext_defaults = {"dataset": DEFAULT_DATASET, "lossAlgo": "grpo",
+                            "datasetConfig": DEFAULT_DATASET_CONFIG if self.dataset in (None, DEFAULT_DATASET) else ""}
+        if key.short in maxtext_defaults:
+            return maxtext_defaults[key.short], "MaxText's default"
+        if key.short == "tokenizer":
+            return self.model_row.training_tokenizer, "the model table's"
+        if key.short == "slice" and not self.tpu_slice:
+            return self.machine.accelerator_type, "the one VM of machineType"
         value = getattr(self, key.field, None)
-        if value is None or (key.vm_only and self.tpu_slice):
-            return "(unset)"
-        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        if value is None:
+            return None
+        store = f"the {self.store.name} store's default"
         whence = {"idleStopMinutes": f"capacity {self.capacity}'s default", "checkpointStore":
-                  f"capacity {self.capacity}'s default", "checkpointPeriod": f"the {self.store.name} store's default",
-                  "checkpointsToKeep": f"the {self.store.name} store's default", "dataDiskIops":
-                  f"the {self.store.name} store's default", "dataDiskThroughputMibps":
-                  f"the {self.store.name} store's default"}.get(key.short, "default")
+                  f"capacity {self.capacity}'s default", "checkpointPeriod": store, "checkpointsToKeep": store,
+                  "dataDiskIops": store, "dataDiskThroughputMibps": store}.get(key.short, "default")
+        return value, whence
+
+    def default_shown(self, key: Key) -> str:
+        """An unset key's default as `invoke settings` shows it: `0 (capacity reservation's default)`, or (unset)."""
+        found = self.default(key)
+        if found is None:
+            return "(unset)"
+        value, whence = found
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
         return f"{shown or '(none)'} ({whence})"
 
     @property

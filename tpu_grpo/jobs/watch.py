@@ -13,12 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tpu_grpo.config import host_paths, laptop_paths
-from tpu_grpo.host import facts
-from tpu_grpo.jobs import job_records, vm_jobs
+from tpu_grpo.host import facts, remote
+from tpu_grpo.jobs import job_records, maxtext, vm_jobs
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
-from tpu_grpo.jobs import maxtext
-from tpu_grpo.host import remote
 from tpu_grpo.jobs.progress import (RESUMES, STARTUP_LINES, Completed, Eval, Resumed, Started, Tracker, TrainStep,
                                     absl_seconds, compile_cache, startup, startup_text)
 from tpu_grpo.config.printing import styled

@@ -18,8 +18,7 @@ from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
-from tpu_grpo.jobs.job_records import duration
-from tpu_grpo.jobs.progress import STARTUP_LINES, Tracker, startup
+from tpu_grpo.jobs.progress import STARTUP_LINES, Tracker, duration, startup
 
 #: What a run's log says of it: its start, its steps and its evaluations before and after training.
 _LOG_LINES = f"Pre RL Training|Post RL Training|{STARTUP_LINES}"
@@ -218,14 +217,15 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
     def percent(value):
         return "" if value is None else f"{value:g}%"
 
-    table = Table(title="runs, newest first", title_justify="left")
     def started(found: dict | None) -> str:
+        """Its time to the first step, and whether its compile cache was warm: `4m10s warm`."""
         if not found:
             return ""
         cache = found.get("cache")
         ready = "" if found.get("to_first_step") is None else duration(found["to_first_step"])
         return " ".join(filter(None, (ready, cache and ("warm" if cache["warm"] else "cold"))))
 
+    table = Table(title="runs, newest first", title_justify="left")
     for column in ("run", "model", "dataset", "loss", "batches", "state", "steps", "start-up",
                    "accuracy before -> after", "job hours", "chip-hours", "cost", "model is"):
         table.add_column(column)
