@@ -208,3 +208,16 @@ def test_the_stack_outputs_documented_are_the_programs():
     raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     _, _, outputs = offline.run(raw, "dev", lenient=True)
     assert set(re.findall(r"`([a-z_]+)`", said)) == set(outputs)
+
+
+def test_the_settings_table_says_which_keys_a_stack_must_set_and_each_default():
+    """docs/settings.md's second column, from the keys: `yes` (or `one VM`) exactly for those with no default,
+    and `no: VALUE` with the default the code gives."""
+    page = (ROOT / "docs/settings.md").read_text()
+    rows = {cells[1].strip("` "): cells[2].strip() for line in page.splitlines() if line.startswith("| `")
+            for cells in [line.split("|")]}
+    for key in KEYS:
+        if key.default is not None:
+            assert rows[key.name] == f"no: `{key.default}`", key.name
+        elif key.required:
+            assert rows[key.name] == ("one VM" if key.vm_only else "yes"), key.name

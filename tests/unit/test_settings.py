@@ -289,3 +289,29 @@ def test_settings_say_what_an_unset_key_comes_to_in_the_table_and_in_json_alike(
         if said["default"] not in (None, "unset"):
             value = str(said["value"]).lower() if isinstance(said["value"], bool) else str(said["value"])
             assert f"{key} │ {value or '(none)'} ({said['default']})" in table, key
+
+
+def test_a_new_stack_names_only_what_is_its_own_and_the_rest_is_the_tutorials(stack_dir, stack_values):
+    """Project, zone, the reservation (or another capacity), the SSH key and who may reach it: the other keys come to
+    the tutorial's values, said as such; a stack that does not exist is told exactly the keys still to set."""
+    import json
+
+    import yaml
+
+    from tests.support import invoke
+    from tpu_grpo.config.keys import KEY, KEYS
+
+    own = ("gcp:project", "gcp:zone", "tpu-grpo:reservation", "tpu-grpo:sshPublicKeyPath", "tpu-grpo:sshSourceRanges")
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {key: stack_values[key] for key in own}}))
+    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
+    tutorial = {"tpu-grpo:vmName": "tpu-grpo", "tpu-grpo:machineType": "ct6e-standard-8t", "tpu-grpo:dataDiskGb": 500,
+                "tpu-grpo:sshUser": "ubuntu", "tpu-grpo:model": "llama3.1-8b-Instruct", "tpu-grpo:batches": 50,
+                "tpu-grpo:testBatches": 10, "tpu-grpo:usePathways": False, "tpu-grpo:lazyLoadTensors": False}
+    assert {key: found[key] for key in tutorial} == {key: {"value": value, "default": "the tutorial's"}
+                                                     for key, value in tutorial.items()}
+    assert {key.name for key in KEYS if key.required} | {"tpu-grpo:reservation"} == set(own)
+    missing = invoke("settings", "--stack", "prod", cwd=stack_dir)
+    assert missing.returncode == 2 and missing.stderr.strip().endswith(
+        "fix: pulumi stack init prod && " + " && ".join(KEY[key].set_command() for key in (*own[:2], *own[3:], own[2]))
+        + " (no reservation: pulumi config set tpu-grpo:capacity spot, flex-start or on-demand instead) "
+        "(or --stack dev)")

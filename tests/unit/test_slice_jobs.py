@@ -459,3 +459,28 @@ def test_a_slice_exports_dry_run_shows_the_export_of_the_run_it_names(slice_stac
     assert "export RUN_NAME=asked" in shown.stdout and "RUN_NAME=newer" not in shown.stdout
     assert jobset.job_name("export", "asked") in shown.stdout and not any(
         name.startswith("export-") for name in kube.jobsets)  # shown, not created
+
+
+def test_status_on_a_slice_says_whether_the_next_training_starts_warm_from_the_buckets_cache(slice_stack, kube):
+    """The compile cache of the stack's training in the bucket (as a training's pods leave it: JAX's KEY-cache files
+    in the folder of the image's versions): cold while empty, warm with its entries once a training wrote them."""
+    from google.cloud import storage
+
+    from tpu_grpo.config import release, settings
+    from tpu_grpo.jobs import maxtext
+
+    folder, env, bucket = slice_stack
+    cold = json.loads(run_task(slice_stack, "status", "--json").stdout)["compile_cache"]
+    assert (cold["warm"], cold["entries"]) == (False, 0)
+    chosen = settings.load("dev", folder, lenient=True)
+    named = maxtext.compile_cache_name(maxtext.Run.of(chosen.training), "train", "v6e-16x1")
+    versions = f"maxtext-{release.MAXTEXT_VERSION}_jax-{release.JAX_VERSION}_jaxlib-0.10.1_libtpu-0.0.52"
+    for name, size in (("jit_train_step-1a2b-cache", 3000), ("jit_train_step-1a2b-atime", 8),
+                       ("jit_logprobs-3c4d-cache", 1000)):
+        storage.Client().bucket(bucket).blob(f"runs/compile-cache/{versions}/{named}/{name}").upload_from_string(
+            b"x" * size)
+    warm = json.loads(run_task(slice_stack, "status", "--json").stdout)["compile_cache"]
+    assert warm == {"warm": True, "entries": 2, "bytes": 4000,
+                    "folder": f"gs://{bucket}/runs/compile-cache/{versions}/{named}"}
+    shown = " ".join(run_task(slice_stack, "status").stdout.split())
+    assert f"next training of the stack's settings: starts warm (2 compiled programs, 0.0 MB) from gs://{bucket}" in shown

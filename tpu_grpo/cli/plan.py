@@ -110,10 +110,10 @@ def build(stack: str | None = None) -> Plan:
 
 def compile_cache_note(settings) -> str:
     """Where the training's compiled programs are kept, and which starts will be warm."""
-    from tpu_grpo.jobs import maxtext, pipeline
+    from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
 
     run = pipeline.build_run(settings)
-    shape = f"{settings.slice}x{settings.num_slices}" if settings.tpu_slice else ""
+    shape = slice_jobs.slice_shape(settings) if settings.tpu_slice else ""
     where = "the store's bucket" if shape else "the data disk"
     folder = (f"{maxtext.compile_cache_root(run, in_slice=bool(shape))}/MAXTEXT_JAX_LIBTPU_VERSIONS/"
               f"{maxtext.compile_cache_name(run, 'train', shape)}")

@@ -319,7 +319,8 @@ class SliceTarget:
         from tpu_grpo.jobs import slice_jobs
 
         return status(self.settings.vm_name, slice_jobs.status(self.cluster, self.settings.capacity),
-                      slice=f"{self.settings.slice} x{self.settings.num_slices}")
+                      slice=f"{self.settings.slice} x{self.settings.num_slices}",
+                      compile_cache=slice_jobs.next_start(self.settings))
 
     def _newest(self, run: str | None, step: str) -> str:
         """The run named, else the run of the newest finished `step` on the cluster."""
@@ -385,7 +386,10 @@ class SliceTarget:
         return runs.newest_first(rows.values()), {**sources, "laptop": "answered"}
 
     def show_status(self, console: Console, status: dict) -> None:
+        from tpu_grpo.jobs import watch
+
         settings = self.settings
+        watch.show_next_start(console, status["compile_cache"])
         job_records.show(console, f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, "
                                   f"{settings.capacity})", [JobRecord(**job) for job in status["jobs"]])
 

@@ -68,6 +68,9 @@ class Key:
     help: str
     example: str
     required: bool = True
+    #: What an unset key comes to when it has an obvious value: the tutorial's (a new stack names only what is the
+    #: user's own: project, zone, how the chips are had, the SSH key and who may reach it).
+    default: str | None = None
     #: Only the one VM reads it; a multi-host slice (GKE) neither needs nor checks it.
     vm_only: bool = False
     #: The value as the Pulumi CLI hands it over (text; lists and mappings as YAML or JSON) -> the setting's value,
@@ -240,9 +243,9 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:numSlices", int, f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; "
         "default 1)", "2", required=False, rule=whole(1, MAX_SLICES, " slices")),
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
-        "tpu-grpo", rule=_GCE_NAMED),
+        "tpu-grpo", required=False, default="tpu-grpo", rule=_GCE_NAMED),
     Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
-        vm_only=True, rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
+        vm_only=True, required=False, default="ct6e-standard-8t", rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
     Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
         "disk", required=False, rule=_store),
@@ -256,7 +259,7 @@ KEYS: tuple[Key, ...] = (
         f"default {MIN_BOOT_DISK_GB}, the tutorial's)", "200", required=False,
         rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)")),
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
-        vm_only=True, rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its "
+        vm_only=True, required=False, default="500", rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its "
                                                     "optimizer state is tens of GB")),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
@@ -267,7 +270,8 @@ KEYS: tuple[Key, ...] = (
         f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, "
         f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)", str(STORES["disk"].disk_throughput_mibps),
         required=False, rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's")),
-    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True,
+    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True, required=False,
+        default="ubuntu",
         rule=_form(_UNIX_USER, "is not a Linux user name")),
     Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
         vm_only=True),
@@ -285,7 +289,7 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False,
         rule=_labels),
     Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL,
-        rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
+        required=False, default=DEFAULT_MODEL, rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
     Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, "
         "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
         required=False),
@@ -300,9 +304,13 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:lossAlgo", str, "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default "
         "grpo)", "gspo-token", required=False,
         rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")")),
-    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50", rule=whole(1, MAX_BATCHES)),
-    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10", rule=whole(1, MAX_BATCHES)),
-    Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false"),
-    Key(f"{PROJECT}:lazyLoadTensors", bool, "lazy tensor loading in the Hugging Face conversion", "false"),
+    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50", required=False, default="50",
+        rule=whole(1, MAX_BATCHES)),
+    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10", required=False, default="10",
+        rule=whole(1, MAX_BATCHES)),
+    Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false", required=False,
+        default="false"),
+    Key(f"{PROJECT}:lazyLoadTensors", bool, "lazy tensor loading in the Hugging Face conversion", "false",
+        required=False, default="false"),
 )
 KEY = {key.name: key for key in KEYS}

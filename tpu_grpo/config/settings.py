@@ -161,6 +161,8 @@ class Settings:
         value = getattr(self, key.field, None)
         if value is None:
             return None
+        if key.default is not None:
+            return value, "the tutorial's"
         store = f"the {self.store.name} store's default"
         whence = {"idleStopMinutes": f"capacity {self.capacity}'s default", "checkpointStore":
                   f"capacity {self.capacity}'s default", "checkpointPeriod": store, "checkpointsToKeep": store,
@@ -262,6 +264,8 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         value = raw.get(key.name)
         if multi_host and key.vm_only:
             value = None  # not read: a slice has no VM of its own to log into or attach a disk to
+        if (value is None or value == "") and key.default is not None and not (multi_host and key.vm_only):
+            value = key.default
         if value is None or value == "":
             if key.required and not (multi_host and key.vm_only):
                 raise SettingsError(key.name, None, "is not set", key.set_command())

@@ -58,12 +58,22 @@ class StackFileLoader(yaml.SafeLoader):
 StackFileLoader.yaml_implicit_resolvers = {}  # no int, bool, float or null: text, as the Pulumi CLI passes it
 
 
+def new_stack(stack: str) -> str:
+    """The commands that make a stack: its init, each setting that has no default, and the reservation that the
+    default capacity needs."""
+    from tpu_grpo.config.keys import KEY, KEYS, PROJECT
+
+    needed = [key.set_command() for key in KEYS if key.required] + [KEY[f"{PROJECT}:reservation"].set_command()]
+    return (" && ".join([f"pulumi stack init {stack}", *needed])
+            + f" (no reservation: pulumi config set {PROJECT}:capacity spot, flex-start or on-demand instead)")
+
+
 def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
     path = root / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
-                            f"pulumi stack init {stack} && pulumi config set ... (or {STACK_ENV}={DEFAULT_STACK})")
+                            f"{new_stack(stack)} (or {STACK_ENV}={DEFAULT_STACK})")
     try:
         document = yaml.load(path.read_text(encoding="utf-8"), Loader=StackFileLoader) or {}
     except UnicodeDecodeError as error:
@@ -100,5 +110,5 @@ def chosen_stack(flag: str | None, root: Path) -> str:
                             f"e.g. {other} (pulumi stack ls lists them)")
     if not (root / f"Pulumi.{stack}.yaml").is_file():
         raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml",
-                            f"pulumi stack init {stack} && pulumi config set ... (or {other})")
+                            f"{new_stack(stack)} (or {other})")
     return stack

@@ -51,10 +51,15 @@ def children(url: str) -> list[str]:
     return sorted(name[len(prefix):].rstrip("/") for name in folders)
 
 
-def names(url: str) -> list[str]:
-    """Every object under the URL, by its name below it (one listing, its pages read whole)."""
+def sizes(url: str) -> dict[str, int]:
+    """Every object under the URL, by its name below it, with its bytes (one listing, its pages read whole)."""
     blobs, _, prefix = _listing(url)
-    return sorted(blob.name[len(prefix):] for blob in blobs)
+    return {blob.name[len(prefix):]: blob.size or 0 for blob in blobs}
+
+
+def names(url: str) -> list[str]:
+    """Every object under the URL, by its name below it."""
+    return sorted(sizes(url))
 
 
 def exists(url: str) -> bool:

@@ -52,6 +52,11 @@ class SliceJob:
                          self.total_steps, self.problem)
 
 
+def slice_shape(settings: Settings) -> str:
+    """The slice as its compile cache names it: SHAPE x NUMBER (`v6e-16x2`)."""
+    return f"{settings.slice}x{settings.num_slices}"
+
+
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
     if not _LABEL_VALUE.fullmatch(run.name):
@@ -61,7 +66,7 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     name = jobset.job_name(step, run.name)
     image = images.post_training_image(settings.project, settings.region)
     assert settings.tpu_slice, "a slice's stack"
-    script = maxtext.script(run, step, in_slice=True, slice_shape=f"{settings.tpu_slice.name}x{settings.num_slices}")
+    script = maxtext.script(run, step, in_slice=True, slice_shape=slice_shape(settings))
     if step != "train":
         return jobset.cpu(name, step, run.name, image, script)
     made = jobset.pathways(name, step, run.name, image, script, settings.tpu_slice, settings.num_slices,
@@ -357,3 +362,30 @@ def train_log(cluster: Cluster, run: str) -> bytes:
     if kept.is_file() and kept.stat().st_size:
         return kept.read_bytes()
     return b"".join(read_log(cluster, name))
+
+
+def next_start(settings: Settings) -> dict | None:
+    """Whether the next training of the stack's settings on the slice starts warm: the entries of its compile cache in
+    the bucket (one listing), in the folder of the image's MaxText and JAX (the pod names its libtpu); None when the
+    bucket does not answer."""
+    from tpu_grpo.host import gcs
+    from tpu_grpo.host.remote.compile_cache import ENTRY
+
+    run = maxtext.Run.of(settings.training)
+    root = maxtext.compile_cache_root(run, in_slice=True)
+    named = maxtext.compile_cache_name(run, "train", slice_shape(settings))
+    try:
+        found = gcs.sizes(root)
+    except gcs.StoreError:
+        return None
+    folders: dict[str, list[int]] = {}
+    for name, size in found.items():
+        versions, _, rest = name.partition("/")
+        image = f"maxtext-{release.MAXTEXT_VERSION}_jax-{release.JAX_VERSION}_"
+        if versions.startswith(image) and rest.startswith(f"{named}/") and rest.endswith(ENTRY):
+            folders.setdefault(versions, []).append(size)
+    versions = max(folders, key=lambda each: len(folders[each]), default="VERSIONS")
+    entries = folders.get(versions, [])
+    return {"warm": bool(entries), "entries": len(entries), "bytes": sum(entries),
+            "folder": f"{root}/{versions}/{named}"}
+

@@ -189,6 +189,17 @@ def idle_stop(connection, after_stop: str | None = None) -> dict | None:
     return found and {**found, "after_stop": after_stop}
 
 
+def show_next_start(console: Console, next_cache: dict | None) -> None:
+    """Whether the stack's next training starts warm, and from which compile cache (VM or slice)."""
+    if next_cache is None:
+        return
+    size = f"{next_cache['entries']} compiled programs, {next_cache['bytes'] / 1e6:,.1f} MB"
+    console.print(styled("next training of the stack's settings: starts warm ({}) from {}", size, next_cache["folder"])
+                  if next_cache["warm"] else
+                  styled("next training of the stack's settings: starts cold (its compile cache {} is empty: this "
+                         "start compiles, the next ones reuse it)", next_cache["folder"]))
+
+
 def print_status(console: Console, host: str, found: list[JobRecord], progress: dict | None,
                  idle: dict | None = None, next_cache: dict | None = None) -> None:
     if idle:
@@ -198,12 +209,7 @@ def print_status(console: Console, host: str, found: list[JobRecord], progress: 
                       + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
-    if next_cache is not None:
-        size = f"{next_cache['entries']} compiled programs, {next_cache['bytes'] / 1e6:,.1f} MB"
-        console.print(styled("next training of the stack's settings: starts warm ({}) from {}", size,
-                             next_cache["folder"]) if next_cache["warm"] else
-                      styled("next training of the stack's settings: starts cold (its compile cache {} is empty: "
-                             "this start compiles, the next ones reuse it)", next_cache["folder"]))
+    show_next_start(console, next_cache)
     job_records.show(console, host, found)
     if not found:
         return
