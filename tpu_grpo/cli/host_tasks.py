@@ -1,4 +1,4 @@
-"""The host's tasks: provision and freeze."""
+"""The host's tasks: provision, freeze, and a shell on it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import check_freeze, check_provision
+from tpu_grpo.cli.checks import check_freeze, check_provision, check_vm
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
 from tpu_grpo.config.printing import terminal
 
@@ -62,3 +62,30 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
     for notice in notices:
         print(f"note: {notice}")
     print(f"wrote {path}: {packages} packages from {targets[0].name}")
+
+
+@task(iterable=["host"], check=check_vm, help=flag_help(
+    *HOST_FLAGS, command="a command to run on the VM instead of a login shell, e.g. 'df -h ~/tpu-grpo'"))
+def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
+    """A shell on the VM, or one command, with OpenSSH: the stack's user and key, the host key tpu-grpo recorded.
+
+    The VM's key is recorded at the first contact and checked ever after, as every task checks it; a changed key
+    is refused with the command that forgets it."""
+    import os
+    import shutil
+
+    from tpu_grpo.config.errors import UserError
+    from tpu_grpo.host import hosts
+
+    with one_line_errors():
+        where = checked()
+        [target] = where.flags.hosts(where.settings)
+        client = shutil.which("ssh")
+        if client is None:
+            raise UserError("no ssh on PATH, OpenSSH's client; fix: install it (apt install openssh-client)")
+        notices: list[str] = []
+        hosts.connect(target, notices, where.flags.wait_s).close()  # the key: recorded now, or checked
+    for notice in notices:
+        print(f"note: {notice}", flush=True)
+    os.execv(client, hosts.openssh(client, target, command))
+

@@ -199,19 +199,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def ssh_command(ssh: str, host: hosts.Host, remote_command: str) -> list[str]:
-    """OpenSSH's client (`ssh`, its path) running `remote_command` on the host, with the host key checked
-    against the one tpu-grpo recorded (never accepted anew) and the user's own ssh config left out, as
-    paramiko does."""
-    argv = [ssh, "-F", "/dev/null", "-T", "-x", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={hosts.known_hosts_path()}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-            "-o", "LogLevel=ERROR", "-p", str(host.port), "-l", host.user]
-    if host.identity:
-        argv += ["-i", str(host.identity), "-o", "IdentitiesOnly=yes"]
-    return [*argv, host.address, remote_command]
-
-
 def _resume_point(part: Path, size: int, digest) -> int:
     """How much of the file the `.part` already holds (hashed into `digest`); a too long one is dropped."""
     have = part.stat().st_size if part.exists() else 0
@@ -264,7 +251,7 @@ def _over_openssh(host: hosts.Host) -> Callable | None:
     def download(remote: str, part: Path, size: int, progress: Callable[[int], None]) -> tuple[int, str]:
         digest = hashlib.sha256()
         have = _resume_point(part, size, digest)
-        argv = ssh_command(ssh, host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
+        argv = hosts.openssh(ssh, host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
         with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) as client:
             assert client.stdout and client.stderr, "both piped"

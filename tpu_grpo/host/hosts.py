@@ -157,6 +157,21 @@ def known_hosts_path() -> Path:
     return laptop_paths.known_hosts()
 
 
+def openssh(ssh: str, host: Host, remote_command: str | None = None) -> list[str]:
+    """OpenSSH's client (`ssh`, its path) on the host, the host key checked against the one tpu-grpo recorded
+    (never accepted anew) and the user's own ssh config left out, as paramiko does: running `remote_command`
+    without a terminal, or (None) a person's login shell on one."""
+    argv = [ssh, "-F", "/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
+            f"UserKnownHostsFile={known_hosts_path()}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-o", "LogLevel=ERROR", "-p", str(host.port), "-l", host.user]
+    if host.identity:
+        argv += ["-i", str(host.identity), "-o", "IdentitiesOnly=yes"]
+    if remote_command is None:
+        return [*argv, "-t", host.address]
+    return [*argv, "-T", "-x", "-o", "BatchMode=yes", host.address, remote_command]
+
+
 def forget_host_key(host: Host) -> None:
     """Drop the host's recorded key: only for a VM that `pulumi up` has just created anew (a new
     boot disk, so a new key), which the next connection then records afresh and says so."""
