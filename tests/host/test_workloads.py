@@ -105,6 +105,7 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     refused = host.invoke("down", env=with_pulumi)
     assert refused.returncode == 1
     assert f"run {run_name}: saved on the data disk only; fix: uv run invoke fetch --run {run_name}" in refused.stderr
+    assert refused.stderr.endswith("fetch them first, or pass --force, which deletes them with the VM's disks\n")
 
     # ... fetch brings it with checksums ...
     target = tmp_path / "model"
