@@ -191,6 +191,10 @@ class VmTarget:
         vm_jobs.cancel(self.session.connection, found)
         return f"cancelled job {found.id} ({found.step} of run {found.run}); the TPU is free"
 
+    def stack_settings(self) -> settings_module.Settings:
+        """The stack's settings, read now when the task was given --host (its run and store are still the stack's)."""
+        return self.settings or settings_module.load(self.flags.stack, lenient=True)
+
     def status(self) -> dict:
         from tpu_grpo.host import chips
         from tpu_grpo.jobs import vm_jobs, watch
@@ -198,7 +202,7 @@ class VmTarget:
         connection = self.session.connection
         found = vm_jobs.list_jobs(connection)
         after_stop = self.settings.obtained.after_stop if self.settings else None  # unknown for a VM of no stack
-        chosen = self.settings or settings_module.load(self.flags.stack, lenient=True)  # --host: the stack's run
+        chosen = self.stack_settings()
         return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
             connection, found), idle_stop=watch.idle_stop(connection, after_stop), tpu=chips.CHIPS.read(connection),
             compile_cache=watch.next_start(connection, Run.of(chosen.training)))
@@ -229,7 +233,7 @@ class VmTarget:
         from tpu_grpo.jobs import maxtext
         from tpu_grpo.results import runs
 
-        chosen = self.settings or settings_module.load(self.flags.stack, lenient=True)  # --host: the stack's store
+        chosen = self.stack_settings()
         store = maxtext.runs_folder(chosen.store, chosen.model) if chosen.store.name == "gs" else None
         return runs.gather(lambda: self.session.connection, laptop_paths.state(), store)
 

@@ -379,9 +379,9 @@ def next_start(settings: Settings) -> dict | None:
     except gcs.StoreError:
         return None
     folders: dict[str, list[int]] = {}
+    image = f"maxtext-{release.MAXTEXT_VERSION}_jax-{release.JAX_VERSION}_"
     for name, size in found.items():
         versions, _, rest = name.partition("/")
-        image = f"maxtext-{release.MAXTEXT_VERSION}_jax-{release.JAX_VERSION}_"
         if versions.startswith(image) and rest.startswith(f"{named}/") and rest.endswith(ENTRY):
             folders.setdefault(versions, []).append(size)
     versions = max(folders, key=lambda each: len(folders[each]), default="VERSIONS")
