@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from tests.support import ROOT
 from tpu_grpo.config.keys import KEYS
 
@@ -113,6 +115,30 @@ def test_readme_states_the_exit_codes_once():
     assert readme.count("| 130 |") == 1 and "Exit codes: 2" not in readme
 
 
+def test_the_exit_code_table_is_the_codes_the_tasks_exit_with():
+    """The README's table has a row for each code the code gives: done, bad input, a failure (a host not reached or
+    trusted), Ctrl-C while following, a reader gone, and the Pulumi CLI's own."""
+    from tpu_grpo.config.errors import BROKEN_PIPE, INTERRUPTED, UserError
+    from tpu_grpo.host.hosts import ConnectError
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| code | meaning |"):].split("\n\n", 1)[0]
+    codes = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert codes == ["0", str(UserError.exit_code), str(ConnectError.exit_code), str(INTERRUPTED), str(BROKEN_PIPE),
+                     "other"]
+
+
+def test_the_layout_lists_each_task_module_with_its_tasks():
+    """docs/development.md names, beside each tpu_grpo/cli/*_tasks.py, exactly the tasks it defines."""
+    page = (ROOT / "docs/development.md").read_text()
+    modules: dict[str, set] = {}
+    for node in task_functions():
+        modules.setdefault(node.module, set()).add(node.name)
+    for module, names in modules.items():
+        [line] = [line for line in page.splitlines() if line.strip().startswith(f"{module}.py ")]
+        assert set(line.split(f"{module}.py", 1)[1].replace(",", " ").split()) == names, module
+
+
 def test_the_repository_points_nowhere_outside_itself():
     """A clone alone must pass its tests: no file refers to the shared folder beside the checkout."""
     tracked = subprocess.run(["git", "-c", "safe.directory=*", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
@@ -127,14 +153,71 @@ def test_the_repository_points_nowhere_outside_itself():
     assert found == []
 
 
-def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table():
+#: The settings docs/first-run.md's cheap first run sets on the committed example (and its reservation removed).
+FIRST_RUN = {"tpu-grpo:capacity": "spot", "tpu-grpo:machineType": "ct6e-standard-1t", "tpu-grpo:model": "qwen3-0.6b"}
+
+
+@pytest.fixture
+def first_run(stack_values, tmp_path, monkeypatch) -> dict:
+    """What docs/first-run.md's cheap run costs, as `invoke plan --json` says it, and the lines the page must hold."""
+    import yaml
+
+    from tpu_grpo.cli import plan
+    from tpu_grpo.config.capacity import PRICES_READ
+    from tpu_grpo.config.models import MODELS
+
+    config = {key: value for key, value in stack_values.items() if key != "tpu-grpo:reservation"}
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**config, **FIRST_RUN}}))
+    monkeypatch.chdir(tmp_path)
+    cost = plan.build("dev").to_json()["cost"]
+    boot, data = (disk["gb"] for disk in cost["disks"])
+    hour, disks = cost["usd_per_hour"], cost["disks_usd_per_hour"]
+    model = MODELS[FIRST_RUN["tpu-grpo:model"]]
+    lines = [
+        f"| the chip | {cost['chips']} v6e chip × ${cost['usd_per_chip_hour']:.2f} per chip-hour = ${hour:.2f} an hour "
+        "while the VM runs |",
+        f"| the disks | boot {boot} GB + data {data} GB ≈ ${disks:.3f} an hour while they exist, VM or not "
+        f"(≈ ${24 * disks:.2f} a day) |",
+        f"| an hour of the VM, disks included | ≈ ${hour + disks:.2f} |",
+        f"| the model's download | {model.hf_id}, about {model.weights_gb:g} GB (bf16 safetensors) onto the data disk |",
+        f"prices read {PRICES_READ}",
+        *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()), "pulumi config rm tpu-grpo:reservation"]
+    assert cost["slice"] == "v6e-1" and cost["capacity"] == "spot"
+    return {"lines": lines, "figures": {f"${figure:.2f}" for figure in (hour, hour + disks, 24 * disks)}
+            | {f"${disks:.3f}"}}
+
+
+def test_the_first_runs_settings_and_figures_are_what_plan_says(first_run):
+    """The cheap first run's cost and download, from `invoke plan` on its settings and the model table."""
+    page = " ".join((ROOT / "docs/first-run.md").read_text().split())
+    assert [line for line in first_run["lines"] if " ".join(line.split()) not in page] == []
+
+
+def test_the_first_run_maps_every_step_of_the_tutorial_and_the_keys_it_owns():
+    """Each numbered section of the tutorial (tests/data) is a row of the page's map; the old command line's keys
+    that tpu-grpo owns are said with what gives them, as OWNED_KEYS has it."""
+    from tpu_grpo.jobs.maxtext import OWNED_KEYS
+
+    page = (ROOT / "docs/first-run.md").read_text()
+    tutorial = (ROOT / "tests/data/tutorial.md").read_text()
+    sections = re.findall(r"^## ([0-9]+)\. ", tutorial, re.MULTILINE)
+    assert sections and all(f"\n| {number}. " in page for number in sections)
+    assert "python3 -m src.MaxText.rl.train_rl" in page
+    words = " ".join(page.split())
+    assert [key for key in ("tokenizer_path", "load_parameters_path", "hf_access_token")
+            if f"`{key}` from {OWNED_KEYS[key]}" not in words] == []
+
+
+def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run):
     """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
-    at it, a slice's other costs, or the README's v6e-16 example, all from tpu_grpo/config/capacity.py."""
+    at it, a slice's other costs, the README's v6e-16 example, or the first run's, from tpu_grpo/config/capacity.py
+    (the first run's through `invoke plan`)."""
     from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 
     prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
     known = {f"${figure:.2f}" for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR,
-                                             GKE_CLUSTER_USD_PER_HOUR)}
+                                             GKE_CLUSTER_USD_PER_HOUR)} | first_run["figures"]
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
     known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
@@ -166,9 +249,13 @@ def task_functions() -> list:
     """Every task's function, as the task modules under tpu_grpo/cli/ define them (tasks.py gathers them)."""
     import ast
 
-    return [node for path in sorted((ROOT / "tpu_grpo/cli").glob("*_tasks.py"))
-            for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)
-            and any("task" in ast.unparse(decorator) for decorator in node.decorator_list)]
+    found = []
+    for path in sorted((ROOT / "tpu_grpo/cli").glob("*_tasks.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any("task" in ast.unparse(d) for d in node.decorator_list):
+                node.module = path.stem  # type: ignore[attr-defined]
+                found.append(node)
+    return found
 
 
 def _tasks_with(flag: str) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -235,6 +236,74 @@ def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_
     assert result.returncode == 1
     assert "stack output --json --stack dev" in cli.calls()
     assert json.loads(result.stdout)["hosts"][0]["error"].startswith("tpuuser@127.0.0.1: cannot connect")
+
+
+def test_a_stack_under_a_passphrase_is_told_to_export_it(stack_dir, pulumi_cli, tmp_path):
+    """`pulumi stack init` on a `pulumi login --local` backend puts the stack's secrets under a passphrase (its salt in
+    the stack file), which `pulumi up` and `refresh` ask for. `up --yes` and `pipeline --recover` (where nobody may be
+    there to type it) want it exported first; an older CLI whose `stack output` wants it too is said so, not taken
+    for a stack without a VM."""
+    cli, env = pulumi_cli
+    cli.set_outputs({"external_ip": "127.0.0.1", "ssh_user": "tpuuser"})
+    stack_file = stack_dir / "Pulumi.dev.yaml"
+    stack_file.write_text(stack_file.read_text() + "encryptionsalt: v1:Zm9v:v1:YmFy:YmF6\n")
+    env = {**env, "TPU_GRPO_STATE": str(tmp_path / "state")}
+    up = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert up.returncode == 2
+    assert "the stack's passphrase: stack 'dev' keeps its secrets under the passphrase" in up.stderr
+    assert "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE" in up.stderr
+    recover = invoke("pipeline", "--recover", "1", cwd=stack_dir, env=env)
+    assert recover.returncode == 2 and recover.stderr.startswith(
+        "error: --recover 1 brings a lost VM back with nobody there, and stack 'dev' keeps its secrets")
+    assert [call for call in cli.calls() if call.startswith(("up", "refresh"))] == []
+    assert invoke("status", cwd=stack_dir, env=env).stderr.startswith("error: tpuuser@127.0.0.1: cannot connect")
+    (cli.folder / "old-stack-output").touch()
+    status = invoke("status", cwd=stack_dir, env=env)
+    assert status.returncode == 2
+    assert status.stderr == ("error: the Pulumi CLI could not read stack 'dev': passphrase must be set with "
+                             "PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE environment variables; fix: "
+                             "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), "
+                             "or PULUMI_CONFIG_PASSPHRASE_FILE=FILE\n")
+    given = invoke("status", cwd=stack_dir, env={**env, "PULUMI_CONFIG_PASSPHRASE": "s3cret"})
+    assert given.returncode == 1 and "tpuuser@127.0.0.1: cannot connect" in given.stderr
+
+
+@pytest.mark.parametrize("capacity, stopped", [
+    ("spot", "if the spot VM stopped itself after 60 idle minutes (tpu-grpo:idleStopMinutes), or was preempted "
+             "(and deleted), `uv run invoke up` creates it anew around the same data disk, then `uv run invoke "
+             "provision`; else check its firewall"),
+    ("reservation", "if the reservation VM was deleted at its reservation's end or a host maintenance event, "
+                    "`uv run invoke up` creates it anew")])
+def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(stack_dir, pulumi_cli, tmp_path, capacity,
+                                                                     stopped):
+    """The stack's VM may have stopped (an idle stop, a preemption, its capacity's end): status, fetch and down say
+    what brings it back, and down, which cannot know what only the VM's disk holds, refuses unless --force."""
+    cli, env = pulumi_cli
+    cli.set_outputs({"external_ip": "127.0.0.1", "ssh_user": "tpuuser"})  # nothing listens on its port 22
+    stack_file = stack_dir / "Pulumi.dev.yaml"
+    config = yaml.safe_load(stack_file.read_text())["config"]
+    if capacity == "spot":
+        config.pop("tpu-grpo:reservation")
+    stack_file.write_text(yaml.safe_dump({"config": {**config, "tpu-grpo:capacity": capacity}}))
+    env = {**env, "TPU_GRPO_STATE": str(tmp_path / "state")}
+    for task in ("status", "fetch"):
+        result = invoke(task, cwd=stack_dir, env=env)
+        assert result.returncode == 1
+        assert result.stderr.startswith("error: tpuuser@127.0.0.1: cannot connect (")
+        assert stopped in result.stderr
+    down = invoke("down", "--yes", cwd=stack_dir, env=env)
+    assert down.returncode == 1
+    assert down.stderr.startswith("error: refusing to destroy stack 'dev': the VM does not answer, so what only its "
+                                  "data disk holds is unknown (tpuuser@127.0.0.1: cannot connect")
+    assert down.stderr.endswith("or pass --force, which deletes the data disk and the models on it\n")
+    assert [call for call in cli.calls() if call.startswith("destroy")] == []
+    if capacity == "spot":  # docs/first-run.md quotes both lines, for its spot stack's VM
+        page = (ROOT / "docs/first-run.md").read_text()
+        assert re.sub(r"^error: \S+ cannot connect \([^)]*\)", "error: ubuntu@203.0.113.7: cannot connect (timed out)",
+                      result.stderr.strip()) in page
+        assert re.sub(r"unknown \(.*\); or pass", "unknown (...); or pass", down.stderr.strip()) in page
+    assert invoke("down", "--yes", "--force", cwd=stack_dir, env=env).returncode == 0
+    assert [call for call in cli.calls() if call.startswith("destroy")] == ["destroy --stack dev --yes --skip-preview"]
 
 
 @pytest.mark.parametrize("capacity, meaning", [

@@ -112,6 +112,10 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
                                        "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
                                        "--recover")
+        from tpu_grpo.cloud import stack as stack_module
+
+        if passphrase := stack_module.passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
+            raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
     return run, where, options
 
 

@@ -131,11 +131,17 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
     from tpu_grpo.cli import targets
     from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.host.hosts import ConnectError
 
     with one_line_errors():
         where = checked()
         chosen = where.settings
-        unsaved = [] if force else targets.pick(where).unsaved()
+        try:
+            unsaved = [] if force else targets.pick(where).unsaved()
+        except ConnectError as error:
+            raise Exit(f"error: refusing to destroy stack '{chosen.stack}': the VM does not answer, so what only its "
+                       f"data disk holds is unknown ({error}); or pass --force, which deletes the data disk and the "
+                       "models on it", code=1) from None
     if unsaved:
         lines = "\n".join(f"  - {line}" for line in unsaved)
         raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "

@@ -84,6 +84,9 @@ def missing_for_up(settings: Settings) -> list[str]:
         missing.append("the Pulumi CLI: install it (pulumi.com/docs/install) and put `pulumi` on PATH")
     elif subprocess.run([pulumi, "whoami"], capture_output=True).returncode != 0:
         missing.append("a Pulumi backend login: run `pulumi login` (or `pulumi login --local`)")
+    passphrase = passphrase_missing(settings.stack)
+    if passphrase:
+        missing.append(f"the stack's passphrase: {passphrase}")
     if not google_credentials():
         named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         missing.append(f"Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names {named}, which is no readable "
@@ -122,12 +125,38 @@ def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> li
     return found
 
 
+#: The variables that give the Pulumi CLI a stack's passphrase, which every message of its passphrase secrets
+#: manager names (pkg/secrets/passphrase/manager.go: not set, or incorrect).
+PASSPHRASE_ENV = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
+
+
+def passphrase_missing(stack: str) -> str | None:
+    """What to do when the stack's secrets are under a passphrase (`pulumi stack init` on a `pulumi login --local`
+    backend writes its `encryptionsalt:` into the stack file) and no variable gives it, or None. `pulumi refresh`
+    and `up` ask for it at the terminal: a person can answer, a recovery hours into a run cannot."""
+    stack_file = project_root() / f"Pulumi.{stack}.yaml"
+    salted = stack_file.is_file() and any(line.startswith("encryptionsalt:")
+                                          for line in stack_file.read_text(encoding="utf-8").splitlines())
+    if not salted or any(os.environ.get(name) is not None for name in PASSPHRASE_ENV):
+        return None
+    return (f"stack '{stack}' keeps its secrets under the passphrase `pulumi stack init` asked for, which the "
+            "tasks cannot type: export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE="
+            "FILE) before `uv run invoke`")
+
+
 def _pulumi_json(*args: str):
-    """The JSON a read-only Pulumi CLI command prints, or None (no CLI, no stack, nothing made yet)."""
+    """The JSON a read-only Pulumi CLI command prints, or None (no CLI, no stack, nothing made yet). A CLI that
+    wants the stack's passphrase to read it (`stack output` did until pulumi/pulumi#23820, 2026-07) is said so, not
+    taken for a stack with nothing in it."""
     pulumi = shutil.which("pulumi")
     if pulumi is None:
         return None
     done = subprocess.run([pulumi, *args], capture_output=True, text=True, cwd=project_root())
+    if done.returncode and PASSPHRASE_ENV[0] in done.stderr:
+        said = done.stderr.strip().splitlines()[-1].removeprefix("error: ")
+        raise UserError(f"the Pulumi CLI could not read stack '{args[args.index('--stack') + 1]}': {said}; fix: "
+                        "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), or "
+                        "PULUMI_CONFIG_PASSPHRASE_FILE=FILE")
     try:
         return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
     except json.JSONDecodeError:

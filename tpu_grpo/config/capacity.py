@@ -63,6 +63,8 @@ class Capacity:
     scales_to_zero: bool = False
     #: What the user sees while the request for the VM waits for capacity, where it may wait; "" where it does not.
     waits: str = ""
+    #: How a VM of this capacity ends or stops besides an idle stop (its scheduling above says so).
+    ends: str = "stopped at a host maintenance event"
     #: What Compute Engine's RESOURCE_POOL_EXHAUSTED means for this capacity, and what to do.
     no_capacity: str = ("no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
                         "another zone with v6e (a reservation is what guarantees capacity)")
@@ -94,6 +96,14 @@ class Capacity:
         return (f"{billing}; the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM "
                 "is never started again), and `invoke provision` finds the caches, packages and kept conversion "
                 "there")
+
+    def unreachable_fix(self, idle_stop_minutes: int) -> str:
+        """What to do when the stack's VM does not answer: it may have stopped, and is then brought back, not
+        started (`after_stop`); said where a task fails to connect, instead of a generic "is it running?"."""
+        idle = f"stopped itself after {idle_stop_minutes} idle minutes (tpu-grpo:idleStopMinutes), or " \
+            if idle_stop_minutes else ""
+        return (f"if the {self.name} VM {idle}was {self.ends}, `uv run invoke up` creates it anew around the same "
+                "data disk, then `uv run invoke provision`")
 
     def gcloud_flags(self, reservation: str | None, max_run_hours: int | None) -> list[str]:
         """This capacity's `gcloud compute instances create` flags, in the tutorial's order."""
@@ -178,6 +188,7 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("reservation", "RESERVATION_BOUND",
              {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
              affinity="SPECIFIC_RESERVATION", idle_stop_minutes=0,
+             ends="deleted at its reservation's end or a host maintenance event",
              no_capacity="the zone has no capacity outside reservations: a reservation-bound VM must land in its "
                          "reservation, so check that the reservation is active and in gcp:zone",
              usd_per_chip_hour=2.70, billed_when_stopped=True,
@@ -187,7 +198,7 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("spot", "SPOT",
              {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
               "instance_termination_action": "DELETE"},
-             usd_per_chip_hour=1.08, checkpoint_store="disk", gke_switch="spot",
+             usd_per_chip_hour=1.08, checkpoint_store="disk", gke_switch="spot", ends="preempted (and deleted)",
              no_capacity="no spot v6e capacity in gcp:zone right now (spot capacity comes and goes): run `invoke up` "
                          "again later, or use another zone with v6e",
              shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
@@ -198,6 +209,7 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
     Capacity("flex-start", "FLEX_START",
              {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
              affinity="NO_RESERVATION", usd_per_chip_hour=1.35, checkpoint_store="disk",
+             ends="deleted at tpu-grpo:maxRunHours",
              shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
                                  "whole run",
              quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",

@@ -15,7 +15,7 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_grpo.config import laptop_paths, settings, values
@@ -48,6 +48,8 @@ class Host:
     address: str
     port: int = 22
     identity: Path | None = None
+    #: The stack's VM: what to do when it does not answer (it may have stopped); "" for --host's.
+    unreachable_fix: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
@@ -138,7 +140,7 @@ def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[
                         "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")
     key = identity or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
     return [Host(outputs.get("ssh_user") or chosen.ssh_user, outputs["external_ip"], 22,
-                 key if key.is_file() else None)]
+                 key if key.is_file() else None, chosen.obtained.unreachable_fix(chosen.idle_stop_minutes))]
 
 
 def wait_seconds(text: str | None) -> float:
@@ -321,5 +323,6 @@ def _explained(host: Host, error: Exception) -> HostError:
     if isinstance(error, paramiko.AuthenticationException):
         return ConnectError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
                          "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted")
-    return ConnectError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: check the VM is "
-                     "running and its firewall admits your address, or --wait 120 if it has just booted")
+    stopped = f"{host.unreachable_fix}; else " if host.unreachable_fix else "check the VM is running, "
+    return ConnectError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: {stopped}check its "
+                        "firewall admits your address, or --wait 120 if it has just booted")
