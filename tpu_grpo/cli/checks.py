@@ -91,6 +91,7 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
     from tpu_grpo.cli import targets
+    from tpu_grpo.cloud import stack as stack_module
     from tpu_grpo.jobs import maxtext, pipeline
     from tpu_grpo.provision import playbook
 
@@ -112,8 +113,6 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
                                        "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
                                        "--recover")
-        from tpu_grpo.cloud import stack as stack_module
-
         if passphrase := stack_module.passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
     return run, where, options

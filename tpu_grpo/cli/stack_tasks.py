@@ -145,6 +145,6 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     if unsaved:
         lines = "\n".join(f"  - {line}" for line in unsaved)
         raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
-                   f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force, which deletes them with "
-                   "the VM's disks", code=1)
+                   f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force, which deletes "
+                   "them with the VM's disks", code=1)
     exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))

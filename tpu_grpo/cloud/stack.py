@@ -19,7 +19,7 @@ from tpu_grpo.config.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
-from tpu_grpo.config.stack_file import project_root
+from tpu_grpo.config.stack_file import project_root, salted
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
@@ -131,13 +131,10 @@ PASSPHRASE_ENV = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
 
 
 def passphrase_missing(stack: str) -> str | None:
-    """What to do when the stack's secrets are under a passphrase (`pulumi stack init` on a `pulumi login --local`
-    backend writes its `encryptionsalt:` into the stack file) and no variable gives it, or None. `pulumi refresh`
-    and `up` ask for it at the terminal: a person can answer, a recovery hours into a run cannot."""
-    stack_file = project_root() / f"Pulumi.{stack}.yaml"
-    salted = stack_file.is_file() and any(line.startswith("encryptionsalt:")
-                                          for line in stack_file.read_text(encoding="utf-8").splitlines())
-    if not salted or any(os.environ.get(name) is not None for name in PASSPHRASE_ENV):
+    """What to do when the stack's secrets are under a passphrase (`stack_file.salted`) and no variable gives it, or
+    None. `pulumi refresh` and `up` ask for it at the terminal: a person can answer, a recovery hours into a run
+    cannot."""
+    if not salted(stack, project_root()) or any(os.environ.get(name) is not None for name in PASSPHRASE_ENV):
         return None
     return (f"stack '{stack}' keeps its secrets under the passphrase `pulumi stack init` asked for, which the "
             "tasks cannot type: export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE="

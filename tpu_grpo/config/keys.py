@@ -245,7 +245,8 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
         "tpu-grpo", required=False, default="tpu-grpo", rule=_GCE_NAMED),
     Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
-        vm_only=True, required=False, default="ct6e-standard-8t", rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
+        vm_only=True, required=False, default="ct6e-standard-8t",
+        rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
     Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
         "disk", required=False, rule=_store),
@@ -259,8 +260,9 @@ KEYS: tuple[Key, ...] = (
         f"default {MIN_BOOT_DISK_GB}, the tutorial's)", "200", required=False,
         rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)")),
     Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
-        vm_only=True, required=False, default="500", rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its "
-                                                    "optimizer state is tens of GB")),
+        vm_only=True, required=False, default="500",
+        rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its optimizer state is "
+                   "tens of GB")),
     Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
         f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)", str(STORES["disk"].disk_iops),
@@ -289,7 +291,8 @@ KEYS: tuple[Key, ...] = (
     Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False,
         rule=_labels),
     Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL,
-        required=False, default=DEFAULT_MODEL, rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
+        required=False, default=DEFAULT_MODEL,
+        rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
     Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, "
         "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
         required=False),

@@ -68,9 +68,22 @@ def new_stack(stack: str) -> str:
             + f" (no reservation: pulumi config set {PROJECT}:capacity spot, flex-start or on-demand instead)")
 
 
+def stack_path(stack: str, root: Path) -> Path:
+    """The stack's file, `Pulumi.<stack>.yaml` beside Pulumi.yaml, as the Pulumi CLI names it."""
+    return root / f"Pulumi.{stack}.yaml"
+
+
+def salted(stack: str, root: Path) -> bool:
+    """Whether the stack's secrets are under a passphrase: `pulumi stack init` on a `pulumi login --local` backend
+    writes its `encryptionsalt:` into the stack file."""
+    path = stack_path(stack, root)
+    return path.is_file() and any(line.startswith("encryptionsalt:")
+                                  for line in path.read_text(encoding="utf-8").splitlines())
+
+
 def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
-    path = root / f"Pulumi.{stack}.yaml"
+    path = stack_path(stack, root)
     if not path.is_file():
         raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
                             f"{new_stack(stack)} (or {STACK_ENV}={DEFAULT_STACK})")
@@ -108,7 +121,7 @@ def chosen_stack(flag: str | None, root: Path) -> str:
     if not _STACK_NAME.fullmatch(stack):
         raise SettingsError(said, stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
                             f"e.g. {other} (pulumi stack ls lists them)")
-    if not (root / f"Pulumi.{stack}.yaml").is_file():
+    if not stack_path(stack, root).is_file():
         raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml",
                             f"{new_stack(stack)} (or {other})")
     return stack
