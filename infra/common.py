@@ -23,6 +23,24 @@ SUBNET_RANGE = "10.130.0.0/24"
 BUCKET_ROLES = ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")
 IMAGE_ROLE = "roles/artifactregistry.reader"
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
+#: The names an earlier release declared a resource under, by its name now (`{vm}`: tpu-grpo:vmName), given to Pulumi
+#: as aliases. Without one, `pulumi up` creates the resource under its new name and deletes the old one last, and
+#: deleting an IAM member removes the role binding itself (tpgiamresource/resource_iam_member.go,
+#: subtractFromBindings): the very grant the new name holds. tests/data/released-resources.txt lists every name a
+#: release has declared; a test holds each to be declared or aliased still. The bucket and the image repository
+#: outlive a VM (their ids are the store's and images.REPOSITORY), so their names no longer follow vmName: another
+#: vmName would make them again (the id is taken) and delete the old names' grants, the same bindings as the new.
+RENAMED = {"store": ("{vm}-store",), "store-objectAdmin": ("{vm}-store-objectAdmin", "{vm}-store-access"),
+           "store-legacyBucketReader": ("{vm}-store-legacyBucketReader",), "images": ("{vm}-images",),
+           "images-reader": ("{vm}-images-reader",)}
+
+
+def named(settings: Settings, name: str, child: pulumi.ResourceOptions, **options) -> pulumi.ResourceOptions:
+    """The options of a resource declared as `name`: `child`'s, its aliases (RENAMED) and any `options` given."""
+    vm = settings.vm_name
+    earlier = next((olds for now, olds in RENAMED.items() if now.format(vm=vm) == name), ())
+    aliases = [pulumi.Alias(name=old.format(vm=vm)) for old in earlier]
+    return pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(aliases=aliases or None, **options))
 
 
 def labels(settings: Settings) -> dict[str, str]:
@@ -59,16 +77,15 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: p
     Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
     never force-destroy it. The account the machines run as gets BUCKET_ROLES on it."""
     bucket = gcp.storage.Bucket(
-        f"{settings.vm_name}-store", name=bucket_of(settings.store), location=settings.region.upper(),
+        "store", name=bucket_of(settings.store), location=settings.region.upper(),
         uniform_bucket_level_access=True, public_access_prevention="enforced", force_destroy=False,
         labels=labels(settings), project=settings.project,
-        opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)),
+        opts=named(settings, "store", child, retain_on_delete=True),
     )
     for role in BUCKET_ROLES:
-        gcp.storage.BucketIAMMember(
-            f"{settings.vm_name}-store-{role.rsplit('.', 1)[-1]}", bucket=bucket.name, role=role, member=account,
-            opts=child,
-        )
+        name = f"store-{role.rsplit('.', 1)[-1]}"
+        gcp.storage.BucketIAMMember(name, bucket=bucket.name, role=role, member=account,
+                                    opts=named(settings, name, child))
     return bucket
 
 

@@ -17,22 +17,46 @@ UNKNOWN = "(known after apply)"
 DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAccount"
 
 
+@dataclass(frozen=True)
+class Options:
+    """The resource options the engine acts on beyond the inputs, as the program gives them (the mocks see no
+    options: a stack transformation records them): what a change replaces, the names it was declared under before,
+    whether `pulumi destroy` leaves it, and how long its creation may take."""
+    replace_on_changes: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    retain_on_delete: bool = False
+    create_timeout: str | None = None
+
+    @classmethod
+    def of(cls, opts: pulumi.ResourceOptions) -> Options:
+        timeouts = opts.custom_timeouts
+        return cls(tuple(opts.replace_on_changes or ()),
+                   tuple(alias.name for alias in opts.aliases or () if isinstance(alias, pulumi.Alias) and alias.name),
+                   bool(opts.retain_on_delete), timeouts.create if timeouts else None)
+
+
 @dataclass
 class DeclaredResource:
     type: str
     name: str
     inputs: dict[str, Any]
+    options: Options = Options()
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Records each declared resource; answers with its inputs plus the computed outputs."""
+    """Records each declared resource, with its options; answers with its inputs plus the computed outputs."""
 
     def __init__(self, computed: dict[str, Any] | None = None):
         self.resources: list[DeclaredResource] = []
         self.computed = computed or {}
+        self.options: dict[tuple[str, str], Options] = {}
+
+    def record_options(self, args: pulumi.ResourceTransformationArgs) -> None:
+        self.options[(args.type_, args.name)] = Options.of(args.opts)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.resources.append(DeclaredResource(args.typ, args.name, dict(args.inputs)))
+        options = self.options.get((args.typ, args.name), Options())
+        self.resources.append(DeclaredResource(args.typ, args.name, dict(args.inputs), options))
         state = dict(args.inputs)
         if args.typ == "gcp:compute/instance:Instance":
             interfaces = [dict(i) for i in state.get("networkInterfaces", [])]
@@ -82,6 +106,7 @@ def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
     @pulumi.runtime.test
     def program():
         result["settings"] = settings = read_settings(lenient=lenient, configured=raw_config)
+        pulumi.runtime.register_stack_transformation(mocks.record_options)
         outputs = declare(settings)
         return pulumi.Output.all(**outputs).apply(result.setdefault("outputs", {}).update)
 

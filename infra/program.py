@@ -9,17 +9,12 @@ from typing import Any
 
 import pulumi
 
-from infra.replacements import INSTANCE, NODE_POOL
-from infra.tpu_host import REPLACED_ON_CHANGES, TpuHost
-from infra.tpu_slice import POOL_REPLACED_ON_CHANGES, TpuSlice
+from infra.tpu_host import TpuHost
+from infra.tpu_slice import TpuSlice
 from tpu_grpo.config.keys import KEYS, PROJECT
 from tpu_grpo.config.settings import Settings, parse
 from tpu_grpo.config.stack_file import project_root
 
-
-#: The program's own `replace_on_changes`, by resource type, for infra/replacements.py (the engine gets them with
-#: each resource; the offline run's mocks do not see them).
-REPLACE_ON_CHANGES = {INSTANCE: tuple(REPLACED_ON_CHANGES), NODE_POOL: tuple(POOL_REPLACED_ON_CHANGES)}
 
 
 def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = None) -> Settings:

@@ -12,7 +12,9 @@ when the list is (the SDK's diffList gives its elements the list's ForceNew)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ DISK = "gcp:compute/disk:Disk"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLUSTER = "gcp:container/cluster:Cluster"
 BUCKET = "gcp:storage/bucket:Bucket"
+PROJECT_IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
 EVERY_FIELD = ("*",)
 
 FORCE_NEW: dict[str, tuple[str, ...]] = {
@@ -61,9 +64,38 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     "gcp:artifactregistry/repository:Repository": ("repositoryId", "location", "project", "format", "mode"),
     # google/tpgiamresource/resource_iam_member.go: no Update function
     "gcp:storage/bucketIAMMember:BucketIAMMember": EVERY_FIELD,
-    "gcp:projects/iAMMember:IAMMember": EVERY_FIELD,
+    PROJECT_IAM_MEMBER: EVERY_FIELD,
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": EVERY_FIELD,
 }
+
+
+def _shrinks(old: Any, new: Any) -> bool:
+    """resource_compute_disk.go's IsDiskShrinkage: a smaller size cannot be applied to a disk, only a larger one."""
+    return old is not None and new is not None and int(new) < int(old)
+
+
+def _not_an_expansion(old: Any, new: Any) -> bool:
+    """resource_compute_subnetwork.go's IsShrinkageIpCidr: only a range that still holds the old one is an update."""
+    try:
+        before, after = ipaddress.ip_network(old), ipaddress.ip_network(new)
+    except (TypeError, ValueError):
+        return False  # as the provider: a range it cannot parse forces nothing
+    return not (before[0] in after and before[-1] in after)
+
+
+#: The provider's CustomizeDiff functions that force a new resource on a condition (`customdiff.ForceNewIfChange`),
+#: for the fields this program sets; read at the same commit. The others of the declared types concern fields it
+#: does not set: an instance's metadata_startup_script, network_ip and guest_accelerator, a bucket's locked retention
+#: policy, a cluster's l4 ILB subsetting, FQDN network policy and beta APIs, a pool's additional node networks; and a
+#: disk's provisioned_iops forces a new disk only when the type is not Hyperdisk, which the data disk always is.
+FORCE_NEW_IF: dict[str, dict[str, Callable[[Any, Any], bool]]] = {
+    DISK: {"size": _shrinks},  # customdiff.ForceNewIfChange("size", IsDiskShrinkage)
+    "gcp:compute/subnetwork:Subnetwork": {"ipCidrRange": _not_an_expansion},
+}
+#: What the provider updates in place and the cloud applies by making the machines anew: a node pool's disk size and
+#: machine type (resource_container_node_pool.go sends both in one UpdateNodePoolRequest, which GKE applies by
+#: recreating the pool's nodes, its upgrade strategy's surge at a time).
+RECREATES_NODES: dict[str, tuple[str, ...]] = {NODE_POOL: ("nodeConfig.diskSizeGb", "nodeConfig.machineType")}
 #: A reference to another resource in the offline run (infra/offline.py's mock ids): it changes exactly when that
 #: resource is made anew.
 REFERENCE = re.compile(r"\(id of (?P<name>.+)\)")
@@ -74,7 +106,10 @@ class Change:
     """One resource `pulumi up` would replace (or delete), and the fields that make it do so."""
     type: str
     name: str
-    action: str  # "replace" or "delete"
+    #: "replace", "delete", "forget" (no longer declared, and retained on delete: it stays in the cloud), "strip" (an
+    #: IAM member no longer declared whose binding a declared one holds: deleting it removes the binding itself,
+    #: tpgiamresource/resource_iam_member.go's subtractFromBindings) or "recreate nodes" (RECREATES_NODES)
+    action: str
     fields: tuple[tuple[str, Any, Any], ...] = ()
 
     def because(self) -> str:
@@ -135,6 +170,8 @@ def forcing_fields(type_: str, old: dict, new: dict, replaced: set[str],
         if not _differs(old_value, new_value, replaced):
             continue
         forced = table == EVERY_FIELD or any(_pattern(entry).fullmatch(path) for entry in table)
+        condition = FORCE_NEW_IF.get(type_, {}).get(path)
+        forced = forced or bool(condition and condition(old_value, new_value))
         if forced or any(_pattern(entry, below=True).fullmatch(path) for entry in replace_on_changes):
             found.append((path, old_value, new_value))
     return _leaves(found)
@@ -147,23 +184,46 @@ def _leaves(fields: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
             or not isinstance(field[1] or field[2], (dict, list))]
 
 
-def diff(state: list[dict], declared: list, replace_on_changes: dict[str, tuple[str, ...]]) -> list[Change]:
+def diff(state: list[dict], declared: list) -> list[Change]:
     """What `pulumi up` would replace or delete: `state` is the resources of `pulumi stack export` (type, urn,
-    inputs), `declared` what the program declares now (infra/offline.py's DeclaredResource)."""
-    now = {(r.type, r.name): r.inputs for r in declared}
+    inputs), `declared` what the program declares now (infra/offline.py's DeclaredResource, with its options). A
+    resource of the state under one of a declared resource's aliases is that resource (Pulumi's engine matches
+    aliases before it plans a create or a delete)."""
+    now = {(r.type, r.name): r for r in declared}
     before = {(r["type"], r["urn"].rsplit("::", 1)[-1]): r["inputs"] for r in state
               if "inputs" in r and r.get("custom", True) and not r["type"].startswith("pulumi:")}
+    retained = {(r["type"], r["urn"].rsplit("::", 1)[-1]) for r in state if r.get("retainOnDelete")}
+    for resource in declared:
+        for alias in resource.options.aliases:
+            if (resource.type, alias) in before and (resource.type, resource.name) not in before:
+                before[(resource.type, resource.name)] = before.pop((resource.type, alias))
     replaced = {name for (_, name) in now if (_, name) not in before}  # made new: what refers to it changes too
     changes: dict[tuple[str, str], Change] = {}
     while True:  # a replacement changes the references to it: until nothing more is replaced
-        for key, inputs in now.items():
+        for key, resource in now.items():
             if key in before and key not in changes:
-                fields = forcing_fields(key[0], before[key], inputs, replaced, replace_on_changes.get(key[0], ()))
+                fields = forcing_fields(key[0], before[key], resource.inputs, replaced,
+                                        resource.options.replace_on_changes)
                 if fields:
                     changes[key] = Change(key[0], key[1], "replace", tuple(fields))
         grown = {name for (_, name) in changes} - replaced
         if not grown:
             break
         replaced |= grown
-    deleted = [Change(type_, name, "delete") for (type_, name) in before if (type_, name) not in now]
+    for key, resource in now.items():
+        if key in before and key not in changes:
+            fields = [(path, old, new) for path, old, new in _changed(before[key], resource.inputs)
+                      if path in RECREATES_NODES.get(key[0], ())]
+            if fields:
+                changes[key] = Change(key[0], key[1], "recreate nodes", tuple(fields))
+    declared_grants = [(r.type, r.inputs) for r in declared if FORCE_NEW.get(r.type) == EVERY_FIELD]
+    deleted = [Change(type_, name, "forget" if (type_, name) in retained else
+                      "strip" if (type_, before[(type_, name)]) in declared_grants else "delete")
+               for (type_, name) in before if (type_, name) not in now]
     return sorted(changes.values(), key=lambda c: (c.type, c.name)) + deleted
+
+
+def _changed(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    before, after = flatten(old), flatten(new)
+    return [(path, before.get(path), after.get(path)) for path in sorted(set(before) | set(after))
+            if _normal(before.get(path)) != _normal(after.get(path))]

@@ -35,6 +35,12 @@ IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
 REPLACED_ON_CHANGES = ["machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network",
                        "networkInterfaces[*].subnetwork"]
 
+#: terraform-provider-google's create timeout of an instance (resource_compute_instance.go:
+#: `Create: schema.DefaultTimeout(20 * time.Minute)`), to which a request that may wait for capacity adds its wait.
+#: On a timeout the provider clears the resource's id (`d.SetId("")`) while Compute Engine goes on with the request,
+#: so a VM that comes later exists outside Pulumi's state (tpu_grpo/cloud/stack.py finds it).
+CREATE_TIMEOUT_MINUTES = 20
+
 # Beyond the tutorial.
 DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
 DATA_DEVICE_NAME = "data"
@@ -117,7 +123,8 @@ class TpuHost(pulumi.ComponentResource):
             deletion_protection=False,
             project=settings.project,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                ignore_changes=IGNORED_CHANGES, replace_on_changes=REPLACED_ON_CHANGES)),
+                ignore_changes=IGNORED_CHANGES, replace_on_changes=REPLACED_ON_CHANGES,
+                custom_timeouts=pulumi.CustomTimeouts(create=f"{CREATE_TIMEOUT_MINUTES + obtained.wait_minutes}m"))),
         )
         nic = self.instance.network_interfaces[0]
         machine = settings.machine

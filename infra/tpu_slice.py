@@ -20,7 +20,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.common import IMAGE_ROLE, NODE_ROLE, account_member, declare_bucket, declare_network, labels
+from infra.common import IMAGE_ROLE, NODE_ROLE, account_member, declare_bucket, declare_network, labels, named
 from infra.tpu_host import SCOPES
 from tpu_grpo.config import images
 from tpu_grpo.config.kubeconfig import kubeconfig
@@ -87,17 +87,22 @@ class TpuSlice(pulumi.ComponentResource):
                     "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"}, **capacity_config}),
                 **capacity, opts=pool_options,
             ))
+        # The project's one repository of the image (images.REPOSITORY), whatever the cluster is called: named apart
+        # from vmName, so that another cluster name neither makes it again (its id is taken) nor deletes the old
+        # name's grant, which is the same binding as the new one's (tpgiamresource/resource_iam_member.go).
         self.repository = gcp.artifactregistry.Repository(
-            f"{name}-images", repository_id=images.REPOSITORY, location=settings.region, format="DOCKER",
+            "images", repository_id=images.REPOSITORY, location=settings.region, format="DOCKER",
             description="tpu-grpo's MaxText post-training image (invoke image)", labels=resource_labels,
-            project=settings.project, opts=child,
+            project=settings.project, opts=named(settings, "images", child),
         )
         nodes = account_member(settings)
         gcp.artifactregistry.RepositoryIamMember(
-            f"{name}-images-reader", repository=self.repository.repository_id, location=settings.region,
-            role=IMAGE_ROLE, member=nodes, project=settings.project, opts=child)
+            "images-reader", repository=self.repository.repository_id, location=settings.region,
+            role=IMAGE_ROLE, member=nodes, project=settings.project, opts=named(settings, "images-reader", child))
+        # Project-wide, and not the stack's own: the default compute account may run other clusters' nodes, which
+        # rely on it too (a second stack declares the same binding). Retained: `pulumi destroy` leaves it.
         gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE, member=nodes,
-                               opts=child)
+                               opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
         if settings.bucket:
             self.bucket = declare_bucket(settings, child, nodes)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(

@@ -21,7 +21,7 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
     component = next(r.type for r in resources if r.type.startswith("tpu-grpo:"))  # TpuHost or TpuSlice
     return {"deployment": {"resources": [
         {"urn": f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}", "type": r.type,
-         "custom": True, "inputs": r.inputs,
+         "custom": True, "inputs": r.inputs, **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
          "outputs": {**r.inputs, **({"currentStatus": status} if r.type == "gcp:compute/instance:Instance" else {})}}
         for r in resources if not r.type.startswith("tpu-grpo:")]}}
 

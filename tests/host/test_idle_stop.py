@@ -8,6 +8,7 @@ a recorder."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -86,7 +87,7 @@ def test_it_fires_when_idle_and_not_before(idle_host):
     assert run_check(host, 30).returncode == 0 and fired(root) == 0  # idle 30 s of 60
     result = run_check(host, 61)
     assert result.returncode == 0 and fired(root) == 1
-    assert "no job and no terminal session since" in result.stdout
+    assert "no job, terminal session or transfer since" in result.stdout
 
 
 def test_a_running_job_keeps_the_vm_up(idle_host):
@@ -141,6 +142,32 @@ def test_tpu_grpos_own_connections_do_not_keep_the_vm_up(idle_host):
         served.kill()
         served.communicate(timeout=30)
         session.close()
+
+
+def test_a_transfer_in_flight_keeps_the_vm_up_until_its_lease_lapses(idle_host):
+    """A fetch (a 70B model takes hours over a home line) and a provisioning run hold neither the TPU lock nor a
+    terminal: each keeps a lease fresh on the host while it works (hosts.busy, over a connection without a terminal),
+    and the idle stop waits, however long ago the VM was last busy otherwise. The lease goes when the work ends; a
+    laptop that went away leaves one that lapses after 3 minutes."""
+    from tpu_grpo.host import hosts
+
+    host, root, _ = idle_host
+    busy = host.host.user.home / ".tpu-grpo-busy"
+    assert busy.is_dir() and not any(busy.iterdir())  # the fixture's provisioning held one, and let it go
+    session = connect(host)
+    try:
+        with hosts.busy(session, "fetch"):
+            wait_for(lambda: any(busy.iterdir()), 30, "the fetch's lease")
+            assert run_check(host, 3600).returncode == 0 and fired(root) == 0
+    finally:
+        session.close()
+    assert not any(busy.iterdir())
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 1
+    gone = busy / "fetch-of-a-laptop-that-went-away"
+    gone.touch()
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 1  # fresh: waits
+    os.utime(gone, (time.time() - 4 * 60,) * 2)
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 2  # lapsed
 
 
 def test_status_says_when_the_vm_stops(idle_host):

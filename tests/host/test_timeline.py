@@ -12,7 +12,10 @@ def test_timeline_of_a_host_that_provisioned_trained_and_fetched(workload_host, 
     host.control(line_delay_s=0.002)
     done = host.invoke("pipeline", "--batches", "4", "--run-name", "tl", *FAST)
     assert done.returncode == 0, done.stdout + done.stderr
+    busy = host.host.user.home / ".tpu-grpo-busy"
+    assert not busy.exists()  # nothing on this host took a lease yet
     assert host.invoke("fetch", "--run", "tl", "--to", str(tmp_path / "model")).returncode == 0
+    assert busy.is_dir() and not any(busy.iterdir())  # the fetch held a lease (the idle stop waits), and let it go
     result = host.invoke("timeline", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)

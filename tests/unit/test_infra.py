@@ -137,8 +137,8 @@ def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kep
                              "labels": {"app": "tpu-grpo", "stack": "dev"}}
     # objects, and the bucket itself: JAX/TensorStore read it (MaxText's rl_on_multi_host.md)
     assert sorted((m.name, m.inputs["role"]) for m in by_type["BucketIAMMember"]) == [
-        ("tpu-grpo-store-legacyBucketReader", "roles/storage.legacyBucketReader"),
-        ("tpu-grpo-store-objectAdmin", "roles/storage.objectAdmin")]
+        ("store-legacyBucketReader", "roles/storage.legacyBucketReader"),
+        ("store-objectAdmin", "roles/storage.objectAdmin")]
     assert all(m.inputs == {"bucket": "grpo-ckpts", "role": m.inputs["role"],
                             "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com"}
                for m in by_type["BucketIAMMember"])

@@ -6,26 +6,28 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli, state_of
-from tests.support import FLEX, SPOT, invoke
+from tests.support import DATA, FLEX, SPOT, invoke
 
 INSTANCE, DISK = "gcp:compute/instance:Instance", "gcp:compute/disk:Disk"
 POOL = "gcp:container/nodePool:NodePool"
+RELEASED = DATA / "released-resources.txt"
 SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
          "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
 
 
 def changes_after(before: dict, after: dict) -> set[tuple[str, str, str]]:
-    from infra import offline, program, replacements
+    from infra import offline, replacements
 
     state = state_of({k: v for k, v in before.items() if v is not None}, "dev")["deployment"]["resources"]
     _, declared, _ = offline.run({k: v for k, v in after.items() if v is not None}, "dev")
-    return {(c.type.rsplit(":", 1)[-1], c.name, c.action)
-            for c in replacements.diff(state, declared, program.REPLACE_ON_CHANGES)}
+    return {(c.type.rsplit(":", 1)[-1], c.name, c.action) for c in replacements.diff(state, declared)}
 
 
 @pytest.mark.parametrize("change, replaced", [
@@ -47,8 +49,10 @@ def changes_after(before: dict, after: dict) -> set[tuple[str, str, str]]:
     ({"tpu-grpo:network": "default", "tpu-grpo:subnetwork": "default"}, {
         ("Instance", "tpu-grpo", "replace"), ("Network", "tpu-grpo-net", "delete"),
         ("Subnetwork", "tpu-grpo-subnet", "delete")}),
-    # updated in place: disk size and performance, the boot disk's size, SSH ranges and key, labels
-    ({"tpu-grpo:dataDiskGb": "900"}, set()),
+    # a smaller data disk is a new, empty one (resource_compute_disk.go: ForceNewIfChange("size", IsDiskShrinkage))
+    ({"tpu-grpo:dataDiskGb": "400"}, {("Disk", "tpu-grpo-data", "replace")}),
+    # updated in place: a larger disk and its performance, the boot disk's size, SSH ranges and key, labels
+    ({"tpu-grpo:dataDiskGb": "1900"}, set()),
     ({"tpu-grpo:dataDiskIops": "6000", "tpu-grpo:dataDiskThroughputMibps": "600"}, set()),
     ({"tpu-grpo:bootDiskGb": "300"}, set()),
     ({"tpu-grpo:sshSourceRanges": ["192.0.2.0/24"]}, set()),
@@ -64,6 +68,9 @@ def test_each_setting_replaces_what_the_provider_says(stack_values, change, repl
     ({"gcp:zone": "us-east5-a"}, {("Cluster", "tpu-grpo", "replace"), ("NodePool", "tpu-grpo-np-0", "replace"),
                                   ("NodePool", "tpu-grpo-cpu-np", "replace")}),
     ({"tpu-grpo:numSlices": "2"}, set()),  # one more pool, the first kept
+    # the CPU pool's disk follows the model: an update GKE applies with a new node (the Pathways head)
+    ({"tpu-grpo:model": "qwen3-32b", "tpu-grpo:slice": "v6e-32"}, {
+        ("NodePool", "tpu-grpo-cpu-np", "recreate nodes"), ("NodePool", "tpu-grpo-np-0", "replace")}),
 ])
 def test_a_slices_settings_replace_what_the_provider_says(stack_values, change, replaced):
     before = {**stack_values, **SLICE}
@@ -142,30 +149,87 @@ def test_the_doubles_preview_replaces_by_the_table(stack_dir, stack_values, tmp_
 
 
 @pytest.mark.parametrize("extra", [{}, SLICE])
-def test_the_replace_on_changes_read_are_those_the_program_gives(stack_values, extra):
-    """infra/replacements.py reads the program's `replace_on_changes` from one table (the mocks never see resource
-    options): each resource declared gets exactly its type's row."""
-    import pulumi
-
-    from infra import offline, program
-
-    given = {}
-
-    def record(args: pulumi.ResourceTransformationArgs):
-        given.setdefault(args.type_, set()).add(tuple(args.opts.replace_on_changes or ()))
+def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(stack_values, extra):
+    """The mocks see no resource options; the offline run records them from a stack transformation, which sees what
+    the engine gets: what replaces the VM and a pool, the grant's earlier name, what `destroy` leaves, and the VM's
+    create timeout (the provider's 20 minutes, plus a flex-start request's wait)."""
+    from infra import offline
 
     values = {k: v for k, v in {**stack_values, **extra}.items() if v is not None}
-    pulumi.runtime.set_mocks(offline.RecordingMocks(), project="tpu-grpo", stack="dev", preview=False)
-    pulumi.runtime.set_all_config(offline.config_for_pulumi(values))
+    _, declared, _ = offline.run(values, "dev")
+    options = {(r.type.rsplit(":", 1)[-1], r.name): r.options for r in declared}
+    special = {key: option for key, option in options.items() if option != offline.Options()}
+    if not extra:
+        assert special == {("Instance", "tpu-grpo"): offline.Options(
+            ("machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network",
+             "networkInterfaces[*].subnetwork"), create_timeout="20m")}
+        _, flex, _ = offline.run({**values, **FLEX}, "dev")
+        assert next(r for r in flex if r.type == INSTANCE).options.create_timeout == "140m"
+        return
+    pools = ("placementPolicy.tpuTopology",)
+    assert special == {
+        ("NodePool", "tpu-grpo-cpu-np"): offline.Options(pools), ("NodePool", "tpu-grpo-np-0"): offline.Options(pools),
+        ("Bucket", "store"): offline.Options(aliases=("tpu-grpo-store",), retain_on_delete=True),
+        ("BucketIAMMember", "store-objectAdmin"): offline.Options(
+            aliases=("tpu-grpo-store-objectAdmin", "tpu-grpo-store-access")),
+        ("BucketIAMMember", "store-legacyBucketReader"): offline.Options(aliases=("tpu-grpo-store-legacyBucketReader",)),
+        ("Repository", "images"): offline.Options(aliases=("tpu-grpo-images",)),
+        ("RepositoryIamMember", "images-reader"): offline.Options(aliases=("tpu-grpo-images-reader",)),
+        ("IAMMember", "tpu-grpo-node-role"): offline.Options(retain_on_delete=True)}
 
-    @pulumi.runtime.test
-    def run():
-        component = program.TpuSlice if extra else program.TpuHost
-        component(program.read_settings(configured=values), pulumi.ResourceOptions(transformations=[record]))
 
-    run()
-    for type_, seen in given.items():
-        assert seen == {program.REPLACE_ON_CHANGES.get(type_, ())}, type_
+def released(path: Path = RELEASED) -> list[tuple[str, str]]:
+    return [tuple(line.split()) for line in path.read_text().splitlines() if line and not line.startswith("#")]
+
+
+def test_every_name_a_release_declared_is_declared_or_aliased_still(stack_values):
+    """An upgrade never makes Pulumi delete what an earlier release made: each name of tests/data/released-resources.txt
+    (`{vm}`: tpu-grpo:vmName) is declared now, or is an alias of what is; and every name declared now is in the list,
+    so that a rename has something to be checked against."""
+    from infra import offline
+
+    everything = {**stack_values, **SLICE, "tpu-grpo:numSlices": "2"}
+    declared = [r for raw in ({**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+                                 "tpu-grpo:bucket": "true"}, everything)
+                for r in offline.run({k: v for k, v in raw.items() if v is not None}, "dev")[1]
+                if not r.type.startswith("tpu-grpo:")]
+    names = {(r.type, r.name) for r in declared} | {(r.type, alias) for r in declared for alias in r.options.aliases}
+    listed = {(type_, name.format(vm="tpu-grpo")) for type_, name in released()}
+    assert listed - names == set(), "a released name is neither declared nor aliased: give it an alias"
+    assert {(r.type, r.name) for r in declared} - listed == set(), "a new name: add it to released-resources.txt"
+
+
+def test_a_renamed_grant_is_the_same_grant_not_a_new_one_and_a_delete(stack_values):
+    """The state of the release that named the bucket grant `{vm}-store-access`: the alias makes it the same
+    resource, so `up` neither creates it anew nor deletes the old name (which would strip the binding both hold,
+    tpgiamresource/resource_iam_member.go); without the alias the old name is a delete."""
+    from infra import offline, replacements
+
+    raw = {k: v for k, v in {**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+                              "tpu-grpo:bucket": "true"}.items() if v is not None}
+    state = state_of(raw, "dev")["deployment"]["resources"]
+    for resource in state:
+        if resource["urn"].endswith("::store-objectAdmin"):
+            resource["urn"] = resource["urn"].replace("store-objectAdmin", "tpu-grpo-store-access")
+    _, declared, _ = offline.run(raw, "dev")
+    assert replacements.diff(state, declared) == []
+    unaliased = [replace(r, options=replace(r.options, aliases=())) for r in declared]
+    # without the alias: a delete of the very binding the new name holds, which `up` refuses
+    assert [(c.name, c.action) for c in replacements.diff(state, unaliased)] == [("tpu-grpo-store-access", "strip")]
+
+
+@pytest.mark.parametrize("type_, path, old, new, forced", [
+    (DISK, "size", 1000, 500, True), (DISK, "size", 1000.0, 1000, False), (DISK, "size", 500, 1000, False),
+    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/25", True),
+    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.131.0.0/24", True),
+    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/23", False),
+    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "not a range", False),
+])
+def test_the_providers_conditional_force_new_fields(type_, path, old, new, forced):
+    """customdiff.ForceNewIfChange: a disk that shrinks, a subnet range that does not hold the old one."""
+    from infra.replacements import forcing_fields
+
+    assert bool(forcing_fields(type_, {path: old}, {path: new}, set())) == forced
 
 
 @pytest.mark.parametrize("key, first, second, extra", [
@@ -176,13 +240,13 @@ def test_the_replace_on_changes_read_are_those_the_program_gives(stack_values, e
 def test_a_setting_set_for_the_first_time_replaces_the_vm_as_a_change_of_its_value_does(stack_values, key, first,
                                                                                          second, extra):
     """From unset to a value, as from one value to another: the VM is replaced, and plan and up say so by the field."""
-    from infra import offline, program, replacements
+    from infra import offline, replacements
     from tpu_grpo.cloud import stack
 
     def said(before: dict, after: dict) -> list[str]:
         state = state_of({k: v for k, v in before.items() if v is not None}, "dev")["deployment"]["resources"]
         _, declared, _ = offline.run({k: v for k, v in after.items() if v is not None}, "dev")
-        return [stack.describe(change) for change in replacements.diff(state, declared, program.REPLACE_ON_CHANGES)]
+        return [stack.describe(change) for change in replacements.diff(state, declared)]
 
     base = {**stack_values, **extra}
     unset_to_value = said(base, {**base, key: first})
@@ -191,3 +255,53 @@ def test_a_setting_set_for_the_first_time_replaces_the_vm_as_a_change_of_its_val
     assert unset_to_value[0].startswith("Instance tpu-grpo (") and value_to_value[0].startswith("Instance tpu-grpo (")
     assert unset_to_value[0].split("(")[1].split()[0] == value_to_value[0].split("(")[1].split()[0]  # one field
     assert unset_to_value[0].endswith(value_to_value[0].rsplit("): ", 1)[1])  # the same meaning
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_down_leaves_the_project_wide_role_whatever_release_made_the_state(stack_dir, stack_values, tmp_path, marked):
+    """`roles/container.defaultNodeServiceAccount` of the default compute account is the project's, not the stack's:
+    other clusters and stacks rely on it. The program retains it on delete; a state of an earlier release does not
+    say so, and `pulumi destroy` acts on the state, so `down` first forgets it (`pulumi state delete`, which deletes
+    nothing in the cloud). `plan` says what `down` keeps."""
+    cli = PulumiCli(tmp_path / "pulumi")
+    raw = {**stack_values, **SLICE}
+    write_stack(stack_dir, raw)
+    state = state_of({k: v for k, v in raw.items() if v is not None}, "dev")
+    role = next(r for r in state["deployment"]["resources"] if r["urn"].endswith("::tpu-grpo-node-role"))
+    assert role["retainOnDelete"] is True
+    if not marked:  # as the release before this one recorded it
+        del role["retainOnDelete"]
+    (cli.folder / "state.json").write_text(json.dumps(state))
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=cli.env()).stdout)
+    assert plan["kept"] == [
+        "Bucket store: the checkpoint bucket and what it holds",
+        "IAMMember tpu-grpo-node-role: a project-wide role of the nodes' account: other clusters of the project, or "
+        "another stack, may rely on it"]
+    down = invoke("down", "--yes", cwd=stack_dir, env=cli.env())
+    assert down.returncode == 0, down.stderr
+    forgets = [call for call in cli.calls() if call.startswith("state delete")]
+    assert forgets == ([] if marked else [f"state delete --stack dev --yes {role['urn']}"])
+    assert cli.calls()[-1] == "destroy --stack dev --yes --skip-preview"
+    left = json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"]
+    assert any(r["urn"] == role["urn"] for r in left) == marked
+
+
+def test_an_update_that_would_delete_a_grant_it_declares_is_refused(stack_values):
+    """An upgrade and a new vmName in one `up`: the aliases name the old resources under the new vmName, so the
+    earlier release's image grant (the project's repository, the same binding as the one declared now) would be
+    deleted after the new one is made, stripping it (subtractFromBindings). The preview calls that a strip, and
+    `up` refuses it."""
+    from infra import offline, replacements
+    from tpu_grpo.cloud import stack
+
+    raw = {k: v for k, v in {**stack_values, **SLICE}.items() if v is not None}
+    state = state_of(raw, "dev")["deployment"]["resources"]
+    for resource in state:  # as the release before this one named it
+        resource["urn"] = resource["urn"].replace("::images-reader", "::tpu-grpo-images-reader")
+    _, declared, _ = offline.run({**raw, "tpu-grpo:vmName": "tpu-other"}, "dev")
+    changes = replacements.diff(state, declared)
+    [strip] = [change for change in changes if change.action == "strip"]
+    assert strip.name == "tpu-grpo-images-reader" and stack.strips_a_grant(changes)
+    assert stack.describe(strip).endswith("an IAM member's delete removes its binding): refused")
+    _, same_name, _ = offline.run(raw, "dev")
+    assert not stack.strips_a_grant(replacements.diff(state, same_name))  # the alias adopts it

@@ -3,6 +3,8 @@ key, the value and the fix; and both readers of the stack file see the same sett
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from infra import offline
@@ -94,6 +96,22 @@ def test_missing_public_key_file_names_ssh_keygen(stack_values, tmp_path):
     values = with_value(stack_values, "tpu-grpo:sshPublicKeyPath", str(tmp_path / "nope.pub"))
     with pytest.raises(SettingsError, match="is not a file; fix: ssh-keygen -t ed25519"):
         offline.run(values, "dev")
+
+
+def test_the_printed_ssh_keygen_makes_the_key_the_stack_names_when_pasted(stack_values, tmp_path, monkeypatch):
+    """The stack file's `~/.ssh/...` (the committed default): the fix is pasted into bash as printed, and makes the
+    very key the setting names (a quoted `~` would not expand: ssh-keygen would write to a folder named `~`)."""
+    home = tmp_path / "home with space"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    values = with_value(stack_values, "tpu-grpo:sshPublicKeyPath", "~/.ssh/id_new.pub")
+    with pytest.raises(SettingsError) as raised:
+        offline.run(values, "dev")
+    command = raised.value.fix.split(", or ")[0]
+    made = subprocess.run(["bash", "-c", command], input="\n\n", capture_output=True, text=True, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert (home / ".ssh" / "id_new.pub").is_file() and not (tmp_path / "~").exists()
+    offline.run(values, "dev")  # the setting now names a real key
 
 
 def test_lenient_parse_keeps_placeholders_and_missing_key_as_pending(stack_values, tmp_path):

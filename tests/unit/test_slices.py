@@ -142,7 +142,7 @@ def test_a_slices_own_service_account_can_pull_the_image_and_run_gke_nodes(stack
     _, by_type, _ = declared(stack_values, **{"tpu-grpo:serviceAccount": account})
     member = f"serviceAccount:{account}"
     [reader] = by_type["gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"]
-    assert reader.name == "tpu-grpo-images-reader" and reader.inputs == {
+    assert reader.name == "images-reader" and reader.inputs == {
         "repository": "tpu-grpo", "location": "us-east5", "project": "grpo-lab-123",
         "role": "roles/artifactregistry.reader", "member": member}
     [node] = by_type["gcp:projects/iAMMember:IAMMember"]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import ROOT, invoke, invoke_process
+from tests.support import ROOT, TEST_TOKEN, invoke, invoke_process
 
 
 def imported_modules(stderr: str) -> set[str]:
@@ -131,9 +131,10 @@ def test_up_names_placeholders_too(home):
 
 @pytest.fixture
 def pulumi_cli(tmp_path, home):
-    """The Pulumi CLI double (tests/doubles/pulumi) first on PATH, with Google credentials, in an empty home."""
+    """The Pulumi CLI double (tests/doubles/pulumi) first on PATH, with Google credentials and a Hugging Face token,
+    in an empty home."""
     cli = PulumiCli(tmp_path / "pulumi")
-    return cli, {**home, **cli.env()}
+    return cli, {**home, **cli.env(), "HF_TOKEN": TEST_TOKEN}
 
 
 def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
@@ -142,9 +143,10 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = cli.calls()
-    assert lines[:5] == ["whoami", "stack select --create dev", "refresh --yes --skip-preview --stack dev",
+    assert lines[:6] == ["whoami", "stack select --create dev", "refresh --yes --skip-preview --stack dev",
+                         "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
                          "stack export --stack dev", "stack export --stack dev"]  # what it replaces; a stopped VM?
-    assert lines[5].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
+    assert lines[6].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
 
 
 def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):
@@ -223,7 +225,7 @@ def test_plan_lists_the_provisioning_steps(stack_dir):
 
 
 def test_provision_without_host_or_pulumi_says_how_to_name_one(stack_dir, home):
-    result = invoke("provision", cwd=stack_dir, env=home)
+    result = invoke("provision", cwd=stack_dir, env={**home, "HF_TOKEN": TEST_TOKEN})
     assert result.returncode == 2
     assert result.stderr.startswith("error: no --host given and no pulumi CLI to read stack 'dev' outputs; fix: pass --host")
 
@@ -359,3 +361,65 @@ def test_a_dataset_that_is_not_owner_slash_name_is_refused_before_pulumi_runs(st
     assert result.returncode == 2 and result.stderr.startswith(f"error: tpu-grpo:dataset={dataset!r} is not a "
                                                                "Hugging Face repository id")
     assert len(result.stderr.splitlines()) == 1 and not any(call.startswith("up") for call in cli.calls())
+
+
+@pytest.mark.parametrize("argv", [["up", "--yes", "provision", "pipeline"], ["provision"],
+                                  ["pipeline", "--recover", "1"]])
+def test_a_gated_model_without_a_token_is_refused_before_anything_is_made(stack_dir, pulumi_cli, argv):
+    """`env -u HF_TOKEN invoke up --yes provision pipeline` would make a paid VM whose model download then fails: the
+    whole command line's check finds the token missing first (the committed stack trains Llama 3.1, which is gated),
+    and no Pulumi command that makes anything runs."""
+    cli, env = pulumi_cli
+    cli.set_outputs({"external_ip": "127.0.0.1", "ssh_user": "tpuuser"})
+    env = {key: value for key, value in env.items() if key != "HF_TOKEN"}
+    result = invoke(*argv, cwd=stack_dir, env=env)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: tpu-grpo:model='llama3.1-8b-Instruct' is gated on the Hugging Face Hub "
+                                    "(meta-llama/Llama-3.1-8B-Instruct), and this laptop has no token for it")
+    assert "export HF_TOKEN=hf_..." in result.stderr
+    assert not [call for call in cli.calls() if call.startswith(("up", "refresh", "destroy", "stack select"))]
+
+
+def test_an_ungated_model_or_steps_without_the_token_need_none(stack_dir, stack_values, pulumi_cli):
+    """Qwen's weights are not gated, and `--tags idle` sends no token: neither is refused for want of one (each then
+    fails only where nothing answers at the stack's address)."""
+    _, env = pulumi_cli
+    env = {key: value for key, value in env.items() if key != "HF_TOKEN"}
+    tagged = invoke("provision", "--tags", "idle", "--host", "tpuuser@127.0.0.1:1", cwd=stack_dir, env=env)
+    assert tagged.returncode == 1 and "gated" not in tagged.stderr, tagged.stderr
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
+        **stack_values, "tpu-grpo:model": "qwen3-0.6b", "tpu-grpo:machineType": "ct6e-standard-1t"}}))
+    qwen = invoke("provision", "--host", "tpuuser@127.0.0.1:1", cwd=stack_dir, env=env)
+    assert qwen.returncode == 1 and "gated" not in qwen.stderr, qwen.stderr
+
+
+@pytest.mark.parametrize("error", [
+    # terraform-plugin-sdk's helper/retry TimeoutError, as the provider's ComputeOperationWaitTime returns it
+    "error: creating Instance: timeout while waiting for state to become 'DONE' (last state: 'RUNNING', timeout: "
+    "2h20m0s)",
+    # the Compute API's answer to an insert of a name that exists (a VM the last timed-out request made)
+    "error: creating Instance: googleapi: Error 409: The resource 'projects/grpo-lab-123/zones/us-east5-a/instances/"
+    "tpu-grpo' already exists, alreadyExists"])
+def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(stack_dir, stack_values, pulumi_cli,
+                                                                              tmp_path, error):
+    """A flex-start request that outlives the create timeout goes on in Compute Engine while the provider forgets the
+    VM (resource_compute_instance.go: d.SetId("") on a wait error): `up` says so and prints the delete command,
+    which runs as printed (here against a gcloud that records its argv)."""
+    cli, env = pulumi_cli
+    values = {**stack_values, "tpu-grpo:capacity": "flex-start", "tpu-grpo:maxRunHours": "4", "gcp:zone": "us-east5-a"}
+    del values["tpu-grpo:reservation"]
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    cli.up_fails(255, [json.dumps({"sequence": 1, "timestamp": 1,
+                                   "diagnosticEvent": {"message": error, "severity": "error"}})])
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    [said] = [line for line in result.stderr.splitlines() if "outside Pulumi's state" in line]
+    command = said.split("delete it with `", 1)[1].split("`", 1)[0]
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "gcloud").write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    (tools / "gcloud").chmod(0o755)
+    pasted = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                            env={"PATH": f"{tools}:/usr/bin:/bin"})
+    assert json.loads(pasted.stdout) == ["compute", "instances", "delete", "tpu-grpo", "--zone=us-east5-a",
+                                         "--project=grpo-lab-123", "--quiet"]

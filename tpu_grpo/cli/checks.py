@@ -47,13 +47,28 @@ def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None,
     from tpu_grpo.provision import playbook as playbook_module
 
     book = playbook_module.load(playbook)
-    engine.local_secrets(book)  # a token file that cannot be read is said now, not after the first host connects
-    stack_values = playbook_module.stack_values(settings_module.load(flags.get("stack"), lenient=True))
+    chosen = settings_module.load(flags.get("stack"), lenient=True)
     pinned = lock_module.read_lock(Path(lock or lock_module.LOCK)) if locked else None
-    values = playbook_module.resolve(book, var, pinned, stack_values)
+    values = playbook_module.resolve(book, var, pinned, playbook_module.stack_values(chosen))
     chosen_tags = playbook_module.parse_tags(tags)
-    playbook_module.selected(book, chosen_tags)
-    return book, values, chosen_tags, check_hosts(one_host=False, needs_vm=True, **flags)
+    where = check_hosts(one_host=False, needs_vm=True, **flags)
+    require_token(book, playbook_module.selected(book, chosen_tags), chosen, "uv run invoke provision")
+    return book, values, chosen_tags, where
+
+
+def require_token(book, steps, chosen: settings_module.Settings, task: str) -> None:
+    """The Hugging Face token a gated model needs, found on this laptop before the first task of the command line
+    acts (`up provision` would otherwise make a paid VM whose download then fails); a token file that cannot be read
+    is said now too, not after the first host connects."""
+    from tpu_grpo.provision import engine
+
+    secrets = engine.local_secrets(book)
+    row = chosen.model_row
+    if row.gated and any(step.secret and secrets.get(step.secret["source"]) is None for step in steps):
+        raise settings_module.SettingsError(
+            f"{settings_module.PROJECT}:model", chosen.model, f"is gated on the Hugging Face Hub ({row.hf_id}), and "
+            "this laptop has no token for it (HF_TOKEN is unset and no token file)",
+            f"export HF_TOKEN=hf_... (a read token whose account accepted the licence), or `hf auth login`, then {task}")
 
 
 def check_freeze(var=None, playbook=None, lock=None, **flags):
@@ -107,8 +122,9 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
                                    "--recover N, or provision with uv run invoke provision --var ...")
     options = targets.PipelineOptions(need, recover=recoveries)
     if recoveries:
-        options = replace(options, provisioning=playbook.resolve(playbook.load(), var, None,
-                                                                 playbook.stack_values(chosen)))
+        book = playbook.load()
+        require_token(book, book.steps, chosen, f"uv run invoke pipeline --recover {recover}")
+        options = replace(options, provisioning=playbook.resolve(book, var, None, playbook.stack_values(chosen)))
         if not shutil.which("pulumi"):
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
                                        "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "

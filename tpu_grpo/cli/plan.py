@@ -50,6 +50,7 @@ class Plan:
     pending: list[str]
     warnings: list[str]
     replaces: list[str]
+    kept: list[str]
     access: list[str]
     resources: list[dict[str, Any]]
     outputs: dict[str, Any]
@@ -82,6 +83,7 @@ def build(stack: str | None = None) -> Plan:
         pending=[str(error) for error in settings.pending],
         warnings=settings.warnings,
         replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
+        kept=stack_module.kept(resources),
         access=access_to_grant(settings),
         resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
                    if not r.type.startswith(keys.PROJECT)],
@@ -204,6 +206,8 @@ def render(plan: Plan, console: Console) -> None:
         console.print(styled("[bold red]replaces:[/] {}", line))
     for line in plan.warnings:
         console.print(styled("[bold yellow]warning:[/] {}", line))
+    for line in plan.kept:
+        console.print(styled("[bold]kept by `invoke down`:[/] {}", line))
     for line in plan.access:
         console.print(styled("[bold yellow]access to grant:[/] {}", line))
     if plan.pending:

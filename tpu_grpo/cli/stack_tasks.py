@@ -80,6 +80,10 @@ def up(c, stack=None, yes=False):
     changes = stack_module.preview(chosen)
     for change in changes:
         console.print(f"replaces: {stack_module.describe(change)}", soft_wrap=True)
+    if stack_module.strips_a_grant(changes):
+        raise Exit(f"error: refusing to update stack '{chosen.stack}': it would delete a grant it declares under "
+                   "another name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which "
+                   "adopts the renamed resources), then change it again", code=1)
     if stack_module.data_disk_lost(changes):
         from tpu_grpo.host.hosts import ConnectError
 

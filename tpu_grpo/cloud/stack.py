@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +35,18 @@ REPLACING = {
     replacements.CLUSTER: "a new cluster (every job stops); the runs stay in the bucket",
     replacements.BUCKET: "a new bucket; the old one and what it holds are kept (retained on delete)",
 }
+#: What `pulumi destroy` (and `invoke down`) leaves in the project, by type: the program declares these
+#: retain_on_delete (infra/common.py, infra/tpu_slice.py).
+KEPT = {
+    replacements.BUCKET: "the checkpoint bucket and what it holds",
+    replacements.PROJECT_IAM_MEMBER: "a project-wide role of the nodes' account: other clusters of the project, or "
+                                     "another stack, may rely on it",
+}
+#: Compute Engine made a VM of the stack's name that Pulumi's state does not hold: the instance's create outlived its
+#: timeout (terraform-plugin-sdk's helper/retry: "timeout while waiting for state to become 'DONE'"; the provider then
+#: clears the id while the request goes on), or a later `up` meets that VM (the Compute API's 409: "The resource
+#: 'projects/P/zones/Z/instances/NAME' already exists, alreadyExists").
+OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists")
 #: `--event-log` is a flag of `pulumi up` only when PULUMI_DEBUG_COMMANDS is set (pkg/cmd/pulumi/operations/up.go:
 #: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
 #: it for the same reason.
@@ -60,6 +73,19 @@ KNOWN_ERRORS = (
     ("Quota",
      "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
 )
+
+
+def outside_state(settings: Settings, messages: list[str]) -> list[str]:
+    """What to do about a VM that Compute Engine made outside the stack's state (OUTSIDE_STATE), once; [] when no
+    message says so."""
+    if settings.tpu_slice or not any(marker in message for message in messages for marker in OUTSIDE_STATE):
+        return []
+    delete = shlex.join(["gcloud", "compute", "instances", "delete", settings.vm_name, f"--zone={settings.zone}",
+                         f"--project={settings.project}", "--quiet"])
+    return [f"Compute Engine may have made VM {settings.vm_name} outside Pulumi's state (a request that outlived "
+            "its create timeout goes on, and the VM is billed once it runs); Pulumi cannot manage it, and a new one "
+            f"cannot take its name or data disk: delete it with `{delete}` (the data disk stays: tpu-grpo attaches "
+            "it with auto-delete off), then run `uv run invoke up` again"]
 
 
 def google_credentials() -> str | None:
@@ -182,12 +208,12 @@ def preview(settings: Settings, declared: list | None = None) -> list:
     resources = state.get("deployment", {}).get("resources") or []
     if not resources:
         return []
-    from infra import offline, program
+    from infra import offline
     from tpu_grpo.config.stack_file import read_stack_file
 
     if declared is None:
         _, declared, _ = offline.run(read_stack_file(settings.stack, project_root()), settings.stack, lenient=True)
-    return replacements.diff(resources, declared, program.REPLACE_ON_CHANGES)
+    return replacements.diff(resources, declared)
 
 
 def describe(change) -> str:
@@ -197,21 +223,36 @@ def describe(change) -> str:
         meaning = ("the data disk is DELETED with all it holds" if change.type == replacements.DISK
                    else "it is deleted")
         return f"{kind} {change.name} is no longer declared: {meaning}"
+    if change.action == "strip":
+        return (f"{kind} {change.name} is no longer declared, and deleting it removes the very grant the update "
+                "declares under another name (an IAM member's delete removes its binding): refused")
+    if change.action == "forget":
+        return f"{kind} {change.name} is no longer declared: it leaves the stack and stays in the project (retained)"
+    if change.action == "recreate nodes":
+        return (f"{kind} {change.name} ({change.because()}): updated in place, and GKE makes its nodes anew to apply "
+                "it (a job running on them stops; the runs stay in the bucket)")
     return f"{kind} {change.name} ({change.because()}): {REPLACING.get(change.type, 'a new one is made')}"
+
+
+def strips_a_grant(changes: list) -> bool:
+    """Whether the update would delete a grant it also declares (a renamed IAM member whose old name no alias
+    matches, as when vmName changes in the same update as an upgrade of tpu-grpo)."""
+    return any(change.action == "strip" for change in changes)
 
 
 def data_disk_lost(changes: list) -> bool:
     """Whether the update deletes the data disk (replaced by an empty one, or gone)."""
-    return any(change.type == replacements.DISK for change in changes)
+    return any(change.type == replacements.DISK and change.action in ("replace", "delete") for change in changes)
 
 
 def select_and_refresh(settings: Settings, stdout=None) -> int:
     """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
-    Compute Engine has now (a VM it deleted or stopped)."""
+    Compute Engine has now (a VM it deleted or stopped); and forget what tpu-grpo keeps that an earlier release's
+    state does not mark so (`forget_unmarked`), which the update could otherwise delete."""
     selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
     if selected.returncode == 0 and not settings.tpu_slice:
         subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack], stdout=stdout)
-    return selected.returncode
+    return selected.returncode or forget_unmarked(settings.stack, stdout)
 
 
 def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, list[str]]:
@@ -237,7 +278,8 @@ def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, l
         code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed,
                                "--event-log", str(event_log)], stdout=stdout,
                               env={**os.environ, **EVENT_LOG_ENV}).returncode
-        return code, explain(error_messages(event_log), settings.obtained) if code else []
+        messages = error_messages(event_log)
+        return code, [*explain(messages, settings.obtained), *outside_state(settings, messages)] if code else []
 
 
 def require_cli() -> None:
@@ -245,7 +287,32 @@ def require_cli() -> None:
         raise UserError("no pulumi CLI on PATH; fix: install it (pulumi.com/docs/install)")
 
 
+def kept(declared: list) -> list[str]:
+    """What `pulumi destroy` leaves of what the program declares (retained on delete), a line each."""
+    return [f"{r.type.rsplit(':', 1)[-1]} {r.name}: {KEPT.get(r.type, 'kept')}" for r in declared
+            if r.options.retain_on_delete]
+
+
+def unmarked_retained(resources: list[dict]) -> list[str]:
+    """The URNs of the state's resources of a type tpu-grpo keeps (KEPT) that the state does not mark retained: an
+    earlier release made them so (the project-wide role; the bucket was retained from its first release), and
+    Pulumi acts on the state's mark for what it deletes."""
+    return [r["urn"] for r in resources if r["type"] in KEPT and not r.get("retainOnDelete")]
+
+
+def forget_unmarked(stack: str, stdout=None) -> int:
+    """Forget from the stack's state (`pulumi state delete`, which deletes nothing in the cloud) what tpu-grpo keeps
+    and the state does not mark so, before an update or a destroy could delete it; the CLI's exit code."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    for urn in unmarked_retained(state.get("deployment", {}).get("resources") or []):
+        forgot = subprocess.run(["pulumi", "state", "delete", "--stack", stack, "--yes", urn], stdout=stdout)
+        if forgot.returncode:
+            return forgot.returncode
+    return 0
+
+
 def destroy(stack: str, yes: bool = False) -> int:
-    """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`."""
-    return subprocess.run(["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
-                          ).returncode
+    """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`. What
+    tpu-grpo keeps and the state does not mark so is forgotten first (`forget_unmarked`), so that it stays."""
+    return forget_unmarked(stack) or subprocess.run(
+        ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]).returncode

@@ -19,6 +19,9 @@ PRICES_READ = "2026-12-04"
 #: asia-northeast1-b and us-east5-a; SkyPilot's Compute Engine TPU code adds us-south1-ai1b
 #: (`_COMPUTE_TPU_FLEX_START_ZONES`, sky/clouds/gcp.py). The list grows: another zone is warned of, not refused.
 FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a", "us-south1-ai1b")
+#: Where GKE offers v6e flex-start node pools (a slice): GKE's flex-start page lists asia-northeast1-b, us-east5-a and
+#: us-east5-b (GKE 1.33.0-gke.1712000 or later).
+GKE_FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a", "us-east5-b")
 #: Which quota a VM or node pool draws on. tpu-grpo makes its TPU VMs through Compute Engine (one VM) and GKE (a
 #: slice), which draw on Compute Engine's quota for TPU v6e in the region, not on the Cloud TPU API's (Google's
 #: "Cloud TPU consumption options": "If you use TPUs with GKE, you use Compute Engine API quota, a different
@@ -51,8 +54,10 @@ class Capacity:
     shm_refused_because: str = ""
     #: The quota a VM or node pool of this capacity draws on.
     quota: str = ON_DEMAND_QUOTA
-    #: The zones that offer this capacity for v6e, where such a list exists (else any zone with v6e).
+    #: The zones that offer this capacity for v6e, where such a list exists (else any zone with v6e): for one VM, and
+    #: for a slice's GKE node pools.
     zones: tuple[str, ...] = ()
+    gke_zones: tuple[str, ...] = ()
     #: Runs at most `tpu-grpo:maxRunHours`, then is deleted (`max_run_duration`), which it then needs.
     run_limited: bool = False
     #: The GKE node_config switch of this capacity (`spot`, `flex_start`), whose gcloud flag is its name in
@@ -63,6 +68,9 @@ class Capacity:
     scales_to_zero: bool = False
     #: What the user sees while the request for the VM waits for capacity, where it may wait; "" where it does not.
     waits: str = ""
+    #: How long Compute Engine may keep the request for the VM waiting for capacity, in minutes (0: it does not wait):
+    #: the VM's create timeout is the provider's 20 minutes plus this.
+    wait_minutes: int = 0
     #: How a VM of this capacity ends or stops besides an idle stop (its scheduling above says so).
     ends: str = "stopped at a host maintenance event"
     #: What Compute Engine's RESOURCE_POOL_EXHAUSTED means for this capacity, and what to do.
@@ -77,13 +85,15 @@ class Capacity:
     def needs_reservation(self) -> bool:
         return self.affinity == "SPECIFIC_RESERVATION"
 
-    def zone_warning(self, zone: str) -> str | None:
-        """One line when `zone` is not known to offer this capacity, or None."""
-        if not self.zones or zone in self.zones:
+    def zone_warning(self, zone: str, gke: bool = False) -> str | None:
+        """One line when `zone` is not known to offer this capacity (on GKE: for a slice), or None."""
+        zones = self.gke_zones if gke else self.zones
+        if not zones or zone in zones:
             return None
-        return (f"gcp:zone {zone} is not among the zones known to offer v6e {self.name} ({', '.join(self.zones)}: "
-                f"Google's Flex-start page and SkyPilot, read {PRICES_READ}); `pulumi up` may fail there with no "
-                "capacity; fix: pulumi config set gcp:zone ZONE, one of those")
+        whence = "GKE's flex-start page" if gke else "Google's Flex-start page and SkyPilot"
+        return (f"gcp:zone {zone} is not among the zones known to offer v6e {self.name}{' on GKE' if gke else ''} "
+                f"({', '.join(zones)}: {whence}, read {PRICES_READ}); `pulumi up` may fail there with no capacity; "
+                "fix: pulumi config set gcp:zone ZONE, one of those")
 
     @property
     def after_stop(self) -> str:
@@ -212,13 +222,18 @@ CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
              ends="deleted at tpu-grpo:maxRunHours",
              shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
                                  "whole run",
-             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
+             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, gke_zones=GKE_FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
              # Compute Engine's "About Flex-start VMs" and the Flex-start VMs launch post: a request waits in a queue
              # up to its valid-for duration (at most two hours), then fails if no capacity came.
              waits="A flex-start request waits for capacity up to its valid-for duration (Google: at most two hours; "
                    "pulumi-gcp's Instance has no field for it, so Compute Engine's default applies): `invoke up` "
-                   "shows Pulumi creating the VM all that time, then the VM, or a failure to run `invoke up` again "
-                   "later.",
+                   "shows Pulumi creating the VM all that time (its create timeout is set to outlast the wait), "
+                   "then the VM, or a failure to run `invoke up` again later. Interrupting it does not cancel the "
+                   "request: a VM that comes later is outside Pulumi's state, and the next `invoke up` says so. "
+                   "Unconfirmed: no Google page says how a single ct6e VM's flex-start request is made; tpu-grpo "
+                   "inserts the instance with provisioningModel FLEX_START, SkyPilot uses a managed instance group "
+                   "(docs/capacity.md).",
+             wait_minutes=120,
              scales_to_zero=True,
              no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
                          f"offers v6e flex-start ({', '.join(FLEX_START_ZONES)})",

@@ -33,6 +33,9 @@ HBM_UTILIZATION_VLLM = 0.72
 #: (trainer_devices_fraction, sampler_devices_fraction); on one host both share every chip.
 TRAINER_FRACTION = 0.5
 
+#: The licences whose Hub repositories are gated (docs/first-run.md: accept the licence on the model's page first).
+GATED_LICENSES = ("llama3.1", "gemma")
+
 
 @dataclass(frozen=True)
 class Model:
@@ -52,6 +55,16 @@ class Model:
     rollout_tensor_parallelism: int | None = None
     #: What MaxText's own model inside vLLM is given beyond its name, as the model's recipe has it.
     maxtext_in_vllm: tuple[tuple[str, str | bool], ...] = ()
+    #: The Hub repository holds the weights twice: its safetensors and Meta's own format (`original/`, as large).
+    #: MaxText 0.2.3's eager loader downloads both (checkpoint_conversion/utils/utils.py, load_hf_dict_from_safetensors:
+    #: `snapshot_download` with no pattern); the lazy one fetches each safetensors file alone (`hf_hub_download`).
+    original_copy: bool = False
+
+    @property
+    def gated(self) -> bool:
+        """The Hub serves the weights only to a token whose account accepted their licence (Meta's Llama 3.1 and
+        Google's Gemma repositories are gated; Qwen's are not)."""
+        return self.license in GATED_LICENSES
 
     @property
     def training_tokenizer(self) -> str:
@@ -72,6 +85,11 @@ class Model:
     def checkpoint_gb(self) -> float:
         """One training checkpoint: the weights and AdamW's moments."""
         return self.params_b * CHECKPOINT_BYTES
+
+    def conversion_download_gb(self, lazy: bool) -> float:
+        """What a conversion that downloads the model itself puts on disk: the safetensors, or (loading eagerly) the
+        whole repository."""
+        return self.weights_gb * (2 if self.original_copy and not lazy else 1)
 
     @property
     def eager_conversion_gb(self) -> float:
@@ -122,12 +140,12 @@ class Model:
 MODELS: dict[str, Model] = {row.name: row for row in (
     # a base model trains with its Instruct tokenizer, as rl.yml's comments have it
     Model("llama3.1-8b", "meta-llama/Llama-3.1-8B", 8.03, True, "llama3.1",
-          tokenizer="meta-llama/Llama-3.1-8B-Instruct"),
+          tokenizer="meta-llama/Llama-3.1-8B-Instruct", original_copy=True),
     Model("llama3.1-8b-Instruct", "meta-llama/Llama-3.1-8B-Instruct", 8.03, True, "llama3.1",
-          export_name="llama3.1-8b"),  # the tutorial's export
+          export_name="llama3.1-8b", original_copy=True),  # the tutorial's export
     # rl_on_multi_host.md's 70B commands: rollout_tensor_parallelism=8
     Model("llama3.1-70b", "meta-llama/Llama-3.1-70B", 70.55, True, "llama3.1",
-          tokenizer="meta-llama/Llama-3.1-70B-Instruct", rollout_tensor_parallelism=8),
+          tokenizer="meta-llama/Llama-3.1-70B-Instruct", rollout_tensor_parallelism=8, original_copy=True),
     Model("qwen3-0.6b", "Qwen/Qwen3-0.6B", 0.6, True, "apache-2.0"),
     Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02, True, "apache-2.0"),
     Model("qwen3-8b", "Qwen/Qwen3-8B", 8.19, True, "apache-2.0"),

@@ -1,13 +1,13 @@
 """The MaxText release tpu-grpo runs, in one place: the one VM's playbook installs its spec, the slice's image
 is built from that spec and tagged with its version, and the pipeline's preflight refuses a host with another.
 
-Pathways' server and proxy must speak the JAX version of the trainer that connects to them: MaxText 0.2.3's
-tpu-post-train extra asks for jax>=0.10.1 (src/dependencies/requirements/generated_requirements/
-tpu-post-train-requirements.txt at the maxtext-v0.2.3 tag), so the image pins JAX_VERSION and the Pathways images are
-the ones built for it. MaxText's own .github/workflows/run_pathways_tests.yml at that tag pins
-`server:20260413-jax_0.9.2`, a build for JAX 0.9.2 that this trainer's JAX cannot talk to (its later tags use
-`latest`); `20260623-jax_0.10.1` is the build for 0.10.1 that public MaxText RL launch scripts pass to
-`xpk workload create-pathways --server-image/--proxy-server-image` with `train_rl` (seen through code search).
+Pathways' server and proxy images are built for a JAX version: Google's "Introduction to Pathways on Cloud" names
+them `pathways/server:jax-<jax-version>` and `pathways/proxy_server:jax-<jax-version>`, and a PathwaysJob's
+`pathwaysVersion` is that JAX version. MaxText 0.2.3's tpu-post-train extra asks for jax>=0.10.1
+(src/dependencies/requirements/generated_requirements/tpu-post-train-requirements.txt at the maxtext-v0.2.3 tag), and
+the slice's image pins JAX_VERSION, so the images are Google's for that JAX. MaxText's own CI at that tag
+(.github/workflows/run_pathways_tests.yml) pins `server:20260413-jax_0.9.2` while it installs the client with
+`--resolution=lowest` (jax 0.10.0): no source says how closely the two must match, so tpu-grpo takes Google's rule.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 MAXTEXT_VERSION = "0.2.3"
 MAXTEXT_SPEC = f"maxtext[tpu-post-train]=={MAXTEXT_VERSION}"
 JAX_VERSION = "0.10.1"
-PATHWAYS_TAG = f"20260623-jax_{JAX_VERSION}"
+PATHWAYS_TAG = f"jax-{JAX_VERSION}"
 #: JobSet, which a slice's cluster runs its steps with, and its Helm chart (JobSet's README: `helm install jobset
 #: oci://registry.k8s.io/jobset/charts/jobset --version $VERSION --create-namespace --namespace=jobset-system`).
 JOBSET_VERSION = "0.10.1"

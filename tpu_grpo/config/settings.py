@@ -119,8 +119,10 @@ class Settings:
 
     @property
     def cpu_pool_disk_gb(self) -> int:
-        """A slice's CPU host's boot disk: the conversion downloads the model's safetensors there."""
-        return max(CPU_POOL_MIN_DISK_GB, math.ceil(self.model_row.weights_gb) + CPU_POOL_SYSTEM_GB)
+        """A slice's CPU host's boot disk: the conversion downloads the model there (the whole repository when it
+        loads eagerly). It follows the model: another model resizes it, which GKE applies with a new node."""
+        download = self.model_row.conversion_download_gb(self.lazy_conversion)
+        return max(CPU_POOL_MIN_DISK_GB, math.ceil(download) + CPU_POOL_SYSTEM_GB)
 
     @property
     def training(self) -> Training:
@@ -181,7 +183,7 @@ class Settings:
     @property
     def warnings(self) -> list[str]:
         """What is allowed but likely to fail: said by `invoke settings`, `plan` and `up`, never refused."""
-        warning = self.obtained.zone_warning(self.zone)
+        warning = self.obtained.zone_warning(self.zone, gke=bool(self.tpu_slice))
         return [warning] if warning else []
 
     @property
@@ -204,11 +206,12 @@ def _placeholders(value: Any) -> bool:
 def read_public_key(path: str, root: Path) -> str:
     """The key line of an OpenSSH public key file, checked to really be one."""
     key = KEY[f"{PROJECT}:sshPublicKeyPath"]
+    where = str(root / os.path.expanduser(path))  # the key pasted for ssh-keygen: no `~` a quote would stop
     try:
-        file = existing_file(str(root / os.path.expanduser(path)))
+        file = existing_file(where)
     except Refused as problem:
         fix = {"is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
-               "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', path.removesuffix('.pub')])}, or "
+               "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', where.removesuffix('.pub')])}, or "
                                 f"{key.set_command('PATH.pub')}"}.get(str(problem), key.set_command("PATH.pub"))
         raise SettingsError(key.name, path, str(problem), fix) from None
     text = file.read_text(errors="replace").strip()

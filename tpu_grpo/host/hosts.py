@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
 import shlex
 import shutil
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpu_grpo.config import laptop_paths, settings, values
+from tpu_grpo.config import host_paths, laptop_paths, settings, values
 from tpu_grpo.config.errors import UserError
 
 # paramiko logs a failed connection with its traceback (Python's last-resort handler prints it on stderr);
@@ -303,6 +305,38 @@ def run(connection, command: str, **kwargs):
 def run_script(connection, script: str, become: bool = False):
     """Run a bash script on the host and return its result, whatever its exit code (the caller judges it)."""
     return run(connection, bash_command(script, become), hide=True, warn=True, in_stream=False)
+
+
+#: How often a lease of work in flight is touched (the idle stop counts one touched in the last 3 minutes).
+LEASE_EVERY_S = 60
+
+
+@contextmanager
+def busy(connection, what: str):
+    """Keep the VM from stopping itself while this laptop works on it without the TPU lock or a terminal (a fetch,
+    a provisioning run): a lease in host_paths.BUSY, touched every LEASE_EVERY_S on a thread of its own and removed
+    at the end. A laptop that goes away stops touching it, and the idle stop then counts from the last touch."""
+    lease = f"{host_paths.BUSY}/{what}-{os.getpid()}-{threading.get_ident()}"
+    done = threading.Event()
+
+    def touch() -> None:
+        while connection.is_connected:
+            try:
+                run_script(connection, f"mkdir -p {host_paths.BUSY} && touch {lease}")
+            except Exception:  # noqa: BLE001 - a lost connection ends the lease; the work itself reports it
+                return
+            if done.wait(LEASE_EVERY_S):
+                return
+
+    toucher = threading.Thread(target=touch, name=f"lease {what}", daemon=True)
+    toucher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        toucher.join()
+        if connection.is_connected:
+            run_script(connection, f"rm -f {lease}")
 
 
 def write_text(connection, path: str, text: str) -> None:

@@ -217,6 +217,10 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
     """Every check in one script; each failing one prints `fail: what; fix: how`."""
     venv = host_paths.VENV
     shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
+    # Without provisioning's download of the model, the conversion downloads it itself, into the data disk's cache.
+    download_kb = int(need_gb.get("download", 0) * 1024 * 1024)
+    unless_downloaded = (f"\n[ -f {maxtext.downloaded_model(run)}.complete ] || need=$((need + {download_kb}))"
+                         if download_kb else "")
     tpu = (f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
            f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
            f'has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), '
@@ -229,8 +233,8 @@ version=$({remote.run("maxtext_version", python=f"{venv}/bin/python")}
 free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
 [ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
 mkdir -p {vm_jobs.ROOT}
-free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}')
-[ "$free" -ge {data_kb} ] || echo "fail: the data disk ({vm_jobs.ROOT}) has $((free / 1048576)) GB free, a run needs {need_gb['data']:g}; fix: remove old models in {MODELS} or grow dataDiskGb"
+free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}') need={data_kb}{unless_downloaded}
+[ "$free" -ge "$need" ] || echo "fail: the data disk ({vm_jobs.ROOT}) has $((free / 1048576)) GB free, a run needs $((need / 1048576)); fix: remove old models in {MODELS} or grow dataDiskGb"
 {tpu}
 """
 
@@ -249,9 +253,11 @@ def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu
 
 
 def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
-    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs."""
+    """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs, and ("download") what
+    the conversion downloads itself onto the data disk when provisioning's download of the model is not complete."""
     if text is None:
-        return stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb)
+        return {**stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb),
+                "download": round(run.row.conversion_download_gb(run.lazy_load_tensors), 1)}
     gigabytes = values.decimal(0, 100_000, " GB")
     parts = str(text).split(",")
     try:

@@ -6,6 +6,7 @@ connect, gather the checks, make right what is not.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -233,7 +234,11 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
             except Exception as error:  # noqa: BLE001 - a lost connection ends this host, whatever paramiko raises
                 report.error = f"{host.name}: connection lost while checking ({error or type(error).__name__})"
                 return
-            _apply_host(connection, report, planned, parse_gathered(gathered.stdout), check_mode, notify, retry_delays)
+            checks = parse_gathered(gathered.stdout)
+            works = not check_mode and any(not item.skip and checks.get(item.step.index, (1,))[0] != 0
+                                           for item in planned)  # a run that changes nothing takes no lease
+            with hosts_module.busy(connection, "provision") if works else contextlib.nullcontext():
+                _apply_host(connection, report, planned, checks, check_mode, notify, retry_delays)
             if any(result.started for result in report.steps) and connection.is_connected:
                 _record(connection, report)
         finally:

@@ -117,8 +117,9 @@ def fetch_run(session: vm_jobs.Session, run: str | None, folder: Path, console: 
     """Download the run's saved model into `folder` (models/RUN unless --to), with a progress bar."""
     connection = session.connection
     run = run or newest_saved(connection)
-    return _fetch(run, folder, session.host.name, console, lambda target, progress: artifacts.fetch(
-        connection, pipeline.saved_dir(run), target, progress, host=session.host))
+    with hosts.busy(connection, "fetch"):  # a long fetch keeps the VM from stopping itself under it
+        return _fetch(run, folder, session.host.name, console, lambda target, progress: artifacts.fetch(
+            connection, pipeline.saved_dir(run), target, progress, host=session.host))
 
 
 def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):

@@ -1,0 +1,196 @@
+"""A stateful double of what a stack's life touches: Pulumi's engine (its state, aliases, retainOnDelete, a
+replacement, destroy, `state delete`) and the cloud under it (Compute Engine's VMs and disks, IAM bindings, a
+flex-start request's wait, a preemption), for tests/unit/test_lifecycle.py. Each behaviour is written from its
+source, not from what tpu-grpo expects:
+
+- Which change makes a resource new: the provider's force-new fields (infra/replacements.py's FORCE_NEW, read from
+  terraform-provider-google's schemas at e03b762) and, modelled here on their own, its CustomizeDiff rules
+  (resource_compute_disk.go: `customdiff.ForceNewIfChange("size", IsDiskShrinkage)`; resource_compute_subnetwork.go:
+  `ForceNewIfChange("ip_cidr_range", IsShrinkageIpCidr)`) and the program's own `replace_on_changes`.
+- Pulumi's engine (pkg/resource/deploy/step_generator.go): a state resource whose name is an alias of a declared one
+  is that resource; a replacement of a resource the program names (every one here: a name cannot be held twice)
+  deletes the old one before it makes the new one; a resource no longer declared is deleted after the rest; one
+  marked retainOnDelete is only dropped from the state, replaced or deleted (Pulumi's "Resource option:
+  retainOnDelete": "when deleting or replacing the resource during pulumi up or pulumi destroy"); `destroy` deletes
+  the rest; `pulumi state delete` drops a resource from the state and touches nothing in the cloud
+  (pkg/cmd/pulumi/state/state_delete.go); `refresh` drops what the cloud no longer has.
+- An IAM member (tpgiamresource/resource_iam_member.go): creating one adds the member to the role's binding, deleting
+  one removes it from the binding (subtractFromBindings), whoever else holds the same.
+- An instance's creation (resource_compute_instance.go): 20 minutes by default (`schema.DefaultTimeout(20 *
+  time.Minute)`) or the resource's custom create timeout; when the operation outlasts it, the provider clears the id
+  (`d.SetId("")`) and Compute Engine goes on: the VM comes, billed, outside the state. An insert of a name that
+  exists fails (the Compute API's 409 alreadyExists).
+- A disk deleted takes what it holds; a VM's attached data disk is not auto-deleted (tpu-grpo attaches it so).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra import replacements
+
+INSTANCE, DISK = replacements.INSTANCE, replacements.DISK
+IAM_TYPES = ("gcp:storage/bucketIAMMember:BucketIAMMember", replacements.PROJECT_IAM_MEMBER,
+             "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+DEFAULT_CREATE_TIMEOUT = "20m"
+
+
+def _customize_diff_forces_new(type_: str, old: dict, new: dict) -> bool:
+    """The provider's conditional force-new rules (the module's docstring), on their own."""
+    if type_ == DISK and old.get("size") is not None and new.get("size") is not None:
+        return int(new["size"]) < int(old["size"])
+    if type_ == "gcp:compute/subnetwork:Subnetwork" and old.get("ipCidrRange") != new.get("ipCidrRange"):
+        before, after = ipaddress.ip_network(old["ipCidrRange"]), ipaddress.ip_network(new["ipCidrRange"])
+        return not (before[0] in after and before[-1] in after)
+    return False
+
+
+def _minutes(timeout: str) -> int:
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?", timeout)
+    assert match and timeout, timeout
+    return int(match[1] or 0) * 60 + int(match[2] or 0)
+
+
+@dataclass
+class Cloud:
+    """What exists in the project, whoever made it: resources by (type, name), IAM bindings, what each disk holds."""
+    resources: set[tuple[str, str]] = field(default_factory=set)
+    bindings: set[tuple[str, str, str]] = field(default_factory=set)  # (where, role, member)
+    disks: dict[str, set[str]] = field(default_factory=dict)  # a disk's name -> the runs saved on it
+    stopped: set[str] = field(default_factory=set)  # VMs powered off (an idle stop)
+
+    @staticmethod
+    def binding(resource_type: str, inputs: dict) -> tuple[str, str, str]:
+        where = inputs.get("bucket") or inputs.get("repository") or inputs.get("project") or ""
+        return (f"{resource_type.split('/')[0]}:{where}", inputs["role"], inputs["member"])
+
+    def create(self, type_: str, name: str, inputs: dict) -> None:
+        self.resources.add((type_, name))
+        if type_ in IAM_TYPES:
+            self.bindings.add(self.binding(type_, inputs))
+        if type_ == DISK:
+            self.disks[inputs.get("name", name)] = set()
+
+    def delete(self, type_: str, name: str, inputs: dict) -> None:
+        self.resources.discard((type_, name))
+        if type_ in IAM_TYPES:
+            self.bindings.discard(self.binding(type_, inputs))  # subtractFromBindings: whoever else holds it
+        if type_ == DISK:
+            self.disks.pop(inputs.get("name", name), None)
+        if type_ == INSTANCE:
+            self.stopped.discard(inputs.get("name", name))
+
+
+@dataclass
+class Entry:
+    """One resource of Pulumi's state."""
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    retain: bool = False
+
+    def export(self, stack: str = "dev") -> dict:
+        """As `pulumi stack export` prints it (the part tpu-grpo reads)."""
+        return {"urn": f"urn:pulumi:{stack}::tpu-grpo::tpu-grpo:index:Component${self.type}::{self.name}",
+                "type": self.type, "custom": True, "inputs": self.inputs,
+                **({"retainOnDelete": True} if self.retain else {})}
+
+
+@dataclass
+class Operations:
+    """What one `pulumi up` did."""
+    replaced: set[tuple[str, str]] = field(default_factory=set)
+    deleted: set[tuple[str, str]] = field(default_factory=set)
+    forgotten: set[tuple[str, str]] = field(default_factory=set)
+    error: str = ""
+
+
+@dataclass
+class Engine:
+    """Pulumi's engine over a Cloud: the stack's state, `up`, `refresh`, `state delete` and `destroy`."""
+    cloud: Cloud
+    state: dict[tuple[str, str], Entry] = field(default_factory=dict)
+
+    def export(self) -> list[dict]:
+        return [entry.export() for entry in self.state.values()]
+
+    def refresh(self) -> None:
+        """Drop from the state what the cloud no longer has (a VM deleted at preemption)."""
+        for key in [key for key in self.state if key not in self.cloud.resources]:
+            del self.state[key]
+
+    def _forces_new(self, resource, old: Entry, replaced: set[str]) -> bool:
+        if _customize_diff_forces_new(resource.type, old.inputs, resource.inputs):
+            return True
+        if resource.type == INSTANCE and resource.inputs.get("name") in self.cloud.stopped:
+            return True  # `invoke up` asks for its replacement (`--replace`): a TPU VM is never started again
+        return bool(replacements.forcing_fields(resource.type, old.inputs, resource.inputs, replaced,
+                                                resource.options.replace_on_changes))
+
+    def up(self, declared: list, flex_wait_minutes: int = 0) -> Operations:
+        """Bring the cloud to what is declared; a create that outlasts its timeout leaves its VM outside the state."""
+        done = Operations()
+        for resource in declared:  # aliases first: the same resource under its new name
+            for alias in resource.options.aliases:
+                old = self.state.pop((resource.type, alias), None)
+                if old and (resource.type, resource.name) not in self.state:
+                    self.cloud.resources.discard((old.type, old.name))
+                    self.cloud.resources.add((resource.type, resource.name))
+                    self.state[(resource.type, resource.name)] = Entry(resource.type, resource.name, old.inputs,
+                                                                       old.retain)
+        made = {name for (_, name) in ((r.type, r.name) for r in declared) if (_, name) not in self.state}
+        pending = [r for r in declared if not r.type.startswith("tpu-grpo:")]
+        for resource in pending:
+            key = (resource.type, resource.name)
+            old = self.state.get(key)
+            if old is not None and not self._forces_new(resource, old, made):
+                self.state[key] = Entry(resource.type, resource.name, resource.inputs, resource.options.retain_on_delete)
+                continue
+            if old is not None:
+                made.add(resource.name)
+            if resource.type == INSTANCE:
+                vm = resource.inputs["name"]
+                if old is None and (INSTANCE, resource.name) in self.cloud.resources:
+                    done.error = (f"googleapi: Error 409: The resource 'projects/p/zones/z/instances/{vm}' already "
+                                  "exists, alreadyExists")
+                    return done
+                timeout = resource.options.create_timeout or DEFAULT_CREATE_TIMEOUT
+                waits = flex_wait_minutes if resource.inputs["scheduling"].get("provisioningModel") == "FLEX_START" \
+                    else 0
+                if old is not None:
+                    self.cloud.delete(old.type, old.name, old.inputs)  # the name is taken: delete, then create
+                    del self.state[key]
+                    done.replaced.add(key)
+                if waits > _minutes(timeout):
+                    self.cloud.create(resource.type, resource.name, resource.inputs)  # outside the state, billed
+                    done.error = f"timeout while waiting for state to become 'DONE' (timeout: {timeout})"
+                    return done
+            elif old is not None:
+                done.replaced.add(key)
+                if not old.retain:  # a retained resource is only dropped from the state, replaced or deleted
+                    self.cloud.delete(old.type, old.name, old.inputs)
+            self.cloud.create(resource.type, resource.name, resource.inputs)
+            self.state[key] = Entry(resource.type, resource.name, resource.inputs, resource.options.retain_on_delete)
+        wanted = {(r.type, r.name) for r in declared}
+        for key in [key for key in self.state if key not in wanted]:
+            entry = self.state.pop(key)
+            if entry.retain:
+                done.forgotten.add(key)
+            else:
+                self.cloud.delete(entry.type, entry.name, entry.inputs)
+                if not entry.type.startswith("pulumi:"):  # a provider is the engine's, no cloud resource
+                    done.deleted.add(key)
+        return done
+
+    def state_delete(self, urn: str) -> None:
+        key = next(key for key, entry in self.state.items() if entry.export()["urn"] == urn)
+        del self.state[key]
+
+    def destroy(self) -> None:
+        for entry in list(self.state.values()):
+            if not entry.retain:
+                self.cloud.delete(entry.type, entry.name, entry.inputs)
+        self.state.clear()

@@ -1,0 +1,257 @@
+"""A stack's life as sequences: a Hypothesis state machine over what a user does (edit a setting, `up`, train, fetch,
+an idle stop, a preemption, upgrading tpu-grpo over a stack an earlier release made, `down`), against a stateful
+double of Pulumi's engine and the cloud written from their sources (tests/doubles/cloud.py), with tpu-grpo's own
+program, preview and guards deciding. After every step:
+
+- no run that only the data disk holds is deleted without `--force`;
+- nothing billed exists outside the state (a VM a timed-out create left behind);
+- nothing tpu-grpo did not create is removed (another cluster's node role), and every grant the state holds is
+  granted in the cloud;
+- what `plan` said (tpu_grpo/cloud/stack.py's preview: infra/replacements.py) is what `up` did.
+
+Each defect of issue 60 is one this machine finds when its guard is taken away (a smaller disk, a renamed grant, the
+project-wide role, the 20-minute create timeout). A fixed seed and budget here; a larger one with
+`TPU_GRPO_LIFECYCLE_EXAMPLES=2000 uv run pytest tests/unit/test_lifecycle.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tests.doubles.cloud import Cloud, Engine
+from tpu_grpo.config.keys import DEFAULT_ACCOUNT
+from tests.support import ROOT
+
+EXAMPLES = int(os.environ.get("TPU_GRPO_LIFECYCLE_EXAMPLES", "0"))
+#: Another GKE cluster of the project already relies on GKE's node role for the default compute account.
+OTHERS_NODE_ROLE = ("gcp:projects:grpo-lab-123", "roles/container.defaultNodeServiceAccount",
+                    f"serviceAccount:{DEFAULT_ACCOUNT}")
+SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
+         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+#: What a user may write with `pulumi config set`, key by key: valid values only (a bad one is refused before
+#: anything happens, which tests/unit/test_fuzz.py holds).
+EDITS = {
+    "tpu-grpo:dataDiskGb": ["100", "500", "1000"],
+    "gcp:zone": ["us-east5-b", "us-east5-a"],
+    "tpu-grpo:vmName": ["tpu-grpo", "tpu-other"],
+    "tpu-grpo:serviceAccount": [None, "sa@grpo-lab-123.iam.gserviceaccount.com"],
+    "capacity": ["reservation", "spot", "flex-start", "on-demand"],
+    "shape": ["vm", "slice"],
+}
+#: The program's resources on each stack file seen, or None where the settings are refused.
+PROGRAM_RUNS: dict[str, list | None] = {}
+CAPACITY = {"reservation": {"tpu-grpo:reservation": "v6e-8-calendar"}, "spot": {"tpu-grpo:capacity": "spot"},
+            "flex-start": {"tpu-grpo:capacity": "flex-start", "tpu-grpo:maxRunHours": "24"},
+            "on-demand": {"tpu-grpo:capacity": "on-demand"}}
+
+
+def previous_release(engine: Engine, release: int = 0) -> None:
+    """The state an earlier release of the program left (0: the one before this, 1: the one before that): its names
+    (infra/common.py's RENAMED, backwards), and only the bucket kept on delete."""
+    from infra.common import RENAMED
+    from infra.replacements import BUCKET, CLUSTER, INSTANCE
+    from tests.doubles.cloud import Entry
+
+    vm = next(name for (type_, name) in engine.state if type_ in (INSTANCE, CLUSTER))
+    older = {now.format(vm=vm): olds[min(release, len(olds) - 1)].format(vm=vm) for now, olds in RENAMED.items()}
+    state = {}
+    for (type_, name), entry in engine.state.items():
+        old = older.get(name, name)
+        state[(type_, old)] = Entry(type_, old, entry.inputs, entry.retain and type_ == BUCKET)
+        if old != name and (type_, name) in engine.cloud.resources:
+            engine.cloud.resources.discard((type_, name))
+            engine.cloud.resources.add((type_, old))
+    engine.state = state
+
+
+class StackLife(RuleBasedStateMachine):
+    """One user's stack, from an empty project where another cluster already relies on the node role."""
+
+    public_key = ""  # set by the test: a real public key file
+
+    def __init__(self):
+        super().__init__()
+        base = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+        self.values = {**base, "gcp:project": "grpo-lab-123", "tpu-grpo:reservation": "v6e-8-calendar",
+                       "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"], "tpu-grpo:sshPublicKeyPath": self.public_key}
+        self.cloud = Cloud(bindings={OTHERS_NODE_ROLE})
+        self.engine = Engine(self.cloud)
+        self.fetched: set[str] = set()
+        self.lost_unsaved: list[str] = []
+        self.plan_and_up: list[tuple[set, set]] = []
+        self.runs = 0
+
+    # ------------------------------------------------------------------ what the user does
+
+    @initialize(shape=st.sampled_from(["vm", "slice"]), capacity=st.sampled_from(sorted(CAPACITY)),
+                flex_wait=st.integers(0, 120))
+    def a_first_up(self, shape, capacity, flex_wait):
+        self.edit("shape", shape)
+        self.edit("capacity", capacity)
+        self.up(flex_wait)
+
+    @rule(key=st.sampled_from(sorted(EDITS)), data=st.data())
+    def edit_a_setting(self, key, data):
+        self.edit(key, data.draw(st.sampled_from(EDITS[key]), label=key))
+
+    def edit(self, key: str, value: str | None) -> None:
+        if key == "capacity":
+            for name in ("tpu-grpo:capacity", "tpu-grpo:reservation", "tpu-grpo:maxRunHours"):
+                self.values.pop(name, None)
+            self.values.update(CAPACITY[value])
+        elif key == "shape":
+            for name in SLICE:
+                self.values.pop(name, None)
+            if value == "slice":
+                self.values.update(SLICE)
+        elif value is None:
+            self.values.pop(key, None)
+        else:
+            self.values[key] = value
+
+    def declared(self) -> list | None:
+        """The program on the stack file as it is now, or None where tpu-grpo refuses the settings (exit 2)."""
+        key = json.dumps(self.values, sort_keys=True)
+        if key not in PROGRAM_RUNS:  # the same stack files recur across examples: the program is deterministic
+            from infra import offline
+            from tpu_grpo.config.errors import SettingsError
+
+            try:
+                PROGRAM_RUNS[key] = offline.run(self.values, "dev")[1]
+            except SettingsError:
+                PROGRAM_RUNS[key] = None
+        return PROGRAM_RUNS[key]
+
+    @rule(flex_wait=st.integers(0, 120))
+    def up(self, flex_wait):
+        """`invoke up`: refresh, tpu-grpo's preview and its data disk guard, then Pulumi's update."""
+        from infra import replacements
+        from tpu_grpo.cloud import stack
+
+        declared = self.declared()
+        if declared is None:
+            return
+        self.engine.refresh()
+        for urn in stack.unmarked_retained(self.engine.export()):  # select_and_refresh's forget_unmarked
+            self.engine.state_delete(urn)
+        changes = replacements.diff(self.engine.export(), declared)
+        if stack.strips_a_grant(changes) or stack.data_disk_lost(changes) and self.unsaved():
+            return  # refused: a grant it declares would go; the runs only the disk holds are fetched first
+        stopped = {(replacements.INSTANCE, name) for name in self.cloud.stopped  # `up` replaces them (--replace)
+                   if (replacements.INSTANCE, name) in self.engine.state
+                   and any((r.type, r.name) == (replacements.INSTANCE, name) for r in declared)}
+        said = ({(c.type, c.name) for c in changes if c.action == "replace"} | stopped,
+                {(c.type, c.name) for c in changes if c.action == "delete"})
+        before = self.disk_runs()
+        done = self.engine.up(declared, flex_wait)
+        self.note_lost(before)
+        if not done.error:
+            self.plan_and_up.append((said, (done.replaced, done.deleted)))
+
+    @rule()
+    def train_and_save(self):
+        """`invoke pipeline`: a run saved on the data disk of the stack's VM."""
+        disk = self.data_disk()
+        if disk is not None and not self.values.get("tpu-grpo:slice"):
+            self.runs += 1
+            self.cloud.disks[disk].add(f"run-{self.runs}")
+
+    @rule()
+    def fetch(self):
+        disk = self.data_disk()
+        if disk is not None:
+            self.fetched |= self.cloud.disks[disk]
+
+    @rule()
+    def idle_stop(self):
+        vm = self.vm()
+        if vm:
+            self.cloud.stopped.add(vm)
+
+    @rule()
+    def preemption(self):
+        """A spot VM preempted, a flex-start or reservation VM at its end: Compute Engine deletes it."""
+        from infra.replacements import INSTANCE
+
+        self.cloud.resources = {(t, n) for t, n in self.cloud.resources if t != INSTANCE}
+        self.cloud.stopped.clear()
+
+    @precondition(lambda self: any(type_.endswith(("Instance", "Cluster")) for type_, _ in self.engine.state))
+    @rule(release=st.integers(0, 1))
+    def made_by_an_earlier_release(self, release):
+        previous_release(self.engine, release)
+
+    @rule(force=st.booleans())
+    def down(self, force):
+        """`invoke down`: refused while a run is only on the data disk, unless --force; then what the program keeps
+        and the state does not mark is forgotten, and Pulumi destroys the rest."""
+        from tpu_grpo.cloud import stack
+
+        if self.unsaved() and not force:
+            return
+        for urn in stack.unmarked_retained(self.engine.export()):  # destroy's forget_unmarked
+            self.engine.state_delete(urn)
+        if force:
+            self.fetched |= self.unsaved()  # deleting them was asked for
+        self.engine.destroy()
+
+    # ------------------------------------------------------------------ what must hold after every step
+
+    def vm(self) -> str | None:
+        from infra.replacements import INSTANCE
+
+        return next((name for type_, name in self.cloud.resources if type_ == INSTANCE), None)
+
+    def data_disk(self) -> str | None:
+        return next(iter(self.cloud.disks), None)
+
+    def disk_runs(self) -> set[str]:
+        return {run for runs in self.cloud.disks.values() for run in runs}
+
+    def unsaved(self) -> set[str]:
+        return self.disk_runs() - self.fetched
+
+    def note_lost(self, before: set[str]) -> None:
+        self.lost_unsaved += sorted(before - self.disk_runs() - self.fetched)
+
+    @invariant()
+    def no_unsaved_run_is_deleted(self):
+        assert not self.lost_unsaved, f"runs only the data disk held were deleted: {self.lost_unsaved}"
+
+    @invariant()
+    def nothing_billed_is_outside_the_state(self):
+        outside = self.cloud.resources - set(self.engine.state)
+        assert not {key for key in outside if key[0].startswith("gcp:compute/instance")}, outside
+
+    @invariant()
+    def nothing_of_others_is_removed_and_every_grant_held(self):
+        from tests.doubles.cloud import IAM_TYPES
+
+        assert OTHERS_NODE_ROLE in self.cloud.bindings, "another cluster's node role was removed"
+        for entry in self.engine.state.values():
+            if entry.type in IAM_TYPES:
+                assert self.cloud.binding(entry.type, entry.inputs) in self.cloud.bindings, entry.name
+
+    @invariant()
+    def what_plan_said_is_what_up_did(self):
+        for said, did in self.plan_and_up:
+            assert said == did, (said, did)
+
+
+@pytest.fixture
+def life(key_pair):
+    StackLife.public_key = str(key_pair[1])
+    return StackLife
+
+
+def test_a_stacks_life_loses_nothing(life):
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(life, settings=hypothesis_settings(
+        max_examples=EXAMPLES or 400, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None))
