@@ -210,10 +210,9 @@ def diff(state: list[dict], declared: list) -> list[Change]:
         if not grown:
             break
         replaced |= grown
-    for key, resource in now.items():
-        if key in before and key not in changes:
-            fields = [(path, old, new) for path, old, new in _changed(before[key], resource.inputs)
-                      if path in RECREATES_NODES.get(key[0], ())]
+    for key, resource in now.items():  # not replaced: only RECREATES_NODES's fields can still say something
+        if key in before and key not in changes and key[0] in RECREATES_NODES:
+            fields = forcing_fields(key[0], before[key], resource.inputs, replaced, RECREATES_NODES[key[0]])
             if fields:
                 changes[key] = Change(key[0], key[1], "recreate nodes", tuple(fields))
     declared_grants = [(r.type, r.inputs) for r in declared if FORCE_NEW.get(r.type) == EVERY_FIELD]
@@ -222,8 +221,3 @@ def diff(state: list[dict], declared: list) -> list[Change]:
                for (type_, name) in before if (type_, name) not in now]
     return sorted(changes.values(), key=lambda c: (c.type, c.name)) + deleted
 
-
-def _changed(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
-    before, after = flatten(old), flatten(new)
-    return [(path, before.get(path), after.get(path)) for path in sorted(set(before) | set(after))
-            if _normal(before.get(path)) != _normal(after.get(path))]

@@ -102,7 +102,7 @@ class TpuSlice(pulumi.ComponentResource):
         # Project-wide, and not the stack's own: the default compute account may run other clusters' nodes, which
         # rely on it too (a second stack declares the same binding). Retained: `pulumi destroy` leaves it.
         gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE, member=nodes,
-                               opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
+                               opts=named(settings, f"{name}-node-role", child, retain_on_delete=True))
         if settings.bucket:
             self.bucket = declare_bucket(settings, child, nodes)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_grpo.config import laptop_paths, settings as settings_module, stack_file
+from tpu_grpo.config.errors import SettingsError
+from tpu_grpo.config.keys import PROJECT
 
 if TYPE_CHECKING:
     from tpu_grpo.cli.targets import Where
@@ -42,7 +44,6 @@ def check_settings(stack=None, **_) -> settings_module.Settings:
 
 def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
-    from tpu_grpo.provision import engine
     from tpu_grpo.provision import lock as lock_module
     from tpu_grpo.provision import playbook as playbook_module
 
@@ -65,8 +66,8 @@ def require_token(book, steps, chosen: settings_module.Settings, task: str) -> N
     secrets = engine.local_secrets(book)
     row = chosen.model_row
     if row.gated and any(step.secret and secrets.get(step.secret["source"]) is None for step in steps):
-        raise settings_module.SettingsError(
-            f"{settings_module.PROJECT}:model", chosen.model, f"is gated on the Hugging Face Hub ({row.hf_id}), and "
+        raise SettingsError(
+            f"{PROJECT}:model", chosen.model, f"is gated on the Hugging Face Hub ({row.hf_id}), and "
             "this laptop has no token for it (HF_TOKEN is unset and no token file)",
             f"export HF_TOKEN=hf_... (a read token whose account accepted the licence), or `hf auth login`, then {task}")
 
