@@ -90,6 +90,29 @@ def config_for_pulumi(raw: dict[str, Any]) -> dict[str, str]:
     }
 
 
+class _OptionsRecorder:
+    """The process's one stack transformation: it records into the mocks of the run going on. Pulumi keeps stack
+    transformations on the root stack resource, which lives from one mocked run to the next, so a transformation
+    registered per run would pile up (each resource passed through every earlier run's)."""
+
+    def __init__(self) -> None:
+        self.root: pulumi.Resource | None = None  # the root it is registered on
+        self.mocks: RecordingMocks | None = None
+
+    def __call__(self, args: pulumi.ResourceTransformationArgs) -> None:
+        if self.mocks is not None:
+            self.mocks.record_options(args)
+
+    def register(self) -> None:
+        root = pulumi.runtime.get_root_resource()
+        if root is not self.root:
+            pulumi.runtime.register_stack_transformation(self)
+            self.root = root
+
+
+_RECORDER = _OptionsRecorder()
+
+
 def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
         mocks: RecordingMocks | None = None) -> tuple[Settings, list[DeclaredResource], dict[str, Any]]:
     """Run the program on these stack values; return its settings, resources and outputs.
@@ -106,9 +129,13 @@ def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
     @pulumi.runtime.test
     def program():
         result["settings"] = settings = read_settings(lenient=lenient, configured=raw_config)
-        pulumi.runtime.register_stack_transformation(mocks.record_options)
+        _RECORDER.register()
         outputs = declare(settings)
         return pulumi.Output.all(**outputs).apply(result.setdefault("outputs", {}).update)
 
-    program()
+    _RECORDER.mocks = mocks
+    try:
+        program()
+    finally:
+        _RECORDER.mocks = None
     return result["settings"], mocks.resources, result["outputs"]

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests.host import rootfs
-from tests.support import MAXTEXT_VENV, ROOT
+from tests.support import MAXTEXT_VENV, ROOT, built_once
 
 #: The host tier: the tests that make real test hosts (users, sudo, mounts, namespaces: root only) or run
 #: something as root on this machine itself.
@@ -66,12 +66,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
+    """A tier whose tests this session skipped for want of root, packages or a venv: one line why, and the fix."""
+    skipped = [report.nodeid for report in terminalreporter.stats.get("skipped", [])]
+    host = sum(nodeid.startswith("tests/host/") for nodeid in skipped)
     why = host_tier_missing()
-    if why:
-        skipped = len(terminalreporter.stats.get("skipped", []))
-        terminalreporter.write_line(f"ran the unit tier only ({skipped} skipped): {why}")
+    if why and host:
+        terminalreporter.write_line(f"ran the unit tier only ({host} skipped): {why}")
     why = maxtext_tier_missing()
-    if why:
+    if why and any(nodeid.startswith("tests/maxtext/") for nodeid in skipped):
         terminalreporter.write_line(f"skipped the MaxText tier: {why}")
 
 
@@ -184,10 +186,9 @@ XPK_VERSION = "1.16.0"
 def xpk() -> Path:
     """xpk, the tool MaxText's multi-host tutorial launches Pathways workloads with, in a venv of its own in
     the test cache (its pins, pyyaml==6.0.2 and urllib3<2.6 among them, would hold this project's back)."""
-    folder = rootfs.CACHE / f"xpk-{XPK_VERSION}"
-    if not (folder / "bin" / "xpk").is_file():
-        shutil.rmtree(folder, ignore_errors=True)
+    def install(folder: Path) -> None:
         subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(folder)], check=True)
         subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
                         f"xpk=={XPK_VERSION}"], check=True)
-    return folder / "bin" / "xpk"
+
+    return built_once(rootfs.CACHE / f"xpk-{XPK_VERSION}", install) / "bin" / "xpk"

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,22 @@ SPOT = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None}
 FLEX = {"tpu-grpo:capacity": "flex-start", "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24"}
 ON_DEMAND = {"tpu-grpo:capacity": "on-demand", "tpu-grpo:reservation": None}
 FAST = ("--need-gb", "0.001,0.001")  # the test host's disks are small; the preflight is tested on its own
+
+
+def built_once(folder: Path, build) -> Path:
+    """`folder` (in a cache), made by `build(folder)` on first use and reused: a lock beside it keeps test processes
+    (pytest-xdist's workers, two sessions) from building it at once, and its `.complete` mark, written last, keeps a
+    build cut short from being used. Built in place: a venv's scripts name their folder."""
+    if (folder / ".complete").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            (folder / ".complete").touch()
+    return folder
 
 
 def task_environment(env: dict | None) -> dict:

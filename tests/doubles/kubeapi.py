@@ -200,6 +200,9 @@ class KubeAPI:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            #: Headers and body in separate writes would each wait out the client's delayed ACK (40 ms on Linux);
+            #: Go's servers (the API server's) and the Hub's set TCP_NODELAY too
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.host import rootfs, sshd
-from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN
+from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN, built_once
 
 
 @dataclass
@@ -203,16 +203,13 @@ def hub_client() -> Path:
     (tests/doubles/hub.py) speaks LFS, which huggingface_hub uses when hf_xet is missing."""
     from importlib.metadata import version
 
-    folder = rootfs.CACHE / f"hub-client-{version('huggingface_hub')}"
-    if not folder.is_dir():
-        building = Path(str(folder) + ".partial")
-        shutil.rmtree(building, ignore_errors=True)
+    def install(folder: Path) -> None:
         subprocess.run(["uv", "pip", "install", "--quiet", "--python", f"{rootfs.python312_bin()}/python3.12",
-                        "--target", str(building), f"huggingface_hub=={version('huggingface_hub')}"], check=True)
-        for path in building.glob("hf_xet*"):
+                        "--target", str(folder), f"huggingface_hub=={version('huggingface_hub')}"], check=True)
+        for path in folder.glob("hf_xet*"):
             shutil.rmtree(path)
-        building.rename(folder)
-    return folder
+
+    return built_once(rootfs.CACHE / f"hub-client-{version('huggingface_hub')}", install)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ bridge (tests/host/sshd.py) for the tests that cut a host's link.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import hashlib
 import os
@@ -27,7 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.host.sshd import SESSION, accepted, free_port, sh, start_sshd
+from tests.host.sshd import SESSION, accepted, free_port, machine_lock, sh, start_sshd
+from tests.support import built_once
 
 SUITE = "bookworm"
 #: What a TPU VM's image has that the tests rely on; build-essential, cmake and ninja-build are there
@@ -42,23 +42,10 @@ USER = "tpu"  # the host's own account: its /etc/passwd is its own, so the name 
 
 
 def base_root() -> Path:
-    """The extracted base root file system, built on first use and reused (a lock keeps two sessions
-    from building it at once)."""
+    """The extracted base root file system, built on first use and reused."""
     digest = hashlib.sha256(f"{SUITE} {PACKAGES}".encode()).hexdigest()[:10]
-    folder = CACHE / f"rootfs-{SUITE}-{digest}"
-    if (folder / ".complete").exists():
-        return folder
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with (CACHE / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".complete").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            building = Path(tempfile.mkdtemp(prefix="rootfs-", dir=CACHE))
-            sh("mmdebstrap", "--quiet", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(building / "root"))
-            (building / "root").rename(folder)
-            building.rmdir()
-            (folder / ".complete").touch()
-    return folder
+    return built_once(CACHE / f"rootfs-{SUITE}-{digest}", lambda root: sh(
+        "mmdebstrap", "--quiet", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(root)))
 
 
 #: The machine's Python 3.12 (pyenv's build, linked to its libpython by absolute path): each host
@@ -94,8 +81,9 @@ class DataDisk:
     def attach(cls, image: Path, size_mb: int) -> "DataDisk":
         with image.open("wb") as handle:
             handle.truncate(size_mb * 1024 * 1024)
-        return cls(subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
-                                  text=True).stdout.strip())
+        with machine_lock():  # another test process's --find would find the same free device
+            return cls(subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
+                                      text=True).stdout.strip())
 
     def detach(self) -> None:
         subprocess.run(["losetup", "-d", self.device], capture_output=True)
@@ -256,10 +244,16 @@ def host_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix=HOST_PREFIX))
 
 
+#: Each pytest-xdist worker's hosts take uids of a range of their own: a uid is how `pkill -U`, nftables and /proc
+#: scans on the machine tell one host's processes from another's.
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
 def unused_uid() -> int:
-    """A uid no account of the machine has (the host's account is only in the host's /etc/passwd)."""
+    """A uid no account of the machine has (the host's account is only in the host's /etc/passwd), in this worker's
+    range."""
     while True:
-        uid = 20000 + secrets.randbelow(40000)
+        uid = 20000 + 2000 * (WORKER % 20) + secrets.randbelow(2000)
         try:
             pwd.getpwuid(uid)
         except KeyError:

@@ -5,10 +5,14 @@ user cut off by nftables).
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,20 +62,39 @@ def offline(uid: int):
 NETNS = Path("/run/netns")
 
 
-#: Names and addresses of this test process's own: two test sessions at once never share a bridge.
-SESSION = f"{os.getpid() % 4096:03x}"
+#: Names of this test process's own (its pid): test processes at once (pytest-xdist's workers) never share a bridge.
+SESSION = f"{os.getpid():x}"
+#: What the bridges of every test process share: IPv4 forwarding and /run/netns, as the machine had them before the
+#: first bridge (machine.json), and one file per bridge up (its pid inside); the last bridge down restores them.
+SHARED = Path(tempfile.gettempdir()) / "tpu-grpo-bridges"
+
+
+@contextmanager
+def machine_lock():
+    """One test process at a time changes what all of them share: the bridges' forwarding, subnets and /run/netns,
+    and the loop devices."""
+    with open(Path(tempfile.gettempdir()) / "tpu-grpo-machine.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @dataclass
 class Bridge:
     """A bridge with one network namespace per host on veth links, reaching the package registries
     through this machine (forwarding and masquerade) as a real VM would. Hosts are named by a
-    label ("a"); `netns(label)` is the namespace's name, unique to this test process."""
+    label ("a"); `netns(label)` is the namespace's name, unique to this test process, and the subnet one no other
+    interface of the machine has."""
     labels: tuple[str, ...]
     name: str = f"tgb{SESSION}"
-    subnet: str = f"10.{100 + os.getpid() % 100}.0"
-    forwarding: str = ""
-    netns_folder_was_there: bool = True
+    subnet: str = ""
 
     @property
     def namespaces(self) -> list[str]:
@@ -90,8 +113,31 @@ class Bridge:
 
     def up(self) -> "Bridge":
         self.down()  # whatever a killed earlier run left behind
-        self.forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
-        self.netns_folder_was_there = NETNS.exists()  # `ip netns add` makes it, and mounts it on itself
+        with machine_lock():
+            self._join()
+            self.subnet = self._free_subnet()
+            self._make()
+        return self
+
+    def _join(self) -> None:
+        """Count this bridge among the machine's (not those of killed runs); the first saves what the machine had,
+        which stays saved until the last bridge is down, a killed run's included."""
+        SHARED.mkdir(exist_ok=True)
+        for stale in SHARED.glob("tgb*"):
+            if not _alive(int(stale.read_text())):
+                stale.unlink()
+        if not (SHARED / "machine.json").exists():
+            (SHARED / "machine.json").write_text(json.dumps({
+                "forwarding": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+                "netns_folder": NETNS.exists()}))  # `ip netns add` makes it, and mounts it on itself
+        (SHARED / self.name).write_text(str(os.getpid()))
+
+    @staticmethod
+    def _free_subnet() -> str:
+        taken = sh("ip", "-4", "-o", "addr", "show").stdout
+        return next(f"10.{n}.0" for n in range(100, 200) if f" 10.{n}.0." not in taken)
+
+    def _make(self) -> None:
         sh("ip", "link", "add", self.name, "type", "bridge")
         sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.name)
         sh("ip", "link", "set", self.name, "up")
@@ -108,7 +154,6 @@ class Bridge:
                             ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
                             ["route", "add", "default", "via", f"{self.subnet}.1"]):
                 sh("ip", "-n", namespace, *command)
-        return self
 
     def cut(self, label: str) -> None:
         """A partition: the host's link goes down, so nothing reaches it any more."""
@@ -119,19 +164,27 @@ class Bridge:
         sh("ip", "link", "set", self.veth(self.netns(label)), "up")
 
     def down(self) -> None:
-        for namespace in self.namespaces:
-            for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            sh("ip", "netns", "del", namespace, check=False)
-            sh("ip", "link", "del", self.veth(namespace), check=False)
-        sh("ip", "link", "del", self.name, check=False)
-        sh("nft", "delete", "table", "ip", f"{self.name}_nat", check=False)
-        if self.forwarding:
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(self.forwarding)
-            self.forwarding = ""
-        if not self.netns_folder_was_there and NETNS.exists() and not any(NETNS.iterdir()):
+        with machine_lock():
+            for namespace in self.namespaces:
+                for pid in sh("ip", "netns", "pids", namespace, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                sh("ip", "netns", "del", namespace, check=False)
+                sh("ip", "link", "del", self.veth(namespace), check=False)
+            sh("ip", "link", "del", self.name, check=False)
+            sh("nft", "delete", "table", "ip", f"{self.name}_nat", check=False)
+            self._leave()
+
+    def _leave(self) -> None:
+        """The last bridge down gives the machine back its forwarding and /run/netns as they were."""
+        (SHARED / self.name).unlink(missing_ok=True)
+        if not SHARED.is_dir() or any(SHARED.glob("tgb*")):
+            return
+        machine = json.loads((SHARED / "machine.json").read_text())
+        Path("/proc/sys/net/ipv4/ip_forward").write_text(machine["forwarding"])
+        if not machine["netns_folder"] and NETNS.exists() and not any(NETNS.iterdir()):
             sh("umount", str(NETNS), check=False)
             NETNS.rmdir()
+        shutil.rmtree(SHARED)

@@ -7,6 +7,8 @@ its own whose /dev/shm is a folder of the test's (root, as the host tier)."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +16,18 @@ from pathlib import Path
 import pytest
 
 from tests.doubles.hub import Hub, HubServer
-from tests.maxtext.families import Family
-from tests.support import MAXTEXT_VENV as VENV, ROOT
+from tests.maxtext.families import TOKENIZER, Family
+from tests.support import MAXTEXT_VENV as VENV, ROOT, built_once
 
 STANDIN = ROOT / "tests/maxtext/standin"
+#: The tier's compile caches, kept beside its venv between runs, as a VM's data disk keeps them between jobs: each
+#: step's folder is named as the project names it (maxtext.compile_cache_name, below the versions), so a step whose
+#: family, placement's machine and settings were compiled before, in this run or an earlier one, starts warm.
+COMPILE_CACHES = VENV.parent / f"{VENV.name}-compile-cache"
+#: The tier's inputs, each written once beside its venv by the code that describes it (families.py, with the tokenizer
+#: it copies; a change of either writes them anew): every family's tiny checkpoint, and the GSM8K-shaped rows, whose
+#: one path then names the same compile cache folder in every test that trains on them.
+INPUTS = VENV.parent / f"{VENV.name}-inputs"
 #: A pod's environment as a slice's CPU JobSet gives it (tpu_grpo/cloud/jobset.py `cpu`), and what GKE puts in every pod.
 POD_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", "JAX_PLATFORMS": "cpu",
            "HF_TOKEN": "hf_tier_token"}
@@ -43,6 +53,14 @@ class Host:
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
                                f"mount --bind {self.shm} /dev/shm && exec bash -s"], input=script, text=True,
                               capture_output=True, env=env, cwd=self.home, timeout=timeout)
+
+    def keep_compile_caches(self, root: str) -> set[Path]:
+        """Make the scripts' compile cache root (`root`, as they name it) the tier's kept one; returns the entries it
+        holds now."""
+        COMPILE_CACHES.mkdir(parents=True, exist_ok=True)
+        self.path(root).parent.mkdir(parents=True, exist_ok=True)
+        self.path(root).symlink_to(COMPILE_CACHES)
+        return set(COMPILE_CACHES.rglob("*-cache"))
 
     @property
     def shm(self) -> Path:
@@ -78,16 +96,22 @@ def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
     (home / ".cache/huggingface/token").write_text("hf_tier_token")
     (home / "maxtext_venv").symlink_to(VENV)
     row = MODELS[family.model]
-    host = Host(home, family, folder / "data", hub)
-    host.model_folder.parent.mkdir(parents=True)
-    for what, made in ((family.model, host.model_folder), ("gsm8k", host.data)):
-        subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", what, made], cwd=ROOT, check=True,
-                       capture_output=True)
+    host = Host(home, family, tier_input("gsm8k"), hub)
+    shutil.copytree(tier_input(family.model), host.model_folder, ignore=shutil.ignore_patterns(".complete"))
     host.model_folder.with_name(host.model_folder.name + ".complete").touch()
     files = {path.name: path.read_bytes() for path in host.model_folder.iterdir()}
     for repo_id in {row.hf_id, row.training_tokenizer, MODELS[row.export_model].hf_id}:
         hub.seed(repo_id, files, gated=False)
     return host
+
+
+def tier_input(what: str) -> Path:
+    """A family's checkpoint (`what`: its model) or the rows (`gsm8k`), as `python -m tests.maxtext.families` writes
+    them in the tier's venv, once."""
+    sources = [ROOT / "tests/maxtext/families.py", *sorted(TOKENIZER.iterdir())]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]
+    return built_once(INPUTS / f"{what}-{digest}", lambda folder: subprocess.run(
+        [VENV / "bin/python", "-m", "tests.maxtext.families", what, folder], cwd=ROOT, check=True, capture_output=True))
 
 
 @pytest.fixture

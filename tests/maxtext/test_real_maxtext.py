@@ -51,12 +51,15 @@ def tail(done, lines: int = 40) -> str:
 TESTED = ROWS if os.environ.get("TPU_GRPO_MAXTEXT_ROWS") == "all" else FAMILIES
 
 
-@pytest.mark.parametrize("placement", ["vm", "slice"])
+# every family on a VM first, then in a slice: a slice's training finds the compile cache its VM's left (workers
+# take tests in this order)
 @pytest.mark.parametrize("model", list(TESTED))
+@pytest.mark.parametrize("placement", ["vm", "slice"])
 def test_a_family_converts_trains_resumes_and_exports(make_host, model, placement):
     host, in_slice = make_host(TESTED[model]), placement == "slice"
     run = tier_run(host, in_slice)
     where = maxtext.paths(run)
+    cached = host.keep_compile_caches(maxtext.compile_cache_root(run, in_slice))
 
     convert = host.run(maxtext.script(run, "convert", in_slice=in_slice), in_slice=in_slice)
     assert convert.returncode == 0, tail(convert)
@@ -80,16 +83,19 @@ def test_a_family_converts_trains_resumes_and_exports(make_host, model, placemen
 
     # the actor is the reference model copied, not the checkpoint restored a second time (load_checkpoint_only_once)
     assert "Creating policy model by copying reference model instead of restoring" in train.stdout + train.stderr
-    cold = progress.startup((train.stdout + train.stderr).splitlines(), 2026)
-    assert cold["cache"]["warm"] is False and cold["phases"].keys() == set(progress.STARTUP_LABELS)
-    cache = host.path(cold["cache"]["folder"])  # JAX wrote the trainer's compiled programs there
+    first = progress.startup((train.stdout + train.stderr).splitlines(), 2026)
+    cache = host.path(first["cache"]["folder"])  # JAX wrote the trainer's compiled programs there
     assert cache.is_relative_to(host.path(maxtext.compile_cache_root(run, in_slice))) and any(cache.glob("*-cache"))
+    # warm exactly when an earlier training of these settings (this run's other placement, an earlier run) left
+    # entries in the folder the project names for them
+    assert first["cache"]["warm"] == any(entry.parent == cache.resolve() for entry in cached)
+    assert first["phases"].keys() == set(progress.STARTUP_LABELS)
 
     longer = dataclasses.replace(run, batches=MORE_BATCHES)
     resumed = host.run(maxtext.script(longer, "train", in_slice=in_slice), in_slice=in_slice)
     assert resumed.returncode == 0, tail(resumed)
     warm = progress.startup((resumed.stdout + resumed.stderr).splitlines(), 2026)
-    assert warm["cache"]["warm"] and warm["cache"]["folder"] == cold["cache"]["folder"]  # batches fix no shape
+    assert warm["cache"]["warm"] and warm["cache"]["folder"] == first["cache"]["folder"]  # batches fix no shape
     events = progress.parse_lines((resumed.stdout + resumed.stderr).splitlines())
     assert progress.Resumed(BATCHES) in events  # the script's own line, before MaxText restores it
     assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(BATCHES + 1, MORE_BATCHES + 1))

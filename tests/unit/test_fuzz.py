@@ -50,6 +50,9 @@ def relative(value: str) -> bool:
     return not value.startswith(("/", "~")) and "../.." not in value
 
 
+HOSTILE_RELATIVE = HOSTILE.filter(relative)  # made once: a strategy made in each draw is validated in each draw
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz") / "project"
@@ -99,7 +102,7 @@ def command_lines(draw):
         if toggle:
             argv.append(flag)
             continue
-        value = draw(HOSTILE.filter(relative))
+        value = draw(HOSTILE_RELATIVE)
         argv += [flag, value]
     return argv
 

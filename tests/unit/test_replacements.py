@@ -148,6 +148,27 @@ def test_the_doubles_preview_replaces_by_the_table(stack_dir, stack_values, tmp_
     assert second.returncode == 0 and "replaces:" not in second.stdout
 
 
+def test_a_run_records_each_resources_options_once_however_many_runs_went_before(stack_values):
+    """Pulumi keeps stack transformations on the root stack resource, which outlives a mocked run: a run that
+    registered its own would pass every later run's resources through it too, a cost that grows with each run."""
+    from infra import offline
+
+    class Counting(offline.RecordingMocks):
+        calls = 0
+
+        def record_options(self, args) -> None:
+            Counting.calls += 1
+            super().record_options(args)
+
+    values = {k: v for k, v in stack_values.items() if v is not None}
+    counted = []
+    for _ in range(3):
+        Counting.calls = 0
+        offline.run(values, "dev", mocks=Counting())
+        counted.append(Counting.calls)
+    assert counted[0] > 0 and counted == [counted[0]] * 3
+
+
 @pytest.mark.parametrize("extra", [{}, SLICE])
 def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(stack_values, extra):
     """The mocks see no resource options; the offline run records them from a stack transformation, which sees what

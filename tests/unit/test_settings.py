@@ -11,7 +11,15 @@ from infra import offline
 from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.errors import SettingsError
 
-MISSING = object()
+
+class _Missing:
+    """A setting left out of the stack (its repr names it, so test ids are the same in every process)."""
+
+    def __repr__(self) -> str:
+        return "missing"
+
+
+MISSING = _Missing()
 
 BAD = [
     ("gcp:project", MISSING, "is not set", "pulumi config set gcp:project"),
