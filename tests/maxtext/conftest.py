@@ -24,6 +24,7 @@ STANDIN = ROOT / "tests/maxtext/standin"
 #: step's folder is named as the project names it (maxtext.compile_cache_name, below the versions), so a step whose
 #: family, placement's machine and settings were compiled before, in this run or an earlier one, starts warm.
 COMPILE_CACHES = VENV.parent / f"{VENV.name}-compile-cache"
+BASE_TEMPLATE_MARK = b"{# the base model's template #}"
 #: The tier's inputs, each written once beside its venv by the code that describes it (families.py, with the tokenizer
 #: it copies; a change of either writes them anew): every family's tiny checkpoint, and the GSM8K-shaped rows, whose
 #: one path then names the same compile cache folder in every test that trains on them.
@@ -88,7 +89,7 @@ def hub():
 def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
     """A host for `family` in `folder`: the venv, the token file, the model downloaded as provisioning does (with its
     `.complete` mark), GSM8K-shaped rows; and on the Hub, the repositories MaxText downloads the model, its
-    tokenizers and configs from."""
+    tokenizers and configs from (the export name's with a chat template of its own where it is another model's)."""
     from tpu_grpo.jobs.maxtext import MODELS
 
     home = folder / "home"
@@ -100,8 +101,13 @@ def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
     shutil.copytree(tier_input(family.model), host.model_folder, ignore=shutil.ignore_patterns(".complete"))
     host.model_folder.with_name(host.model_folder.name + ".complete").touch()
     files = {path.name: path.read_bytes() for path in host.model_folder.iterdir()}
-    for repo_id in {row.hf_id, row.training_tokenizer, MODELS[row.export_model].hf_id}:
+    for repo_id in {row.hf_id, row.training_tokenizer}:
         hub.seed(repo_id, files, gated=False)
+    export_repo = MODELS[row.export_model].hf_id
+    if export_repo not in {row.hf_id, row.training_tokenizer}:  # an instruct model exported under its base's name
+        # the base's own chat template, as the Hub has it apart: the export must carry the one the run trained with
+        hub.seed(export_repo, {**files, "chat_template.jinja": files["chat_template.jinja"] + BASE_TEMPLATE_MARK},
+                 gated=False)
     return host
 
 
