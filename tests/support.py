@@ -14,7 +14,7 @@ import tempfile
 import textwrap
 import time
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +36,14 @@ ON_DEMAND = {"tpu-grpo:capacity": "on-demand", "tpu-grpo:reservation": None}
 FAST = ("--need-gb", "0.001,0.001")  # the test host's disks are small; the preflight is tested on its own
 
 
+@contextmanager
+def file_lock(path: Path):
+    """Held by one test process at a time (pytest-xdist's workers, two sessions): an exclusive flock on `path`."""
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def built_once(folder: Path, build) -> Path:
     """`folder` (in a cache), made by `build(folder)` on first use and reused: a lock beside it keeps test processes
     (pytest-xdist's workers, two sessions) from building it at once, and its `.complete` mark, written last, keeps a
@@ -43,8 +51,7 @@ def built_once(folder: Path, build) -> Path:
     if (folder / ".complete").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with (folder.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(folder.parent / ".lock"):
         if not (folder / ".complete").exists():
             shutil.rmtree(folder, ignore_errors=True)
             build(folder)

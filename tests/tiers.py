@@ -2,7 +2,8 @@
 (pytest-xdist), then each tier's wall time and the slowest tests of all of them.
 
 Options (`tests/run -x`, `tests/run -p randomly`: a random order, its seed printed) reach every tier; test paths
-(`tests/run tests/unit/test_fuzz.py -k flag`) run those tests in one plain session instead. A tier this machine
+(`tests/run tests/unit/test_fuzz.py -k flag`) run those tests in one session instead, on their tier's workers (a plain
+session where they span tiers). A tier this machine
 cannot run (not root, packages or the MaxText venv missing) is not started: its one line says why and what fixes it.
 """
 

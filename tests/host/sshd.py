@@ -5,7 +5,6 @@ user cut off by nftables).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support import file_lock
 
 
 def free_port() -> int:
@@ -69,13 +70,10 @@ SESSION = f"{os.getpid():x}"
 SHARED = Path(tempfile.gettempdir()) / "tpu-grpo-bridges"
 
 
-@contextmanager
 def machine_lock():
     """One test process at a time changes what all of them share: the bridges' forwarding, subnets and /run/netns,
     and the loop devices."""
-    with open(Path(tempfile.gettempdir()) / "tpu-grpo-machine.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    return file_lock(Path(tempfile.gettempdir()) / "tpu-grpo-machine.lock")
 
 
 def _alive(pid: int) -> bool:
