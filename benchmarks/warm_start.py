@@ -4,8 +4,8 @@
 
 In one run, on one host laid out as the real-MaxText tier lays it out (tests/maxtext/conftest.py: the tier's venv,
 the token file, the tiny Llama 3.1 model downloaded as provisioning does, the Hub's stand-in, /dev/shm a folder of
-its own in a mount namespace), with the tier's training (tests/maxtext/test_real_maxtext.py `tier_run`: 4 batches,
-the model shrunk by `--set`s, 8 CPU devices):
+its own in a mount namespace), with the tier's training of the tutorial's stack (tests/maxtext/stack.py: 4 batches,
+the model shrunk by `--set`s, the VM's 8 chips as CPU devices):
 
 1. convert once (not timed);
 2. N rounds, each one after the other: the training with the compile cache folder removed (cold: the baseline),
@@ -31,18 +31,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from tests.doubles.hub import HubServer
+from tests.maxtext import stack
 from tests.maxtext.conftest import Host, lay_out_host
 from tests.maxtext.families import FAMILIES
-from tests.maxtext.test_real_maxtext import tier_run
 from tpu_grpo.jobs import maxtext, progress
 
 FAMILY = "llama3.1-8b-Instruct"
 
 
-def train(host: Host, run: maxtext.Run) -> dict:
+def train(host: Host, run: maxtext.Run, devices: dict[str, str]) -> dict:
     """One training: its wall time, its start-up as its log tells it."""
     started = time.monotonic()
-    done = host.run(maxtext.script(run, "train"))
+    done = host.run(maxtext.script(run, "train"), devices)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"training {run.name} failed:\n" + "\n".join((done.stdout + done.stderr).splitlines()[-30:]))
@@ -65,8 +65,10 @@ def replaced(host: Host, folder: Path) -> Host:
 def measure(rounds: int) -> dict:
     with HubServer() as hub, tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
         host = lay_out_host(Path(tmp), hub, FAMILIES[FAMILY])
-        run = tier_run(host, in_slice=False)
-        converted = host.run(maxtext.script(run, "convert"))
+        chosen = stack.stack(FAMILY, "vm")
+        run = stack.run(chosen, host.family, host.data, in_slice=False)
+        devices = stack.chips_as_devices(chosen.chips)
+        converted = host.run(maxtext.script(run, "convert"), devices)
         if converted.returncode != 0:
             raise SystemExit("conversion failed:\n" + converted.stderr[-3000:])
         new_vm = replaced(host, Path(tmp) / "replaced")
@@ -74,9 +76,9 @@ def measure(rounds: int) -> dict:
         found: dict[str, list[dict]] = {"cold": [], "warm": [], "replaced": []}
         for number in range(rounds):
             shutil.rmtree(caches, ignore_errors=True)
-            found["cold"].append(train(host, replace(run, run_name=f"cold-{number}")))
-            found["warm"].append(train(host, replace(run, run_name=f"warm-{number}")))
-            found["replaced"].append(train(new_vm, replace(run, run_name=f"replaced-{number}")))
+            found["cold"].append(train(host, replace(run, run_name=f"cold-{number}"), devices))
+            found["warm"].append(train(host, replace(run, run_name=f"warm-{number}"), devices))
+            found["replaced"].append(train(new_vm, replace(run, run_name=f"replaced-{number}"), devices))
             print(f"round {number + 1}: " + ", ".join(f"{kind} {runs[-1]['to_first_step_s']:.1f} s to the first step"
                                                       for kind, runs in found.items()), file=sys.stderr, flush=True)
         cache = host.path(found["cold"][-1]["folder"])

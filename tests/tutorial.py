@@ -92,14 +92,17 @@ def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dic
     found = {}
     for line in record.read_text().splitlines():
         call = json.loads(line)
-        if call["argv"][0] == "-m":  # MaxText's modules; not the convert job's `python3 -` asking its version
-            found[call["argv"][1]] = {"argv": call["argv"][2:], "env": call["env"]}
+        argv = call["argv"]
+        # MaxText's modules (the training's through run_module: `python3 - MODULE`); not the convert job's
+        # `python3 -` asking its version
+        if argv[0] == "-m" or argv[1:2] == [maxtext.MODULES["train"]]:
+            found[argv[1]] = {"argv": argv[2:], "env": call["env"]}
     return found
 
 
-#: Our deliberate additions to the tutorial's argv: the compile cache (every step) and one restore of the weights
-#: (train_rl), tpu_grpo/jobs/maxtext.py.
-OURS_ADDED = ("jax_cache_dir=", "load_checkpoint_only_once=")
+#: Our deliberate additions to the tutorial's argv: the compile cache (every step), one restore of the weights and the
+#: learning rate's schedule over the run (train_rl), tpu_grpo/jobs/maxtext.py.
+OURS_ADDED = ("jax_cache_dir=", "load_checkpoint_only_once=", "learning_rate_schedule_steps=")
 
 
 def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
@@ -111,7 +114,8 @@ def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> N
         expected = [arg for arg in theirs[module]["argv"] if not arg.startswith("hf_access_token=")]
         assert [arg for arg in ours[module]["argv"] if not arg.startswith(OURS_ADDED)] == expected, module
         added = {arg.partition("=")[0] for arg in ours[module]["argv"] if arg.startswith(OURS_ADDED)}
-        assert added == {"jax_cache_dir"} | ({"load_checkpoint_only_once"} if module == MODULES[1] else set())
+        assert added == {"jax_cache_dir"} | ({"load_checkpoint_only_once", "learning_rate_schedule_steps"}
+                                            if module == MODULES[1] else set())
         for name in names:
             if name in theirs[module]["env"]:
                 assert ours[module]["env"].get(name) == theirs[module]["env"][name], (module, name)

@@ -1,37 +1,39 @@
 """The real-MaxText tier: the project's own generated convert, train and export scripts, run by bash against MaxText
-0.2.3 itself on the CPU (tests/maxtext/install makes its venv; standin/sitecustomize.py says the one substitution,
-vLLM's rollout, and the shrinking of the model). Each script runs as the VM or a slice's pod would run it: in a
-home laid out as provisioning leaves one (the venv at ~/maxtext_venv, the token file, the downloaded model), with
-the Hub's stand-in (tests/doubles/hub.py) serving the model's repositories as HF_ENDPOINT, in a mount namespace of
-its own whose /dev/shm is a folder of the test's (root, as the host tier)."""
+0.2.3 itself on the CPU (tests/maxtext/install makes its venv; stack.py says how each run is made from a stack file
+and everything the tier changes for a CPU). Each script runs as the VM or a slice's pod would run it: in a home laid
+out as provisioning leaves one (the venv at ~/maxtext_venv, the token file, the downloaded model), with the Hub's
+stand-in (tests/doubles/hub.py) serving the model's repositories as HF_ENDPOINT and, in a slice, its bucket on the
+Cloud Storage emulator, in a mount namespace of its own whose /dev/shm is a folder of the test's (root, as the host
+tier)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 
 from tests.doubles.hub import Hub, HubServer
+from tests.maxtext import stack
 from tests.maxtext.families import TOKENIZER, Family
 from tests.support import MAXTEXT_VENV as VENV, ROOT, built_once
 
-STANDIN = ROOT / "tests/maxtext/standin"
 #: The tier's compile caches, kept beside its venv between runs, as a VM's data disk keeps them between jobs: each
 #: step's folder is named as the project names it (maxtext.compile_cache_name, below the versions), so a step whose
 #: family, placement's machine and settings were compiled before, in this run or an earlier one, starts warm.
 COMPILE_CACHES = VENV.parent / f"{VENV.name}-compile-cache"
-BASE_TEMPLATE_MARK = b"{# the base model's template #}"
+#: What the base model's own chat template (the Hub stand-in's) puts before the trained one's: a rendering shows it.
+BASE_TEMPLATE_MARK = b"[the base model's template] "
 #: The tier's inputs, each written once beside its venv by the code that describes it (families.py, with the tokenizer
 #: it copies; a change of either writes them anew): every family's tiny checkpoint, and the GSM8K-shaped rows, whose
 #: one path then names the same compile cache folder in every test that trains on them.
 INPUTS = VENV.parent / f"{VENV.name}-inputs"
-#: A pod's environment as a slice's CPU JobSet gives it (tpu_grpo/cloud/jobset.py `cpu`), and what GKE puts in every pod.
-POD_ENV = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443", "JAX_PLATFORMS": "cpu",
-           "HF_TOKEN": "hf_tier_token"}
 
 
 @dataclass
@@ -42,18 +44,28 @@ class Host:
     data: Path
     hub: Hub
 
-    def run(self, script: str, *, in_slice: bool = False, timeout: int = 900) -> subprocess.CompletedProcess:
-        """The script as the job (or the pod) runs it: bash, in its own mounts with the host's /dev/shm."""
+    def run(self, script: str, added: Mapping[str, str], in_slice: bool = False,
+            timeout: int = 900) -> subprocess.CompletedProcess:
+        """The script as the job (or the pod) runs it, its environment and `added` (stack.script's): bash, in its own
+        mounts with the host's /dev/shm, JAX on the CPU (stack.cpu_environment)."""
         env = {"HOME": str(self.home), "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
-               "PYTHONPATH": str(STANDIN), "HF_ENDPOINT": self.hub.url, "HF_DATASETS_OFFLINE": "1",
-               "JAX_PLATFORMS": "cpu", "TPU_GRPO_TINY_MODEL": str(self.model_folder),
-               "TPU_GRPO_TINY_MODEL_NAME": self.family.model, "LANG": "C.UTF-8",
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.family.chips}",  # the machine's chips
-               **(POD_ENV if in_slice else {})}
+               "HF_ENDPOINT": self.hub.url, "LANG": "C.UTF-8", "TPU_GRPO_TINY_MODEL": str(self.model_folder),
+               "TPU_GRPO_ROLLOUT_LOG": str(self.rollout_log), **stack.cpu_environment(self.family), **added}
         self.shm.mkdir(exist_ok=True)
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
-                               f"mount --bind {self.shm} /dev/shm && exec bash -s"], input=script, text=True,
-                              capture_output=True, env=env, cwd=self.home, timeout=timeout)
+        command = ["unshare", "--mount", "--propagation", "private", "bash", "-c",
+                   f"mount --bind {self.shm} /dev/shm && exec bash -s"]
+        with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=self.home, start_new_session=True) as process:
+            try:
+                stdout, stderr = process.communicate(script, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)  # MaxText and its pools too, not the shell alone
+                raise
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+    @property
+    def rollout_log(self) -> Path:
+        return self.home.parent / "rollout.jsonl"
 
     def keep_compile_caches(self, root: str) -> set[Path]:
         """Make the scripts' compile cache root (`root`, as they name it) the tier's kept one; returns the entries it
@@ -62,6 +74,33 @@ class Host:
         self.path(root).parent.mkdir(parents=True, exist_ok=True)
         self.path(root).symlink_to(COMPILE_CACHES)
         return set(COMPILE_CACHES.rglob("*-cache"))
+
+    @staticmethod
+    def keep_bucket_compile_caches(root: str, model: str) -> set[Path]:
+        """Copy the tier's kept compile caches of `model` into the bucket's root (`root`, gs://, as a slice's scripts
+        name it), as an earlier run would have left them there; returns the entries it holds now, where they are
+        kept (bring_back_compile_caches copies the new ones back)."""
+        from google.cloud import storage
+
+        name, _, prefix = root.removeprefix("gs://").partition("/")
+        bucket = storage.Client().bucket(name)
+        kept = set(COMPILE_CACHES.glob(f"*/*/{model}/*/*-cache"))
+        for path in kept:
+            bucket.blob(f"{prefix}/{path.relative_to(COMPILE_CACHES)}").upload_from_filename(path)
+        return kept
+
+    @staticmethod
+    def bring_back_compile_caches(root: str) -> None:
+        """Keep the entries a slice's steps wrote in the bucket (`root`) beside the others, for the next run."""
+        from google.cloud import storage
+
+        bucket, _, prefix = root.removeprefix("gs://").partition("/")
+        for blob in storage.Client().list_blobs(bucket, prefix=f"{prefix}/"):
+            path = COMPILE_CACHES / blob.name.removeprefix(f"{prefix}/")
+            if not blob.name.endswith("/") and not path.exists():  # a folder's own object (TensorFlow's) aside
+                path.parent.mkdir(parents=True, exist_ok=True)
+                blob.download_to_filename(path.with_name(path.name + ".tmp"))
+                path.with_name(path.name + ".tmp").rename(path)  # whole or not at all, for a worker reading it
 
     @property
     def shm(self) -> Path:
@@ -94,7 +133,7 @@ def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
 
     home = folder / "home"
     (home / ".cache/huggingface").mkdir(parents=True)
-    (home / ".cache/huggingface/token").write_text("hf_tier_token")
+    (home / ".cache/huggingface/token").write_text(stack.TOKEN)
     (home / "maxtext_venv").symlink_to(VENV)
     row = MODELS[family.model]
     host = Host(home, family, tier_input("gsm8k"), hub)
@@ -106,7 +145,7 @@ def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
     export_repo = MODELS[row.export_model].hf_id
     if export_repo not in {row.hf_id, row.training_tokenizer}:  # an instruct model exported under its base's name
         # the base's own chat template, as the Hub has it apart: the export must carry the one the run trained with
-        hub.seed(export_repo, {**files, "chat_template.jinja": files["chat_template.jinja"] + BASE_TEMPLATE_MARK},
+        hub.seed(export_repo, {**files, "chat_template.jinja": BASE_TEMPLATE_MARK + files["chat_template.jinja"]},
                  gated=False)
     return host
 

@@ -3,8 +3,7 @@ layers and widths shrunk, and each tensor named and shaped as that class has it 
 trains and exports them as it would the real model, its own config shrunk to match by `--set`s.
 
 The files are written by the tier's own venv (`python -m tests.maxtext.families MODEL FOLDER`, and `gsm8k FOLDER`
-for the data), which has safetensors, pyarrow, torch and transformers, as a host has them; it also loads an export
-(`load FOLDER`) and weighs a checkpoint (`bytes FOLDER`) for the tests."""
+for the data), which has safetensors, pyarrow, torch and transformers, as a host has them."""
 
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ class Family:
     q_norm: bool = False  # Qwen3: per-head RMS norms of the queries and keys
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
     experts: bool = False  # Qwen3 MoE: a router and EXPERTS experts in place of the dense MLP
-    chips: int = 1  # the machine's chips, CPU devices here: as many as the model's rollout split needs
     #: The class's weights MaxText neither trains nor exports (its models are text-only): the export leaves them out
     untrained: tuple[str, ...] = ()
 
@@ -127,13 +125,12 @@ FAMILIES = {family.model: family for family in (
     Family("qwen2.5-7b", "Qwen2ForCausalLM", _shrunk(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1000000.0, attention_bias=True),
         qkv_bias=True),
-    # Qwen/Qwen3-30B-A3B-Thinking-2507's, shrunk (its intermediate_size, 6144, is 8 experts' 768 each: so here);
-    # 8 chips: MaxText's recipe splits its rollout 4 ways
+    # Qwen/Qwen3-30B-A3B-Thinking-2507's, shrunk (its intermediate_size, 6144, is 8 experts' 768 each: so here)
     Family("qwen3-30b-a3b", "Qwen3MoeForCausalLM", _shrunk(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", rope_theta=10000000.0, attention_bias=False,
         intermediate_size=EXPERT_MLP * EXPERTS_PER_TOKEN,
         num_experts=EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN, moe_intermediate_size=EXPERT_MLP,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True), q_norm=True, experts=True, chips=8),
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True), q_norm=True, experts=True),
     # google/gemma-3-4b-it's (MaxText's HF_MODEL_CONFIGS), shrunk, its vision tower too
     Family("gemma3-4b", "Gemma3ForConditionalGeneration", dict(
         architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", boi_token_index=VOCAB - 3,
@@ -166,60 +163,21 @@ def write_gsm8k(folder: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows[:8]), folder / "test.parquet")
 
 
-def load_export(folder: Path) -> dict:
-    """The export as transformers loads it, offline: the class it makes, the class's weights it missed, found
-    unexpected or in another shape, and how many tokens a greedy reply to a chat-templated question from the
-    tokenizer beside it has."""
-    import transformers
-
-    model, found = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
-    reply = model.generate(**prompt, max_new_tokens=4, do_sample=False)
-    return {"class": type(model).__name__, "new_tokens": reply.shape[-1] - prompt["input_ids"].shape[-1],
-            **{what: sorted(map(str, found[what])) for what in ("missing_keys", "unexpected_keys", "mismatched_keys")}}
-
-
-def bytes_per_parameter(step_folder: Path) -> dict[str, float]:
-    """What Orbax wrote in a training checkpoint (`checkpoints/actor/STEP`), bytes a model parameter: its weights
-    (model_params) and its optimizer state (AdamW's moments; integer counters and seeds aside), from the checkpoint's
-    metadata."""
-    import numpy as np
-    import orbax.checkpoint as ocp
-    from jax.tree_util import tree_leaves
-
-    found = {}
-    for part in ("model_params", "optimizer_state"):
-        metadata = ocp.StandardCheckpointer().metadata(step_folder / part)
-        leaves = [leaf for leaf in tree_leaves(getattr(metadata, "item_metadata", metadata))  # not steps, seeds
-                  if getattr(leaf, "shape", None) and np.dtype(leaf.dtype).kind not in "iub"]
-        found[part] = (sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves),
-                       sum(int(np.prod(leaf.shape)) for leaf in leaves))
-    parameters = found["model_params"][1]
-    return {part: nbytes / parameters for part, (nbytes, _) in found.items()}
-
-
-#: Every other row of the model table, as its family's checkpoint under its own name: whether the row ties its word
-#: embeddings (MaxText's HF_MODEL_CONFIGS: the small Qwen3 and Qwen2.5 and every Gemma 3 do), and its chips (70B's
-#: rollout is split 8 ways, MaxText's recipe).
-SAME_FAMILY = {"llama3.1-8b": ("llama3.1-8b-Instruct", False, 1), "llama3.1-70b": ("llama3.1-8b-Instruct", False, 8),
-               "qwen3-0.6b": ("qwen3-8b", True, 1), "qwen3-4b": ("qwen3-8b", True, 1),
-               "qwen3-14b": ("qwen3-8b", False, 1), "qwen3-32b": ("qwen3-8b", False, 1),
-               "qwen2.5-1.5b": ("qwen2.5-7b", True, 1), "qwen2.5-14b": ("qwen2.5-7b", False, 1),
-               "gemma3-12b": ("gemma3-4b", True, 1), "gemma3-27b": ("gemma3-4b", True, 1)}
-ROWS = {**FAMILIES, **{row: replace(FAMILIES[family], model=row, chips=chips,
+#: Every other row of the model table, as its family's checkpoint under its own name, and whether the row ties its word
+#: embeddings (MaxText's HF_MODEL_CONFIGS: the small Qwen3 and Qwen2.5 and every Gemma 3 do).
+SAME_FAMILY = {"llama3.1-8b": ("llama3.1-8b-Instruct", False), "llama3.1-70b": ("llama3.1-8b-Instruct", False),
+               "qwen3-0.6b": ("qwen3-8b", True), "qwen3-4b": ("qwen3-8b", True), "qwen3-14b": ("qwen3-8b", False),
+               "qwen3-32b": ("qwen3-8b", False), "qwen2.5-1.5b": ("qwen2.5-7b", True),
+               "qwen2.5-14b": ("qwen2.5-7b", False), "gemma3-12b": ("gemma3-4b", True),
+               "gemma3-27b": ("gemma3-4b", True)}
+ROWS = {**FAMILIES, **{row: replace(FAMILIES[family], model=row,
                                     config={**FAMILIES[family].config, "tie_word_embeddings": tied})
-                       for row, (family, tied, chips) in SAME_FAMILY.items()}}
+                       for row, (family, tied) in SAME_FAMILY.items()}}
 
 
 if __name__ == "__main__":
     what, folder = sys.argv[1], Path(sys.argv[2])
-    if what == "bytes":
-        print(json.dumps(bytes_per_parameter(folder)))
-    elif what == "load":
-        print(json.dumps(load_export(folder)))
-    elif what == "gsm8k":
+    if what == "gsm8k":
         write_gsm8k(folder)
     else:
         ROWS[what].write(folder)

@@ -1,115 +1,129 @@
 """Each family of the model table converts, trains and exports under MaxText 0.2.3's own code, from the scripts
-tpu-grpo generates (the text `--dry-run` prints), on one VM and in a slice's pods; and what tpu-grpo reads back
-(checkpoints, progress, evaluations, resumption, the export) is what MaxText really wrote."""
+tpu-grpo generates for a stack (the text `--dry-run` prints), on one VM and in a slice's pods with its bucket; and
+what tpu-grpo reads back (checkpoints, progress, evaluations, resumption, the export) is what MaxText really wrote,
+a model that learned from its rewards and carries the tokenizer it trained with."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 
 import pytest
 
+from tests.maxtext import stack
+from tests.maxtext.conftest import COMPILE_CACHES
 from tests.maxtext.families import FAMILIES, ROWS
+from tests.maxtext.readback import QUESTION
 from tests.support import MAXTEXT_VENV as VENV, ROOT
 from tpu_grpo.config import models
-from tpu_grpo.host import facts
+from tpu_grpo.host import facts, gcs
 from tpu_grpo.jobs import maxtext, pipeline, progress
-from tpu_grpo.config.accelerators import MACHINES
-from tpu_grpo.config.stores import STORES
-
-BATCHES, MORE_BATCHES = 4, 6
-
-
-def tier_run(host, in_slice: bool) -> maxtext.Run:
-    """The stack's defaults for the model (checkpoints on the data disk, every 2 steps), shrunk by `--set`s: the
-    model's config, the local GSM8K rows, a small batch, short sequences. A machine of the family's chips, each a
-    CPU device here; a mixture of experts multiplies densely (MaxText's sparse kernels are Pallas, TPU-only).
-    The export of one VM skips JAX's distributed start-up, which a TPU VM's own cluster detection answers and a CPU
-    cannot (on a slice's CPU pod the script says so itself)."""
-    family, row = host.family, maxtext.MODELS[host.family.model]
-    shrink = family.maxtext_overrides
-    train = {**shrink, "hf_train_files": str(host.data / "train.parquet"),
-             "hf_eval_files": str(host.data / "test.parquet"),
-             "batch_size": str(max(2, family.chips // 2)),  # its prompts x 2 generations spread over the chips
-             "max_prefill_predict_length": "128",
-             "max_target_length": "160", "eval_interval": "2"}
-    return maxtext.Run(model=family.model, export_model=row.export_model, batches=BATCHES, test_batches=2,
-                       use_pathways=False, lazy_load_tensors=row.eager_load_method is None,
-                       machine=next(row for row in MACHINES.values() if row.chips == family.chips),
-                       run_name="tier", store=STORES["disk"], checkpoint_period=2, checkpoints_to_keep=3,
-                       sets={"convert": shrink, "train": train,
-                             "export": {**shrink, **({} if in_slice else {"skip_jax_distributed_system": "true"})}})
 
 
 def tail(done, lines: int = 40) -> str:
     return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
 
 
+def readback(*args, env=None) -> dict:
+    """A check of tests/maxtext/readback.py, in the tier's venv."""
+    return json.loads(subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.readback", *map(str, args)], cwd=ROOT,
+                                     capture_output=True, text=True, check=True,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}).stdout)
+
+
 #: One row of each family; every row with TPU_GRPO_MAXTEXT_ROWS=all (docs/development.md).
 TESTED = ROWS if os.environ.get("TPU_GRPO_MAXTEXT_ROWS") == "all" else FAMILIES
 
 
-# every family on a VM first, then in a slice: a slice's training finds the compile cache its VM's left (workers
-# take tests in this order)
-@pytest.mark.parametrize("model", list(TESTED))
-@pytest.mark.parametrize("placement", ["vm", "slice"])
-def test_a_family_converts_trains_resumes_and_exports(make_host, model, placement):
-    host, in_slice = make_host(TESTED[model]), placement == "slice"
-    run = tier_run(host, in_slice)
+# every family on a VM first, then in a slice (workers take tests in this order)
+@pytest.mark.parametrize(("model", "placement"), stack.placements(TESTED))
+def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_path, model, placement):
+    in_slice = placement == "slice"
+    host = make_host(TESTED[model])
+    chosen = stack.stack(model, placement, request.getfixturevalue("bucket") if in_slice else None)
+    run = stack.run(chosen, host.family, host.data, in_slice)
     where = maxtext.paths(run)
-    cached = host.keep_compile_caches(maxtext.compile_cache_root(run, in_slice))
+    bucket = stack.bucket_environment(request.getfixturevalue("storage_emulator")) if in_slice else {}
+    root = maxtext.compile_cache_root(run, in_slice)
+    cached = host.keep_bucket_compile_caches(root, model) if in_slice else host.keep_compile_caches(root)
 
-    convert = host.run(maxtext.script(run, "convert", in_slice=in_slice), in_slice=in_slice)
-    assert convert.returncode == 0, tail(convert)
-    assert (host.path(where["checkpoint"]) / "_METADATA").is_file()  # where the training loads it from
+    def step(name: str, of: maxtext.Run) -> list[str]:
+        script, environment = stack.script(chosen, of, name)
+        done = host.run(script, {**environment, **bucket}, in_slice)
+        assert done.returncode == 0, tail(done)
+        return (done.stdout + done.stderr).splitlines()
 
-    train = host.run(maxtext.script(run, "train", in_slice=in_slice), in_slice=in_slice)
-    assert train.returncode == 0, tail(train)
-    events = progress.parse_lines((train.stdout + train.stderr).splitlines())
+    step("convert", run)
+    converted = gcs.names(where["checkpoint"]) if in_slice else os.listdir(host.path(where["checkpoint"]))
+    assert "_METADATA" in converted  # where the training loads it from
+    if not in_slice:  # the stack's default: eager (lazyLoadTensors false), as the model's row allows
+        assert not run.lazy_load_tensors or models.MODELS[model].eager_load_method is None
+
+    log = step("train", run)
+    events = progress.parse_lines(log)
     steps = [event.step for event in events if isinstance(event, progress.TrainStep)]
     assert steps == list(range(1, run.train_steps + 1))
     evals = [event for event in events if isinstance(event, progress.Eval)]
     assert [event.stage for event in evals][0] == "pre" and evals[-1].stage == "post"
     assert any(isinstance(event, progress.Completed) for event in events)
-    checkpoints = host.path(where["checkpoints"])
-    found = pipeline.CHECKPOINTS.parse(facts.Answer("\n".join(p.name for p in checkpoints.iterdir())), str(checkpoints))
-    assert found[-1] == BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
-    weighed = json.loads(subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", "bytes",
-                                         checkpoints / str(BATCHES)], cwd=ROOT, capture_output=True, text=True,
-                                        check=True).stdout)
+    if in_slice:
+        found = pipeline.checkpoint_steps(None, run)
+    else:
+        checkpoints = host.path(where["checkpoints"])
+        found = pipeline.CHECKPOINTS.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
+    assert found[-1] == stack.BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
+    step_folder = (f"gs://{where['checkpoints'].removeprefix('gs://').replace('//', '/')}/{stack.BATCHES}" if in_slice
+                   else host.path(where["checkpoints"]) / str(stack.BATCHES))
+    weighed = readback("bytes", step_folder, env=bucket)
     assert weighed == {"model_params": models.WEIGHT_BYTES, "optimizer_state": models.MOMENT_BYTES}  # the disk's
 
     # the actor is the reference model copied, not the checkpoint restored a second time (load_checkpoint_only_once)
-    assert "Creating policy model by copying reference model instead of restoring" in train.stdout + train.stderr
-    first = progress.startup((train.stdout + train.stderr).splitlines(), 2026)
-    cache = host.path(first["cache"]["folder"])  # JAX wrote the trainer's compiled programs there
-    assert cache.is_relative_to(host.path(maxtext.compile_cache_root(run, in_slice))) and any(cache.glob("*-cache"))
-    # warm exactly when an earlier training of these settings (this run's other placement, an earlier run) left
-    # entries in the folder the project names for them
-    assert first["cache"]["warm"] == any(entry.parent == cache.resolve() for entry in cached)
+    assert "Creating policy model by copying reference model instead of restoring" in "\n".join(log)
+    first = progress.startup(log, 2026)
+    folder = first["cache"]["folder"]  # JAX wrote the trainer's compiled programs there
+    if in_slice:
+        assert folder.startswith(f"{root}/") and any(name.endswith("-cache") for name in gcs.names(folder))
+        named = folder.removeprefix(f"{root}/")
+    else:
+        assert host.path(folder).is_relative_to(host.path(root)) and any(host.path(folder).glob("*-cache"))
+        named = str(host.path(folder).resolve().relative_to(COMPILE_CACHES))
+    # warm exactly when an earlier training of these settings (an earlier run) left entries in the folder the project
+    # names for them
+    assert first["cache"]["warm"] == any(str(entry.parent.relative_to(COMPILE_CACHES)) == named for entry in cached)
     assert first["phases"].keys() == set(progress.STARTUP_LABELS)
 
-    longer = dataclasses.replace(run, batches=MORE_BATCHES)
-    resumed = host.run(maxtext.script(longer, "train", in_slice=in_slice), in_slice=in_slice)
-    assert resumed.returncode == 0, tail(resumed)
-    warm = progress.startup((resumed.stdout + resumed.stderr).splitlines(), 2026)
-    assert warm["cache"]["warm"] and warm["cache"]["folder"] == first["cache"]["folder"]  # batches fix no shape
-    events = progress.parse_lines((resumed.stdout + resumed.stderr).splitlines())
-    assert progress.Resumed(BATCHES) in events  # the script's own line, before MaxText restores it
-    assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(BATCHES + 1, MORE_BATCHES + 1))
+    longer = stack.run(chosen, host.family, host.data, in_slice, batches=stack.MORE_BATCHES)
+    resumed = step("train", longer)
+    warm = progress.startup(resumed, 2026)
+    assert warm["cache"]["warm"] and warm["cache"]["folder"] == folder  # batches fix no shape
+    events = progress.parse_lines(resumed)
+    assert progress.Resumed(stack.BATCHES) in events  # the script's own line, before MaxText restores it
+    assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(stack.BATCHES + 1,
+                                                                                      stack.MORE_BATCHES + 1))
+    if in_slice:
+        host.bring_back_compile_caches(root)
 
-    export = host.run(maxtext.script(longer, "export", in_slice=in_slice), in_slice=in_slice)
-    assert export.returncode == 0, tail(export)
-    folder = host.path(maxtext.paths(longer)["run"] + "/hf-trained" if in_slice else maxtext.paths(longer)["hf_export"])
-    config = json.loads((folder / "config.json").read_text())
+    step("export", longer)
+    if in_slice:  # brought to the laptop as `invoke fetch` brings a slice's export
+        export = tmp_path / "fetched"
+        gcs.fetch_folder(maxtext.paths(longer)["run_export"], export, lambda *_: None)
+    else:
+        export = host.path(maxtext.paths(longer)["hf_export"])
+    config = json.loads((export / "config.json").read_text())
     assert config["architectures"] == [host.family.architecture]
-    loaded = json.loads(subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.families", "load", folder], cwd=ROOT,
-                                       capture_output=True, text=True, check=True,
-                                       env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout)
+    loaded = readback("load", export, host.model_folder)
     assert loaded["class"] == host.family.architecture and loaded["new_tokens"] > 0
     assert loaded["unexpected_keys"] == loaded["mismatched_keys"] == []  # the class's names and shapes
     assert all(key.startswith(host.family.untrained) for key in loaded["missing_keys"]), loaded["missing_keys"]
-    # the tokenizer it trained with (the reply used it), not the export name's (Llama's base), whose template differs
-    assert (folder / "chat_template.jinja").read_bytes() == (host.model_folder / "chat_template.jinja").read_bytes()
+    # the tokenizer it trained with, not the export name's (Llama's base), whose template differs: the question
+    # renders as the training rendered it, and its tokens decode to that text
+    assert (export / "chat_template.jinja").read_bytes() == (host.model_folder / "chat_template.jinja").read_bytes()
+    assert loaded["rendered"] == loaded["trained_rendered"] == loaded["decoded"]
+    assert QUESTION[0]["content"] in loaded["rendered"]
+
+    # GRPO learned from the rollout's rewards: every weight matrix moved, and the answers rewarded became likelier
+    # than those not, against the start
+    learned = readback("learned", host.model_folder, export, host.rollout_log)
+    assert learned["changed"] and not learned["unchanged"], learned["unchanged"]
+    assert learned["pairs"] and learned["margin_after"] > learned["margin_before"], learned

@@ -184,7 +184,7 @@ def test_pipeline_dry_run_json_is_json(stack_dir):
     plan = json.loads(result.stdout)
     assert plan["run"] == "r1"
     assert [step["step"] for step in plan["steps"]] == ["convert", "train", "export", "save"]
-    assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["steps"][1]["script"]
+    assert "python3 - maxtext.trainers.post_train.rl.train_rl" in plan["steps"][1]["script"]
 
 
 def test_plan_lists_resources_in_the_same_order_every_time(stack_dir):

@@ -140,9 +140,10 @@ def test_job_names_are_dns_labels_unique_per_run(run_name):
 def _parts(script: str) -> tuple[dict, list[str], list[str]]:
     """A step script's exports, its MaxText argv and its other lines."""
     lines = script.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("python3 -m "))
+    start = next(i for i, line in enumerate(lines) if line.startswith(("python3 -m ", "python3 - maxtext.")))
     end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
-    argv = [line.strip().removesuffix("\\").strip() for line in lines[start:end + 1]]
+    # the training's program (run_module) follows as a heredoc
+    argv = [re.sub(r" <<'\w+'", "", line).strip().removesuffix("\\").strip() for line in lines[start:end + 1]]
     assigned = [line for line in lines if re.match(r"export \w+=", line)]
     exports = dict(line.removeprefix("export ").split("=", 1) for line in assigned)
     exports.update(line.split(";")[0].split("=", 1) for line in lines if line.startswith("TPU_NAME="))
@@ -165,7 +166,7 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
                 if name not in maxtext.ONE_VM_ONLY and f"export {name}={value}" != maxtext.KEEP_EVERY_COMPILATION}
     if step == "export":
         assert expected["HF_EXPORT"] == "/dev/shm/$MODEL_NAME/hf-trained/"
-        expected["HF_EXPORT"] = "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/"
+        expected["HF_EXPORT"] = "$BASE_OUTPUT_DIRECTORY$RUN_NAME/hf-trained/"  # no `//` in its object names
     assert exports == expected
     assert exports.get("CHIPS_PER_VM", "4") == "4" and exports["USE_PATHWAYS"] == "1"
     # The argv: the one VM's, less the model folder that provisioning downloads onto a VM; the export runs on a CPU

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,7 +193,7 @@ def test_plan_includes_the_scripts(stack_dir):
     result = invoke("plan", "--json", cwd=stack_dir)
     plan = json.loads(result.stdout)
     assert [job["step"] for job in plan["jobs"]] == list(maxtext.STEPS)
-    assert "python3 -m maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
+    assert "python3 - maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
     assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
     run = maxtext.Run.of(settings.load("dev", lenient=True, root=stack_dir).training)
     assert plan["compile_cache"].startswith(f"compile cache: ~/tpu-grpo/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
@@ -311,3 +312,24 @@ def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_p
     assert "tpu-grpo: compile cache unavailable: this start compiles everything" in done.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert f"jax_cache_dir={env['HOME']}/jax_cache" in calls[-1]["argv"]
+
+
+@pytest.mark.parametrize(("hangs", "ending", "code"), [(True, "raise SystemExit(3)", 3),
+                                                      (False, "raise ValueError('bad data')", 1)])
+def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending, code):
+    """The training's program (run_module) ends the process with the module's exit code (a traceback said as Python
+    says it) though an exit handler never returns, as MaxText 0.2.3's grading pool's does (its docstring); `python3
+    -m` waits forever."""
+    from tpu_grpo.host import remote
+    from tpu_grpo.host.remote import run_module
+
+    (tmp_path / "module.py").write_text("import atexit, threading\n"
+                                        f"{'atexit.register(threading.Event().wait)' if hangs else ''}\n"
+                                        f"if __name__ == '__main__':\n    {ending}\n")
+    done = subprocess.run(["bash", "-c", remote.run("run_module", "module", python=sys.executable)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert ("ValueError: bad data" in done.stderr) == (code == 1)
+    if hangs:
+        with pytest.raises(subprocess.TimeoutExpired):  # the command line without it
+            subprocess.run([sys.executable, "-m", "module"], cwd=tmp_path, timeout=run_module.GRACE_SECONDS + 5)

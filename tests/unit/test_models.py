@@ -135,7 +135,8 @@ def test_an_export_name_that_is_the_models_own_is_taken_and_exported_as(stack_di
 
 def arguments(script: str, module: str) -> dict[str, str]:
     """The `key=value` arguments of the script's call of `module`, as bash would split them."""
-    line = script.split(f"python3 -m {module}", 1)[1].split("\n\n")[0].split("\nset +x")[0]
+    line = re.split(rf"python3 -m? ?{re.escape(module)}", script, maxsplit=1)[1]  # the training's: `python3 - MODULE`
+    line = line.split(" <<'")[0].split("\n\n")[0].split("\nset +x")[0]
     words = shlex.split(line.replace("\\\n", " "))
     return dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("--"))
 

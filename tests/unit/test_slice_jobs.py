@@ -145,7 +145,7 @@ def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trai
     assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
     script = pod["containers"][0]["command"][2]
     assert "export RUN_NAME=gsm8k-4" in script
-    assert "export HF_EXPORT=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/hf-trained/" in script
+    assert "export HF_EXPORT=$BASE_OUTPUT_DIRECTORY$RUN_NAME/hf-trained/" in script  # no `//` in its object names
     assert "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the newest: 50, the stack's batches
 
 

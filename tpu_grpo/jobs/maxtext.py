@@ -7,8 +7,10 @@ token is read from the host's token file into `HF_TOKEN` (which MaxText 0.2.3 re
 never passed as `hf_access_token=` on the command line; with a checkpoint store other than
 /dev/shm (tpu_grpo/config/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
 store; a checkpoint period or count other than MaxText's own is passed to train_rl; every step compiles into a
-compile cache that outlives the VM (compile_cache_lines); and the actor is a copy of the reference model, not a
-second restore of the same checkpoint (load_checkpoint_only_once).
+compile cache that outlives the VM (compile_cache_lines); the actor is a copy of the reference model, not a
+second restore of the same checkpoint (load_checkpoint_only_once); the learning rate's schedule spans the run's steps
+(learning_rate_schedule_steps); and the training runs through a program that ends
+its process once it is done (tpu_grpo/host/remote/run_module.py: MaxText 0.2.3's trainer hangs at exit otherwise).
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ COUNT_KEYS = {"rl.num_iterations": values.whole(1, 999_999)}
 #: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
 #: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
 RUNS_FOLDER, EXPORT_FOLDER = "post-train", "hf-trained"
-#: Where a slice's export writes the Hugging Face model (to_huggingface writes gs:// paths itself).
-SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{EXPORT_FOLDER}/"
+#: Where a slice's export writes the Hugging Face model. to_huggingface uploads to gs:// with the path's own object
+#: names (checkpoint_conversion/utils/utils.upload_file_to_gcs), `//` and all, where Orbax's paths go through pathlib,
+#: which folds a `//`; BASE_OUTPUT_DIRECTORY ends in `/`, so the run's name follows it directly, one folder down.
+SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY$RUN_NAME/{EXPORT_FOLDER}/"
 #: The tutorial's exports that describe one VM's own chips to libtpu. A slice's trainer runs under Pathways
 #: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
 ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
@@ -326,6 +330,10 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
         # the same mesh instead of restoring the same weights a second time; a resumed run's actor is then restored
         # from its own checkpoint by the trainer, as without it, and train_rl checks that the reference is unchanged
         mapping["load_checkpoint_only_once"] = "true"
+        # the learning rate's warm-up and decay over this run's steps, as MaxText's get_optimizer means its default
+        # (-1): its config resolves -1 to base.yml's `steps` (150001) first, so the warm-up would last 15,000 steps and
+        # the rate stay about 0 through any run this short (configs/types.py; utils_rl.get_optimizer)
+        mapping["learning_rate_schedule_steps"] = str(run.train_steps)
     mapping.update({key: _q(value) for key, value in run.sets.get(step, {}).items()})
     return mapping
 
@@ -467,9 +475,12 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         before = [f"hf_model_path={downloaded_model(run)}",
                   '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
         arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
-    command = [f"python3 -m {MODULES[step]} \\", " \\\n".join(arguments)]
+    call = " \\\n".join([MODULES[step], *arguments])
+    background = " &" if in_slice else ""
+    # the training through run_module, which ends the process MaxText's grading pool would keep from exiting
+    command = [remote.run("run_module", call, then=background) if step == "train" else f"python3 -m {call}{background}"]
     if in_slice:
-        command = [FORWARD_TERM, *command[:-1], command[-1] + " &", *WAIT_CHILD]
+        command = [FORWARD_TERM, *command, *WAIT_CHILD]
     lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,7 @@ input of `python3 -` (a quoted heredoc, so bash expands nothing in it), its argu
     save_tokenizer.py   the training's tokenizer into the export (tpu_grpo/jobs/maxtext.py)
     folder_children.py  a gs:// folder's children, the steps of a bucket's checkpoints (tpu_grpo/jobs/maxtext.py)
     compile_cache.py    a step's compile cache, named by versions and settings, warm or cold (tpu_grpo/jobs/maxtext.py)
+    run_module.py       the training's module, run as `python3 -m` runs it, ending once done (tpu_grpo/jobs/maxtext.py)
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def get_chip_owners() -> dict[str, int]:
             argv = cmdline.read_bytes()
         except OSError:
             continue
-        if b"-m\0" in argv and any(module in argv for module in STANDIN_MODULES):
+        # `python3 -m MODULE`, or the training's `python3 - MODULE` (tpu_grpo/host/remote/run_module.py)
+        if any(arg.startswith(STANDIN_MODULES) for arg in argv.split(b"\0")[1:3]):
             for index in range(device_count()):
                 owners[f"/dev/vfio/{index}"] = int(cmdline.parent.name)
     return owners

@@ -1,0 +1,48 @@
+"""Run a module as `python3 -m` does (argv 1 the module, the rest its arguments), and end the process once it is done.
+
+MaxText 0.2.3's train_rl grades answers that are not an exact match in a pool of spawned processes
+(trainers/post_train/rl/math_verify_pool.py). Its exit handler kills the pool's workers, one of which waits for a task
+holding the pool's queue lock, and Pool's own finalizer then waits on that lock forever: after its last line the
+trainer never exits, its job never ends and the TPU stays billed (seen in the real-MaxText tier, whose rollout answers
+some questions wrong, and alone: a program that grades one such answer and returns hangs at exit). So once the
+module has returned (or raised), Python's exit handlers get GRACE_SECONDS to flush what they hold (TensorBoard's last
+events), then the process ends with the module's exit code.
+"""
+
+import os
+import runpy
+import sys
+import threading
+import traceback
+
+GRACE_SECONDS = 10
+
+
+def exit_code(done: SystemExit) -> int:
+    """The exit code Python gives a SystemExit: 0 for None, the number, else 1 with the message on stderr."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    print(done.code, file=sys.stderr)
+    return 1
+
+
+def end(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    module = sys.argv.pop(1)
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        code = exit_code(done)
+    except BaseException:  # noqa: BLE001 - said as Python says it, then the same exit
+        traceback.print_exc()
+        code = 1
+    timer = threading.Timer(GRACE_SECONDS, end, (code,))
+    timer.daemon = True  # it does not hold the exit up itself
+    timer.start()
+    sys.exit(code)
