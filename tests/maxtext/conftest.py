@@ -23,6 +23,7 @@ from tests.doubles.hub import Hub, HubServer
 from tests.maxtext import stack
 from tests.maxtext.families import TOKENIZER, Family
 from tests.support import MAXTEXT_VENV as VENV, ROOT, built_once
+from tpu_grpo.host import gcs
 
 #: The tier's compile caches, kept beside its venv between runs, as a VM's data disk keeps them between jobs: each
 #: step's folder is named as the project names it (maxtext.compile_cache_name, below the versions), so a step whose
@@ -82,11 +83,11 @@ class Host:
         kept (bring_back_compile_caches copies the new ones back)."""
         from google.cloud import storage
 
-        name, _, prefix = root.removeprefix("gs://").partition("/")
+        name, prefix = gcs.split(root)
         bucket = storage.Client().bucket(name)
         kept = set(COMPILE_CACHES.glob(f"*/*/{model}/*/*-cache"))
         for path in kept:
-            bucket.blob(f"{prefix}/{path.relative_to(COMPILE_CACHES)}").upload_from_filename(path)
+            bucket.blob(f"{prefix}{path.relative_to(COMPILE_CACHES)}").upload_from_filename(path)
         return kept
 
     @staticmethod
@@ -94,9 +95,9 @@ class Host:
         """Keep the entries a slice's steps wrote in the bucket (`root`) beside the others, for the next run."""
         from google.cloud import storage
 
-        bucket, _, prefix = root.removeprefix("gs://").partition("/")
-        for blob in storage.Client().list_blobs(bucket, prefix=f"{prefix}/"):
-            path = COMPILE_CACHES / blob.name.removeprefix(f"{prefix}/")
+        bucket, prefix = gcs.split(root)
+        for blob in storage.Client().list_blobs(bucket, prefix=prefix):
+            path = COMPILE_CACHES / blob.name.removeprefix(prefix)
             if not blob.name.endswith("/") and not path.exists():  # a folder's own object (TensorFlow's) aside
                 path.parent.mkdir(parents=True, exist_ok=True)
                 blob.download_to_filename(path.with_name(path.name + ".tmp"))

@@ -24,23 +24,20 @@ from tests.maxtext.families import Family
 from tests.support import ROOT
 from tpu_grpo.cloud import jobset
 from tpu_grpo.config import settings as settings_module
-from tpu_grpo.config.accelerators import MACHINES, ONE_VM
+from tpu_grpo.config.accelerators import ACCELERATORS, ONE_VM, SLICES
 from tpu_grpo.config.models import MODELS
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
 
 BATCHES, MORE_BATCHES = 4, 6
 RUN_NAME = "tier"
-#: The smallest multi-host slice: where a model that fits one VM is tested as a slice.
-SMALLEST_SLICE = "v6e-16"
-ONE_VM_MACHINE = next(row.machine_type for row in MACHINES.values() if row.name == ONE_VM)
 TOKEN = "hf_tier_token"
 
 
 def placements(models) -> list[tuple[str, str]]:
     """(model, placement) for every placement a stack accepts: one VM where the model fits one, a slice always."""
     return [(model, placement) for placement in ("vm", "slice") for model in models
-            if placement == "slice" or MODELS[model].fits(MACHINES[ONE_VM_MACHINE])]
+            if placement == "slice" or MODELS[model].fits(ACCELERATORS[ONE_VM])]
 
 
 def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
@@ -51,8 +48,8 @@ def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
     raw.update({"tpu-grpo:model": model, "tpu-grpo:batches": BATCHES, "tpu-grpo:testBatches": 2,
                 "tpu-grpo:checkpointPeriod": 2, "tpu-grpo:checkpointsToKeep": 3})
     if placement == "slice":
-        smallest = MODELS[model].smallest
-        raw.update({"tpu-grpo:slice": smallest.name if smallest.hosts > 1 else SMALLEST_SLICE,
+        smallest = next(shape.name for shape in SLICES.values() if MODELS[model].fits(shape))
+        raw.update({"tpu-grpo:slice": smallest,
                     "tpu-grpo:checkpointStore": f"gs://{bucket}", "tpu-grpo:usePathways": True})
     return settings_module.parse(raw, "tier", ROOT, lenient=True)  # lenient: the project and key are placeholders
 
