@@ -19,5 +19,11 @@ sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
 from tpu_grpo.cli import host_tasks, job_tasks, result_tasks, stack_tasks  # noqa: E402 - after dont_write_bytecode
 
-ns = Collection(*(value for module in (stack_tasks, host_tasks, job_tasks, result_tasks)
-                  for value in vars(module).values() if isinstance(value, Task)))
+ns = Collection(
+    *(
+        value
+        for module in (stack_tasks, host_tasks, job_tasks, result_tasks)
+        for value in vars(module).values()
+        if isinstance(value, Task)
+    )
+)

@@ -41,13 +41,32 @@ RUN = "bench"
 
 def on_host(host, script: str) -> subprocess.CompletedProcess:
     """A bash script as the host's user, over SSH (as the tools reach it)."""
-    return subprocess.run(["ssh", *ssh_options(host), f"{host.user.name}@{host.vm.address}", "bash", "-s"],
-                          input=script, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        ["ssh", *ssh_options(host), f"{host.user.name}@{host.vm.address}", "bash", "-s"],
+        input=script,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def ssh_options(host) -> list[str]:
-    return ["-i", str(host.key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={host.state / 'known_hosts'}", "-o", "LogLevel=ERROR", "-p", str(host.port)]
+    return [
+        "-i",
+        str(host.key),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={host.state / 'known_hosts'}",
+        "-o",
+        "LogLevel=ERROR",
+        "-p",
+        str(host.port),
+    ]
 
 
 def timed(action) -> float:
@@ -58,16 +77,47 @@ def timed(action) -> float:
 
 def invoke_fetch(host, to: Path, path: str) -> None:
     env = {**os.environ, "TPU_GRPO_STATE": str(host.state), "HF_TOKEN": MADE_UP_TOKEN, "PATH": path}
-    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "fetch", "--run", RUN, "--to", str(to),
-                             "--host", host.spec, "--identity", str(host.key), "--json"],
-                            capture_output=True, text=True, env=env, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "-r",
+            str(ROOT),
+            "fetch",
+            "--run",
+            RUN,
+            "--to",
+            str(to),
+            "--host",
+            host.spec,
+            "--identity",
+            str(host.key),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     if result.returncode != 0 or json.loads(result.stdout)["bytes_transferred"] == 0:
         raise BenchError(f"invoke fetch failed: {result.stderr[-500:]}")
 
 
 def scp_and_check(host, to: Path) -> None:
-    subprocess.run(["scp", "-q", "-r", *ssh_options(host)[:-2], "-P", str(host.port),
-                    f"{host.user.name}@{host.vm.address}:tpu-grpo/models/{RUN}", str(to)], check=True)
+    subprocess.run(
+        [
+            "scp",
+            "-q",
+            "-r",
+            *ssh_options(host)[:-2],
+            "-P",
+            str(host.port),
+            f"{host.user.name}@{host.vm.address}:tpu-grpo/models/{RUN}",
+            str(to),
+        ],
+        check=True,
+    )
     subprocess.run(["sha256sum", "-c", "--quiet", artifacts.SUMS], cwd=to, check=True)
 
 
@@ -95,28 +145,47 @@ def main(argv: list[str] | None = None) -> int:
         source = "/dev/shm/bench-model"
         say(f"writing {args.files} files of {each_mb} MiB into {source} on the host, then saving them")
         save = artifacts.save_script(source, f"~/tpu-grpo/models/{RUN}", replace=True)
-        on_host(host, f"mkdir -p {source} ~/tpu-grpo/models && for i in $(seq {args.files}); do "
-                      f"head -c {each_mb}M /dev/urandom > {source}/model-$i.safetensors; done\n"
-                      f"echo '{{}}' > {source}/config.json\n{save}")
+        on_host(
+            host,
+            f"mkdir -p {source} ~/tpu-grpo/models && for i in $(seq {args.files}); do "
+            f"head -c {each_mb}M /dev/urandom > {source}/model-$i.safetensors; done\n"
+            f"echo '{{}}' > {source}/config.json\n{save}",
+        )
         without_ssh = local / "bin"  # a PATH without OpenSSH's client: fetch then uses paramiko's SFTP
         without_ssh.mkdir()
-        times: dict[str, list[float]] = {"fetch": [], "scp + sha256sum -c": [], "fetch over paramiko SFTP": [],
-                                         "save": [], "cp + sha256sum": []}
+        times: dict[str, list[float]] = {
+            "fetch": [],
+            "scp + sha256sum -c": [],
+            "fetch over paramiko SFTP": [],
+            "save": [],
+            "cp + sha256sum": [],
+        }
         for number in range(args.runs):
             say(f"round {number + 1} of {args.runs}")
             times["fetch"].append(timed(lambda: invoke_fetch(host, local / f"ours-{number}", os.environ["PATH"])))
             times["scp + sha256sum -c"].append(timed(lambda: scp_and_check(host, local / f"scp-{number}")))
             times["fetch over paramiko SFTP"].append(
-                timed(lambda: invoke_fetch(host, local / f"sftp-{number}", str(without_ssh))))
+                timed(lambda: invoke_fetch(host, local / f"sftp-{number}", str(without_ssh)))
+            )
             for folder in (f"ours-{number}", f"scp-{number}", f"sftp-{number}"):
                 shutil.rmtree(local / folder)
             times["save"].append(host_seconds(host, save))
-            times["cp + sha256sum"].append(host_seconds(
-                host, f"rm -rf ~/bench-cp && cp -a {source} ~/bench-cp && (cd ~/bench-cp && sha256sum -- * > /dev/null)"))
+            times["cp + sha256sum"].append(
+                host_seconds(
+                    host,
+                    f"rm -rf ~/bench-cp && cp -a {source} ~/bench-cp && (cd ~/bench-cp && sha256sum -- * > /dev/null)",
+                )
+            )
         medians = {name: statistics.median(values) for name, values in times.items()}
-        result = {"gb": args.gb, "files": args.files, "runs": args.runs, "rtt_ms": args.rtt_ms,
-                  "median_s": medians, "fetch_ratio": medians["fetch"] / medians["scp + sha256sum -c"],
-                  "save_ratio": medians["save"] / medians["cp + sha256sum"]}
+        result = {
+            "gb": args.gb,
+            "files": args.files,
+            "runs": args.runs,
+            "rtt_ms": args.rtt_ms,
+            "median_s": medians,
+            "fetch_ratio": medians["fetch"] / medians["scp + sha256sum -c"],
+            "save_ratio": medians["save"] / medians["cp + sha256sum"],
+        }
     if args.json:
         print(json.dumps(result, indent=2))
     else:

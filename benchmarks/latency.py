@@ -24,8 +24,9 @@ class DelayedRelay:
 
     def start(self) -> "DelayedRelay":
         ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve(ready)), daemon=True,
-                                        name="delayed-relay")
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._serve(ready)), daemon=True, name="delayed-relay"
+        )
         self._thread.start()
         if not ready.wait(10):
             raise RuntimeError("the delaying relay did not start")
@@ -39,7 +40,9 @@ class DelayedRelay:
 
     async def _serve(self, ready: threading.Event) -> None:
         self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
-        connections: set[asyncio.Task] = set()  # asyncio's stream server drops a connection's task once its client closes
+        connections: set[asyncio.Task] = (
+            set()
+        )  # asyncio's stream server drops a connection's task once its client closes
 
         async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
@@ -65,8 +68,11 @@ class DelayedRelay:
         try:
             server_reader, server_writer = await asyncio.open_connection(*self.target)
             writers.append(server_writer)
-            await asyncio.gather(self._pump(client_reader, server_writer), self._pump(server_reader, client_writer),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                self._pump(client_reader, server_writer),
+                self._pump(server_reader, client_writer),
+                return_exceptions=True,
+            )
         finally:
             for writer in writers:
                 writer.close()

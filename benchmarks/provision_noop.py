@@ -131,8 +131,9 @@ def make_host(stack: contextlib.ExitStack, rtt_ms: float) -> Host:
 
     disk = rootfs.DataDisk.attach(folder / "data.img", 64)
     stack.callback(_guarded, "detach the data disk", disk.detach)
-    vm = rootfs.ThrowawayHost(rootfs.host_folder(), Path(f"{key}.pub").read_text(), disk_device=disk.device,
-                              login_shell="/bin/bash")  # bash as on a VM, not the tests' recording shell
+    vm = rootfs.ThrowawayHost(
+        rootfs.host_folder(), Path(f"{key}.pub").read_text(), disk_device=disk.device, login_shell="/bin/bash"
+    )  # bash as on a VM, not the tests' recording shell
     stack.callback(_guarded, "remove the throwaway host", vm.remove)  # runs before the detach
     vm.start()
     say(f"throwaway host with its sshd on 127.0.0.1:{vm.port} (log {vm.log}), data disk {disk.device}")
@@ -178,12 +179,25 @@ def run_once(label: str, action, host: Host, problem) -> tuple[subprocess.Comple
 
 def invoke_provision(host: Host, timeout: int, python: str = sys.executable) -> subprocess.CompletedProcess:
     """The real CLI, as a user runs it (and as TestHost.invoke does), on `python` (a venv's)."""
-    argv = [str(python), "-m", "invoke", "-r", str(ROOT), "provision", "--host", host.spec,
-            "--identity", str(host.key), "--json"]
+    argv = [
+        str(python),
+        "-m",
+        "invoke",
+        "-r",
+        str(ROOT),
+        "provision",
+        "--host",
+        host.spec,
+        "--identity",
+        str(host.key),
+        "--json",
+    ]
     for item in host.vars:
         argv += ["--var", item]
-    env = python_env({**os.environ, "TPU_GRPO_STATE": str(host.state), "HF_TOKEN": MADE_UP_TOKEN, "COLUMNS": "200"},
-                     host.bytecode_cache)
+    env = python_env(
+        {**os.environ, "TPU_GRPO_STATE": str(host.state), "HF_TOKEN": MADE_UP_TOKEN, "COLUMNS": "200"},
+        host.bytecode_cache,
+    )
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
@@ -198,8 +212,10 @@ def statuses(result: subprocess.CompletedProcess) -> dict[str, str]:
 def converge_problem(result: subprocess.CompletedProcess) -> str | None:
     if result.returncode == 0:
         return None
-    return (f"`invoke provision` exited {result.returncode}: {statuses(result) or 'no JSON report'}\n"
-            f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return (
+        f"`invoke provision` exited {result.returncode}: {statuses(result) or 'no JSON report'}\n"
+        f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    )
 
 
 def noop_problem(result: subprocess.CompletedProcess) -> str | None:
@@ -207,8 +223,10 @@ def noop_problem(result: subprocess.CompletedProcess) -> str | None:
     if result.returncode == 0 and found and set(found.values()) <= {"ok", "skipped"}:
         return None
     changed = {step: status for step, status in found.items() if status not in {"ok", "skipped"}}
-    return (f"not a no-op (exit {result.returncode}): {changed or 'no JSON report'}\n"
-            f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return (
+        f"not a no-op (exit {result.returncode}): {changed or 'no JSON report'}\n"
+        f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    )
 
 
 @dataclass
@@ -257,22 +275,39 @@ def engine_checks(host: Host) -> list[tuple[str, str]]:
 def write_ansible_project(host: Host, folder: Path, checks: list[tuple[str, str]]) -> tuple[Path, Path]:
     known_hosts = folder / "known_hosts"
     known_hosts.write_text(host.known_hosts_line)
-    ssh_args = (f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
-                "-o IdentitiesOnly=yes")  # only --identity, as tpu-grpo (look_for_keys=False, no agent)
+    ssh_args = (
+        f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
+        "-o IdentitiesOnly=yes"
+    )  # only --identity, as tpu-grpo (look_for_keys=False, no agent)
     inventory = folder / "inventory.yml"
-    bench = {"ansible_host": host.vm.address, "ansible_port": host.port, "ansible_user": host.user.name,
-             "ansible_ssh_private_key_file": str(host.key), "ansible_ssh_common_args": ssh_args}
+    bench = {
+        "ansible_host": host.vm.address,
+        "ansible_port": host.port,
+        "ansible_user": host.user.name,
+        "ansible_ssh_private_key_file": str(host.key),
+        "ansible_ssh_common_args": ssh_args,
+    }
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"bench": bench}}}, sort_keys=False, width=1000))
-    tasks = [{"name": name,
-              # the non-secret checks are `bash -c ...`/`sudo -n bash -c ...` command lines, as the
-              # engine runs them after a change; its one round trip runs the same scripts in subshells
-              "ansible.builtin.shell": {"cmd": _Unsafe(command), "executable": "/bin/bash"},
-              "changed_when": False}
-             for name, command in checks]
+    tasks = [
+        {
+            "name": name,
+            # the non-secret checks are `bash -c ...`/`sudo -n bash -c ...` command lines, as the
+            # engine runs them after a change; its one round trip runs the same scripts in subshells
+            "ansible.builtin.shell": {"cmd": _Unsafe(command), "executable": "/bin/bash"},
+            "changed_when": False,
+        }
+        for name, command in checks
+    ]
     playbook = folder / "host-checks.yml"
-    playbook.write_text("# generated by benchmarks/provision_noop.py from playbooks/host.yml: checks only\n"
-                        + yaml.dump([{"name": "tpu-grpo host.yml checks", "hosts": "bench", "tasks": tasks}],
-                                    Dumper=_Dumper, sort_keys=False, width=1000))
+    playbook.write_text(
+        "# generated by benchmarks/provision_noop.py from playbooks/host.yml: checks only\n"
+        + yaml.dump(
+            [{"name": "tpu-grpo host.yml checks", "hosts": "bench", "tasks": tasks}],
+            Dumper=_Dumper,
+            sort_keys=False,
+            width=1000,
+        )
+    )
     return inventory, playbook
 
 
@@ -291,8 +326,17 @@ def tpu_grpo_venv(folder: Path, python: Path) -> Path:
     """A venv for tpu-grpo on `python`, with exactly the project's locked dependencies (and the
     project itself, editable, as in .venv); returns its interpreter."""
     venv = folder / "tpu-grpo-venv"
-    sh("uv", "sync", "-q", "--locked", "--no-dev", "--python", str(python), cwd=ROOT,
-       env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)})
+    sh(
+        "uv",
+        "sync",
+        "-q",
+        "--locked",
+        "--no-dev",
+        "--python",
+        str(python),
+        cwd=ROOT,
+        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
+    )
     return venv / "bin" / "python"
 
 
@@ -301,8 +345,9 @@ def install_ansible(folder: Path, spec: str) -> tuple[Path, str]:
     venv = folder / "venv"
     sh("uv", "venv", "-q", "--python", str(ansible_python()), str(venv))
     sh("uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"), spec)
-    version = sh(str(venv / "bin" / "python"), "-c",
-                 "import ansible.release; print(ansible.release.__version__)").stdout.strip()
+    version = sh(
+        str(venv / "bin" / "python"), "-c", "import ansible.release; print(ansible.release.__version__)"
+    ).stdout.strip()
     return venv, version
 
 
@@ -317,17 +362,33 @@ class Ansible:
     masters: list[Path] = field(default_factory=list)
 
     def env(self, control_dir: Path) -> dict:
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith("ANSIBLE_") and name not in {"VIRTUAL_ENV", "PYTHONPATH"}}
-        return python_env({**env, "LC_ALL": "C.UTF-8", "ANSIBLE_HOME": str(self.folder / "ansible-home"),
-                           "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_NOCOLOR": "1",
-                           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir)}, self.bytecode_cache)
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith("ANSIBLE_") and name not in {"VIRTUAL_ENV", "PYTHONPATH"}
+        }
+        return python_env(
+            {
+                **env,
+                "LC_ALL": "C.UTF-8",
+                "ANSIBLE_HOME": str(self.folder / "ansible-home"),
+                "ANSIBLE_HOST_KEY_CHECKING": "True",
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
+            },
+            self.bytecode_cache,
+        )
 
     def run(self, control_dir: Path) -> subprocess.CompletedProcess:
         self.masters.append(control_dir)
-        return subprocess.run([str(self.venv / "bin" / "ansible-playbook"), "-i", str(self.inventory),
-                               str(self.playbook)], capture_output=True, text=True,
-                              env=self.env(control_dir), cwd=self.folder, timeout=600)
+        return subprocess.run(
+            [str(self.venv / "bin" / "ansible-playbook"), "-i", str(self.inventory), str(self.playbook)],
+            capture_output=True,
+            text=True,
+            env=self.env(control_dir),
+            cwd=self.folder,
+            timeout=600,
+        )
 
     def problem(self, result: subprocess.CompletedProcess) -> str | None:
         """None when ansible-playbook passed every check: exit 0 and ok=tasks+1 changed=0 unreachable=0 failed=0."""
@@ -337,27 +398,31 @@ class Ansible:
             return None
         failed, task = [], None
         for line in result.stdout.splitlines():
-            task = line[6:line.rindex("]")] if line.startswith("TASK [") and "]" in line else task
+            task = line[6 : line.rindex("]")] if line.startswith("TASK [") and "]" in line else task
             failed += [task] if line.startswith("fatal: ") else []
-        return (f"ansible-playbook exit {result.returncode}, recap ok/changed/unreachable/failed {recap}, "
-                f"wanted {list(wanted)}{', failed task ' + repr(failed[-1]) if failed else ''}\n"
-                f"{result.stdout[-3000:]}{result.stderr[-2000:]}")
+        return (
+            f"ansible-playbook exit {result.returncode}, recap ok/changed/unreachable/failed {recap}, "
+            f"wanted {list(wanted)}{', failed task ' + repr(failed[-1]) if failed else ''}\n"
+            f"{result.stdout[-3000:]}{result.stderr[-2000:]}"
+        )
 
     def close_masters(self, control_dir: Path) -> None:
         """End the ControlPersist SSH masters ansible left in `control_dir`."""
         if not control_dir.is_dir():
             return
         for socket_path in control_dir.iterdir():
-            subprocess.run(["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "bench"],
-                           capture_output=True, timeout=10)
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "bench"], capture_output=True, timeout=10
+            )
 
     def close_all(self) -> None:
         for control_dir in dict.fromkeys(self.masters):
             self.close_masters(control_dir)
 
 
-def time_rounds(host: Host, ansible: Ansible, version: str, runs: int,
-                tpu_grpo_pythons: dict[str, Path]) -> list[Timing]:
+def time_rounds(
+    host: Host, ansible: Ansible, version: str, runs: int, tpu_grpo_pythons: dict[str, Path]
+) -> list[Timing]:
     """N rounds, each timing one run of every tool in turn, so that a machine that speeds up or slows
     down during the benchmark (shared cores) moves every tool's times alike, not only one tool's.
     `tpu_grpo_pythons`: the venvs' interpreters to time tpu-grpo on, by label (the first: the baseline)."""
@@ -367,27 +432,40 @@ def time_rounds(host: Host, ansible: Ansible, version: str, runs: int,
     kept = ansible.folder / "cp-warm"
     run_once("ansible warm-up", lambda: ansible.run(kept), host, ansible.problem)  # leaves the master `warm` reuses
     for label, python in tpu_grpo_pythons.items():  # writes the new venv's bytecode cache, as ansible's warm-up does
-        run_once(f"tpu-grpo warm-up ({label})", lambda: invoke_provision(host, timeout=300, python=python),
-                 host, noop_problem)
+        run_once(
+            f"tpu-grpo warm-up ({label})",
+            lambda: invoke_provision(host, timeout=300, python=python),
+            host,
+            noop_problem,
+        )
     for number in range(1, runs + 1):
         for label, python in tpu_grpo_pythons.items():
             result, seconds, connections = run_once(
-                f"tpu-grpo run {number} ({label})", lambda: invoke_provision(host, timeout=300, python=python),
-                host, noop_problem)
+                f"tpu-grpo run {number} ({label})",
+                lambda: invoke_provision(host, timeout=300, python=python),
+                host,
+                noop_problem,
+            )
             tpu_grpo[label].add(seconds, connections)
         found = statuses(result)
 
         fresh = ansible.folder / f"cp-cold-{number}"
-        _, seconds, connections = run_once(f"{cold.tool} run {number}", lambda: ansible.run(fresh), host, ansible.problem)
+        _, seconds, connections = run_once(
+            f"{cold.tool} run {number}", lambda: ansible.run(fresh), host, ansible.problem
+        )
         cold.add(seconds, connections)
         ansible.close_masters(fresh)
 
-        _, seconds, connections = run_once(f"{warm.tool} run {number}", lambda: ansible.run(kept), host, ansible.problem)
+        _, seconds, connections = run_once(
+            f"{warm.tool} run {number}", lambda: ansible.run(kept), host, ansible.problem
+        )
         warm.add(seconds, connections)
         times = ", ".join(f"{timing.seconds[-1]:.2f} s ({label})" for label, timing in tpu_grpo.items())
-        say(f"round {number}/{runs}: tpu-grpo {times} ({sum(s == 'ok' for s in found.values())} ok, "
+        say(
+            f"round {number}/{runs}: tpu-grpo {times} ({sum(s == 'ok' for s in found.values())} ok, "
             f"{sum(s == 'skipped' for s in found.values())} skipped), ansible new master {cold.seconds[-1]:.2f} s, "
-            f"kept master {warm.seconds[-1]:.2f} s")
+            f"kept master {warm.seconds[-1]:.2f} s"
+        )
     ansible.close_masters(kept)
     return [*tpu_grpo.values(), cold, warm]
 
@@ -421,8 +499,10 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool, rtt_ms: float = 
         inventory, playbook = write_ansible_project(host, ansible_folder, checks)
         ansible = Ansible(venv, ansible_folder, inventory, playbook, len(checks), host.bytecode_cache)
         stack.callback(_guarded, "close ansible's SSH masters", ansible.close_all)
-        say(f"ansible-core {version}: {len(checks)} check tasks ({', '.join(name for name, _ in checks)}); "
-            "verifying one run")
+        say(
+            f"ansible-core {version}: {len(checks)} check tasks ({', '.join(name for name, _ in checks)}); "
+            "verifying one run"
+        )
         run_once("ansible check run", lambda: ansible.run(ansible_folder / "cp-verify"), host, ansible.problem)
         ansible.close_masters(ansible_folder / "cp-verify")
 
@@ -430,42 +510,67 @@ def measure(runs: int, ansible_spec: str, bytecode_cache: bool, rtt_ms: float = 
         tpu_grpo = timings[0]  # on ansible's Python: the baseline
         rows = []
         for timing in (*timings, cold, warm):
-            rows.append({"tool": timing.tool, "median_s": round(timing.median, 3),
-                         "runs_s": [round(seconds, 3) for seconds in timing.seconds],
-                         "ratio": round(timing.median / tpu_grpo.median, 2),
-                         "ssh_connections_per_run": timing.connections})
+            rows.append(
+                {
+                    "tool": timing.tool,
+                    "median_s": round(timing.median, 3),
+                    "runs_s": [round(seconds, 3) for seconds in timing.seconds],
+                    "ratio": round(timing.median / tpu_grpo.median, 2),
+                    "ssh_connections_per_run": timing.connections,
+                }
+            )
         ratio = cold.median / tpu_grpo.median
-        return {"runs": runs, "rtt_ms": rtt_ms, "ansible_core": version, "check_tasks": [name for name, _ in checks],
-                "python": shared_python, "python_bytecode_cache": bytecode_cache,
-                "tools": rows, "baseline": tpu_grpo.tool, "compared": cold.tool, "ratio": round(ratio, 2)}
+        return {
+            "runs": runs,
+            "rtt_ms": rtt_ms,
+            "ansible_core": version,
+            "check_tasks": [name for name, _ in checks],
+            "python": shared_python,
+            "python_bytecode_cache": bytecode_cache,
+            "tools": rows,
+            "baseline": tpu_grpo.tool,
+            "compared": cold.tool,
+            "ratio": round(ratio, 2),
+        }
 
 
 def print_table(result: dict) -> None:
     rows = result["tools"]
     width = max(len(row["tool"]) for row in rows)
     link = f" behind a relay adding {result['rtt_ms']:g} ms per round trip" if result["rtt_ms"] else ""
-    print(f"no-op provisioning, {result['runs']} runs each, one throwaway host on 127.0.0.1{link}, "
-          f"{len(result['check_tasks'])} checked steps, local Python bytecode cache "
-          f"{'on' if result['python_bytecode_cache'] else 'off (as this environment has it)'}")
+    print(
+        f"no-op provisioning, {result['runs']} runs each, one throwaway host on 127.0.0.1{link}, "
+        f"{len(result['check_tasks'])} checked steps, local Python bytecode cache "
+        f"{'on' if result['python_bytecode_cache'] else 'off (as this environment has it)'}"
+    )
     print(f"{'tool':<{width}}  {'median s':>8}  {'ratio':>6}  ssh connections/run")
     for row in rows:
         connections = sorted(set(row["ssh_connections_per_run"]))
         shown = str(connections[0]) if len(connections) == 1 else "/".join(map(str, row["ssh_connections_per_run"]))
         print(f"{row['tool']:<{width}}  {row['median_s']:>8.2f}  {row['ratio']:>5.1f}x  {shown}")
-    print(f"{result['compared']} takes {result['ratio']:.1f}x as long as {result['baseline']} "
-          f"(both on Python {result['python']}, a new SSH master each run)")
+    print(
+        f"{result['compared']} takes {result['ratio']:.1f}x as long as {result['baseline']} "
+        f"(both on Python {result['python']}, a new SSH master each run)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.provision_noop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="rounds, each timing every tool once (default 5)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    parser.add_argument("--no-bytecode-cache", action="store_true",
-                        help="keep the environment's PYTHONDONTWRITEBYTECODE: both tools recompile their "
-                             "Python each run (default: a bytecode cache, as on a user's machine)")
-    parser.add_argument("--rtt-ms", type=float, default=0,
-                        help="add this round-trip time between the tools and the sshd, as over a real network "
-                             "(a relaying proxy; default 0: loopback)")
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="keep the environment's PYTHONDONTWRITEBYTECODE: both tools recompile their "
+        "Python each run (default: a bytecode cache, as on a user's machine)",
+    )
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0,
+        help="add this round-trip time between the tools and the sshd, as over a real network "
+        "(a relaying proxy; default 0: loopback)",
+    )
     parser.add_argument("--ansible-spec", default="ansible-core", help="what to install (default: ansible-core)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -473,8 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.rtt_ms <= 1000:
         parser.error(f"--rtt-ms {args.rtt_ms:g} is out of range; fix: 0 (loopback) to 1000")
     if os.geteuid() != 0:
-        print("error: needs root (it adds a user, sudo rights, a loop device and a mount); "
-              "fix: run it as root", file=sys.stderr)
+        print(
+            "error: needs root (it adds a user, sudo rights, a loop device and a mount); fix: run it as root",
+            file=sys.stderr,
+        )
         return 2
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, _on_signal)

@@ -47,8 +47,13 @@ def train(host: Host, run: maxtext.Run, devices: dict[str, str]) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"training {run.name} failed:\n" + "\n".join((done.stdout + done.stderr).splitlines()[-30:]))
     found = progress.startup((done.stdout + done.stderr).splitlines(), time.gmtime().tm_year)
-    return {"wall_s": wall, "to_first_step_s": found["to_first_step"], "warm": found["cache"]["warm"],
-            "phases": found["phases"], "folder": found["cache"]["folder"]}
+    return {
+        "wall_s": wall,
+        "to_first_step_s": found["to_first_step"],
+        "warm": found["cache"]["warm"],
+        "phases": found["phases"],
+        "folder": found["cache"]["folder"],
+    }
 
 
 def replaced(host: Host, folder: Path) -> Host:
@@ -79,21 +84,34 @@ def measure(rounds: int) -> dict:
             found["cold"].append(train(host, replace(run, run_name=f"cold-{number}"), devices))
             found["warm"].append(train(host, replace(run, run_name=f"warm-{number}"), devices))
             found["replaced"].append(train(new_vm, replace(run, run_name=f"replaced-{number}"), devices))
-            print(f"round {number + 1}: " + ", ".join(f"{kind} {runs[-1]['to_first_step_s']:.1f} s to the first step"
-                                                      for kind, runs in found.items()), file=sys.stderr, flush=True)
+            print(
+                f"round {number + 1}: "
+                + ", ".join(
+                    f"{kind} {runs[-1]['to_first_step_s']:.1f} s to the first step" for kind, runs in found.items()
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
         cache = host.path(found["cold"][-1]["folder"])
         entries = [path.stat().st_size for path in cache.glob("*-cache")]
     assert not any(each["warm"] for each in found["cold"]) and all(
-        each["warm"] for kind in ("warm", "replaced") for each in found[kind]), "a start was not what it was asked to be"
-    medians = {kind: {what: statistics.median(each[what] for each in runs) for what in ("to_first_step_s", "wall_s")}
-               for kind, runs in found.items()}
-    return {"family": FAMILY, "rounds": rounds, "medians": medians,
-            "cold_over_warm_first_step": medians["cold"]["to_first_step_s"] / medians["warm"]["to_first_step_s"],
-            "cold_over_warm_wall": medians["cold"]["wall_s"] / medians["warm"]["wall_s"],
-            "cold_over_replaced_first_step": (medians["cold"]["to_first_step_s"]
-                                              / medians["replaced"]["to_first_step_s"]),
-            "cache_entries": len(entries), "cache_bytes": sum(entries),
-            "phases": {kind: runs[-1]["phases"] for kind, runs in found.items()}}
+        each["warm"] for kind in ("warm", "replaced") for each in found[kind]
+    ), "a start was not what it was asked to be"
+    medians = {
+        kind: {what: statistics.median(each[what] for each in runs) for what in ("to_first_step_s", "wall_s")}
+        for kind, runs in found.items()
+    }
+    return {
+        "family": FAMILY,
+        "rounds": rounds,
+        "medians": medians,
+        "cold_over_warm_first_step": medians["cold"]["to_first_step_s"] / medians["warm"]["to_first_step_s"],
+        "cold_over_warm_wall": medians["cold"]["wall_s"] / medians["warm"]["wall_s"],
+        "cold_over_replaced_first_step": (medians["cold"]["to_first_step_s"] / medians["replaced"]["to_first_step_s"]),
+        "cache_entries": len(entries),
+        "cache_bytes": sum(entries),
+        "phases": {kind: runs[-1]["phases"] for kind, runs in found.items()},
+    }
 
 
 def main() -> None:
@@ -107,9 +125,11 @@ def main() -> None:
         return
     for kind, median in found["medians"].items():
         print(f"{kind:>8}: {median['to_first_step_s']:6.1f} s to the first step, {median['wall_s']:6.1f} s in all")
-    print(f"cold / warm: {found['cold_over_warm_first_step']:.2f}x to the first step, "
-          f"{found['cold_over_warm_wall']:.2f}x in all; cold / replaced VM: "
-          f"{found['cold_over_replaced_first_step']:.2f}x to the first step")
+    print(
+        f"cold / warm: {found['cold_over_warm_first_step']:.2f}x to the first step, "
+        f"{found['cold_over_warm_wall']:.2f}x in all; cold / replaced VM: "
+        f"{found['cold_over_replaced_first_step']:.2f}x to the first step"
+    )
     print(f"cache: {found['cache_entries']} entries, {found['cache_bytes'] / 1e6:.1f} MB")
 
 

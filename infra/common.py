@@ -30,9 +30,13 @@ NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 #: release has declared; a test holds each to be declared or aliased still. The bucket and the image repository
 #: outlive a VM (their ids are the store's and images.REPOSITORY), so their names no longer follow vmName: another
 #: vmName would make them again (the id is taken) and delete the old names' grants, the same bindings as the new.
-RENAMED = {"store": ("{vm}-store",), "store-objectAdmin": ("{vm}-store-objectAdmin", "{vm}-store-access"),
-           "store-legacyBucketReader": ("{vm}-store-legacyBucketReader",), "images": ("{vm}-images",),
-           "images-reader": ("{vm}-images-reader",)}
+RENAMED = {
+    "store": ("{vm}-store",),
+    "store-objectAdmin": ("{vm}-store-objectAdmin", "{vm}-store-access"),
+    "store-legacyBucketReader": ("{vm}-store-legacyBucketReader",),
+    "images": ("{vm}-images",),
+    "images-reader": ("{vm}-images-reader",),
+}
 
 
 def named(settings: Settings, name: str, child: pulumi.ResourceOptions, **options) -> pulumi.ResourceOptions:
@@ -52,13 +56,21 @@ def declare_network(settings: Settings, child: pulumi.ResourceOptions) -> tuple:
     if settings.network:
         return settings.network, settings.subnetwork
     net = gcp.compute.Network(
-        f"{settings.vm_name}-net", name=f"{settings.vm_name}-net",
-        auto_create_subnetworks=False, project=settings.project, opts=child,
+        f"{settings.vm_name}-net",
+        name=f"{settings.vm_name}-net",
+        auto_create_subnetworks=False,
+        project=settings.project,
+        opts=child,
     )
     subnet = gcp.compute.Subnetwork(
-        f"{settings.vm_name}-subnet", name=f"{settings.vm_name}-subnet",
-        network=net.id, region=settings.region, ip_cidr_range=SUBNET_RANGE,
-        private_ip_google_access=True, project=settings.project, opts=child,
+        f"{settings.vm_name}-subnet",
+        name=f"{settings.vm_name}-subnet",
+        network=net.id,
+        region=settings.region,
+        ip_cidr_range=SUBNET_RANGE,
+        private_ip_google_access=True,
+        project=settings.project,
+        opts=child,
     )
     return net.id, subnet.id
 
@@ -77,15 +89,21 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: p
     Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
     never force-destroy it. The account the machines run as gets BUCKET_ROLES on it."""
     bucket = gcp.storage.Bucket(
-        "store", name=bucket_of(settings.store), location=settings.region.upper(),
-        uniform_bucket_level_access=True, public_access_prevention="enforced", force_destroy=False,
-        labels=labels(settings), project=settings.project,
+        "store",
+        name=bucket_of(settings.store),
+        location=settings.region.upper(),
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        force_destroy=False,
+        labels=labels(settings),
+        project=settings.project,
         opts=named(settings, "store", child, retain_on_delete=True),
     )
     for role in BUCKET_ROLES:
         name = f"store-{role.rsplit('.', 1)[-1]}"
-        gcp.storage.BucketIAMMember(name, bucket=bucket.name, role=role, member=account,
-                                    opts=named(settings, name, child))
+        gcp.storage.BucketIAMMember(
+            name, bucket=bucket.name, role=role, member=account, opts=named(settings, name, child)
+        )
     return bucket
 
 
@@ -99,8 +117,23 @@ def access_to_grant(settings: Settings) -> list[str]:
     if not (settings.store.name == "gs" and not settings.bucket):
         return []
     bucket, account = bucket_of(settings.store), settings.service_account or DEFAULT_ACCOUNT
-    number = ("" if settings.service_account else f" (PROJECT_NUMBER: gcloud projects describe {settings.project} "
-              "--format='value(projectNumber)')")
-    return [f"{account} needs {role} on gs://{bucket}, which this stack does not declare{number}: "
-            + shlex.join(["gcloud", "storage", "buckets", "add-iam-policy-binding", f"gs://{bucket}",
-                          f"--member={member(account)}", f"--role={role}"]) for role in BUCKET_ROLES]
+    number = (
+        ""
+        if settings.service_account
+        else f" (PROJECT_NUMBER: gcloud projects describe {settings.project} --format='value(projectNumber)')"
+    )
+    return [
+        f"{account} needs {role} on gs://{bucket}, which this stack does not declare{number}: "
+        + shlex.join(
+            [
+                "gcloud",
+                "storage",
+                "buckets",
+                "add-iam-policy-binding",
+                f"gs://{bucket}",
+                f"--member={member(account)}",
+                f"--role={role}",
+            ]
+        )
+        for role in BUCKET_ROLES
+    ]

@@ -22,6 +22,7 @@ class Options:
     """The resource options the engine acts on beyond the inputs, as the program gives them (the mocks see no
     options: a stack transformation records them): what a change replaces, the names it was declared under before,
     whether `pulumi destroy` leaves it, and how long its creation may take."""
+
     replace_on_changes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     retain_on_delete: bool = False
@@ -30,9 +31,12 @@ class Options:
     @classmethod
     def of(cls, opts: pulumi.ResourceOptions) -> Options:
         timeouts = opts.custom_timeouts
-        return cls(tuple(opts.replace_on_changes or ()),
-                   tuple(alias.name for alias in opts.aliases or () if isinstance(alias, pulumi.Alias) and alias.name),
-                   bool(opts.retain_on_delete), timeouts.create if timeouts else None)
+        return cls(
+            tuple(opts.replace_on_changes or ()),
+            tuple(alias.name for alias in opts.aliases or () if isinstance(alias, pulumi.Alias) and alias.name),
+            bool(opts.retain_on_delete),
+            timeouts.create if timeouts else None,
+        )
 
 
 @dataclass
@@ -75,18 +79,21 @@ class RecordingMocks(pulumi.runtime.Mocks):
         terraform-provider-google's data_source_google_compute_default_service_account.go returns its email)."""
         if args.token == DEFAULT_ACCOUNT_CALL:
             email = self.computed.get("default_account", DEFAULT_ACCOUNT)
-            return {"email": email, "member": f"serviceAccount:{email}", "project": args.args.get("project"),
-                    "name": f"projects/{args.args.get('project')}/serviceAccounts/{email}", "uniqueId": "0",
-                    "displayName": "Compute Engine default service account"}
+            return {
+                "email": email,
+                "member": f"serviceAccount:{email}",
+                "project": args.args.get("project"),
+                "name": f"projects/{args.args.get('project')}/serviceAccounts/{email}",
+                "uniqueId": "0",
+                "displayName": "Compute Engine default service account",
+            }
         raise NotImplementedError(f"the program calls {args.token}, which the offline run cannot answer")
 
 
 def config_for_pulumi(raw: dict[str, Any]) -> dict[str, str]:
     """Stack-file values as the Pulumi engine hands them to a program: strings, objects as JSON."""
     return {
-        name: value if isinstance(value, str) else json.dumps(value)
-        for name, value in raw.items()
-        if value is not None
+        name: value if isinstance(value, str) else json.dumps(value) for name, value in raw.items() if value is not None
     }
 
 
@@ -113,8 +120,9 @@ class _OptionsRecorder:
 _RECORDER = _OptionsRecorder()
 
 
-def run(raw_config: dict[str, Any], stack: str, *, lenient: bool = False,
-        mocks: RecordingMocks | None = None) -> tuple[Settings, list[DeclaredResource], dict[str, Any]]:
+def run(
+    raw_config: dict[str, Any], stack: str, *, lenient: bool = False, mocks: RecordingMocks | None = None
+) -> tuple[Settings, list[DeclaredResource], dict[str, Any]]:
     """Run the program on these stack values; return its settings, resources and outputs.
 
     A bad setting raises SettingsError before any resource is declared.

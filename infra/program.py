@@ -16,7 +16,6 @@ from tpu_grpo.config.settings import Settings, parse
 from tpu_grpo.config.stack_file import project_root
 
 
-
 def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = None) -> Settings:
     """The stack's settings as `pulumi.Config` sees them, validated before anything is declared.
 
@@ -24,8 +23,11 @@ def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = N
     rather than silently dropped; by default those the Pulumi engine hands the program in
     $PULUMI_CONFIG, as every language host does."""
     names = {key.name for key in KEYS}
-    names |= {name for name in (pulumi.runtime.get_config_env() if configured is None else configured)
-              if name.startswith(f"{PROJECT}:")}
+    names |= {
+        name
+        for name in (pulumi.runtime.get_config_env() if configured is None else configured)
+        if name.startswith(f"{PROJECT}:")
+    }
     raw = {}
     for name in sorted(names):
         namespace, short = name.split(":", 1)

@@ -28,16 +28,37 @@ EVERY_FIELD = ("*",)
 
 FORCE_NEW: dict[str, tuple[str, ...]] = {
     # google/services/compute/resource_compute_instance.go
-    INSTANCE: ("name", "zone", "project", "hostname", "bootDisk", "bootDisk.deviceName", "bootDisk.mode",
-               "bootDisk.source", "bootDisk.initializeParams", "bootDisk.initializeParams.image",
-               "bootDisk.initializeParams.type", "bootDisk.initializeParams.snapshot",
-               "bootDisk.initializeParams.provisionedIops", "bootDisk.initializeParams.provisionedThroughput",
-               "networkInterfaces", "networkInterfaces[*].nicType", "networkInterfaces[*].queueCount",
-               "attachedDisks[*].forceAttach", "reservationAffinity", "reservationAffinity.type",
-               "reservationAffinity.specificReservation", "reservationAffinity.specificReservation.key",
-               "reservationAffinity.specificReservation.values", "scheduling.provisioningModel",
-               "scheduling.preemptible", "scheduling.maxRunDuration", "scheduling.maxRunDuration.seconds",
-               "scheduling.terminationTime", "scheduling.onInstanceStopAction"),
+    INSTANCE: (
+        "name",
+        "zone",
+        "project",
+        "hostname",
+        "bootDisk",
+        "bootDisk.deviceName",
+        "bootDisk.mode",
+        "bootDisk.source",
+        "bootDisk.initializeParams",
+        "bootDisk.initializeParams.image",
+        "bootDisk.initializeParams.type",
+        "bootDisk.initializeParams.snapshot",
+        "bootDisk.initializeParams.provisionedIops",
+        "bootDisk.initializeParams.provisionedThroughput",
+        "networkInterfaces",
+        "networkInterfaces[*].nicType",
+        "networkInterfaces[*].queueCount",
+        "attachedDisks[*].forceAttach",
+        "reservationAffinity",
+        "reservationAffinity.type",
+        "reservationAffinity.specificReservation",
+        "reservationAffinity.specificReservation.key",
+        "reservationAffinity.specificReservation.values",
+        "scheduling.provisioningModel",
+        "scheduling.preemptible",
+        "scheduling.maxRunDuration",
+        "scheduling.maxRunDuration.seconds",
+        "scheduling.terminationTime",
+        "scheduling.onInstanceStopAction",
+    ),
     # google/services/compute/resource_compute_disk.go
     DISK: ("name", "zone", "project", "type", "image", "snapshot", "sourceDisk"),
     # google/services/compute/resource_compute_firewall.go
@@ -49,17 +70,45 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     # google/services/storage/resource_storage_bucket.go
     BUCKET: ("name", "project", "location"),
     # google/services/container/resource_container_cluster.go
-    CLUSTER: ("name", "location", "project", "network", "subnetwork", "datapathProvider", "initialNodeCount",
-              "ipAllocationPolicy", "ipAllocationPolicy.clusterIpv4CidrBlock",
-              "ipAllocationPolicy.servicesIpv4CidrBlock", "defaultMaxPodsPerNode"),
+    CLUSTER: (
+        "name",
+        "location",
+        "project",
+        "network",
+        "subnetwork",
+        "datapathProvider",
+        "initialNodeCount",
+        "ipAllocationPolicy",
+        "ipAllocationPolicy.clusterIpv4CidrBlock",
+        "ipAllocationPolicy.servicesIpv4CidrBlock",
+        "defaultMaxPodsPerNode",
+    ),
     # google/services/container/resource_container_node_pool.go and node_config.go
-    NODE_POOL: ("name", "cluster", "location", "project", "initialNodeCount", "maxPodsPerNode", "placementPolicy",
-                "placementPolicy.policyName", "networkConfig.acceleratorNetworkProfile", "nodeConfig",
-                "nodeConfig.spot", "nodeConfig.flexStart", "nodeConfig.preemptible", "nodeConfig.maxRunDuration",
-                "nodeConfig.oauthScopes", "nodeConfig.serviceAccount", "nodeConfig.metadata",
-                "nodeConfig.reservationAffinity", "nodeConfig.reservationAffinity.consumeReservationType",
-                "nodeConfig.reservationAffinity.key", "nodeConfig.reservationAffinity.values",
-                "nodeConfig.hostMaintenancePolicy", "nodeConfig.hostMaintenancePolicy.maintenanceInterval"),
+    NODE_POOL: (
+        "name",
+        "cluster",
+        "location",
+        "project",
+        "initialNodeCount",
+        "maxPodsPerNode",
+        "placementPolicy",
+        "placementPolicy.policyName",
+        "networkConfig.acceleratorNetworkProfile",
+        "nodeConfig",
+        "nodeConfig.spot",
+        "nodeConfig.flexStart",
+        "nodeConfig.preemptible",
+        "nodeConfig.maxRunDuration",
+        "nodeConfig.oauthScopes",
+        "nodeConfig.serviceAccount",
+        "nodeConfig.metadata",
+        "nodeConfig.reservationAffinity",
+        "nodeConfig.reservationAffinity.consumeReservationType",
+        "nodeConfig.reservationAffinity.key",
+        "nodeConfig.reservationAffinity.values",
+        "nodeConfig.hostMaintenancePolicy",
+        "nodeConfig.hostMaintenancePolicy.maintenanceInterval",
+    ),
     # google/services/artifactregistry/resource_artifact_registry_repository.go
     "gcp:artifactregistry/repository:Repository": ("repositoryId", "location", "project", "format", "mode"),
     # google/tpgiamresource/resource_iam_member.go: no Update function
@@ -104,6 +153,7 @@ REFERENCE = re.compile(r"\(id of (?P<name>.+)\)")
 @dataclass(frozen=True)
 class Change:
     """One resource `pulumi up` would replace (or delete), and the fields that make it do so."""
+
     type: str
     name: str
     #: "replace", "delete", "forget" (no longer declared, and retained on delete: it stays in the cloud), "strip" (an
@@ -145,8 +195,9 @@ def _differs(old: Any, new: Any, replaced: set[str]) -> bool:
     if _scalars(old) and _scalars(new):  # a list of values takes its ForceNew from the list (SDK's diffList)
         return old != new
     if isinstance(old, (dict, list)) or isinstance(new, (dict, list)):  # a block: only its coming or going
-        return (old is None) != (new is None) or (isinstance(old, list) and isinstance(new, list)
-                                                  and len(old) != len(new))
+        return (old is None) != (new is None) or (
+            isinstance(old, list) and isinstance(new, list) and len(old) != len(new)
+        )
     return _normal(old) != _normal(new)
 
 
@@ -158,8 +209,9 @@ def _normal(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value  # the engine's numbers
 
 
-def forcing_fields(type_: str, old: dict, new: dict, replaced: set[str],
-                   replace_on_changes: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+def forcing_fields(
+    type_: str, old: dict, new: dict, replaced: set[str], replace_on_changes: tuple[str, ...] = ()
+) -> list[tuple[str, Any, Any]]:
     """The fields of one resource whose change makes a new one: the provider's force-new fields, and the program's
     own `replace_on_changes` (any change at or below them)."""
     table = FORCE_NEW.get(type_, ())
@@ -179,9 +231,12 @@ def forcing_fields(type_: str, old: dict, new: dict, replaced: set[str],
 
 def _leaves(fields: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     """The changed values themselves, not the blocks that hold them (a block stays where it is all that changed)."""
-    return [field for field in fields
-            if not any(other[0] != field[0] and other[0].startswith(field[0]) for other in fields)
-            or not isinstance(field[1] or field[2], (dict, list))]
+    return [
+        field
+        for field in fields
+        if not any(other[0] != field[0] and other[0].startswith(field[0]) for other in fields)
+        or not isinstance(field[1] or field[2], (dict, list))
+    ]
 
 
 def diff(state: list[dict], declared: list) -> list[Change]:
@@ -190,8 +245,11 @@ def diff(state: list[dict], declared: list) -> list[Change]:
     resource of the state under one of a declared resource's aliases is that resource (Pulumi's engine matches
     aliases before it plans a create or a delete)."""
     now = {(r.type, r.name): r for r in declared}
-    before = {(r["type"], r["urn"].rsplit("::", 1)[-1]): r["inputs"] for r in state
-              if "inputs" in r and r.get("custom", True) and not r["type"].startswith("pulumi:")}
+    before = {
+        (r["type"], r["urn"].rsplit("::", 1)[-1]): r["inputs"]
+        for r in state
+        if "inputs" in r and r.get("custom", True) and not r["type"].startswith("pulumi:")
+    }
     retained = {(r["type"], r["urn"].rsplit("::", 1)[-1]) for r in state if r.get("retainOnDelete")}
     for resource in declared:
         for alias in resource.options.aliases:
@@ -202,8 +260,9 @@ def diff(state: list[dict], declared: list) -> list[Change]:
     while True:  # a replacement changes the references to it: until nothing more is replaced
         for key, resource in now.items():
             if key in before and key not in changes:
-                fields = forcing_fields(key[0], before[key], resource.inputs, replaced,
-                                        resource.options.replace_on_changes)
+                fields = forcing_fields(
+                    key[0], before[key], resource.inputs, replaced, resource.options.replace_on_changes
+                )
                 if fields:
                     changes[key] = Change(key[0], key[1], "replace", tuple(fields))
         grown = {name for (_, name) in changes} - replaced
@@ -216,8 +275,17 @@ def diff(state: list[dict], declared: list) -> list[Change]:
             if fields:
                 changes[key] = Change(key[0], key[1], "recreate nodes", tuple(fields))
     declared_grants = [(r.type, r.inputs) for r in declared if FORCE_NEW.get(r.type) == EVERY_FIELD]
-    deleted = [Change(type_, name, "forget" if (type_, name) in retained else
-                      "strip" if (type_, before[(type_, name)]) in declared_grants else "delete")
-               for (type_, name) in before if (type_, name) not in now]
+    deleted = [
+        Change(
+            type_,
+            name,
+            "forget"
+            if (type_, name) in retained
+            else "strip"
+            if (type_, before[(type_, name)]) in declared_grants
+            else "delete",
+        )
+        for (type_, name) in before
+        if (type_, name) not in now
+    ]
     return sorted(changes.values(), key=lambda c: (c.type, c.name)) + deleted
-

@@ -32,8 +32,13 @@ IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
 #: What Compute Engine changes only on a stopped VM (terraform-provider-google refuses them on a running one
 #: without allow_stopping_for_update). A TPU VM is never stopped and started again (tpu_grpo/config/capacity.py,
 #: `after_stop`), so a change to any of these replaces it, as `invoke plan` and `invoke up` say first.
-REPLACED_ON_CHANGES = ["machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network",
-                       "networkInterfaces[*].subnetwork"]
+REPLACED_ON_CHANGES = [
+    "machineType",
+    "serviceAccount",
+    "scheduling",
+    "networkInterfaces[*].network",
+    "networkInterfaces[*].subnetwork",
+]
 
 #: terraform-provider-google's create timeout of an instance (resource_compute_instance.go:
 #: `Create: schema.DefaultTimeout(20 * time.Minute)`), to which a request that may wait for capacity adds its wait.
@@ -66,43 +71,70 @@ class TpuHost(pulumi.ComponentResource):
 
         network, subnetwork = declare_network(settings, child)
         self.firewall = gcp.compute.Firewall(
-            f"{settings.vm_name}-ssh", name=f"{settings.vm_name}-ssh", network=network,
-            direction="INGRESS", allows=[{"protocol": "tcp", "ports": ["22"]}],
-            source_ranges=list(settings.ssh_source_ranges), target_tags=[ssh_tag(settings)],
-            project=settings.project, opts=child,
+            f"{settings.vm_name}-ssh",
+            name=f"{settings.vm_name}-ssh",
+            network=network,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": ["22"]}],
+            source_ranges=list(settings.ssh_source_ranges),
+            target_tags=[ssh_tag(settings)],
+            project=settings.project,
+            opts=child,
         )
         # Its own resource, attached but not auto-deleted: it survives the reservation's end. Its
         # provisioned throughput writes a checkpoint of the `disk` store in well under a minute.
         self.data_disk = gcp.compute.Disk(
-            f"{settings.vm_name}-data", name=f"{settings.vm_name}-data", type=DISK_TYPE,
-            size=settings.data_disk_gb, zone=settings.zone, labels=resource_labels,
-            provisioned_iops=settings.data_disk_iops, provisioned_throughput=settings.data_disk_throughput_mibps,
-            project=settings.project, opts=child,
+            f"{settings.vm_name}-data",
+            name=f"{settings.vm_name}-data",
+            type=DISK_TYPE,
+            size=settings.data_disk_gb,
+            zone=settings.zone,
+            labels=resource_labels,
+            provisioned_iops=settings.data_disk_iops,
+            provisioned_throughput=settings.data_disk_throughput_mibps,
+            project=settings.project,
+            opts=child,
         )
         if settings.bucket:
             self.bucket = declare_bucket(settings, child, account_member(settings))
         obtained = settings.obtained
-        scheduling = cast(gcp.compute.InstanceSchedulingArgsDict,  # the capacity table's scheduling arguments
-                          {**obtained.scheduling, "provisioning_model": obtained.provisioning_model})
+        scheduling = cast(
+            gcp.compute.InstanceSchedulingArgsDict,  # the capacity table's scheduling arguments
+            {**obtained.scheduling, "provisioning_model": obtained.provisioning_model},
+        )
         if settings.max_run_hours is not None:
             scheduling["max_run_duration"] = {"seconds": settings.max_run_hours * 3600}
         affinity: gcp.compute.InstanceReservationAffinityArgsDict | None = None
         if obtained.affinity == "SPECIFIC_RESERVATION":
             assert settings.reservation, "settings refuse this capacity without a reservation"
-            affinity = {"type": obtained.affinity,
-                        "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]}}
+            affinity = {
+                "type": obtained.affinity,
+                "specific_reservation": {"key": RESERVATION_KEY, "values": [settings.reservation]},
+            }
         elif obtained.affinity:
             affinity = {"type": obtained.affinity}
         boot_disk: gcp.compute.InstanceBootDiskArgsDict = {
             "auto_delete": True,
-            "initialize_params": {"image": f"{IMAGE_PROJECT}/{IMAGE_FAMILY}", "size": settings.boot_disk_gb,
-                                  "type": DISK_TYPE}}
+            "initialize_params": {
+                "image": f"{IMAGE_PROJECT}/{IMAGE_FAMILY}",
+                "size": settings.boot_disk_gb,
+                "type": DISK_TYPE,
+            },
+        }
         data_disk: gcp.compute.InstanceAttachedDiskArgsDict = {
-            "source": self.data_disk.id, "device_name": DATA_DEVICE_NAME, "mode": "READ_WRITE"}
+            "source": self.data_disk.id,
+            "device_name": DATA_DEVICE_NAME,
+            "mode": "READ_WRITE",
+        }
         interface: gcp.compute.InstanceNetworkInterfaceArgsDict = {
-            "network": network, "subnetwork": subnetwork, "access_configs": [{}]}
-        account: gcp.compute.InstanceServiceAccountArgsDict = {"email": settings.service_account,
-                                                                 "scopes": list(SCOPES)}
+            "network": network,
+            "subnetwork": subnetwork,
+            "access_configs": [{}],
+        }
+        account: gcp.compute.InstanceServiceAccountArgsDict = {
+            "email": settings.service_account,
+            "scopes": list(SCOPES),
+        }
         self.instance = gcp.compute.Instance(
             settings.vm_name,
             name=settings.vm_name,
@@ -122,9 +154,14 @@ class TpuHost(pulumi.ComponentResource):
             labels=resource_labels,
             deletion_protection=False,
             project=settings.project,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                ignore_changes=IGNORED_CHANGES, replace_on_changes=REPLACED_ON_CHANGES,
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{CREATE_TIMEOUT_MINUTES + obtained.wait_minutes}m"))),
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    ignore_changes=IGNORED_CHANGES,
+                    replace_on_changes=REPLACED_ON_CHANGES,
+                    custom_timeouts=pulumi.CustomTimeouts(create=f"{CREATE_TIMEOUT_MINUTES + obtained.wait_minutes}m"),
+                ),
+            ),
         )
         nic = self.instance.network_interfaces[0]
         machine = settings.machine
@@ -159,8 +196,13 @@ def gcloud_create_command(settings: Settings) -> list[str]:
         network.append(f"--subnet={settings.subnetwork or settings.vm_name + '-subnet'}")
     service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
     return [
-        "gcloud", "compute", "instances", "create", settings.vm_name,
-        f"--zone={settings.zone}", f"--project={settings.project}",
+        "gcloud",
+        "compute",
+        "instances",
+        "create",
+        settings.vm_name,
+        f"--zone={settings.zone}",
+        f"--project={settings.project}",
         f"--machine-type={settings.machine_type}",
         f"--image-project={IMAGE_PROJECT}",
         f"--image-family={IMAGE_FAMILY}",

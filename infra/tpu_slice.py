@@ -51,66 +51,118 @@ class TpuSlice(pulumi.ComponentResource):
         resource_labels = labels(settings)
         network, subnetwork = declare_network(settings, child)
         self.cluster = gcp.container.Cluster(
-            name, name=name, location=settings.zone, project=settings.project,
-            network=network, subnetwork=subnetwork,
+            name,
+            name=name,
+            location=settings.zone,
+            project=settings.project,
+            network=network,
+            subnetwork=subnetwork,
             ip_allocation_policy={"stack_type": "IPV4"},  # VPC-native, ranges chosen by GKE
             datapath_provider="ADVANCED_DATAPATH",  # xpk's --enable-dataplane-v2
             enable_multi_networking=True,  # xpk's; the TPU pools' accelerator network profile needs it
             release_channel={"channel": RELEASE_CHANNEL},
-            remove_default_node_pool=True, initial_node_count=1,
+            remove_default_node_pool=True,
+            initial_node_count=1,
             deletion_protection=False,  # `pulumi destroy` removes it; the runs are in the bucket
-            resource_labels=resource_labels, opts=child,
+            resource_labels=resource_labels,
+            opts=child,
         )
-        node_config: dict[str, Any] = {"oauth_scopes": list(SCOPES), "resource_labels": resource_labels,
-                                       "service_account": settings.service_account}
-        pool_options = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            replace_on_changes=POOL_REPLACED_ON_CHANGES))
+        node_config: dict[str, Any] = {
+            "oauth_scopes": list(SCOPES),
+            "resource_labels": resource_labels,
+            "service_account": settings.service_account,
+        }
+        pool_options = pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(replace_on_changes=POOL_REPLACED_ON_CHANGES)
+        )
         self.cpu_pool = gcp.container.NodePool(
-            f"{name}-{CPU_POOL}", name=CPU_POOL, cluster=self.cluster.name, location=settings.zone,
-            project=settings.project, node_count=1,
-            node_config=cast(gcp.container.NodePoolNodeConfigArgsDict, {
-                **node_config, "machine_type": CPU_MACHINE_TYPE, "disk_size_gb": settings.cpu_pool_disk_gb}),
+            f"{name}-{CPU_POOL}",
+            name=CPU_POOL,
+            cluster=self.cluster.name,
+            location=settings.zone,
+            project=settings.project,
+            node_count=1,
+            node_config=cast(
+                gcp.container.NodePoolNodeConfigArgsDict,
+                {**node_config, "machine_type": CPU_MACHINE_TYPE, "disk_size_gb": settings.cpu_pool_disk_gb},
+            ),
             opts=pool_options,
         )
         self.tpu_pools = []
         capacity, capacity_config = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
         for index in range(settings.num_slices):
             pool = shape.pool(name, index)
-            self.tpu_pools.append(gcp.container.NodePool(
-                pool, name=pool, cluster=self.cluster.name, location=settings.zone, project=settings.project,
-                placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
-                max_pods_per_node=TPU_MAX_PODS_PER_NODE,
-                network_config={"accelerator_network_profile": "auto"},
-                node_config=cast(gcp.container.NodePoolNodeConfigArgsDict, {
-                    **node_config, "machine_type": HOST_MACHINE_TYPE, "disk_size_gb": settings.boot_disk_gb,
-                    "gvnic": {"enabled": True}, "labels": TPU_NODE_LABELS,
-                    "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"}, **capacity_config}),
-                **capacity, opts=pool_options,
-            ))
+            self.tpu_pools.append(
+                gcp.container.NodePool(
+                    pool,
+                    name=pool,
+                    cluster=self.cluster.name,
+                    location=settings.zone,
+                    project=settings.project,
+                    placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
+                    max_pods_per_node=TPU_MAX_PODS_PER_NODE,
+                    network_config={"accelerator_network_profile": "auto"},
+                    node_config=cast(
+                        gcp.container.NodePoolNodeConfigArgsDict,
+                        {
+                            **node_config,
+                            "machine_type": HOST_MACHINE_TYPE,
+                            "disk_size_gb": settings.boot_disk_gb,
+                            "gvnic": {"enabled": True},
+                            "labels": TPU_NODE_LABELS,
+                            "host_maintenance_policy": {"maintenance_interval": "AS_NEEDED"},
+                            **capacity_config,
+                        },
+                    ),
+                    **capacity,
+                    opts=pool_options,
+                )
+            )
         # The project's one repository of the image (images.REPOSITORY), whatever the cluster is called: named apart
         # from vmName, so that another cluster name neither makes it again (its id is taken) nor deletes the old
         # name's grant, which is the same binding as the new one's (tpgiamresource/resource_iam_member.go).
         self.repository = gcp.artifactregistry.Repository(
-            "images", repository_id=images.REPOSITORY, location=settings.region, format="DOCKER",
-            description="tpu-grpo's MaxText post-training image (invoke image)", labels=resource_labels,
-            project=settings.project, opts=named(settings, "images", child),
+            "images",
+            repository_id=images.REPOSITORY,
+            location=settings.region,
+            format="DOCKER",
+            description="tpu-grpo's MaxText post-training image (invoke image)",
+            labels=resource_labels,
+            project=settings.project,
+            opts=named(settings, "images", child),
         )
         nodes = account_member(settings)
         gcp.artifactregistry.RepositoryIamMember(
-            "images-reader", repository=self.repository.repository_id, location=settings.region,
-            role=IMAGE_ROLE, member=nodes, project=settings.project, opts=named(settings, "images-reader", child))
+            "images-reader",
+            repository=self.repository.repository_id,
+            location=settings.region,
+            role=IMAGE_ROLE,
+            member=nodes,
+            project=settings.project,
+            opts=named(settings, "images-reader", child),
+        )
         # Project-wide, and not the stack's own: the default compute account may run other clusters' nodes, which
         # rely on it too (a second stack declares the same binding). Retained: `pulumi destroy` leaves it.
-        gcp.projects.IAMMember(f"{name}-node-role", project=settings.project, role=NODE_ROLE, member=nodes,
-                               opts=named(settings, f"{name}-node-role", child, retain_on_delete=True))
+        gcp.projects.IAMMember(
+            f"{name}-node-role",
+            project=settings.project,
+            role=NODE_ROLE,
+            member=nodes,
+            opts=named(settings, f"{name}-node-role", child, retain_on_delete=True),
+        )
         if settings.bucket:
             self.bucket = declare_bucket(settings, child, nodes)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
-            lambda parts: kubeconfig(name, parts[0], parts[1]))
+            lambda parts: kubeconfig(name, parts[0], parts[1])
+        )
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=config, opts=child)
         self.jobset = k8s.helm.v3.Release(
-            f"{name}-jobset", name="jobset", chart=JOBSET_CHART, version=JOBSET_VERSION,
-            namespace=JOBSET_NAMESPACE, create_namespace=True,
+            f"{name}-jobset",
+            name="jobset",
+            chart=JOBSET_CHART,
+            version=JOBSET_VERSION,
+            namespace=JOBSET_NAMESPACE,
+            create_namespace=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.cpu_pool]),
         )
         self.outputs = {
@@ -141,14 +193,25 @@ def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:
     assert shape, "a slice's stack"
     service_account = [f"--service-account={settings.service_account}"] if settings.service_account else []
     return [
-        "gcloud", "beta", "container", "node-pools", "create", shape.pool(name, index),
-        f"--location={settings.zone}", f"--cluster={name}", f"--project={settings.project}",
-        f"--machine-type={HOST_MACHINE_TYPE}", "--host-maintenance-interval=AS_NEEDED",
+        "gcloud",
+        "beta",
+        "container",
+        "node-pools",
+        "create",
+        shape.pool(name, index),
+        f"--location={settings.zone}",
+        f"--cluster={name}",
+        f"--project={settings.project}",
+        f"--machine-type={HOST_MACHINE_TYPE}",
+        "--host-maintenance-interval=AS_NEEDED",
         *settings.obtained.gke_flags(settings.reservation, settings.max_run_hours, shape.hosts),
-        "--enable-gvnic", "--accelerator-network-profile=auto",
+        "--enable-gvnic",
+        "--accelerator-network-profile=auto",
         "--node-labels=" + ",".join(f"{k}={v}" for k, v in TPU_NODE_LABELS.items()),
         f"--disk-size={settings.boot_disk_gb}",
-        "--scopes=" + ",".join(SCOPES), *service_account,
-        "--placement-type=COMPACT", f"--tpu-topology={shape.topology}",
+        "--scopes=" + ",".join(SCOPES),
+        *service_account,
+        "--placement-type=COMPACT",
+        f"--tpu-topology={shape.topology}",
         f"--max-pods-per-node={TPU_MAX_PODS_PER_NODE}",
     ]

@@ -28,8 +28,11 @@ MAXTEXT_TIER = ROOT / "tests" / "maxtext"
 
 def missing_host_packages() -> list[str]:
     """The Debian packages of tests/host-packages.txt whose command is not on this machine."""
-    rows = [line.split() for line in (ROOT / "tests/host-packages.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+    rows = [
+        line.split()
+        for line in (ROOT / "tests/host-packages.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
     return [package for package, command in rows if not shutil.which(command, path=path)]
 
@@ -37,20 +40,26 @@ def missing_host_packages() -> list[str]:
 def host_tier_missing() -> str | None:
     """Why the host tier cannot run here, in one line with the command that fixes it, or None."""
     if os.geteuid() != 0:
-        return (f"the host tier (real SSH hosts, with users, sudo, mounts and namespaces) needs root; run it with: "
-                f"{HOST_TIER_COMMAND}")
+        return (
+            f"the host tier (real SSH hosts, with users, sudo, mounts and namespaces) needs root; run it with: "
+            f"{HOST_TIER_COMMAND}"
+        )
     missing = missing_host_packages()
     if missing:
-        return (f"the host tier needs the Debian packages {', '.join(missing)}; install them: "
-                "tests/install-host-packages (or run the tests with tests/run)")
+        return (
+            f"the host tier needs the Debian packages {', '.join(missing)}; install them: "
+            "tests/install-host-packages (or run the tests with tests/run)"
+        )
     return None
 
 
 def maxtext_tier_missing() -> str | None:
     """Why the MaxText tier cannot run here, in one line with the command that fixes it, or None."""
     if os.geteuid() != 0:
-        return ("the MaxText tier runs each script in a mount namespace of its own (the host's /dev/shm): it needs "
-                f"root; run it with: {HOST_TIER_COMMAND}")
+        return (
+            "the MaxText tier runs each script in a mount namespace of its own (the host's /dev/shm): it needs "
+            f"root; run it with: {HOST_TIER_COMMAND}"
+        )
     if not (MAXTEXT_VENV / "bin/python").exists():
         return f"the MaxText tier needs MaxText 0.2.3's venv at {MAXTEXT_VENV}; install it: tests/maxtext/install"
     return None
@@ -91,12 +100,15 @@ def key_pair(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("keys")
     key = ed25519.Ed25519PrivateKey.generate()
     private = folder / "id_ed25519"
-    private.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
     private.chmod(0o600)
     public = folder / "id_ed25519.pub"
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b" test@tpu-grpo\n")
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        + b" test@tpu-grpo\n"
+    )
     return private, public
 
 
@@ -104,12 +116,14 @@ def key_pair(tmp_path_factory) -> tuple[Path, Path]:
 def stack_values(key_pair) -> dict:
     """The committed example stack (Pulumi.dev.yaml) with its placeholders filled in."""
     config = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
-    config.update({
-        "gcp:project": "grpo-lab-123",
-        "tpu-grpo:reservation": "v6e-8-calendar",
-        "tpu-grpo:sshSourceRanges": ["203.0.113.7/32", "198.51.100.0/24"],
-        "tpu-grpo:sshPublicKeyPath": str(key_pair[1]),
-    })
+    config.update(
+        {
+            "gcp:project": "grpo-lab-123",
+            "tpu-grpo:reservation": "v6e-8-calendar",
+            "tpu-grpo:sshSourceRanges": ["203.0.113.7/32", "198.51.100.0/24"],
+            "tpu-grpo:sshPublicKeyPath": str(key_pair[1]),
+        }
+    )
     return config
 
 
@@ -152,8 +166,11 @@ def storage_emulator() -> str:
     from tests.host.sshd import free_port
 
     port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--port", str(port),
-                               "--in-memory"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -186,9 +203,12 @@ XPK_VERSION = "1.16.0"
 def xpk() -> Path:
     """xpk, the tool MaxText's multi-host tutorial launches Pathways workloads with, in a venv of its own in
     the test cache (its pins, pyyaml==6.0.2 and urllib3<2.6 among them, would hold this project's back)."""
+
     def install(folder: Path) -> None:
         subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(folder)], check=True)
-        subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
-                        f"xpk=={XPK_VERSION}"], check=True)
+        subprocess.run(
+            ["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), f"xpk=={XPK_VERSION}"],
+            check=True,
+        )
 
     return built_once(rootfs.CACHE / f"xpk-{XPK_VERSION}", install) / "bin" / "xpk"

@@ -87,8 +87,9 @@ def invoke(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
             os.chdir(cwd)
             with redirect_stdout(stdout), redirect_stderr(stderr):
                 try:
-                    Program(name="Invoke", binary="inv[oke]", binary_names=["invoke", "inv"],
-                            version=__version__).run(["invoke", "-r", str(ROOT), *args])
+                    Program(name="Invoke", binary="inv[oke]", binary_names=["invoke", "inv"], version=__version__).run(
+                        ["invoke", "-r", str(ROOT), *args]
+                    )
                 except SystemExit as exit_:
                     code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
                     if isinstance(exit_.code, str):
@@ -108,15 +109,23 @@ def invoke(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
             os.environ.update(saved_env)
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(["invoke", *args], code, out.read().decode(errors="replace"),
-                                           err.read().decode(errors="replace"))
+        return subprocess.CompletedProcess(
+            ["invoke", *args], code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
 
 
-def invoke_process(*args: str, cwd: Path, env: dict | None = None, python_flags: tuple[str, ...] = (),
-                   timeout: int = 120) -> subprocess.CompletedProcess:
+def invoke_process(
+    *args: str, cwd: Path, env: dict | None = None, python_flags: tuple[str, ...] = (), timeout: int = 120
+) -> subprocess.CompletedProcess:
     """`python -m invoke ARGS` as its own process, as a user's shell runs it."""
-    return subprocess.run([sys.executable, *python_flags, "-m", "invoke", "-r", str(ROOT), *args], cwd=cwd,
-                          env=task_environment(env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *python_flags, "-m", "invoke", "-r", str(ROOT), *args],
+        cwd=cwd,
+        env=task_environment(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def statuses(result) -> dict[str, str]:

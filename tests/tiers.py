@@ -37,23 +37,40 @@ class Tier:
     missing: Callable[[], str | None] = lambda: None  # why the tier cannot run here, or None
 
 
-TIERS = (Tier("unit", "tests/unit", CORES),
-         Tier("host", "tests/host", 3 * CORES, host_tier_missing),
-         Tier("maxtext", "tests/maxtext", CORES, maxtext_tier_missing))
+TIERS = (
+    Tier("unit", "tests/unit", CORES),
+    Tier("host", "tests/host", 3 * CORES, host_tier_missing),
+    Tier("maxtext", "tests/maxtext", CORES, maxtext_tier_missing),
+)
 
 
 def named_tests(args: list[str]) -> list[Path]:
     """The tests the arguments name (paths, node ids), rather than only options."""
-    return [(ROOT / arg.split("::")[0]).resolve() for arg in args
-            if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()]
+    return [
+        (ROOT / arg.split("::")[0]).resolve()
+        for arg in args
+        if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()
+    ]
 
 
 def run_tier(tier: Tier, args: list[str], report: Path | None = None) -> tuple[int, float]:
     """One pytest session of the tier's tests (or those `args` name in it) on its workers; its exit code and time."""
     started = time.monotonic()
     # worksteal: a worker that runs out takes tests queued for another, so long tests do not end a tier on one core
-    code = subprocess.run([sys.executable, "-m", "pytest", "-n", str(tier.workers), "--dist", "worksteal",
-                           *([f"--junitxml={report}", tier.folder] if report else []), *args], cwd=ROOT).returncode
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            str(tier.workers),
+            "--dist",
+            "worksteal",
+            *([f"--junitxml={report}", tier.folder] if report else []),
+            *args,
+        ],
+        cwd=ROOT,
+    ).returncode
     return code, time.monotonic() - started
 
 
@@ -77,8 +94,11 @@ def main(args: list[str]) -> int:
     named = named_tests(args)
     if named:  # one session, on the workers of their tier if they are of one
         tier = tier_holding(named)
-        return run_tier(tier, args)[0] if tier else subprocess.run([sys.executable, "-m", "pytest", *args],
-                                                                   cwd=ROOT).returncode
+        return (
+            run_tier(tier, args)[0]
+            if tier
+            else subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT).returncode
+        )
     worst, times, reports = 0, {}, {}
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-tiers-") as folder:
         for tier in TIERS:
@@ -93,8 +113,11 @@ def main(args: list[str]) -> int:
         print(f"\nslowest {SLOWEST} tests:")
         for seconds, tier, test in slowest(reports):
             print(f"{seconds:8.1f} s  {tier:8} {test}")
-    print("\nwall time by tier: " + ", ".join(f"{tier} {seconds / 60:.1f} min" for tier, seconds in times.items())
-          + f"; all {sum(times.values()) / 60:.1f} min")
+    print(
+        "\nwall time by tier: "
+        + ", ".join(f"{tier} {seconds / 60:.1f} min" for tier, seconds in times.items())
+        + f"; all {sum(times.values()) / 60:.1f} min"
+    )
     return worst
 
 

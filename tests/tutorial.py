@@ -12,8 +12,11 @@ from tests.support import TEST_TOKEN, TUTORIAL
 from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import MACHINES
 
-MODULES = ("maxtext.checkpoint_conversion.to_maxtext", "maxtext.trainers.post_train.rl.train_rl",
-           "maxtext.checkpoint_conversion.to_huggingface")
+MODULES = (
+    "maxtext.checkpoint_conversion.to_maxtext",
+    "maxtext.trainers.post_train.rl.train_rl",
+    "maxtext.checkpoint_conversion.to_huggingface",
+)
 
 
 def sections() -> str:
@@ -34,7 +37,8 @@ def calls(folder: Path, token: str, run_name: str) -> dict[str, dict]:
     record = folder / "tutorial-calls.jsonl"
     (tools / "python3").write_text(
         "#!/usr/bin/python3\nimport json, os, sys\n"
-        f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'env': dict(os.environ)}}) + '\\n')\n")
+        f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'env': dict(os.environ)}}) + '\\n')\n"
+    )
     (tools / "date").write_text(f"#!/bin/sh\necho {run_name}\n")
     for tool in ("python3", "date"):
         (tools / tool).chmod(0o755)
@@ -60,9 +64,16 @@ def exported_names() -> list[str]:
 
 
 #: The tutorial's run: the 8B Instruct model, 50 batches, on a ct6e-standard-8t.
-RUN = maxtext.Run(model="llama3.1-8b-Instruct", export_model="llama3.1-8b", batches=50, test_batches=10,
-                  use_pathways=False, lazy_load_tensors=False, machine=MACHINES["ct6e-standard-8t"],
-                  run_name="2026-12-02-22-10-00")
+RUN = maxtext.Run(
+    model="llama3.1-8b-Instruct",
+    export_model="llama3.1-8b",
+    batches=50,
+    test_batches=10,
+    use_pathways=False,
+    lazy_load_tensors=False,
+    machine=MACHINES["ct6e-standard-8t"],
+    run_name="2026-12-02-22-10-00",
+)
 
 
 def job_home(folder) -> tuple[dict, Path]:
@@ -75,10 +86,12 @@ def job_home(folder) -> tuple[dict, Path]:
     (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
     tools, record = folder / "bin", folder / "ours.jsonl"
     tools.mkdir()
-    (tools / "python3").write_text("#!/usr/bin/python3\nimport json, os, sys\n"
-                                   f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
-                                   "'env': dict(os.environ), "
-                                   "'stdin': sys.stdin.read() if sys.argv[1:2] == ['-'] else None}) + '\\n')\n")
+    (tools / "python3").write_text(
+        "#!/usr/bin/python3\nimport json, os, sys\n"
+        f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], "
+        "'env': dict(os.environ), "
+        "'stdin': sys.stdin.read() if sys.argv[1:2] == ['-'] else None}) + '\\n')\n"
+    )
     (tools / "python3").chmod(0o755)
     return {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home)}, record
 
@@ -114,8 +127,9 @@ def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> N
         expected = [arg for arg in theirs[module]["argv"] if not arg.startswith("hf_access_token=")]
         assert [arg for arg in ours[module]["argv"] if not arg.startswith(OURS_ADDED)] == expected, module
         added = {arg.partition("=")[0] for arg in ours[module]["argv"] if arg.startswith(OURS_ADDED)}
-        assert added == {"jax_cache_dir"} | ({"load_checkpoint_only_once", "learning_rate_schedule_steps"}
-                                            if module == MODULES[1] else set())
+        assert added == {"jax_cache_dir"} | (
+            {"load_checkpoint_only_once", "learning_rate_schedule_steps"} if module == MODULES[1] else set()
+        )
         for name in names:
             if name in theirs[module]["env"]:
                 assert ours[module]["env"].get(name) == theirs[module]["env"][name], (module, name)

@@ -33,8 +33,11 @@ from typing import Any
 from infra import replacements
 
 INSTANCE, DISK = replacements.INSTANCE, replacements.DISK
-IAM_TYPES = ("gcp:storage/bucketIAMMember:BucketIAMMember", replacements.PROJECT_IAM_MEMBER,
-             "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+IAM_TYPES = (
+    "gcp:storage/bucketIAMMember:BucketIAMMember",
+    replacements.PROJECT_IAM_MEMBER,
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+)
 DEFAULT_CREATE_TIMEOUT = "20m"
 
 
@@ -57,6 +60,7 @@ def _minutes(timeout: str) -> int:
 @dataclass
 class Cloud:
     """What exists in the project, whoever made it: resources by (type, name), IAM bindings, what each disk holds."""
+
     resources: set[tuple[str, str]] = field(default_factory=set)
     bindings: set[tuple[str, str, str]] = field(default_factory=set)  # (where, role, member)
     disks: dict[str, set[str]] = field(default_factory=dict)  # a disk's name -> the runs saved on it
@@ -87,6 +91,7 @@ class Cloud:
 @dataclass
 class Entry:
     """One resource of Pulumi's state."""
+
     type: str
     name: str
     inputs: dict[str, Any]
@@ -94,14 +99,19 @@ class Entry:
 
     def export(self, stack: str = "dev") -> dict:
         """As `pulumi stack export` prints it (the part tpu-grpo reads)."""
-        return {"urn": f"urn:pulumi:{stack}::tpu-grpo::tpu-grpo:index:Component${self.type}::{self.name}",
-                "type": self.type, "custom": True, "inputs": self.inputs,
-                **({"retainOnDelete": True} if self.retain else {})}
+        return {
+            "urn": f"urn:pulumi:{stack}::tpu-grpo::tpu-grpo:index:Component${self.type}::{self.name}",
+            "type": self.type,
+            "custom": True,
+            "inputs": self.inputs,
+            **({"retainOnDelete": True} if self.retain else {}),
+        }
 
 
 @dataclass
 class Operations:
     """What one `pulumi up` did."""
+
     replaced: set[tuple[str, str]] = field(default_factory=set)
     deleted: set[tuple[str, str]] = field(default_factory=set)
     forgotten: set[tuple[str, str]] = field(default_factory=set)
@@ -111,6 +121,7 @@ class Operations:
 @dataclass
 class Engine:
     """Pulumi's engine over a Cloud: the stack's state, `up`, `refresh`, `state delete` and `destroy`."""
+
     cloud: Cloud
     state: dict[tuple[str, str], Entry] = field(default_factory=dict)
 
@@ -127,8 +138,11 @@ class Engine:
             return True
         if resource.type == INSTANCE and resource.inputs.get("name") in self.cloud.stopped:
             return True  # `invoke up` asks for its replacement (`--replace`): a TPU VM is never started again
-        return bool(replacements.forcing_fields(resource.type, old.inputs, resource.inputs, replaced,
-                                                resource.options.replace_on_changes))
+        return bool(
+            replacements.forcing_fields(
+                resource.type, old.inputs, resource.inputs, replaced, resource.options.replace_on_changes
+            )
+        )
 
     def up(self, declared: list, flex_wait_minutes: int = 0) -> Operations:
         """Bring the cloud to what is declared; a create that outlasts its timeout leaves its VM outside the state."""
@@ -139,27 +153,33 @@ class Engine:
                 if old and (resource.type, resource.name) not in self.state:
                     self.cloud.resources.discard((old.type, old.name))
                     self.cloud.resources.add((resource.type, resource.name))
-                    self.state[(resource.type, resource.name)] = Entry(resource.type, resource.name, old.inputs,
-                                                                       old.retain)
+                    self.state[(resource.type, resource.name)] = Entry(
+                        resource.type, resource.name, old.inputs, old.retain
+                    )
         made = {name for (_, name) in ((r.type, r.name) for r in declared) if (_, name) not in self.state}
         pending = [r for r in declared if not r.type.startswith("tpu-grpo:")]
         for resource in pending:
             key = (resource.type, resource.name)
             old = self.state.get(key)
             if old is not None and not self._forces_new(resource, old, made):
-                self.state[key] = Entry(resource.type, resource.name, resource.inputs, resource.options.retain_on_delete)
+                self.state[key] = Entry(
+                    resource.type, resource.name, resource.inputs, resource.options.retain_on_delete
+                )
                 continue
             if old is not None:
                 made.add(resource.name)
             if resource.type == INSTANCE:
                 vm = resource.inputs["name"]
                 if old is None and (INSTANCE, resource.name) in self.cloud.resources:
-                    done.error = (f"googleapi: Error 409: The resource 'projects/p/zones/z/instances/{vm}' already "
-                                  "exists, alreadyExists")
+                    done.error = (
+                        f"googleapi: Error 409: The resource 'projects/p/zones/z/instances/{vm}' already "
+                        "exists, alreadyExists"
+                    )
                     return done
                 timeout = resource.options.create_timeout or DEFAULT_CREATE_TIMEOUT
-                waits = flex_wait_minutes if resource.inputs["scheduling"].get("provisioningModel") == "FLEX_START" \
-                    else 0
+                waits = (
+                    flex_wait_minutes if resource.inputs["scheduling"].get("provisioningModel") == "FLEX_START" else 0
+                )
                 if old is not None:
                     self.cloud.delete(old.type, old.name, old.inputs)  # the name is taken: delete, then create
                     del self.state[key]

@@ -48,6 +48,7 @@ class Repo:
 @dataclass
 class Hub:
     """The Hub's state and what arrived: tokens -> whoami answers, repos, LFS objects, requests."""
+
     tokens: dict[str, dict] = field(default_factory=dict)
     repos: dict[str, Repo] = field(default_factory=dict)
     lfs: dict[str, bytes] = field(default_factory=dict)
@@ -89,9 +90,13 @@ def whoami(name: str, role: str = "write", orgs: dict[str, str] | None = None, s
     token = {"displayName": f"{name}-token", "role": role}
     if role == "fineGrained":
         token["fineGrained"] = {"canReadGatedRepos": True, "global": [], "scoped": scoped or []}
-    return {"type": "user", "name": name, "fullname": name.title(),
-            "orgs": [{"name": org, "roleInOrg": org_role} for org, org_role in (orgs or {}).items()],
-            "auth": {"type": "access_token", "accessToken": token}}
+    return {
+        "type": "user",
+        "name": name,
+        "fullname": name.title(),
+        "orgs": [{"name": org, "roleInOrg": org_role} for org, org_role in (orgs or {}).items()],
+        "auth": {"type": "access_token", "accessToken": token},
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -142,8 +147,17 @@ class Handler(BaseHTTPRequestHandler):
         repo = self._repo(repo_id)
         if repo is None:
             return self._error(404, "Repository not found", "RepoNotFound")
-        self._send(200, {"id": repo_id, "modelId": repo_id, "private": repo.private, "sha": repo.head(),
-                         "siblings": [{"rfilename": path} for path in sorted(repo.files)], "tags": []})
+        self._send(
+            200,
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "private": repo.private,
+                "sha": repo.head(),
+                "siblings": [{"rfilename": path} for path in sorted(repo.files)],
+                "tags": [],
+            },
+        )
 
     # ------------------------------------------------------------ routes
 
@@ -164,11 +178,18 @@ class Handler(BaseHTTPRequestHandler):
             entries = []
             for name, entry in sorted(repo.files.items()):
                 data = self.hub.lfs[entry["lfs"]] if "lfs" in entry else entry["data"]
-                item = {"type": "file", "path": name, "size": entry["size"],
-                        "oid": git_blob_id(data if "lfs" not in entry else pointer(entry["lfs"], entry["size"]))}
+                item = {
+                    "type": "file",
+                    "path": name,
+                    "size": entry["size"],
+                    "oid": git_blob_id(data if "lfs" not in entry else pointer(entry["lfs"], entry["size"])),
+                }
                 if "lfs" in entry:
-                    item["lfs"] = {"oid": entry["lfs"], "size": entry["size"],
-                                   "pointerSize": len(pointer(entry["lfs"], entry["size"]))}
+                    item["lfs"] = {
+                        "oid": entry["lfs"],
+                        "size": entry["size"],
+                        "pointerSize": len(pointer(entry["lfs"], entry["size"])),
+                    }
                 entries.append(item)
             return self._send(200, entries)
         self._error(404, f"no route {path}")
@@ -184,8 +205,12 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, "Entry not found", "EntryNotFound" if repo else "RepoNotFound")
             return True
         if repo.gated and self._token() not in self.hub.tokens:
-            self._error(401, f"Access to model {match[1]} is restricted. You must have access to it and be "
-                             "authenticated to access it.", "GatedRepo")
+            self._error(
+                401,
+                f"Access to model {match[1]} is restricted. You must have access to it and be "
+                "authenticated to access it.",
+                "GatedRepo",
+            )
             return True
         data = self.hub.lfs[entry["lfs"]] if "lfs" in entry else entry["data"]
         if match[2] in self.hub.tampered:
@@ -232,13 +257,17 @@ class Handler(BaseHTTPRequestHandler):
         token = self._token()
         if path == "/api/repos/create":
             request = json.loads(body)
-            repo_id = f"{request.get('organization') or self.hub.tokens.get(token or '', {}).get('name')}/{request['name']}"
+            repo_id = (
+                f"{request.get('organization') or self.hub.tokens.get(token or '', {}).get('name')}/{request['name']}"
+            )
             if not self.hub.may_write(token, repo_id.split("/")[0]):
                 return self._error(403, "You don't have the rights to create a model under the namespace")
             if repo_id in self.hub.refused_names:
                 return self._error(400, self.hub.refused_names[repo_id])
             if repo_id in self.hub.repos:
-                return self._send(409, {"error": "You already created this model repo", "url": f"{self.hub.url}/{repo_id}"})
+                return self._send(
+                    409, {"error": "You already created this model repo", "url": f"{self.hub.url}/{repo_id}"}
+                )
             # huggingface_hub 2.x sends `visibility`, 1.x `private`
             repo = Repo(private=request.get("visibility") == "private" or bool(request.get("private")))
             repo.files[".gitattributes"] = {"data": GITATTRIBUTES, "size": len(GITATTRIBUTES)}
@@ -266,8 +295,9 @@ class Handler(BaseHTTPRequestHandler):
                 oid = None
                 if have is not None:
                     oid = have["lfs"] if "lfs" in have else git_blob_id(have["data"])
-                files.append({"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
-                              "oid": oid})
+                files.append(
+                    {"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+                )
             return self._send(200, {"files": files, "commitOid": repo.head()})
         if match := re.fullmatch(r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", path):
             if not self.hub.may_write(token, match[1].split("/")[0]):
@@ -276,14 +306,18 @@ class Handler(BaseHTTPRequestHandler):
             for item in json.loads(body)["objects"]:
                 entry = {"oid": item["oid"], "size": item["size"]}
                 if item["oid"] not in self.hub.lfs:
-                    entry["actions"] = {"upload": {"href": f"{self.hub.url}/lfs-upload/{item['oid']}"},
-                                        "verify": {"href": f"{self.hub.url}/lfs-verify"}}
+                    entry["actions"] = {
+                        "upload": {"href": f"{self.hub.url}/lfs-upload/{item['oid']}"},
+                        "verify": {"href": f"{self.hub.url}/lfs-verify"},
+                    }
                 objects.append(entry)
             return self._send(200, {"transfer": "basic", "objects": objects})
         if path == "/lfs-verify":
             item = json.loads(body)
             stored = self.hub.lfs.get(item["oid"])
-            return self._send(200) if stored is not None and len(stored) == item["size"] else self._error(404, "missing")
+            return (
+                self._send(200) if stored is not None and len(stored) == item["size"] else self._error(404, "missing")
+            )
         if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/[^/]+", path):
             repo_id = match[1]
             repo = self._repo(repo_id)
@@ -307,8 +341,9 @@ class Handler(BaseHTTPRequestHandler):
                 changed.append(value["path"])
             repo.commits.append({"summary": header["summary"], "files": changed})
             oid = repo.head()
-            return self._send(200, {"commitUrl": f"{self.hub.url}/{repo_id}/commit/{oid}", "commitOid": oid,
-                                    "pullRequestUrl": None})
+            return self._send(
+                200, {"commitUrl": f"{self.hub.url}/{repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
+            )
         self._error(404, f"no route {path}")
 
 

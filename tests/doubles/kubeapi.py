@@ -43,8 +43,11 @@ def strict(schema: dict) -> dict:
 
     def tighten(node):
         if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node and not node.get(
-                    "x-kubernetes-preserve-unknown-fields"):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 tighten(value)
@@ -68,8 +71,15 @@ def now() -> str:
 
 
 def status_body(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 @dataclass
@@ -93,10 +103,10 @@ class Scenario:
 
 PULL_CAUSES = {
     "missing": 'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
-               'reference "{image}": {image}: not found',
+    'reference "{image}": {image}: not found',
     "denied": 'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve '
-              'reference "{image}": failed to authorize: failed to fetch oauth token: unexpected status from GET '
-              'request to https://us-east5-docker.pkg.dev/v2/token: 403 Forbidden',
+    'reference "{image}": failed to authorize: failed to fetch oauth token: unexpected status from GET '
+    "request to https://us-east5-docker.pkg.dev/v2/token: 403 Forbidden",
 }
 
 
@@ -119,11 +129,18 @@ class KubeAPI:
         self.server.shutdown()
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-            "users": [{"name": "test", "user": {}}]}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+                    "users": [{"name": "test", "user": {}}],
+                }
+            )
+        )
         return path
 
     # -- what the JobSet controller, the scheduler and the kubelet do, by scenario
@@ -136,24 +153,35 @@ class KubeAPI:
             pods += [self._pod(name, "worker", i) for i in range(worker["template"]["spec"]["parallelism"])]
         for pod in pods:
             if scenario.unschedulable:
-                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": scenario.unschedulable}]
+                pod["status"]["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": scenario.unschedulable,
+                    }
+                ]
             self.pods[pod["metadata"]["name"]] = pod
         if scenario.unschedulable:
             return
         if scenario.pull_error:
             head = pods[0]
             image = _image(jobset, scenario.pull_error)
-            waiting = ({"reason": "ErrImagePull", "message": PULL_CAUSES[scenario.pull_cause].format(image=image)}
-                       if scenario.pull_cause else
-                       {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'})
-            head["status"]["containerStatuses"] = [{"name": scenario.pull_error, "image": image, "ready": False,
-                                                    "state": {"waiting": waiting}}]
+            waiting = (
+                {"reason": "ErrImagePull", "message": PULL_CAUSES[scenario.pull_cause].format(image=image)}
+                if scenario.pull_cause
+                else {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+            )
+            head["status"]["containerStatuses"] = [
+                {"name": scenario.pull_error, "image": image, "ready": False, "state": {"waiting": waiting}}
+            ]
             return
         for pod in pods:
             pod["status"]["phase"] = "Running"
-            pod["status"]["containerStatuses"] = [{"name": c["name"], "image": c["image"], "ready": True,
-                                                   "state": {"running": {"startedAt": now()}}} for c in _containers(pod)]
+            pod["status"]["containerStatuses"] = [
+                {"name": c["name"], "image": c["image"], "ready": True, "state": {"running": {"startedAt": now()}}}
+                for c in _containers(pod)
+            ]
         self.logs[pods[0]["metadata"]["name"]] = list(scenario.log)
         if scenario.crash_worker and len(pods) > 1:
             worker = pods[1]["status"]["containerStatuses"][0]
@@ -172,27 +200,54 @@ class KubeAPI:
                     continue
                 pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
                 for container in pod["status"].get("containerStatuses", []):
-                    container["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
-                                                         else "Error", "finishedAt": now()}}
-            condition = ({"type": "Completed", "reason": "AllJobsCompleted", "message": "jobset completed successfully"}
-                         if code == 0 else {"type": "Failed", "reason": "FailedJobs",
-                                            "message": "jobset failed due to one or more job failures"})
-            jobset["status"] = {"conditions": [{**condition, "status": "True", "lastTransitionTime": now()}],
-                                "terminalState": condition["type"], "restarts": 0}
+                    container["state"] = {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": "Completed" if code == 0 else "Error",
+                            "finishedAt": now(),
+                        }
+                    }
+            condition = (
+                {"type": "Completed", "reason": "AllJobsCompleted", "message": "jobset completed successfully"}
+                if code == 0
+                else {
+                    "type": "Failed",
+                    "reason": "FailedJobs",
+                    "message": "jobset failed due to one or more job failures",
+                }
+            )
+            jobset["status"] = {
+                "conditions": [{**condition, "status": "True", "lastTransitionTime": now()}],
+                "terminalState": condition["type"],
+                "restarts": 0,
+            }
             if code and self.scenario.pods_gone:
-                for pod_name in [pod_name for pod_name, pod in self.pods.items()
-                                 if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name]:
+                for pod_name in [
+                    pod_name
+                    for pod_name, pod in self.pods.items()
+                    if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name
+                ]:
                     del self.pods[pod_name]
 
     def _pod(self, jobset: str, replicated_job: str, index: int) -> dict:
         template = next(job for job in self.jobsets[jobset]["spec"]["replicatedJobs"] if job["name"] == replicated_job)
         spec = copy.deepcopy(template["template"]["spec"]["template"]["spec"])
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{jobset}-{replicated_job}-0-{index}-x{uuid.uuid4().hex[:4]}", "namespace":
-                             "default", "uid": str(uuid.uuid4()), "creationTimestamp": now(),
-                             "labels": {"jobset.sigs.k8s.io/jobset-name": jobset,
-                                        "jobset.sigs.k8s.io/replicatedjob-name": replicated_job}},
-                "spec": spec, "status": {"phase": "Pending"}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{jobset}-{replicated_job}-0-{index}-x{uuid.uuid4().hex[:4]}",
+                "namespace": "default",
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": now(),
+                "labels": {
+                    "jobset.sigs.k8s.io/jobset-name": jobset,
+                    "jobset.sigs.k8s.io/replicatedjob-name": replicated_job,
+                },
+            },
+            "spec": spec,
+            "status": {"phase": "Pending"},
+        }
 
     # -- HTTP
     def _handler(self):
@@ -222,8 +277,11 @@ class KubeAPI:
                 api.requests.append(f"{method} {self.path}")
                 url = urlparse(self.path)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                for pattern, handler in ((JOBSETS, api.jobset_request), (PODS, api.pod_request),
-                                         (OBJECTS, api.object_request)):
+                for pattern, handler in (
+                    (JOBSETS, api.jobset_request),
+                    (PODS, api.pod_request),
+                    (OBJECTS, api.object_request),
+                ):
                     found = pattern.fullmatch(url.path)
                     if found:
                         handler(self, method, found.groupdict(), query)
@@ -250,16 +308,30 @@ class KubeAPI:
             body = http._body()
             errors = sorted(self.validator.iter_errors(body), key=lambda e: list(e.path))
             if errors:
-                http._send(422, status_body(422, "Invalid", f'JobSet.jobset.x-k8s.io "{body["metadata"].get("name")}" '
-                                                             f"is invalid: {errors[0].message}"))
+                http._send(
+                    422,
+                    status_body(
+                        422,
+                        "Invalid",
+                        f'JobSet.jobset.x-k8s.io "{body["metadata"].get("name")}" is invalid: {errors[0].message}',
+                    ),
+                )
                 return
             with self.lock:
                 name = body["metadata"]["name"]
                 if name in self.jobsets:
-                    http._send(409, status_body(409, "AlreadyExists", f'jobsets.jobset.x-k8s.io "{name}" already exists'))
+                    http._send(
+                        409, status_body(409, "AlreadyExists", f'jobsets.jobset.x-k8s.io "{name}" already exists')
+                    )
                     return
-                body["metadata"].update({"namespace": found["ns"], "uid": str(uuid.uuid4()), "resourceVersion": "1",
-                                         "creationTimestamp": now()})
+                body["metadata"].update(
+                    {
+                        "namespace": found["ns"],
+                        "uid": str(uuid.uuid4()),
+                        "resourceVersion": "1",
+                        "creationTimestamp": now(),
+                    }
+                )
                 body["status"] = {"restarts": 0}
                 self.jobsets[name] = body
                 self._start(body)
@@ -269,8 +341,9 @@ class KubeAPI:
             return
         if method == "GET" and name is None:
             items = [j for j in self.jobsets.values() if _selected(j, query.get("labelSelector"))]
-            http._send(200, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSetList", "metadata": {},
-                             "items": items})
+            http._send(
+                200, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSetList", "metadata": {}, "items": items}
+            )
             return
         if name not in self.jobsets:
             http._send(404, status_body(404, "NotFound", f'jobsets.jobset.x-k8s.io "{name}" not found'))
@@ -280,8 +353,9 @@ class KubeAPI:
         elif method == "DELETE":
             with self.lock:
                 gone = self.jobsets.pop(name)
-                for pod in [p for p, v in self.pods.items()
-                            if v["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name]:
+                for pod in [
+                    p for p, v in self.pods.items() if v["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name
+                ]:
                     del self.pods[pod]
             http._send(200, gone)
 
@@ -298,8 +372,14 @@ class KubeAPI:
             http._send(200, self.pods[name])
             return
         if self.pods[name]["status"].get("phase") == "Pending":
-            http._send(400, status_body(400, "BadRequest", f'container "{query.get("container")}" in pod "{name}" is '
-                                                           "waiting to start: ContainerCreating"))
+            http._send(
+                400,
+                status_body(
+                    400,
+                    "BadRequest",
+                    f'container "{query.get("container")}" in pod "{name}" is waiting to start: ContainerCreating',
+                ),
+            )
             return
         http.send_response(200)
         http.send_header("Content-Type", "text/plain")
@@ -322,8 +402,10 @@ class KubeAPI:
         if method == "POST":
             body = http._body()
             if body["metadata"]["name"] in store:
-                http._send(409, status_body(409, "AlreadyExists", f'{found["kind"]} "{body["metadata"]["name"]}" '
-                                                                  "already exists"))
+                http._send(
+                    409,
+                    status_body(409, "AlreadyExists", f'{found["kind"]} "{body["metadata"]["name"]}" already exists'),
+                )
                 return
             store[body["metadata"]["name"]] = body
             http._send(201, body)

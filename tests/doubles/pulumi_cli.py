@@ -19,11 +19,25 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
 
     _, resources, _ = offline.run(raw, stack)
     component = next(r.type for r in resources if r.type.startswith("tpu-grpo:"))  # TpuHost or TpuSlice
-    return {"deployment": {"resources": [
-        {"urn": f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}", "type": r.type,
-         "custom": True, "inputs": r.inputs, **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
-         "outputs": {**r.inputs, **({"currentStatus": status} if r.type == "gcp:compute/instance:Instance" else {})}}
-        for r in resources if not r.type.startswith("tpu-grpo:")]}}
+    return {
+        "deployment": {
+            "resources": [
+                {
+                    "urn": f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}",
+                    "type": r.type,
+                    "custom": True,
+                    "inputs": r.inputs,
+                    **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
+                    "outputs": {
+                        **r.inputs,
+                        **({"currentStatus": status} if r.type == "gcp:compute/instance:Instance" else {}),
+                    },
+                }
+                for r in resources
+                if not r.type.startswith("tpu-grpo:")
+            ]
+        }
+    }
 
 
 class PulumiCli:
@@ -49,16 +63,22 @@ class PulumiCli:
 
     def env(self) -> dict:
         """A laptop with the Pulumi CLI and Google credentials, and nothing else in its home."""
-        return {"HOME": str(self.folder / "home"), "GOOGLE_APPLICATION_CREDENTIALS": str(self.folder / "adc.json"),
-                **self.on_path()}
+        return {
+            "HOME": str(self.folder / "home"),
+            "GOOGLE_APPLICATION_CREDENTIALS": str(self.folder / "adc.json"),
+            **self.on_path(),
+        }
 
     def set_outputs(self, outputs: dict) -> None:
         (self.folder / "outputs.json").write_text(json.dumps(outputs))
 
     def set_status(self, status: str | None) -> None:
         """The VM as Compute Engine reports it after a refresh; None: deleted (gone from the state)."""
-        resources = [] if status is None else [{"type": "gcp:compute/instance:Instance", "urn": INSTANCE,
-                                                "outputs": {"currentStatus": status}}]
+        resources = (
+            []
+            if status is None
+            else [{"type": "gcp:compute/instance:Instance", "urn": INSTANCE, "outputs": {"currentStatus": status}}]
+        )
         (self.folder / "state.json").write_text(json.dumps({"deployment": {"resources": resources}}))
 
     def deployed(self, raw: dict, stack: str = "dev") -> None:

@@ -21,6 +21,7 @@ from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN, bui
 class TestHost:
     """A throwaway host (tests/host/rootfs.py) as the tests drive it: `invoke ... --host` with its key and
     known_hosts, and root's view of its files and processes."""
+
     vm: rootfs.ThrowawayHost
     disk: rootfs.DataDisk | None
     key: Path
@@ -48,26 +49,58 @@ class TestHost:
         return [*argv, *args]
 
     def env(self, extra: dict | None = None) -> dict:
-        return {**os.environ, "TPU_GRPO_STATE": str(self.state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200",
-                **(extra or {})}
+        return {
+            **os.environ,
+            "TPU_GRPO_STATE": str(self.state),
+            "HF_TOKEN": TEST_TOKEN,
+            "COLUMNS": "200",
+            **(extra or {}),
+        }
 
-    def invoke(self, task: str, *args: str, vars: bool = True, timeout: int = 600, env: dict | None = None,
-               project: Path = ROOT) -> subprocess.CompletedProcess:
+    def invoke(
+        self,
+        task: str,
+        *args: str,
+        vars: bool = True,
+        timeout: int = 600,
+        env: dict | None = None,
+        project: Path = ROOT,
+    ) -> subprocess.CompletedProcess:
         """Run `invoke TASK --host ... --identity ...` for real, as a user would (in `project`: whose
         Pulumi.dev.yaml is the stack)."""
-        return subprocess.run(self.argv(task, *args, vars=vars), capture_output=True, text=True, env=self.env(env),
-                              cwd=project, timeout=timeout)
+        return subprocess.run(
+            self.argv(task, *args, vars=vars),
+            capture_output=True,
+            text=True,
+            env=self.env(env),
+            cwd=project,
+            timeout=timeout,
+        )
 
     def on_host(self, *argv: str) -> subprocess.CompletedProcess:
         """Run a command as root in the host's own namespaces and root (its processes, mounts, /dev/shm)."""
-        return subprocess.run(["nsenter", f"--target={self.vm.first_process()}", "--mount", "--pid", "--root",
-                               "--wd", *argv], capture_output=True, text=True)
+        return subprocess.run(
+            ["nsenter", f"--target={self.vm.first_process()}", "--mount", "--pid", "--root", "--wd", *argv],
+            capture_output=True,
+            text=True,
+        )
 
     def run_as_user(self, command: str) -> subprocess.CompletedProcess:
         """Run a bash command as the host's user, in the host's namespaces, with a session's environment."""
-        return self.on_host("/usr/sbin/runuser", "-u", self.user.name, "--", "env", "-i", f"HOME=/home/{self.user.name}",
-                            f"PATH={rootfs.python312_bin()}:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
-                            "bash", "-c", command)
+        return self.on_host(
+            "/usr/sbin/runuser",
+            "-u",
+            self.user.name,
+            "--",
+            "env",
+            "-i",
+            f"HOME=/home/{self.user.name}",
+            f"PATH={rootfs.python312_bin()}:/usr/bin:/bin",
+            "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+            "bash",
+            "-c",
+            command,
+        )
 
     def read_text(self, inside: str) -> str:
         """A file of the running host, its data disk's included."""
@@ -106,8 +139,9 @@ def make_host(key_pair, tmp_path_factory):
         """`disk`: another host's data disk, attached to this one (a VM created anew around it)."""
         if disk is None and disk_mb:
             disk = rootfs.DataDisk.attach(tmp_path_factory.mktemp("disk") / "data.img", disk_mb)
-        vm = rootfs.ThrowawayHost(rootfs.host_folder(), key_pair[1].read_text(),
-                                  disk_device=disk.device if disk else None, **where)
+        vm = rootfs.ThrowawayHost(
+            rootfs.host_folder(), key_pair[1].read_text(), disk_device=disk.device if disk else None, **where
+        )
         made.append(TestHost(vm, disk, key_pair[0], tmp_path_factory.mktemp("state")))
         vm.prepare()
         (made[-1].state / "known_hosts").write_text(vm.known_hosts_line)
@@ -131,6 +165,7 @@ SHM_DIRS = ("/dev/shm/llama3.1-8b-Instruct", "/dev/shm/llama3.1-8b")
 class WorkloadHost:
     """A test host ready for MaxText jobs: ~/maxtext_venv holds the stand-in maxtext and jax
     (tests/doubles/standin), the token is in its file, and ~/.standin.json sets the stand-in's pace."""
+
     host: TestHost
 
     def control(self, **values) -> None:
@@ -142,8 +177,9 @@ class WorkloadHost:
         path = self.host.user.home / f".standin/{name}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def invoke(self, task: str, *args: str, timeout: int = 600, env: dict | None = None,
-               project: Path = ROOT) -> subprocess.CompletedProcess:
+    def invoke(
+        self, task: str, *args: str, timeout: int = 600, env: dict | None = None, project: Path = ROOT
+    ) -> subprocess.CompletedProcess:
         return self.host.invoke(task, *args, vars=False, timeout=timeout, env=env, project=project)
 
     def chain(self, *tasks: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -155,8 +191,14 @@ class WorkloadHost:
 
     def popen(self, task: str, *args: str, project: Path = ROOT) -> subprocess.Popen:
         """`invoke TASK` started in the background, as a user's terminal would run it."""
-        return subprocess.Popen(self.host.argv(task, *args, vars=False), env=self.host.env(), cwd=project, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            self.host.argv(task, *args, vars=False),
+            env=self.host.env(),
+            cwd=project,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def give_hub_client(self, client: Path) -> None:
         """Put huggingface_hub (the hub_client fixture) into the host's MaxText venv (a copy in the home, named by
@@ -188,8 +230,10 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
     (home / ".cache/huggingface/token").write_text(TEST_TOKEN)
     subprocess.run(["chmod", "-R", "u+w", str(home / "fixtures")], check=True)
     host.own(home)
-    made = host.run_as_user(f"{host.python} -m venv --without-pip ~/maxtext_venv && "
-                            "echo $HOME/standin > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/standin.pth")
+    made = host.run_as_user(
+        f"{host.python} -m venv --without-pip ~/maxtext_venv && "
+        "echo $HOME/standin > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/standin.pth"
+    )
     assert made.returncode == 0, made.stderr
     workload = WorkloadHost(host)
     workload.control()
@@ -204,8 +248,20 @@ def hub_client() -> Path:
     from importlib.metadata import version
 
     def install(folder: Path) -> None:
-        subprocess.run(["uv", "pip", "install", "--quiet", "--python", f"{rootfs.python312_bin()}/python3.12",
-                        "--target", str(folder), f"huggingface_hub=={version('huggingface_hub')}"], check=True)
+        subprocess.run(
+            [
+                "uv",
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                f"{rootfs.python312_bin()}/python3.12",
+                "--target",
+                str(folder),
+                f"huggingface_hub=={version('huggingface_hub')}",
+            ],
+            check=True,
+        )
         for path in folder.glob("hf_xet*"):
             shutil.rmtree(path)
 
@@ -231,12 +287,16 @@ def namespaced_workload_host(make_host):
     bridge = sshd.Bridge(("a",))
     try:
         bridge.up()
-        yield bridge, prepare_workload(make_host(disk_mb=0, address=bridge.address("a"), port=22, netns=bridge.netns("a")))
+        yield (
+            bridge,
+            prepare_workload(make_host(disk_mb=0, address=bridge.address("a"), port=22, netns=bridge.netns("a"))),
+        )
     finally:
         bridge.down()
 
 
 # ---------------------------------------------------------------- a stack's VM (tests/doubles/pulumi_cli.py)
+
 
 @pytest.fixture
 def spot_project(stack_dir, stack_values) -> Path:
@@ -254,9 +314,15 @@ def spot_project(stack_dir, stack_values) -> Path:
 def invoke_on_stack(host, cloud, project: Path, *args: str, **popen) -> subprocess.Popen:
     """A task on the stack's VM (no --host: its address comes from the stack's outputs, which `cloud`, the Pulumi
     CLI's double, answers)."""
-    return subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(ROOT), *args, "--identity", str(host.key)],
-                            cwd=project, env=host.env(cloud.on_path()), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), *args, "--identity", str(host.key)],
+        cwd=project,
+        env=host.env(cloud.on_path()),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )
 
 
 @pytest.fixture
@@ -266,4 +332,3 @@ def bridge():
         yield made.up()
     finally:
         made.down()
-

@@ -33,8 +33,10 @@ SUITE = "bookworm"
 #: What a TPU VM's image has that the tests rely on; build-essential, cmake and ninja-build are there
 #: already so that "build tools" is ok at once (a test removes ninja-build to see it install); git
 #: for the packages MaxText's extra deps script installs from git.
-PACKAGES = ("openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd,procps,e2fsprogs,"
-            "build-essential,cmake,ninja-build,git")
+PACKAGES = (
+    "openssh-server,sudo,python3,python3-venv,ca-certificates,iproute2,systemd,procps,e2fsprogs,"
+    "build-essential,cmake,ninja-build,git"
+)
 CACHE = Path(os.environ.get("TPU_GRPO_TEST_CACHE") or Path.home() / ".cache" / "tpu-grpo-tests")
 HOST_PREFIX = "tpu-grpo-host-"  # the folders of the throwaway hosts (a temporary folder each)
 MADE: set[Path] = set()  # this test process's hosts' folders
@@ -44,8 +46,10 @@ USER = "tpu"  # the host's own account: its /etc/passwd is its own, so the name 
 def base_root() -> Path:
     """The extracted base root file system, built on first use and reused."""
     digest = hashlib.sha256(f"{SUITE} {PACKAGES}".encode()).hexdigest()[:10]
-    return built_once(CACHE / f"rootfs-{SUITE}-{digest}", lambda root: sh(
-        "mmdebstrap", "--quiet", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(root)))
+    return built_once(
+        CACHE / f"rootfs-{SUITE}-{digest}",
+        lambda root: sh("mmdebstrap", "--quiet", "--variant=minbase", f"--include={PACKAGES}", SUITE, str(root)),
+    )
 
 
 #: The machine's Python 3.12 (pyenv's build, linked to its libpython by absolute path): each host
@@ -60,7 +64,8 @@ COMMAND_LOG_DIR = "var/tmp/tpu-grpo-test-commands"
 def python312_bin() -> str:
     """The folder of the machine's Python 3.12, which uv finds on the hosts' PATH."""
     found = sorted(glob.glob("/root/.pyenv/versions/3.12*/bin")) or (
-        [os.path.dirname(shutil.which("python3.12"))] if shutil.which("python3.12") else [])
+        [os.path.dirname(shutil.which("python3.12"))] if shutil.which("python3.12") else []
+    )
     if not found:
         raise RuntimeError("no Python 3.12 on this machine: the test hosts need one for `uv python find 3.12`")
     return found[-1]
@@ -74,6 +79,7 @@ TEST_VARS = ["apt_upgrade=false", "uv_source=pip", "maxtext_spec=six==1.16.0", "
 @dataclass
 class DataDisk:
     """A loop device standing in for the VM's data disk: the same device path on the machine and on the host."""
+
     device: str
     mount: str = "/mnt/disks/data"  # playbooks/host.yml's default
 
@@ -82,8 +88,11 @@ class DataDisk:
         with image.open("wb") as handle:
             handle.truncate(size_mb * 1024 * 1024)
         with machine_lock():  # another test process's --find would find the same free device
-            return cls(subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
-                                      text=True).stdout.strip())
+            return cls(
+                subprocess.run(
+                    ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
+                ).stdout.strip()
+            )
 
     def detach(self) -> None:
         subprocess.run(["losetup", "-d", self.device], capture_output=True)
@@ -93,6 +102,7 @@ class DataDisk:
 class HostUser:
     """The host's one account. Its uid is unique on the machine, so that nftables (`offline`) and
     /proc scans on the machine can tell this host's processes from another's."""
+
     name: str
     uid: int
     home: Path  # as the test machine sees it: under the host's root
@@ -159,15 +169,24 @@ class ThrowawayHost:
         MADE.add(self.folder)
         for name in ("upper", "work", "root"):
             (self.folder / name).mkdir(parents=True)
-        sh("mount", "-t", "overlay", "overlay", "-o",
-           f"lowerdir={base},upperdir={self.folder / 'upper'},workdir={self.folder / 'work'}", str(self.root))
+        sh(
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={base},upperdir={self.folder / 'upper'},workdir={self.folder / 'work'}",
+            str(self.root),
+        )
         for name in COPIED_FROM_MACHINE:
             if Path("/", name).is_file():
                 shutil.copyfile(Path("/", name), self.root / name)
         self.chroot("ssh-keygen", "-q", "-A")
         shell = self.root / LOGIN_SHELL.lstrip("/")
-        shell.write_text('#!/bin/bash\nif [ "$1" = "-c" ]; then printf "%s\\0" "$2" >> '
-                         f'/{COMMAND_LOG_DIR}/"$(id -un)"; fi\nexec /bin/bash "$@"\n')
+        shell.write_text(
+            '#!/bin/bash\nif [ "$1" = "-c" ]; then printf "%s\\0" "$2" >> '
+            f'/{COMMAND_LOG_DIR}/"$(id -un)"; fi\nexec /bin/bash "$@"\n'
+        )
         shell.chmod(0o755)
         (self.root / COMMAND_LOG_DIR).mkdir(mode=0o1777)
         (self.root / COMMAND_LOG_DIR).chmod(0o1777)
@@ -187,27 +206,42 @@ class ThrowawayHost:
             os.mknod(self.root / self.disk_device.lstrip("/"), 0o660 | stat.S_IFBLK, os.stat(self.disk_device).st_rdev)
         self.port = self.port or free_port()
         (self.root / "run/sshd").mkdir(exist_ok=True)
-        (self.root / "etc/ssh/sshd_test_config").write_text("\n".join([
-            f"Port {self.port}", f"ListenAddress {self.address}", "HostKey /etc/ssh/ssh_host_ed25519_key",
-            "PidFile /run/sshd-test.pid", "UsePAM no", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "MaxStartups 100",
-            f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin"
-            + "".join(f" {name}={value}" for name, value in self.env.items()),
-            ""]))
+        (self.root / "etc/ssh/sshd_test_config").write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    f"ListenAddress {self.address}",
+                    "HostKey /etc/ssh/ssh_host_ed25519_key",
+                    "PidFile /run/sshd-test.pid",
+                    "UsePAM no",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel VERBOSE",
+                    "MaxStartups 100",
+                    f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin"
+                    + "".join(f" {name}={value}" for name, value in self.env.items()),
+                    "",
+                ]
+            )
+        )
         return self
 
     def boot(self) -> "ThrowawayHost":
         """Start the host: its namespaces, its /dev/shm and terminals, the Python 3.12 (read-only), its sshd."""
         python = os.path.dirname(python312_bin())
-        inside = (f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/dev/shm && "
-                  f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {self.root}/dev/pts && "
-                  f"mount --bind {self.root}/dev/pts/ptmx {self.root}/dev/ptmx && "
-                  f"mount --bind {python} {self.root}{python} && mount -o remount,bind,ro {self.root}{python} && "
-                  f"exec /usr/sbin/chroot {self.root} /usr/sbin/sshd -D -e -f /etc/ssh/sshd_test_config")
+        inside = (
+            f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/dev/shm && "
+            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {self.root}/dev/pts && "
+            f"mount --bind {self.root}/dev/pts/ptmx {self.root}/dev/ptmx && "
+            f"mount --bind {python} {self.root}{python} && mount -o remount,bind,ro {self.root}{python} && "
+            f"exec /usr/sbin/chroot {self.root} /usr/sbin/sshd -D -e -f /etc/ssh/sshd_test_config"
+        )
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.process = start_sshd(
             [*prefix, "unshare", "--mount", "--pid", "--fork", f"--mount-proc={self.root}/proc", "sh", "-c", inside],
-            self.log)
+            self.log,
+        )
         return self
 
     def accepted(self, user: str) -> int:
@@ -263,8 +297,11 @@ def unused_uid() -> int:
 def difference(before, after) -> object:
     """What changed between two snapshots of one kind (a text, a list, or a tree of path -> stat)."""
     if isinstance(before, dict):
-        return {path: (before.get(path), after.get(path)) for path in sorted(before.keys() | after.keys())
-                if before.get(path) != after.get(path)}
+        return {
+            path: (before.get(path), after.get(path))
+            for path in sorted(before.keys() | after.keys())
+            if before.get(path) != after.get(path)
+        }
     lines = (before.splitlines(), after.splitlines()) if isinstance(before, str) else (before, after)
     return {"gone": sorted(set(lines[0]) - set(lines[1])), "new": sorted(set(lines[1]) - set(lines[0]))}
 
@@ -274,6 +311,7 @@ def machine_state() -> dict[str, object]:
     users and groups, every file of /etc and /usr/local (size, mode, mtime), and its mounts. Another
     test session's throwaway hosts and network namespaces, and the /run/netns that `ip netns` shares
     among all sessions, are not this session's to answer for."""
+
     def tree(top: str) -> dict[str, tuple[int, int, int]]:
         found = {}
         for folder, _, names in os.walk(top):
@@ -288,10 +326,17 @@ def machine_state() -> dict[str, object]:
 
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     ours = [str(folder) for folder in MADE]
-    mounts = [mount for mount in mounts if mount != "/run/netns" and not (
-        HOST_PREFIX in mount and not any(mount.startswith(folder + "/") for folder in ours)) and not (
-        mount.startswith("/run/netns/") and not mount.endswith(SESSION))]
-    return {"packages": sh("dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n").stdout,
-            "users": Path("/etc/passwd").read_text() + Path("/etc/group").read_text(),
-            "etc": tree("/etc"), "usr_local": tree("/usr/local"),
-            "mounts": sorted(mounts)}
+    mounts = [
+        mount
+        for mount in mounts
+        if mount != "/run/netns"
+        and not (HOST_PREFIX in mount and not any(mount.startswith(folder + "/") for folder in ours))
+        and not (mount.startswith("/run/netns/") and not mount.endswith(SESSION))
+    ]
+    return {
+        "packages": sh("dpkg-query", "-W", "-f=${Package} ${Version} ${Status}\n").stdout,
+        "users": Path("/etc/passwd").read_text() + Path("/etc/group").read_text(),
+        "etc": tree("/etc"),
+        "usr_local": tree("/usr/local"),
+        "mounts": sorted(mounts),
+    }

@@ -90,6 +90,7 @@ class Bridge:
     through this machine (forwarding and masquerade) as a real VM would. Hosts are named by a
     label ("a"); `netns(label)` is the namespace's name, unique to this test process, and the subnet one no other
     interface of the machine has."""
+
     labels: tuple[str, ...]
     name: str = f"tgb{SESSION}"
     subnet: str = ""
@@ -125,9 +126,14 @@ class Bridge:
             if not _alive(int(stale.read_text())):
                 stale.unlink()
         if not (SHARED / "machine.json").exists():
-            (SHARED / "machine.json").write_text(json.dumps({
-                "forwarding": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
-                "netns_folder": NETNS.exists()}))  # `ip netns add` makes it, and mounts it on itself
+            (SHARED / "machine.json").write_text(
+                json.dumps(
+                    {
+                        "forwarding": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+                        "netns_folder": NETNS.exists(),
+                    }
+                )
+            )  # `ip netns add` makes it, and mounts it on itself
         (SHARED / self.name).write_text(str(os.getpid()))
 
     @staticmethod
@@ -139,18 +145,25 @@ class Bridge:
         sh("ip", "link", "add", self.name, "type", "bridge")
         sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.name)
         sh("ip", "link", "set", self.name, "up")
-        sh("nft", "-f", "-", input=f"table ip {self.name}_nat {{\n  chain postrouting {{\n"
-                   f"    type nat hook postrouting priority srcnat;\n"
-                   f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n')
+        sh(
+            "nft",
+            "-f",
+            "-",
+            input=f"table ip {self.name}_nat {{\n  chain postrouting {{\n"
+            f"    type nat hook postrouting priority srcnat;\n"
+            f'    ip saddr {self.subnet}.0/24 oifname != "{self.name}" masquerade;\n  }}\n}}\n',
+        )
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         for label, namespace in zip(self.labels, self.namespaces):
             sh("ip", "netns", "add", namespace)
-            sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0",
-                       "netns", namespace)
+            sh("ip", "link", "add", self.veth(namespace), "type", "veth", "peer", "name", "eth0", "netns", namespace)
             sh("ip", "link", "set", self.veth(namespace), "master", self.name, "up")
-            for command in (["addr", "add", f"{self.address(label)}/24", "dev", "eth0"],
-                            ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"],
-                            ["route", "add", "default", "via", f"{self.subnet}.1"]):
+            for command in (
+                ["addr", "add", f"{self.address(label)}/24", "dev", "eth0"],
+                ["link", "set", "eth0", "up"],
+                ["link", "set", "lo", "up"],
+                ["route", "add", "default", "via", f"{self.subnet}.1"],
+            ):
                 sh("ip", "-n", namespace, *command)
 
     def cut(self, label: str) -> None:

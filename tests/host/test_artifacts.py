@@ -60,6 +60,7 @@ def fetch(request, host):
 
     def fetched(connection, remote_dir, local_dir, on_progress=None):
         return artifacts.fetch(connection, remote_dir, local_dir, on_progress, host=target)
+
     fetched.connections_per_file = 1 if target else 0  # OpenSSH: one connection a file; SFTP: the task's own
     return fetched
 
@@ -81,7 +82,10 @@ def test_save_copies_the_model_with_verified_checksums(host, connection):
     assert result.exited == 0, result.stderr
     dest = host.user.home / "tpu-grpo/models/run one"
     home = f"/home/{host.user.name}"  # as the host names it
-    assert result.stdout.strip() == f"saved: {home}/hf-trained -> {home}/tpu-grpo/models/run one (5 files, checksums verified)"
+    assert (
+        result.stdout.strip()
+        == f"saved: {home}/hf-trained -> {home}/tpu-grpo/models/run one (5 files, checksums verified)"
+    )
     assert sorted(path.name for path in dest.iterdir()) == sorted([*(p.name for p in EXPORT.iterdir()), "SHA256SUMS"])
     for path in EXPORT.iterdir():
         assert (dest / path.name).read_bytes() == path.read_bytes()
@@ -120,8 +124,10 @@ def test_save_without_a_model_fails_and_writes_nothing(host, connection, source)
     assert host.run_as_user("mkdir -p ~/empty-export/sub").returncode == 0
     result = save(connection, source)
     assert result.exited == artifacts.MISSING_EXIT
-    assert result.stderr.strip() == (f"nothing to save: /home/{host.user.name}/{source[2:]} is missing or has no files; "
-                                      "fix: export the model there first")
+    assert result.stderr.strip() == (
+        f"nothing to save: /home/{host.user.name}/{source[2:]} is missing or has no files; "
+        "fix: export the model there first"
+    )
     assert not (host.user.home / "tpu-grpo").exists()
 
 
@@ -143,8 +149,10 @@ def test_remote_manifest_reads_the_saved_sums(connection, saved):
 def test_remote_manifest_of_a_missing_folder_names_host_and_folder(host, connection):
     with pytest.raises(ArtifactError) as error:
         artifacts.remote_manifest(connection, "~/tpu-grpo/models/nope")
-    assert str(error.value) == (f"{host.user.name}@127.0.0.1:~/tpu-grpo/models/nope is missing or has no files; "
-                                "fix: save the model there first (or name the right folder)")
+    assert str(error.value) == (
+        f"{host.user.name}@127.0.0.1:~/tpu-grpo/models/nope is missing or has no files; "
+        "fix: save the model there first (or name the right folder)"
+    )
 
 
 def test_empty_sums_are_refused(connection, saved):
@@ -162,7 +170,7 @@ def test_sums_naming_a_path_outside_the_folder_are_refused(host, connection, sav
 def safetensors_header(path: Path) -> dict:
     data = path.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8:8 + length])
+    return json.loads(data[8 : 8 + length])
 
 
 def test_fetch_downloads_every_file_checked(host, connection, saved, tmp_path, fetch):
@@ -176,8 +184,13 @@ def test_fetch_downloads_every_file_checked(host, connection, saved, tmp_path, f
     assert (local / "SHA256SUMS").read_text() == expected_sums()
     assert sorted(path.name for path in local.iterdir()) == sorted([*(p.name for p in EXPORT.iterdir()), "SHA256SUMS"])
     total = sum(path.stat().st_size for path in EXPORT.iterdir())
-    assert result.to_json() == {"local_dir": str(local), "files": sorted(p.name for p in EXPORT.iterdir()),
-                                "bytes_total": total, "bytes_transferred": total, "skipped": []}
+    assert result.to_json() == {
+        "local_dir": str(local),
+        "files": sorted(p.name for p in EXPORT.iterdir()),
+        "bytes_total": total,
+        "bytes_transferred": total,
+        "skipped": [],
+    }
     assert seen[-1] == (total, total, "tokenizer_config.json")
     assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
     assert {name for _, _, name in seen} == set(result.files)
@@ -249,11 +262,16 @@ def test_fetch_gives_up_when_the_host_copy_does_not_match_its_sums(connection, s
 def test_an_unwritable_destination_fails_before_connecting(host, tmp_path, where):
     (tmp_path / "file").write_text("a regular file")
     local = tmp_path / "file" / "models" if where == "under-a-file" else Path("/proc/tpu-grpo-models")
-    problem = r"is inside .+, which is not a folder" if where == "under-a-file" else r"cannot be written: no writing in /proc \(.+\)"
+    problem = (
+        r"is inside .+, which is not a folder"
+        if where == "under-a-file"
+        else r"cannot be written: no writing in /proc \(.+\)"
+    )
     with pytest.raises(ArtifactError, match=f"^--to '{local}' {problem}; fix: --to somewhere you can write"):
         artifacts.check_destination(local)
-    never_opened = fabric.Connection("127.0.0.1", user=host.user.name, port=host.vm.port,
-                                     connect_kwargs={"key_filename": str(host.key)})
+    never_opened = fabric.Connection(
+        "127.0.0.1", user=host.user.name, port=host.vm.port, connect_kwargs={"key_filename": str(host.key)}
+    )
     with pytest.raises(ArtifactError, match=f"^--to '{local}'"):
         artifacts.fetch(never_opened, SAVED, local)
     assert not never_opened.is_connected and host.vm.accepted(host.user.name) == 0
@@ -282,10 +300,15 @@ def test_the_openssh_path_checks_the_recorded_host_key(host, connection, saved, 
     name, kind, _ = known.read_text().split(" ", 2)
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    known.write_text(f"{name} {(other.with_suffix('.pub')).read_text().split(' ', 1)[0]} "
-                     f"{(other.with_suffix('.pub')).read_text().split(' ')[1]}\n")
-    with pytest.raises(hosts.ConnectError, match=r"OpenSSH refuses the host's key: it is not the one recorded in "
-                                                 r".*; if the VM was really rebuilt, forget the old key: ssh-keygen -R"):
+    known.write_text(
+        f"{name} {(other.with_suffix('.pub')).read_text().split(' ', 1)[0]} "
+        f"{(other.with_suffix('.pub')).read_text().split(' ')[1]}\n"
+    )
+    with pytest.raises(
+        hosts.ConnectError,
+        match=r"OpenSSH refuses the host's key: it is not the one recorded in "
+        r".*; if the VM was really rebuilt, forget the old key: ssh-keygen -R",
+    ):
         artifacts.fetch(connection, SAVED, tmp_path / "model", host=hosts.parse(host.spec, host.key))
     assert not [path for path in (tmp_path / "model").iterdir() if not path.name.endswith(".part")]
 

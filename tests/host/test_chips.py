@@ -23,8 +23,9 @@ def test_status_shows_each_chips_hbm_and_duty_cycle_while_training(workload_host
     wait_for(lambda: len(host.records()) == 2, what="the training to start")
     busy = json.loads(host.invoke("status", "--json").stdout)["tpu"]
     assert busy["owners"] == [host.records()[-1]["pid"]]
-    assert busy["usage"] == [{"device": index, "hbm_used": 25 * GIB, "hbm_total": 32 * GIB, "duty_cycle_pct": 91.5}
-                             for index in range(8)]
+    assert busy["usage"] == [
+        {"device": index, "hbm_used": 25 * GIB, "hbm_total": 32 * GIB, "duty_cycle_pct": 91.5} for index in range(8)
+    ]
     shown = host.invoke("status").stdout
     assert f"held by pid {busy['owners'][0]}" in shown
     assert shown.count("25.00 GiB") == 8 and shown.count("32.00 GiB") == 8 and "91.5%" in shown and "78%" in shown

@@ -14,14 +14,25 @@ from tests.doubles.hub import HubServer, whoami
 from tests.support import TEST_TOKEN, statuses
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-WANTED = {"model-00001-of-00002.safetensors": os.urandom(3 << 20), "model-00002-of-00002.safetensors": os.urandom(2 << 20),
-          "model.safetensors.index.json": b'{"metadata": {}, "weight_map": {}}', "config.json": b'{"hidden_size": 4096}',
-          "generation_config.json": b'{"do_sample": true}', "tokenizer.json": b'{"version": "1.0"}',
-          "tokenizer_config.json": b'{"model_max_length": 131072}', "special_tokens_map.json": b"{}"}
+WANTED = {
+    "model-00001-of-00002.safetensors": os.urandom(3 << 20),
+    "model-00002-of-00002.safetensors": os.urandom(2 << 20),
+    "model.safetensors.index.json": b'{"metadata": {}, "weight_map": {}}',
+    "config.json": b'{"hidden_size": 4096}',
+    "generation_config.json": b'{"do_sample": true}',
+    "tokenizer.json": b'{"version": "1.0"}',
+    "tokenizer_config.json": b'{"model_max_length": 131072}',
+    "special_tokens_map.json": b"{}",
+}
 #: What MaxText's own snapshot_download would fetch too: original/ is about 16 GB on the real repository.
-NOT_WANTED = {"original/consolidated.00.pth": os.urandom(4 << 20), "original/params.json": b"{}",
-              "original/tokenizer.model": b"tokens", "LICENSE": b"LLAMA 3.1 COMMUNITY LICENSE",
-              "README.md": b"---\nlicense: llama3.1\n---\n", "USE_POLICY.md": b"policy"}
+NOT_WANTED = {
+    "original/consolidated.00.pth": os.urandom(4 << 20),
+    "original/params.json": b"{}",
+    "original/tokenizer.model": b"tokens",
+    "LICENSE": b"LLAMA 3.1 COMMUNITY LICENSE",
+    "README.md": b"---\nlicense: llama3.1\n---\n",
+    "USE_POLICY.md": b"policy",
+}
 DOWNLOAD = ("--var", f"hf_model={MODEL}")
 
 
@@ -32,13 +43,19 @@ def _folder(host):
 
 def _local_files(host) -> dict[str, bytes]:
     folder = _folder(host)
-    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*")
-            if path.is_file() and ".cache" not in path.relative_to(folder).parts}
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in folder.rglob("*")
+        if path.is_file() and ".cache" not in path.relative_to(folder).parts
+    }
 
 
 def _resolved(hub) -> list[str]:
-    return [path.split("/resolve/")[1].split("/", 1)[1] for method, path in hub.requests
-            if method == "GET" and "/resolve/" in path]
+    return [
+        path.split("/resolve/")[1].split("/", 1)[1]
+        for method, path in hub.requests
+        if method == "GET" and "/resolve/" in path
+    ]
 
 
 @pytest.fixture
@@ -60,7 +77,10 @@ def test_the_model_downloads_while_maxtext_installs_once_and_verified(make_host,
     folder = _folder(host)
     assert folder.with_name(folder.name + ".complete").is_file()
     # started before the venv and MaxText were made, so it ran while they installed
-    assert folder.with_name(folder.name + ".sh").stat().st_mtime <= (host.user.home / "maxtext_venv/pyvenv.cfg").stat().st_mtime
+    assert (
+        folder.with_name(folder.name + ".sh").stat().st_mtime
+        <= (host.user.home / "maxtext_venv/pyvenv.cfg").stat().st_mtime
+    )
     assert os.readlink(host.user.home / "tpu-grpo") == f"{host.disk.mount}/tpu-grpo"  # on the data disk
     for path in folder.parent.iterdir():
         if path.is_file():
@@ -77,12 +97,14 @@ def test_the_model_downloads_while_maxtext_installs_once_and_verified(make_host,
     mount = host.disk.mount
     assert host.on_host("sh", "-c", f"umount {mount} && sed -i '\\# {mount} #d' /etc/fstab").returncode == 0
     home = str(host.user.home)
-    subprocess.run(["find", home, "-mindepth", "1", "!", "-path", f"{home}/.ssh", "!", "-path", f"{home}/.ssh/*",
-                    "-delete"], check=True)
+    subprocess.run(
+        ["find", home, "-mindepth", "1", "!", "-path", f"{home}/.ssh", "!", "-path", f"{home}/.ssh/*", "-delete"],
+        check=True,
+    )
     rebuilt = host.invoke("provision", "--json", *DOWNLOAD, env=env)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     assert (statuses(rebuilt)["model download started"], statuses(rebuilt)["model downloaded"]) == ("ok", "ok")
-    assert _resolved(hub)[len(WANTED):] == []
+    assert _resolved(hub)[len(WANTED) :] == []
 
 
 def test_a_file_that_does_not_match_the_hubs_checksum_is_never_marked_complete(make_host, hub):

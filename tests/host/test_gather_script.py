@@ -12,7 +12,10 @@ from tpu_grpo.provision import engine, playbook
 
 
 def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_path):
-    book = playbook.load(write_book(tmp_path, """\
+    book = playbook.load(
+        write_book(
+            tmp_path,
+            """\
         prelude: |
           set -euo pipefail
           greet() { echo "hello from $(id -un)"; }
@@ -43,14 +46,19 @@ def test_gather_script_runs_every_check_once_and_reports_codes_and_output(tmp_pa
             run: 'true'
         vars:
           never: {default: false}
-        """))
+        """,
+        )
+    )
     values = playbook.resolve(book)
     planned = engine.plan(book, values)
     script = engine.gather_script(planned)
     assert script.count("sudo ") == 1  # one sudo for every `become` check: sudo costs as much as a check
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
     # the output of a failing check only: it says why in `--check`, and a passing check's is never shown
-    assert engine.parse_gathered(done.stdout) == {0: (0, ""), 1: (3, "it's not there"),
-                                                      3: (1, "first"), 4: (0, ""), 5: (1, "")}
-
-
+    assert engine.parse_gathered(done.stdout) == {
+        0: (0, ""),
+        1: (3, "it's not there"),
+        3: (1, "first"),
+        4: (0, ""),
+        5: (1, ""),
+    }

@@ -62,17 +62,20 @@ def test_the_timer_and_its_check_are_installed_and_valid(idle_host):
     host, root, done = idle_host
     assert statuses(done) == {"idle stop": "changed", "no idle stop": "skipped"}
     assert "IDLE_MINUTES=1" in (root / CONF).read_text().splitlines()
-    verified = subprocess.run(["systemd-analyze", "verify", f"--root={root}", *(f"/{unit}" for unit in UNITS)],
-                              capture_output=True, text=True)
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", *(f"/{unit}" for unit in UNITS)], capture_output=True, text=True
+    )
     assert (verified.returncode, verified.stderr) == (0, ""), verified.stderr
     timer = (root / UNITS[1]).read_text()
     assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
     assert "OnBootSec=1min" in timer.splitlines()  # a first trigger: a freshly booted VM is watched too
-    again = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var",
-                             f"idle_poweroff={RECORDER}")
+    again = host.host.invoke(
+        "provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=1", "--var", f"idle_poweroff={RECORDER}"
+    )
     assert statuses(again)["idle stop"] == "ok"
-    longer = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=7", "--var",
-                              f"idle_poweroff={RECORDER}")
+    longer = host.host.invoke(
+        "provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=7", "--var", f"idle_poweroff={RECORDER}"
+    )
     assert statuses(longer)["idle stop"] == "changed"  # another idleStopMinutes is applied, not kept as it was
     assert "IDLE_MINUTES=7" in (root / CONF).read_text().splitlines()
     off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
@@ -104,8 +107,12 @@ def test_a_running_job_keeps_the_vm_up(idle_host):
 
 
 def connect(host) -> fabric.Connection:
-    session = fabric.Connection("127.0.0.1", user=host.host.user.name, port=host.host.vm.port,
-                                connect_kwargs={"key_filename": str(host.host.key)})
+    session = fabric.Connection(
+        "127.0.0.1",
+        user=host.host.user.name,
+        port=host.host.vm.port,
+        connect_kwargs={"key_filename": str(host.host.key)},
+    )
     session.client.load_host_keys(str(host.host.state / "known_hosts"))
     session.open()
     return session
@@ -185,12 +192,15 @@ def test_a_wrong_idle_setting_is_one_line(idle_host):
     host, _, _ = idle_host
     result = host.host.invoke("provision", "--tags", "idle", "--var", "idle_stop_minutes=soon")
     assert result.returncode == 2
-    assert result.stderr == ("error: --var idle_stop_minutes: idle_stop_minutes='soon' is not a whole number; "
-                             "fix: e.g. idle_stop_minutes=0\n")
+    assert result.stderr == (
+        "error: --var idle_stop_minutes: idle_stop_minutes='soon' is not a whole number; "
+        "fix: e.g. idle_stop_minutes=0\n"
+    )
 
 
-def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(make_workload_host, bridge, spot_project,
-                                                                            tmp_path):
+def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(
+    make_workload_host, bridge, spot_project, tmp_path
+):
     """No --host: the VM is the stack's (its address from the stack's outputs, the Pulumi CLI's double), so status
     knows its capacity and says, in its table and in --json alike, what a stop means for it."""
     from tests.doubles.pulumi_cli import PulumiCli
@@ -199,9 +209,16 @@ def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(mak
 
     address = bridge.address("a")
     host = make_workload_host(address=address, port=22, netns=bridge.netns("a")).host
-    cloud = PulumiCli(tmp_path / "cloud", {"external_ip": address, "ssh_user": host.user.name,
-                                           "machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
-                                           "capacity": "spot"})
+    cloud = PulumiCli(
+        tmp_path / "cloud",
+        {
+            "external_ip": address,
+            "ssh_user": host.user.name,
+            "machine_type": "ct6e-standard-8t",
+            "zone": "us-east5-b",
+            "capacity": "spot",
+        },
+    )
     conf = host.vm.root / "etc/tpu-grpo/idle.conf"  # as the playbook's "idle stop" step writes it
     conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text("# tpu-grpo idle stop\nIDLE_MINUTES=30\n")

@@ -24,9 +24,15 @@ STANDIN = DOUBLES / "standin_install"
 SPEC = "maxtext-standin[tpu-post-train]==0.2.3"
 EXTRA_DEPS = "MaxText post-training extra deps"
 LOCKED = "packages exactly as the lock"
-GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 def git(folder: Path, *args: str) -> str:
@@ -36,6 +42,7 @@ def git(folder: Path, *args: str) -> str:
 @dataclass
 class Packages:
     """The local stand-ins of MaxText's GitHub deps: each package's two commits and its URL per commit."""
+
     folder: Path
     commits: dict[str, list[str]]
     urls: dict[str, list[str]]
@@ -54,7 +61,8 @@ def make_package_repo(folder: Path, name: str) -> list[str]:
     for number in (1, 2):
         (folder / "pyproject.toml").write_text(
             '[build-system]\nrequires = ["setuptools>=78.1.0"]\nbuild-backend = "setuptools.build_meta"\n\n'
-            f'[project]\nname = "{name}"\nversion = "0.1.{number}"\n\n[tool.setuptools]\npy-modules = ["{module}"]\n')
+            f'[project]\nname = "{name}"\nversion = "0.1.{number}"\n\n[tool.setuptools]\npy-modules = ["{module}"]\n'
+        )
         (folder / f"{module}.py").write_text(f"COMMIT_NUMBER = {number}\n")
         git(folder, "add", "-A")
         git(folder, "commit", "-q", "-m", f"version {number}")
@@ -70,8 +78,15 @@ def make_packages(folder: Path, seen_as: str) -> Packages:
         archive = folder / repo / "archive"
         archive.mkdir(parents=True)
         for commit in commits[name]:  # what GitHub serves as /archive/<commit>.zip
-            git(folder / "src" / repo, "archive", "--format=zip", f"--prefix={repo}-{commit}/",
-                "-o", str(archive / f"{commit}.zip"), commit)
+            git(
+                folder / "src" / repo,
+                "archive",
+                "--format=zip",
+                f"--prefix={repo}-{commit}/",
+                "-o",
+                str(archive / f"{commit}.zip"),
+                commit,
+            )
         urls[name] = [f"file://{seen_as}/{repo}/archive/{commit}.zip" for commit in commits[name]]
     commits["vllm"] = make_package_repo(folder / "vllm", "vllm")
     urls["vllm"] = [f"git+file://{seen_as}/vllm@{commit}" for commit in commits["vllm"]]
@@ -80,14 +95,21 @@ def make_packages(folder: Path, seen_as: str) -> Packages:
 
 def build_standin_wheel(folder: Path, deps_file: str) -> Path:
     """maxtext_standin-0.2.3-py3-none-any.whl: tests/doubles/standin_install plus the deps file."""
-    files = {str(path.relative_to(STANDIN)): path.read_bytes() for path in sorted(STANDIN.rglob("*"))
-             if path.is_file() and path.name != "README.md" and "__pycache__" not in path.parts}
+    files = {
+        str(path.relative_to(STANDIN)): path.read_bytes()
+        for path in sorted(STANDIN.rglob("*"))
+        if path.is_file() and path.name != "README.md" and "__pycache__" not in path.parts
+    }
     files["dependencies/extra_deps/post_train_github_deps.txt"] = deps_file.encode()
-    return write_wheel(folder, "maxtext-standin", "0.2.3", files,
-                       metadata=b"Provides-Extra: tpu-post-train\n"
-                                b"Requires-Dist: setuptools>=78.1.0; extra == 'tpu-post-train'\n",
-                       entry_points=b"[console_scripts]\ninstall_tpu_post_train_extra_deps = "
-                                    b"dependencies.scripts.install_post_train_extra_deps:main\n")
+    return write_wheel(
+        folder,
+        "maxtext-standin",
+        "0.2.3",
+        files,
+        metadata=b"Provides-Extra: tpu-post-train\nRequires-Dist: setuptools>=78.1.0; extra == 'tpu-post-train'\n",
+        entry_points=b"[console_scripts]\ninstall_tpu_post_train_extra_deps = "
+        b"dependencies.scripts.install_post_train_extra_deps:main\n",
+    )
 
 
 @pytest.fixture
@@ -144,8 +166,10 @@ def test_extra_deps_install_at_their_commits_and_a_changed_commit_or_missing_ada
     again = provision(host, "--json")
     assert again.returncode == 0 and set(statuses(again).values()) == {"ok", "skipped"}, again.stdout
 
-    moved = host.run_as_user("~/.local/bin/uv pip install --quiet --python ~/maxtext_venv --no-deps "
-                             f"--no-build-isolation 'vllm @ {packages.urls['vllm'][1]}'")
+    moved = host.run_as_user(
+        "~/.local/bin/uv pip install --quiet --python ~/maxtext_venv --no-deps "
+        f"--no-build-isolation 'vllm @ {packages.urls['vllm'][1]}'"
+    )
     assert moved.returncode == 0, moved.stderr
     checked = provision(host, "--check", "--json")
     assert steps(checked)[EXTRA_DEPS]["status"] == "changed"

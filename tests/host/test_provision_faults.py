@@ -101,7 +101,9 @@ class ExecGate:
     """Holds every exec of one program file until it is let go (fanotify's FAN_OPEN_EXEC_PERM): a
     program that runs for milliseconds is caught before it starts."""
 
-    _EVENT = struct.Struct("=IBBHQii")  # struct fanotify_event_metadata: len, vers, reserved, metadata_len, mask, fd, pid
+    _EVENT = struct.Struct(
+        "=IBBHQii"
+    )  # struct fanotify_event_metadata: len, vers, reserved, metadata_len, mask, fd, pid
     _FAN_CLASS_CONTENT, _FAN_CLOEXEC, _FAN_MARK_ADD, _FAN_OPEN_EXEC_PERM, _FAN_ALLOW = 0x4, 0x1, 0x1, 0x40000, 0x1
 
     def __init__(self, path: Path):
@@ -109,8 +111,10 @@ class ExecGate:
         libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
         self.fd = libc.fanotify_init(self._FAN_CLASS_CONTENT | self._FAN_CLOEXEC, os.O_RDONLY | os.O_CLOEXEC)
         path = str(path)
-        if self.fd < 0 or libc.fanotify_mark(self.fd, self._FAN_MARK_ADD, self._FAN_OPEN_EXEC_PERM,
-                                             -100, path.encode()) < 0:  # -100: AT_FDCWD
+        if (
+            self.fd < 0
+            or libc.fanotify_mark(self.fd, self._FAN_MARK_ADD, self._FAN_OPEN_EXEC_PERM, -100, path.encode()) < 0
+        ):  # -100: AT_FDCWD
             error = ctypes.get_errno()
             if self.fd >= 0:
                 os.close(self.fd)
@@ -142,8 +146,9 @@ class KillWhileRunning:
     user's SSH session) is caught in `start` itself, before the step sends anything. With
     `hold_at_exec`, the program is not looked for but held at its exec, from the step's start until the kill."""
 
-    def __init__(self, vm: rootfs.ThrowawayHost, program: tuple[str, str], hold_at_exec: bool = False,
-                 wait_s: float = 60):
+    def __init__(
+        self, vm: rootfs.ThrowawayHost, program: tuple[str, str], hold_at_exec: bool = False, wait_s: float = 60
+    ):
         self.vm, self.program, self.hold_at_exec, self.wait_s = vm, program, hold_at_exec, wait_s
         self.uid = vm.user.uid
         self.landed_on: str | None = None
@@ -153,8 +158,13 @@ class KillWhileRunning:
     def start(self) -> None:
         if self.hold_at_exec:
             name = self.program[0].strip()  # the gate is made here, so that it holds nothing before the step runs
-            gate = ExecGate(next(self.vm.root / folder / name for folder in ("usr/sbin", "usr/bin")
-                                 if (self.vm.root / folder / name).exists()))
+            gate = ExecGate(
+                next(
+                    self.vm.root / folder / name
+                    for folder in ("usr/sbin", "usr/bin")
+                    if (self.vm.root / folder / name).exists()
+                )
+            )
             self.thread = threading.Thread(target=self._watch_execs, args=(gate,), daemon=True)
         elif self._catch():
             return
@@ -210,8 +220,10 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     if step == "build tools":
         remove_ninja(host)
     if step == "caches on the data disk":
-        host.run_as_user(f"mkdir -p ~/.cache/huggingface/hub && cd ~/.cache/huggingface/hub && "
-                         f"for i in $(seq {CACHED_FILES}); do echo $i > f$i; done")
+        host.run_as_user(
+            f"mkdir -p ~/.cache/huggingface/hub && cd ~/.cache/huggingface/hub && "
+            f"for i in $(seq {CACHED_FILES}); do echo $i > f$i; done"
+        )
     monkeypatch.setenv("TPU_GRPO_STATE", str(host.state))
     monkeypatch.setenv("HF_TOKEN", TEST_TOKEN)
     target = hosts.Host(host.user.name, "127.0.0.1", host.vm.port, host.key)
@@ -224,8 +236,7 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
             killer.step_done.set()
 
     book = playbook.load()
-    report = engine.apply(book, playbook.resolve(book, host.vars), [target], on_event=on_event,
-                             retry_delays=(0.1,))
+    report = engine.apply(book, playbook.resolve(book, host.vars), [target], on_event=on_event, retry_delays=(0.1,))
     killer.join()
     wait_for_sudo_to_end(host.user.uid)
 
@@ -236,7 +247,7 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     names = [result.step for result in lost.steps]
     killed = lost.steps[names.index(step)]
     assert killed.status == "failed" and "connection lost" in killed.note and "re-run" in killed.note, killed
-    assert {result.status for result in lost.steps[names.index(step) + 1:]} <= {"skipped"}  # nothing ran after it
+    assert {result.status for result in lost.steps[names.index(step) + 1 :]} <= {"skipped"}  # nothing ran after it
 
     again = host.invoke("provision", "--json")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -249,7 +260,10 @@ def test_connection_killed_in_the_middle_of_a_step_then_rerun_converges(step, ma
     assert six.stdout.strip() == "1.16.0", six.stderr
     if step == "caches on the data disk":  # the interrupted move lost nothing
         moved = host.vm.path(f"{host.disk.mount}/cache/huggingface/hub")
-        assert len(list(moved.iterdir())) == CACHED_FILES and (moved / f"f{CACHED_FILES}").read_text() == f"{CACHED_FILES}\n"
+        assert (
+            len(list(moved.iterdir())) == CACHED_FILES
+            and (moved / f"f{CACHED_FILES}").read_text() == f"{CACHED_FILES}\n"
+        )
 
 
 def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, monkeypatch):
@@ -261,8 +275,13 @@ def test_apt_waits_for_a_held_dpkg_lock_instead_of_failing(make_host, monkeypatc
     fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # dpkg's own kind of lock, as apt would hold it
     threading.Timer(3, os.close, [lock]).start()
     book = playbook.load()
-    report = engine.apply(book, playbook.resolve(book, host.vars), [hosts.Host(host.user.name, "127.0.0.1",
-                             host.vm.port, host.key)], tags=["apt"], retry_delays=())
+    report = engine.apply(
+        book,
+        playbook.resolve(book, host.vars),
+        [hosts.Host(host.user.name, "127.0.0.1", host.vm.port, host.key)],
+        tags=["apt"],
+        retry_delays=(),
+    )
     build_tools = next(result for result in report.hosts[0].steps if result.step == "build tools")
     assert (build_tools.status, build_tools.seconds > 3) == ("changed", True), build_tools
     assert host.vm.chroot("dpkg-query", "-W", "-f=${Status}", "ninja-build").stdout == "install ok installed"
@@ -348,8 +367,10 @@ def two_namespaced_hosts(make_host, tmp_path):
     bridge = harness.Bridge(("a", "b"))
     try:
         bridge.up()
-        made = [make_host(disk_mb=0, address=bridge.address(label), port=22, netns=bridge.netns(label))
-                for label in bridge.labels]
+        made = [
+            make_host(disk_mb=0, address=bridge.address(label), port=22, netns=bridge.netns(label))
+            for label in bridge.labels
+        ]
         (tmp_path / "known_hosts").write_text("".join(host.vm.known_hosts_line for host in made))
         yield bridge, made, tmp_path
     finally:
@@ -362,8 +383,21 @@ def two_namespaced_hosts(make_host, tmp_path):
 def test_one_host_cut_off_the_other_completes_and_the_run_fails_naming_it(two_namespaced_hosts, key_pair):
     """Hosts are provisioned in parallel and independently: losing B must neither stop nor hide A."""
     bridge, (a, b), state = two_namespaced_hosts
-    argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), "provision", "--host", a.spec, "--host", b.spec,
-            "--identity", str(key_pair[0]), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "invoke",
+        "-r",
+        str(ROOT),
+        "provision",
+        "--host",
+        a.spec,
+        "--host",
+        b.spec,
+        "--identity",
+        str(key_pair[0]),
+        "--json",
+    ]
     for item in [*TEST_VARS, "data_device="]:
         argv += ["--var", item]
     env = {**os.environ, "TPU_GRPO_STATE": str(state), "HF_TOKEN": TEST_TOKEN, "COLUMNS": "200"}

@@ -32,11 +32,23 @@ def converged(make_host):
 def test_first_run_makes_every_step_right(converged):
     host, first = converged
     assert statuses(first) == {
-        "apt update and upgrade": "skipped", "build tools": statuses(first)["build tools"],
-        "data disk": "changed", "caches on the data disk": "changed", "Hugging Face token": "changed",
-        "idle stop": "skipped", "no idle stop": "ok", "uv (installer)": "skipped", "uv (pip)": "changed", "Python": "ok", "venv": "changed",
-        "MaxText": "changed", "MaxText post-training extra deps": "skipped", "packages exactly as the lock": "skipped",
-        "model download started": "skipped", "model downloaded": "skipped"}
+        "apt update and upgrade": "skipped",
+        "build tools": statuses(first)["build tools"],
+        "data disk": "changed",
+        "caches on the data disk": "changed",
+        "Hugging Face token": "changed",
+        "idle stop": "skipped",
+        "no idle stop": "ok",
+        "uv (installer)": "skipped",
+        "uv (pip)": "changed",
+        "Python": "ok",
+        "venv": "changed",
+        "MaxText": "changed",
+        "MaxText post-training extra deps": "skipped",
+        "packages exactly as the lock": "skipped",
+        "model download started": "skipped",
+        "model downloaded": "skipped",
+    }
     assert statuses(first)["build tools"] in {"ok", "changed"}
     home, mount = host.user.home, host.disk.mount
     assert host.run_as_user("findmnt -rn -o SOURCE " + mount).stdout.strip() == host.disk.device
@@ -49,7 +61,9 @@ def test_first_run_makes_every_step_right(converged):
     assert token.read_text() == TEST_TOKEN and stat.S_IMODE(token.stat().st_mode) == 0o600
     assert f"Starting session: subsystem 'sftp' for {host.user.name} " in host.vm.log.read_text()  # how the token went
     assert host.run_as_user("~/.local/bin/uv --version").stdout.split()[1] == "0.13.9"
-    venv_python = host.run_as_user("~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'")
+    venv_python = host.run_as_user(
+        "~/maxtext_venv/bin/python -c 'import sys, six; print(sys.version_info[:2], six.__version__)'"
+    )
     assert venv_python.stdout.strip() == "(3, 12) 1.16.0"
     assert_no_token(first.stdout, first.stderr, host.vm.log.read_text(), *host.user.commands())
     # each step that ran is kept on the host with when it began, for `invoke timeline`
@@ -72,8 +86,9 @@ def test_second_run_changes_nothing_over_one_connection_and_one_round_trip(conve
     connections, commands = host.vm.accepted(host.user.name), len(host.user.commands())
     sftp_sessions = host.vm.log.read_text().count(f"Starting session: subsystem 'sftp' for {host.user.name} ")
     with harness.offline(host.user.uid):
-        probe = host.run_as_user("python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', "
-                                 "timeout=5)\"")
+        probe = host.run_as_user(
+            "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)\""
+        )
         assert probe.returncode != 0, "the host is not offline"
         again = host.invoke("provision", "--json")
     assert again.returncode == 0, again.stderr
@@ -126,13 +141,19 @@ def test_freeze_then_locked_rebuild_reports_and_repairs_drift(converged, tmp_pat
     assert steps["packages exactly as the lock"]["status"] == "changed"
     assert steps["packages exactly as the lock"]["output"] == "six: host 1.17.0, lock 1.16.0"
     assert steps["MaxText"]["status"] == "skipped"
-    assert "six: host 1.17.0, lock 1.16.0" in host.invoke("provision", "--check", "--locked", "--lock", str(lock)).stdout
-    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.17.0"
+    assert (
+        "six: host 1.17.0, lock 1.16.0" in host.invoke("provision", "--check", "--locked", "--lock", str(lock)).stdout
+    )
+    assert (
+        host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.17.0"
+    )
 
     synced = host.invoke("provision", "--locked", "--lock", str(lock), "--json")
     assert synced.returncode == 0, synced.stdout
     assert statuses(synced)["packages exactly as the lock"] == "changed"
-    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+    assert (
+        host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+    )
     again = host.invoke("provision", "--locked", "--lock", str(lock), "--json")
     assert set(statuses(again).values()) == {"ok", "skipped"}
 
@@ -173,22 +194,36 @@ def test_a_failed_step_stops_the_host_shows_why_and_a_rerun_continues(make_host,
 
 def test_network_steps_retry_with_backoff_after_a_network_error(make_host, tmp_path, monkeypatch):
     host = make_host()
-    result, seen = _apply_one_step(host, tmp_path, monkeypatch, kind="network", check="test -f ~/got", script=(
-        "echo attempt >> ~/tries\n"
-        "[ $(wc -l < ~/tries) -ge 2 ] || { echo 'curl: (6) Could not resolve host: astral.sh' >&2; exit 6; }\n"
-        "touch ~/got"))
+    result, seen = _apply_one_step(
+        host,
+        tmp_path,
+        monkeypatch,
+        kind="network",
+        check="test -f ~/got",
+        script=(
+            "echo attempt >> ~/tries\n"
+            "[ $(wc -l < ~/tries) -ge 2 ] || { echo 'curl: (6) Could not resolve host: astral.sh' >&2; exit 6; }\n"
+            "touch ~/got"
+        ),
+    )
     assert result.status == "changed"
     assert (host.user.home / "tries").read_text() == "attempt\nattempt\n"
     assert [payload for _, kind, payload in seen if kind == "output"] == [
-        "attempt 2 of 3 in 0.1 s, after: Could not resolve host"]
+        "attempt 2 of 3 in 0.1 s, after: Could not resolve host"
+    ]
 
 
 def test_a_network_step_that_fails_for_another_reason_runs_once(make_host, tmp_path, monkeypatch):
     """A requirement with no solution (or a failed build) fails the same way again: retrying only costs time."""
     host = make_host()
-    result, seen = _apply_one_step(host, tmp_path, monkeypatch, kind="network", check="test -f ~/got", script=(
-        "echo attempt >> ~/tries\n"
-        "echo 'error: No solution found when resolving dependencies' >&2; exit 1"))
+    result, seen = _apply_one_step(
+        host,
+        tmp_path,
+        monkeypatch,
+        kind="network",
+        check="test -f ~/got",
+        script=("echo attempt >> ~/tries\necho 'error: No solution found when resolving dependencies' >&2; exit 1"),
+    )
     assert (result.status, result.exit_code) == ("failed", 1)
     assert result.output == "error: No solution found when resolving dependencies"
     assert (host.user.home / "tries").read_text() == "attempt\n"
@@ -205,8 +240,10 @@ def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
     unmounted = host.on_host("sh", "-c", f"umount {mount} && sed -i '\\# {mount} #d' /etc/fstab && rmdir {mount}")
     assert unmounted.returncode == 0, unmounted.stderr
     home = str(host.user.home)  # emptied but for the SSH key, which the guest agent writes from the metadata
-    subprocess.run(["find", home, "-mindepth", "1", "!", "-path", f"{home}/.ssh", "!", "-path", f"{home}/.ssh/*",
-                    "-delete"], check=True)
+    subprocess.run(
+        ["find", home, "-mindepth", "1", "!", "-path", f"{home}/.ssh", "!", "-path", f"{home}/.ssh/*", "-delete"],
+        check=True,
+    )
 
     rebuilt = host.invoke("provision", "--json")
     assert rebuilt.returncode == 0, rebuilt.stdout
@@ -215,7 +252,9 @@ def test_a_rebuilt_boot_disk_reuses_the_data_disk_and_its_caches(converged):
     assert statuses(rebuilt)["Hugging Face token"] == "ok"  # it lives on the data disk too
     assert host.run_as_user("cat ~/.cache/uv/marker").stdout == "kept"
     assert sorted(os.listdir(host.vm.path(f"{mount}/cache/uv/archive-v0"))) == archives
-    assert host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+    assert (
+        host.run_as_user("~/maxtext_venv/bin/python -c 'import six; print(six.__version__)'").stdout.strip() == "1.16.0"
+    )
 
 
 def test_wait_retries_a_vm_that_still_refuses_ssh(make_host):
@@ -240,8 +279,10 @@ def test_a_vm_without_the_data_disk_is_told_how_to_go_on(make_host):
     host = make_host()
     result = host.invoke("provision", "--tags", "disk", "--var", "data_device=/dev/disk/by-id/google-none")
     assert result.returncode == 1
-    assert ("/dev/disk/by-id/google-none is not a disk: this VM has no data disk (made by hand?); "
-            "fix: --var data_device= to keep the caches on the boot disk") in result.stdout
+    assert (
+        "/dev/disk/by-id/google-none is not a disk: this VM has no data disk (made by hand?); "
+        "fix: --var data_device= to keep the caches on the boot disk"
+    ) in result.stdout
     skipped = host.invoke("provision", "--tags", "disk", "--var", "data_device=", "--json")
     assert skipped.returncode == 0 and set(statuses(skipped).values()) == {"skipped"}
 
@@ -258,17 +299,29 @@ def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: 
     book.write_text(f"steps:\n  - name: the step\n    {kind}: true\n    check: {check}\n    run: |\n{body}")
     seen = []
     target = hosts.Host(host.user.name, "127.0.0.1", host.vm.port, host.key)
-    report = engine.apply(playbook.load(book), {}, [target], retry_delays=(0.1, 0.1),
-                             on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)))
+    report = engine.apply(
+        playbook.load(book),
+        {},
+        [target],
+        retry_delays=(0.1, 0.1),
+        on_event=lambda kind, _host, _step, payload: seen.append((time.monotonic(), kind, payload)),
+    )
     return report.hosts[0].steps[0], seen
 
 
 def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
     """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
-    result, seen = _apply_one_step(make_host(), tmp_path, monkeypatch, check="test -f ~/done", script=(
-        "printf '\\033[1mstarting\\033[0m\\n'\n"
-        "for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
-        "echo; touch ~/done"))
+    result, seen = _apply_one_step(
+        make_host(),
+        tmp_path,
+        monkeypatch,
+        check="test -f ~/done",
+        script=(
+            "printf '\\033[1mstarting\\033[0m\\n'\n"
+            "for i in 1 2 3; do printf 'got %s of 3\\r' $i; sleep 0.4; done\n"
+            "echo; touch ~/done"
+        ),
+    )
     assert result.status == "changed"
     lines = [payload for _, kind, payload in seen if kind == "output"]
     assert lines == ["starting", "got 1 of 3", "got 2 of 3", "got 3 of 3"]
@@ -279,13 +332,24 @@ def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, mo
 
 def test_a_failed_progress_step_shows_its_last_lines_as_the_terminal_does(make_host, tmp_path, monkeypatch):
     """uv redraws a spinner with `\\r` and erases it before its error; the failure shows the error, not the frames."""
-    failed, seen = _apply_one_step(make_host(), tmp_path, monkeypatch, check="'false'", script=(
-        "echo 'Using Python 3.12 environment at: maxtext_venv'\n"
-        "for frame in a b c d e f g h i j k l m n o p; do printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
-        "printf '\\033[2K\\033[1;31merror\\033[0m: No solution found\\n  cause: not in the registry\\n'\n"
-        "printf 'half a line'; exit 3"))
+    failed, seen = _apply_one_step(
+        make_host(),
+        tmp_path,
+        monkeypatch,
+        check="'false'",
+        script=(
+            "echo 'Using Python 3.12 environment at: maxtext_venv'\n"
+            "for frame in a b c d e f g h i j k l m n o p; do printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
+            "printf '\\033[2K\\033[1;31merror\\033[0m: No solution found\\n  cause: not in the registry\\n'\n"
+            "printf 'half a line'; exit 3"
+        ),
+    )
     assert (failed.status, failed.exit_code) == ("failed", 3)
-    assert failed.output == ("Using Python 3.12 environment at: maxtext_venv\nerror: No solution found\n"
-                             "cause: not in the registry\nhalf a line")
-    frames = [payload for _, kind, payload in seen if kind == "output" and payload.endswith("Resolving dependencies...")]
+    assert failed.output == (
+        "Using Python 3.12 environment at: maxtext_venv\nerror: No solution found\n"
+        "cause: not in the registry\nhalf a line"
+    )
+    frames = [
+        payload for _, kind, payload in seen if kind == "output" and payload.endswith("Resolving dependencies...")
+    ]
     assert len(frames) == 16  # every redraw still reached the live view

@@ -31,8 +31,10 @@ def _with_evals(host, pre: int, post: int) -> None:
     log = host.host.user.home / "fixtures/train_rl.cpu-rehearsal.log"
     text = log.read_text()
     for stage, correct in (("Pre", pre), ("Post", post)):
-        text = text.replace(f"{stage} RL Training: corr=0, total=4, accuracy=0.0%",
-                            f"{stage} RL Training: corr={correct}, total=4, accuracy={25.0 * correct}%")
+        text = text.replace(
+            f"{stage} RL Training: corr=0, total=4, accuracy=0.0%",
+            f"{stage} RL Training: corr={correct}, total=4, accuracy={25.0 * correct}%",
+        )
     log.write_text(text)
 
 
@@ -53,10 +55,15 @@ def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing
         # refused before anything is written on the host or created on the Hub
         hub.refused_names["alice/Llama-reserved"] = "Repository name is reserved"
         jobs_before = job_dirs(host)
-        for repo, wanted in (("viewers/Llama-x", r"alice is a read member of viewers\); fix: --repo alice/Llama-x"),
-                             ("bob/Llama-x", r"bob is neither alice nor one of alice's organizations"),
-                             ("alice/Llama-reserved", r"the Hub refuses the name --repo alice/Llama-reserved "
-                                                      r"\(Repository name is reserved\)")):
+        for repo, wanted in (
+            ("viewers/Llama-x", r"alice is a read member of viewers\); fix: --repo alice/Llama-x"),
+            ("bob/Llama-x", r"bob is neither alice nor one of alice's organizations"),
+            (
+                "alice/Llama-reserved",
+                r"the Hub refuses the name --repo alice/Llama-reserved "
+                r"\(Repository name is reserved\)",
+            ),
+        ):
             result = host.invoke("publish", "--repo", repo, env=env)
             assert result.returncode == 2, result.stdout + result.stderr
             assert re.search(wanted, result.stderr) and result.stderr.strip().count("\n") == 0, result.stderr
@@ -84,15 +91,21 @@ def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing
         [row] = json.loads(host.invoke("runs", "--json").stdout)["runs"]  # the laptop's record of what it published
         assert (row["run"], row["state"], row["where"][-1]) == ("pub", "published", f"hub: {outcome['url']}")
         assert hub.authorizations == {TEST_TOKEN}  # the host's token reached the Hub ...
-        scan_for_token(result.stdout, result.stderr, folders=(host.host.user.home / "tpu-grpo/jobs",
-                                                              host.host.state))  # ... and nothing else
+        scan_for_token(
+            result.stdout, result.stderr, folders=(host.host.user.home / "tpu-grpo/jobs", host.host.state)
+        )  # ... and nothing else
 
         # the card: the Hub's format, this run's numbers; beside the model, in its SHA256SUMS
         card = ModelCard(hub.file_bytes(REPO, "README.md").decode())
         assert card.data.base_model == "meta-llama/Llama-3.1-8B-Instruct" and card.data.license == "llama3.1"
-        for row in ("| accuracy | 25% (1/4) | 75% (3/4) |", "| batches | 4 (`num_batches`)",
-                    "| generations per prompt | 4 (`rl.num_generations`) |", "MaxText 0.2.3",
-                    "| machine | ct6e-standard-8t (v6e-8, 8 chips) |", "in 1 training job |"):
+        for row in (
+            "| accuracy | 25% (1/4) | 75% (3/4) |",
+            "| batches | 4 (`num_batches`)",
+            "| generations per prompt | 4 (`rl.num_generations`) |",
+            "MaxText 0.2.3",
+            "| machine | ct6e-standard-8t (v6e-8, 8 chips) |",
+            "in 1 training job |",
+        ):
             assert row in card.content, row
         sums = (host.host.user.home / "tpu-grpo/models/pub/SHA256SUMS").read_text()
         assert f"{hashlib.sha256(saved['README.md']).hexdigest()}  README.md" in sums.splitlines()
@@ -103,7 +116,7 @@ def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing
         assert again.returncode == 0, again.stdout + again.stderr
         assert json.loads(again.stdout)["uploaded"] == [] and json.loads(again.stdout)["already_there"] == len(saved)
         assert hub.uploads == uploads and len(repo.commits) == commits
-        assert not [request for request in hub.requests if request[0] == "PUT"][len(uploads):]
+        assert not [request for request in hub.requests if request[0] == "PUT"][len(uploads) :]
 
     # fetch brings the card home too
     fetched = host.invoke("fetch", "--run", "pub", "--to", str(tmp_path / "model"))

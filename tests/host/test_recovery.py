@@ -42,8 +42,11 @@ def vm_image(host, wheels: Path) -> None:
 
 
 def provisioning_vars(host) -> list[str]:
-    values = [*(v for v in TEST_VARS if not v.startswith("maxtext_spec=")), f"maxtext_spec={WORKLOAD_STANDIN}==0.2.3",
-              f"data_device={host.disk.device}"]
+    values = [
+        *(v for v in TEST_VARS if not v.startswith("maxtext_spec=")),
+        f"maxtext_spec={WORKLOAD_STANDIN}==0.2.3",
+        f"data_device={host.disk.device}",
+    ]
     return [arg for value in values for arg in ("--var", value)]
 
 
@@ -56,20 +59,35 @@ def lost_at(host, point: tuple[str, int]) -> bool:
     if step == "train":
         return host.vm.path(f"{STORE}/post-train/durable/checkpoints/actor/{number}").is_dir()
     jobs = host.vm.path("/mnt/disks/data/tpu-grpo/jobs")
-    return jobs.is_dir() and any(job.name.endswith("-export") and (job / "log").is_file()
-                                 and (job / "log").stat().st_size > 0 for job in jobs.iterdir())
+    return jobs.is_dir() and any(
+        job.name.endswith("-export") and (job / "log").is_file() and (job / "log").stat().st_size > 0
+        for job in jobs.iterdir()
+    )
 
 
-@pytest.mark.parametrize("losses, modules_after", [
-    ([("train", 4, None)], ["train_rl", "to_huggingface"]),
-    ([("train", 4, None), ("train", 6, "TERMINATED")], ["train_rl", "to_huggingface"]),
-    ([("export", 0, None)], ["to_huggingface"]),
-], ids=["once-in-training", "deleted-then-stopped", "during-export"])
-def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, spot_project, tmp_path, losses,
-                                                             modules_after):
+@pytest.mark.parametrize(
+    "losses, modules_after",
+    [
+        ([("train", 4, None)], ["train_rl", "to_huggingface"]),
+        ([("train", 4, None), ("train", 6, "TERMINATED")], ["train_rl", "to_huggingface"]),
+        ([("export", 0, None)], ["to_huggingface"]),
+    ],
+    ids=["once-in-training", "deleted-then-stopped", "during-export"],
+)
+def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
+    make_host, bridge, spot_project, tmp_path, losses, modules_after
+):
     address = bridge.address("a")
-    cloud = PulumiCli(tmp_path / "cloud", {"external_ip": address, "ssh_user": "tpu", "machine_type": "ct6e-standard-8t",
-                                           "zone": "us-east5-b", "capacity": "spot"})
+    cloud = PulumiCli(
+        tmp_path / "cloud",
+        {
+            "external_ip": address,
+            "ssh_user": "tpu",
+            "machine_type": "ct6e-standard-8t",
+            "zone": "us-east5-b",
+            "capacity": "spot",
+        },
+    )
     cloud.hold_up()
     wheels = tmp_path / "wheels"
     workload_standin_wheel(wheels)
@@ -80,8 +98,21 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     out, err = provisioned.communicate(timeout=600)
     assert provisioned.returncode == 0, out + err
 
-    pipeline = invoke(first, cloud, spot_project, "pipeline", "--run-name", "durable", "--batches", "8",
-                      "--recover", str(len(losses)), "--need-gb", "0.001,0.001", *provisioning_vars(first))
+    pipeline = invoke(
+        first,
+        cloud,
+        spot_project,
+        "pipeline",
+        "--run-name",
+        "durable",
+        "--batches",
+        "8",
+        "--recover",
+        str(len(losses)),
+        "--need-gb",
+        "0.001,0.001",
+        *provisioning_vars(first),
+    )
     hosts = [first]
 
     def the_cloud() -> None:
@@ -92,10 +123,10 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
             wait_for(lambda: lost_at(hosts[-1], point), 300, f"the run to reach {point}")
             cloud.set_status(status)
             hosts[-1].vm.lose()
-            wait_for(lambda: sum(call.startswith("up --refresh") for call in cloud.calls()) == number, 300,
-                     "pulumi up")
-            host = make_host(boot=False, disk=first.disk, address=address, port=22, netns=bridge.netns("a"),
-                             uid=first.user.uid)
+            wait_for(lambda: sum(call.startswith("up --refresh") for call in cloud.calls()) == number, 300, "pulumi up")
+            host = make_host(
+                boot=False, disk=first.disk, address=address, port=22, netns=bridge.netns("a"), uid=first.user.uid
+            )
             vm_image(host, wheels)
             host.vm.boot()
             hosts.append(host)
@@ -114,8 +145,10 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     assert len(hosts) == len(losses) + 1
     ups = [call for call in cloud.calls() if call.startswith("up --refresh")]
     for number, (_, _, status) in enumerate(losses, 1):
-        assert (f"the VM is lost ({status or 'DELETED'}); bringing it back ({number} of {len(losses)}): invoke up, "
-                "provision, then the same pipeline") in out
+        assert (
+            f"the VM is lost ({status or 'DELETED'}); bringing it back ({number} of {len(losses)}): invoke up, "
+            "provision, then the same pipeline"
+        ) in out
         assert (f"--replace {INSTANCE}" in ups[number - 1]) == (status == "TERMINATED")  # a stopped VM: replaced
     assert (first.state / "known_hosts").read_text().split() == hosts[-1].vm.known_hosts_line.split()  # new key
     assert "convert: done (done before)" in out and "run durable is complete" in out
@@ -123,15 +156,18 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
     assert [entry["event"] for entry in timeline] == ["lost", "resumed"] * len(losses)
     for (step, number, _), resumed in zip(losses, timeline[1::2]):
         assert resumed["gone_s"] > 0
-        if step == "train":  # resumed after the checkpoint it was lost at, or a later one; at most checkpointPeriod redone
+        if (
+            step == "train"
+        ):  # resumed after the checkpoint it was lost at, or a later one; at most checkpointPeriod redone
             assert resumed["from_checkpoint"] >= number and 0 <= resumed["steps_redone"] <= 2
         else:
             assert (resumed["from_checkpoint"], resumed["steps_redone"]) == (8, 0)  # training was done
     host = hosts[-1]
     records = [json.loads(line) for line in (host.user.home / ".standin/records.jsonl").read_text().splitlines()]
     assert [record["module"].rsplit(".", 1)[-1] for record in records] == modules_after
-    trainings = sorted(job for job in host.vm.path("/mnt/disks/data/tpu-grpo/jobs").iterdir()
-                       if job.name.endswith("-train"))
+    trainings = sorted(
+        job for job in host.vm.path("/mnt/disks/data/tpu-grpo/jobs").iterdir() if job.name.endswith("-train")
+    )
     assert len(trainings) == 1 + sum(step == "train" for step, _, _ in losses)
     if losses[-1][0] == "train":
         resumed_log = (trainings[-1] / "log").read_bytes()
@@ -153,13 +189,22 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(make_host, bridge, s
 def test_a_failure_that_is_not_a_lost_vm_stops_at_once(workload_host, tmp_path):
     """With --recover, a training that fails (MaxText exits non-zero) ends the pipeline as without
     it: no `pulumi up`, no second training."""
-    cloud = PulumiCli(tmp_path / "cloud", {"external_ip": "127.0.0.1", "ssh_user": "tpu",
-                                           "machine_type": "ct6e-standard-8t", "zone": "us-east5-b", "capacity": "spot"})
+    cloud = PulumiCli(
+        tmp_path / "cloud",
+        {
+            "external_ip": "127.0.0.1",
+            "ssh_user": "tpu",
+            "machine_type": "ct6e-standard-8t",
+            "zone": "us-east5-b",
+            "capacity": "spot",
+        },
+    )
     cloud.hold_up()
     host = workload_host
     host.control(exit_code={"train_rl": 3})
-    result = host.invoke("pipeline", "--batches", "4", "--recover", "2", "--need-gb", "0.001,0.001",
-                         env=cloud.on_path())
+    result = host.invoke(
+        "pipeline", "--batches", "4", "--recover", "2", "--need-gb", "0.001,0.001", env=cloud.on_path()
+    )
     assert result.returncode == 1
     assert "error: train failed (job " in result.stderr and ", exit 3)" in result.stderr
     assert not any(call.startswith(("up", "refresh")) for call in cloud.calls())

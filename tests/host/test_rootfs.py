@@ -23,9 +23,13 @@ def host(throwaway_host):
 def connect(host, key_pair, tmp_path) -> fabric.Connection:
     known = tmp_path / "known_hosts"
     known.write_text(host.known_hosts_line)
-    connection = fabric.Connection(host.address, user=rootfs.USER, port=host.port,
-                                   config=fabric.Config(overrides={"run": {"in_stream": False}}),
-                                   connect_kwargs={"key_filename": str(key_pair[0])})
+    connection = fabric.Connection(
+        host.address,
+        user=rootfs.USER,
+        port=host.port,
+        config=fabric.Config(overrides={"run": {"in_stream": False}}),
+        connect_kwargs={"key_filename": str(key_pair[0])},
+    )
     connection.client.load_host_keys(str(known))
     return connection
 

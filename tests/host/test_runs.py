@@ -15,7 +15,13 @@ def test_runs_lists_the_host_runs_then_the_laptops_copy_when_the_host_is_gone(wo
     [row] = first["runs"]
     assert first["sources"] == {"host": "answered", "laptop": "answered"}
     assert (row["run"], row["model"], row["dataset"], row["loss"], row["batches"], row["state"]) == (
-        "gsm8k-4", "llama3.1-8b-Instruct", "openai/gsm8k", "grpo", 4, "saved")
+        "gsm8k-4",
+        "llama3.1-8b-Instruct",
+        "openai/gsm8k",
+        "grpo",
+        4,
+        "saved",
+    )
     assert (row["steps"], row["total_steps"], row["accuracy_before"], row["accuracy_after"]) == (4, 4, 0.0, 0.0)
     assert (row["chips"], row["capacity"], row["where"]) == (8, "reservation", ["host: ~/tpu-grpo/models/gsm8k-4"])
     assert row["job_hours"] >= 0 and row["cost_usd"] is not None
@@ -31,14 +37,17 @@ def test_runs_lists_the_host_runs_then_the_laptops_copy_when_the_host_is_gone(wo
     found = json.loads(gone.stdout)
     assert found["sources"]["host"].startswith("no answer: ") and found["sources"]["laptop"] == "answered"
     assert [(row["run"], row["state"], row["where"]) for row in found["runs"]] == [
-        ("gsm8k-4", "fetched", [f"laptop: {tmp_path / 'model'}"])]
+        ("gsm8k-4", "fetched", [f"laptop: {tmp_path / 'model'}"])
+    ]
 
 
 def test_metrics_compare_overlays_two_runs_of_the_host(workload_host, tmp_path):
     host = workload_host
     assert host.invoke("convert").returncode == 0
     for name, generations in (("g2", "2"), ("g4", "4")):
-        trained = host.invoke("train", "--batches", "4", "--run-name", name, "--set", f"rl.num_generations={generations}")
+        trained = host.invoke(
+            "train", "--batches", "4", "--run-name", name, "--set", f"rl.num_generations={generations}"
+        )
         assert trained.returncode == 0, trained.stderr
     compared = host.invoke("metrics", "--compare", "g2", "--compare", "g4", "--json", "--out", str(tmp_path / "c.png"))
     assert compared.returncode == 0, compared.stderr

@@ -27,11 +27,17 @@ def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
     home.mkdir()
     (home / ".standin.json").write_text(json.dumps({"fixtures": str(FIXTURES), "hold_s": 120}))
     tools = this_python(tmp_path)
-    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(home), "HF_TOKEN": TEST_TOKEN,
-           "PYTHONPATH": str(DOUBLES / "standin"),
-           "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
-    pod = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "bash", "-c",
-                            maxtext.script(run, "convert", in_slice=True)], env=env)
+    env = {
+        "PATH": f"{tools}:/usr/bin:/bin",
+        "HOME": str(home),
+        "HF_TOKEN": TEST_TOKEN,
+        "PYTHONPATH": str(DOUBLES / "standin"),
+        "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"],
+    }
+    pod = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "bash", "-c", maxtext.script(run, "convert", in_slice=True)],
+        env=env,
+    )
     try:
         records = home / ".standin/records.jsonl"
         for _ in range(300):

@@ -21,11 +21,21 @@ def test_timeline_of_a_host_that_provisioned_trained_and_fetched(workload_host, 
     data = json.loads(result.stdout)
     labels = [phase["label"] for phase in data["phases"]]
     # (the stand-in replays the recorded log faster than it was written: its start-up shrinks to nothing)
-    for wanted in ("boot until SSH answers", "convert", "tl: GRPO steps 1-2", "tl: evaluation at step 2", "tl: GRPO steps 3-4", "export tl", "save tl",
-                   "fetch tl"):
+    for wanted in (
+        "boot until SSH answers",
+        "convert",
+        "tl: GRPO steps 1-2",
+        "tl: evaluation at step 2",
+        "tl: GRPO steps 3-4",
+        "export tl",
+        "save tl",
+        "fetch tl",
+    ):
         assert any(label.startswith(wanted) for label in labels), (wanted, data["phases"])
-    order = [next(i for i, label in enumerate(labels) if label.startswith(name))
-             for name in ("convert", "tl: GRPO steps 1-2", "export tl", "save tl", "fetch tl")]
+    order = [
+        next(i for i, label in enumerate(labels) if label.startswith(name))
+        for name in ("convert", "tl: GRPO steps 1-2", "export tl", "save tl", "fetch tl")
+    ]
     assert order == sorted(order)
     assert 0 < data["training_seconds"] <= data["paid_seconds"] and 0 < data["training_share"] <= 1
     assert (host.host.state / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

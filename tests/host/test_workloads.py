@@ -92,7 +92,10 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]
     assert status["slice"] is None
     assert [(job["step"], job["state"], job["exit_code"]) for job in status["jobs"]] == [
-        ("convert", "finished", 0), ("train", "finished", 0), ("export", "finished", 0)]
+        ("convert", "finished", 0),
+        ("train", "finished", 0),
+        ("export", "finished", 0),
+    ]
     assert status["progress"]["step"] == 50 and status["progress"]["run"] == run_name
     # the training started cold, and wrote the compile cache that the stack's next training starts warm from
     startup = status["progress"]["startup"]
@@ -118,7 +121,7 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
         assert sha256(target / name) == sha256(FIXTURES / "hf-export" / name)
     header = (target / "model.safetensors").read_bytes()
     size = struct.unpack("<Q", header[:8])[0]
-    assert "model.embed_tokens.weight" in json.loads(header[8:8 + size])
+    assert "model.embed_tokens.weight" in json.loads(header[8 : 8 + size])
 
     # ... and then down hands over to `pulumi destroy`.
     assert cli.calls() == []
@@ -144,8 +147,14 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert f"GRPO run {run_name}: llama3.1-8b-Instruct on openai/gsm8k, loss grpo" in " ".join(metrics.stdout.split())
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    scan_for_token(out, result.stderr, again.stdout, refused.stderr, fetched.stdout,
-                   folders=(host.host.user.home / "tpu-grpo", host.host.state))
+    scan_for_token(
+        out,
+        result.stderr,
+        again.stdout,
+        refused.stderr,
+        fetched.stdout,
+        folders=(host.host.user.home / "tpu-grpo", host.host.state),
+    )
 
 
 def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_host):
@@ -164,8 +173,10 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
     for args in (("train", "--batches", "4"), ("convert",)):
         refused = host.invoke(*args)
         assert refused.returncode == 1
-        assert refused.stderr.strip() == (f"error: the TPU is busy with job {job}; fix: wait for it "
-                                          "(uv run invoke logs --follow) or stop it (uv run invoke cancel)")
+        assert refused.stderr.strip() == (
+            f"error: the TPU is busy with job {job}; fix: wait for it "
+            "(uv run invoke logs --follow) or stop it (uv run invoke cancel)"
+        )
     assert len(host.records()) == 2
 
     maxtext_pid = host.records()[-1]["pid"]
@@ -175,8 +186,9 @@ def test_a_second_tpu_job_is_refused_and_cancel_leaves_nothing_behind(workload_h
     assert f"cancelled job {job}" in cancelled.stdout
     # MaxText itself got SIGTERM (not only the job's wrapper) and ended of it within the grace time,
     # and nothing of the job's process group is left.
-    assert host.records("signals") == [{"module": "maxtext.trainers.post_train.rl.train_rl", "pid": maxtext_pid,
-                                        "signal": "SIGTERM"}]
+    assert host.records("signals") == [
+        {"module": "maxtext.trainers.post_train.rl.train_rl", "pid": maxtext_pid, "signal": "SIGTERM"}
+    ]
     assert time.monotonic() - asked < vm_jobs.CANCEL_GRACE_S
     pgid = host.records()[-1]["pgid"]  # as the host numbers it
     assert host.host.on_host("pgrep", "-g", str(pgid)).stdout == ""
@@ -225,10 +237,18 @@ def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
     assert "convert: done (done before)" in resumed.stderr  # with --json, stdout is the JSON alone
     outcome = json.loads(resumed.stdout)
     assert [(step["name"], step["state"], step["exit_code"]) for step in outcome["steps"]] == [
-        ("convert", "done", None), ("train", "ran", 0), ("export", "ran", 0), ("save", "ran", None)]
+        ("convert", "done", None),
+        ("train", "ran", 0),
+        ("export", "ran", 0),
+        ("save", "ran", None),
+    ]
     assert outcome["saved"] == f"~/tpu-grpo/models/{outcome['run']}"
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
-        "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
+        "to_maxtext",
+        "train_rl",
+        "train_rl",
+        "to_huggingface",
+    ]
 
 
 def test_killing_the_pipeline_during_training_then_rerunning_skips_convert(workload_host):
@@ -265,8 +285,10 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_
     cli = PulumiCli(tmp_path / "pulumi")  # there, as `down` needs it; never reached here
     refused = host.invoke("down", env=cli.on_path())
     assert refused.returncode == 1
-    fix = (f"run {run_name}: trained, not saved (in /dev/shm, if its store is shm); fix: uv run invoke pipeline "
-           f"--run-name {run_name} --batches 4 (exports and saves it), then uv run invoke fetch --run {run_name}")
+    fix = (
+        f"run {run_name}: trained, not saved (in /dev/shm, if its store is shm); fix: uv run invoke pipeline "
+        f"--run-name {run_name} --batches 4 (exports and saves it), then uv run invoke fetch --run {run_name}"
+    )
     assert fix in refused.stderr
     unsaved = host.invoke("fetch", "--run", run_name, "--to", str(tmp_path / "never"))  # nothing saved to fetch
     assert unsaved.returncode != 0 and unsaved.stderr.startswith("error: ") and not (tmp_path / "never").exists()
@@ -274,7 +296,11 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_
     assert finished.returncode == 0, finished.stderr
     assert "train: done (done before)" in finished.stdout
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
-        "to_maxtext", "train_rl", "to_huggingface", "to_huggingface"]
+        "to_maxtext",
+        "train_rl",
+        "to_huggingface",
+        "to_huggingface",
+    ]
     assert (host.host.user.home / "tpu-grpo/models" / run_name / "SHA256SUMS").is_file()
 
 
@@ -347,7 +373,12 @@ def test_save_keeps_events_and_checkpoint_so_metrics_outlive_dev_shm(workload_ho
     found = json.loads(metrics.stdout)
     assert found["run"] == run_name and found["rows"][0]["step"] == 1
     assert (found["model"], found["dataset"], found["dataset_config"], found["loss"], found["tokenizer"]) == (
-        "llama3.1-8b-Instruct", "openai/gsm8k", "main", "grpo", "meta-llama/Llama-3.1-8B-Instruct")
+        "llama3.1-8b-Instruct",
+        "openai/gsm8k",
+        "main",
+        "grpo",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    )
     assert [e["stage"] for e in found["evals"]] == ["pre", "intermediate", "intermediate", "post"]  # from the log
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -356,8 +387,10 @@ def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
     host = workload_host
     train = host.invoke("train", "--batches", "4")
     assert train.returncode == 1
-    assert train.stderr.strip() == ("error: no converted checkpoint at /dev/shm/llama3.1-8b-Instruct/mt-format//0/items; "
-                                    "fix: uv run invoke convert (or uv run invoke pipeline, which converts first)")
+    assert train.stderr.strip() == (
+        "error: no converted checkpoint at /dev/shm/llama3.1-8b-Instruct/mt-format//0/items; "
+        "fix: uv run invoke convert (or uv run invoke pipeline, which converts first)"
+    )
     export = host.invoke("export")
     assert export.returncode == 1
     assert export.stderr.strip().startswith("error: no finished training for any run on this host; fix: ")
@@ -379,9 +412,11 @@ def test_a_saved_run_name_given_again_with_other_batches_is_refused(workload_hos
     ran = host.records()
     again = host.invoke("pipeline", "--run-name", "x", "--batches", "8", *FAST)
     assert again.returncode == 2
-    assert again.stderr == ("error: run 'x' was trained with batches=4 (this command: 8); a run name names one "
-                            "training; fix: pick a new run name (e.g. --run-name x-2), or give the earlier flags "
-                            "to continue that run\n")
+    assert again.stderr == (
+        "error: run 'x' was trained with batches=4 (this command: 8); a run name names one "
+        "training; fix: pick a new run name (e.g. --run-name x-2), or give the earlier flags "
+        "to continue that run\n"
+    )
     assert host.records() == ran
     same = host.invoke("pipeline", "--run-name", "x", "--batches", "4", *FAST)
     assert same.returncode == 0, same.stderr
@@ -394,9 +429,11 @@ def test_a_trained_run_name_is_not_trained_again_under_other_inputs(workload_hos
     assert host.invoke("convert").returncode == 0
     assert host.invoke("train", "--run-name", "x", "--batches", "8").returncode == 0
     ran = host.records()
-    for args in (("pipeline", "--run-name", "x", "--batches", "4", *FAST),
-                 ("train", "--run-name", "x", "--batches", "4"),
-                 ("train", "--run-name", "x", "--batches", "8", "--set", "rl.num_generations=4")):
+    for args in (
+        ("pipeline", "--run-name", "x", "--batches", "4", *FAST),
+        ("train", "--run-name", "x", "--batches", "4"),
+        ("train", "--run-name", "x", "--batches", "8", "--set", "rl.num_generations=4"),
+    ):
         refused = host.invoke(*args)
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.startswith("error: run 'x' was trained with "), refused.stderr
@@ -433,8 +470,9 @@ def test_an_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_it_is
     assert host.invoke("train", "--run-name", "a", "--batches", "4", project=stack_dir).returncode == 0
     stack = stack_dir / "Pulumi.dev.yaml"
     config = yaml.safe_load(stack.read_text())["config"]
-    stack.write_text(yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer",
-                                                "tpu-grpo:batches": "9"}}))
+    stack.write_text(
+        yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer", "tpu-grpo:batches": "9"}})
+    )
     exported = host.invoke("export", "--run-name", "a", project=stack_dir)
     assert exported.returncode == 0, exported.stderr
     assert host.records("tokenizers") == [{"from_pretrained": "meta-llama/Llama-3.1-8B-Instruct"}]
@@ -447,8 +485,9 @@ def disk_store(stack_dir) -> Path:
     """A project whose stack keeps checkpoints and runs on the data disk, every 2 steps, the newest 2."""
     stack = stack_dir / "Pulumi.dev.yaml"
     config = yaml.safe_load(stack.read_text())["config"]
-    config.update({"tpu-grpo:checkpointStore": "disk", "tpu-grpo:checkpointPeriod": "2",
-                   "tpu-grpo:checkpointsToKeep": "2"})
+    config.update(
+        {"tpu-grpo:checkpointStore": "disk", "tpu-grpo:checkpointPeriod": "2", "tpu-grpo:checkpointsToKeep": "2"}
+    )
     stack.write_text(yaml.safe_dump({"config": config}))
     return stack_dir
 
@@ -486,7 +525,11 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
     assert re.search(r"train: resumes after checkpoint \d of 8 \(MaxText restores it\)", resumed.stdout)
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
-        "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
+        "to_maxtext",
+        "train_rl",
+        "train_rl",
+        "to_huggingface",
+    ]
     again = [job for job in job_dirs(host) if job.name.endswith("-train") and job != lost_job]
     log = (again[0] / "log").read_bytes()
     restored = int(re.search(rb"restored checkpoint (\d+) from ", log).group(1))
@@ -496,7 +539,10 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     status = json.loads(host.invoke("status", "--json", project=disk_store).stdout)
     assert status["progress"]["resumed_from"] == restored and status["progress"]["step"] == 8
     train = host.records()[2]
-    assert train["env"]["BASE_OUTPUT_DIRECTORY"] == f"/home/{host.host.user.name}/tpu-grpo/maxtext/llama3.1-8b-Instruct/post-train/"
+    assert (
+        train["env"]["BASE_OUTPUT_DIRECTORY"]
+        == f"/home/{host.host.user.name}/tpu-grpo/maxtext/llama3.1-8b-Instruct/post-train/"
+    )
     assert "checkpoint_period=2" in train["argv"] and "max_num_checkpoints_to_keep=2" in train["argv"]
     saved = host.host.user.home / "tpu-grpo/models/durable"
     assert (saved / "SHA256SUMS").is_file()
@@ -507,14 +553,20 @@ def bucket_store(stack_dir, bucket) -> Path:
     """A project whose stack keeps checkpoints and runs in a bucket (the emulator's), every 2 steps."""
     stack = stack_dir / "Pulumi.dev.yaml"
     config = yaml.safe_load(stack.read_text())["config"]
-    config.update({"tpu-grpo:checkpointStore": f"gs://{bucket}/runs", "tpu-grpo:checkpointPeriod": "2",
-                   "tpu-grpo:checkpointsToKeep": "2"})
+    config.update(
+        {
+            "tpu-grpo:checkpointStore": f"gs://{bucket}/runs",
+            "tpu-grpo:checkpointPeriod": "2",
+            "tpu-grpo:checkpointsToKeep": "2",
+        }
+    )
     stack.write_text(yaml.safe_dump({"config": config}))
     return stack_dir
 
 
 def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_the_bucket(
-        make_workload_host, bucket_store, bucket, storage_emulator, tmp_path):
+    make_workload_host, bucket_store, bucket, storage_emulator, tmp_path
+):
     """MaxText writes the converted checkpoint, the checkpoints and the events to gs:// (here a local
     emulator, which the host's jobs and this laptop both reach); tpu-grpo reads the bucket from the
     laptop to know what is done, where training stands and what the run's metrics are."""
@@ -527,8 +579,10 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     names = lambda: {blob.name for blob in storage.Client().list_blobs(bucket)}  # noqa: E731
     first = host.popen("pipeline", "--run-name", "cloud", "--batches", "8", *FAST, project=bucket_store)
     try:
-        wait_for(lambda: any(name.startswith(f"{store}/post-train/cloud/checkpoints/actor/4/") for name in names()),
-                 what="checkpoint 4 in the bucket")
+        wait_for(
+            lambda: any(name.startswith(f"{store}/post-train/cloud/checkpoints/actor/4/") for name in names()),
+            what="checkpoint 4 in the bucket",
+        )
         host.host.vm.lose()
     finally:
         first.kill()
@@ -540,7 +594,11 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     assert resumed.returncode == 0, resumed.stderr
     assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
-        "to_maxtext", "train_rl", "train_rl", "to_huggingface"]
+        "to_maxtext",
+        "train_rl",
+        "train_rl",
+        "to_huggingface",
+    ]
     trained = host.records()[2]
     assert trained["env"]["BASE_OUTPUT_DIRECTORY"] == f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train/"
     assert re.search(rb"restored checkpoint \d from gs://", (job_dirs(host)[-2] / "log").read_bytes())
@@ -550,15 +608,17 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     assert (saved / "SHA256SUMS").is_file()
 
     host.restart_empties_shm()
-    metrics = host.invoke("metrics", "--run", "cloud", "--json", "--out", str(tmp_path / "m.png"),
-                          project=bucket_store, env=laptop)
+    metrics = host.invoke(
+        "metrics", "--run", "cloud", "--json", "--out", str(tmp_path / "m.png"), project=bucket_store, env=laptop
+    )
     assert metrics.returncode == 0, metrics.stderr
     found = json.loads(metrics.stdout)
     assert found["run"] == "cloud" and found["rows"][0]["step"] == 1
     exported = host.invoke("export", "--run-name", "cloud", "--step", "6", project=bucket_store, env=laptop)
     assert exported.returncode == 0, exported.stderr
     assert host.records()[-1]["env"]["POST_TRAIN_PATH"] == (
-        f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//cloud/checkpoints/actor/6/model_params")
+        f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//cloud/checkpoints/actor/6/model_params"
+    )
 
     # A step is done only while its output is in the bucket: the converted checkpoint deleted there, the next
     # run converts again (the host's record of the conversion notwithstanding) before it trains.
@@ -568,7 +628,10 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     again = host.invoke("pipeline", "--run-name", "cloud2", "--batches", "2", *FAST, project=bucket_store, env=laptop)
     assert again.returncode == 0, again.stderr
     assert [r["module"].rsplit(".", 1)[-1] for r in host.records()[before:]] == [
-        "to_maxtext", "train_rl", "to_huggingface"]
+        "to_maxtext",
+        "train_rl",
+        "to_huggingface",
+    ]
     assert any(name.startswith(f"{store}/mt-format/0/items/") for name in names())
 
     # With the VM gone, `invoke runs` still lists both runs and their steps, from the bucket.
@@ -596,7 +659,7 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
     assert host.invoke("pipeline", "--run-name", "tb", "--batches", "4", *FAST).returncode == 0
     [remote] = list(host.host.vm.path("/dev/shm/llama3.1-8b-Instruct/post-train/tb/tensorboard").iterdir())
     whole = remote.read_bytes()
-    remote.write_bytes(whole[:len(whole) // 2])  # the run so far
+    remote.write_bytes(whole[: len(whole) // 2])  # the run so far
 
     def sync() -> int:
         result = host.invoke("tensorboard", "--run", "tb", "--once", "--json")
@@ -604,9 +667,9 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
         return json.loads(result.stdout)["runs"]["tb"]["bytes_copied"]
 
     local = host.host.state / "runs/tb/tensorboard" / remote.name
-    assert sync() == len(whole) // 2 and local.read_bytes() == whole[:len(whole) // 2]
+    assert sync() == len(whole) // 2 and local.read_bytes() == whole[: len(whole) // 2]
     with remote.open("ab") as grown:
-        grown.write(whole[len(whole) // 2:])
+        grown.write(whole[len(whole) // 2 :])
     assert sync() == len(whole) - len(whole) // 2 and local.read_bytes() == whole
     assert sync() == 0
     # --run is that run only, and a run the host never trained is refused
@@ -614,8 +677,10 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
     only = host.invoke("tensorboard", "--run", "tb", "--once", "--json")
     assert list(json.loads(only.stdout)["runs"]) == ["tb"] and not (host.host.state / "runs/other").exists()
     missing = host.invoke("tensorboard", "--run", "nosuch", "--once")
-    assert (missing.returncode, missing.stderr) == (2, "error: no training of run 'nosuch' on this host; fix: name a "
-                                                       "run from uv run invoke status\n")
+    assert (missing.returncode, missing.stderr) == (
+        2,
+        "error: no training of run 'nosuch' on this host; fix: name a run from uv run invoke status\n",
+    )
 
     port = free_port()
     served = host.popen("tensorboard", "--run", "tb", "--port", str(port), "--every", "1")
@@ -632,6 +697,7 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
                 return [(step, value) for _, step, value in json.load(urllib.request.urlopen(url, timeout=5))]
             except OSError:
                 return []
+
         wait_for(lambda: scalars() == expected, what="TensorBoard to serve the run's loss")
         served.send_signal(signals.SIGINT)
         _, err = served.communicate(timeout=30)
@@ -661,8 +727,10 @@ def test_a_conversion_kept_on_the_data_disk_is_restored_after_a_reboot_not_conve
     assert {name: data for name, data in restored.items() if str(name) != "SHA256SUMS"} == converted
 
     # a copy that does not match its sums, or one of another MaxText version, is converted again
-    for spoil in (lambda: next(p for p in folder.rglob("*") if p.is_file() and p.name != "SHA256SUMS").write_bytes(b"x"),
-                  lambda: version.write_text("0.2.2\n")):
+    for spoil in (
+        lambda: next(p for p in folder.rglob("*") if p.is_file() and p.name != "SHA256SUMS").write_bytes(b"x"),
+        lambda: version.write_text("0.2.2\n"),
+    ):
         spoil()
         host.restart_empties_shm()
         result = host.invoke("convert")

@@ -40,23 +40,47 @@ INPUTS = VENV.parent / f"{VENV.name}-inputs"
 @dataclass
 class Host:
     """A home laid out as `invoke provision` leaves a VM, for one model's tiny checkpoint."""
+
     home: Path
     family: Family
     data: Path
     hub: Hub
 
-    def run(self, script: str, added: Mapping[str, str], in_slice: bool = False,
-            timeout: int = 900) -> subprocess.CompletedProcess:
+    def run(
+        self, script: str, added: Mapping[str, str], in_slice: bool = False, timeout: int = 900
+    ) -> subprocess.CompletedProcess:
         """The script as the job (or the pod) runs it, its environment and `added` (stack.script's): bash, in its own
         mounts with the host's /dev/shm, JAX on the CPU (stack.cpu_environment)."""
-        env = {"HOME": str(self.home), "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
-               "HF_ENDPOINT": self.hub.url, "LANG": "C.UTF-8", "TPU_GRPO_TINY_MODEL": str(self.model_folder),
-               "TPU_GRPO_ROLLOUT_LOG": str(self.rollout_log), **stack.cpu_environment(self.family), **added}
+        env = {
+            "HOME": str(self.home),
+            "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
+            "HF_ENDPOINT": self.hub.url,
+            "LANG": "C.UTF-8",
+            "TPU_GRPO_TINY_MODEL": str(self.model_folder),
+            "TPU_GRPO_ROLLOUT_LOG": str(self.rollout_log),
+            **stack.cpu_environment(self.family),
+            **added,
+        }
         self.shm.mkdir(exist_ok=True)
-        command = ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-                   f"mount --bind {self.shm} /dev/shm && exec bash -s"]
-        with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, cwd=self.home, start_new_session=True) as process:
+        command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "bash",
+            "-c",
+            f"mount --bind {self.shm} /dev/shm && exec bash -s",
+        ]
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=self.home,
+            start_new_session=True,
+        ) as process:
             try:
                 stdout, stderr = process.communicate(script, timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -146,8 +170,11 @@ def lay_out_host(folder: Path, hub: Hub, family: Family) -> Host:
     export_repo = MODELS[row.export_model].hf_id
     if export_repo not in {row.hf_id, row.training_tokenizer}:  # an instruct model exported under its base's name
         # the base's own chat template, as the Hub has it apart: the export must carry the one the run trained with
-        hub.seed(export_repo, {**files, "chat_template.jinja": BASE_TEMPLATE_MARK + files["chat_template.jinja"]},
-                 gated=False)
+        hub.seed(
+            export_repo,
+            {**files, "chat_template.jinja": BASE_TEMPLATE_MARK + files["chat_template.jinja"]},
+            gated=False,
+        )
     return host
 
 
@@ -156,8 +183,15 @@ def tier_input(what: str) -> Path:
     them in the tier's venv, once."""
     sources = [ROOT / "tests/maxtext/families.py", *sorted(TOKENIZER.iterdir())]
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]
-    return built_once(INPUTS / f"{what}-{digest}", lambda folder: subprocess.run(
-        [VENV / "bin/python", "-m", "tests.maxtext.families", what, folder], cwd=ROOT, check=True, capture_output=True))
+    return built_once(
+        INPUTS / f"{what}-{digest}",
+        lambda folder: subprocess.run(
+            [VENV / "bin/python", "-m", "tests.maxtext.families", what, folder],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        ),
+    )
 
 
 @pytest.fixture

@@ -27,10 +27,14 @@ def load_export(folder: Path, trained_tokenizer: Path) -> dict:
     prompt = tokenizer(rendered, add_special_tokens=False, return_tensors="pt")
     reply = model.generate(**prompt, max_new_tokens=4, do_sample=False)
     trained = transformers.AutoTokenizer.from_pretrained(trained_tokenizer)
-    return {"class": type(model).__name__, "rendered": rendered, "decoded": tokenizer.decode(prompt["input_ids"][0]),
-            "trained_rendered": trained.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False),
-            "new_tokens": reply.shape[-1] - prompt["input_ids"].shape[-1],
-            **{what: sorted(map(str, found[what])) for what in ("missing_keys", "unexpected_keys", "mismatched_keys")}}
+    return {
+        "class": type(model).__name__,
+        "rendered": rendered,
+        "decoded": tokenizer.decode(prompt["input_ids"][0]),
+        "trained_rendered": trained.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False),
+        "new_tokens": reply.shape[-1] - prompt["input_ids"].shape[-1],
+        **{what: sorted(map(str, found[what])) for what in ("missing_keys", "unexpected_keys", "mismatched_keys")},
+    }
 
 
 def learned(start: Path, export: Path, rollout_log: Path) -> dict:
@@ -44,11 +48,15 @@ def learned(start: Path, export: Path, rollout_log: Path) -> dict:
     import transformers
 
     before = transformers.AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32)
-    after, found = transformers.AutoModelForCausalLM.from_pretrained(export, torch_dtype=torch.float32,
-                                                                     output_loading_info=True)
+    after, found = transformers.AutoModelForCausalLM.from_pretrained(
+        export, torch_dtype=torch.float32, output_loading_info=True
+    )
     start_weights = before.state_dict()
-    compared = {name: bool((value != start_weights[name].to(torch.bfloat16).float()).any())
-                for name, value in after.state_dict().items() if value.dim() > 1 and name not in found["missing_keys"]}
+    compared = {
+        name: bool((value != start_weights[name].to(torch.bfloat16).float()).any())
+        for name, value in after.state_dict().items()
+        if value.dim() > 1 and name not in found["missing_keys"]
+    }
     answers: dict[str, dict[bool, str]] = {}
     for line in rollout_log.read_text().splitlines():
         said = json.loads(line)
@@ -61,13 +69,18 @@ def learned(start: Path, export: Path, rollout_log: Path) -> dict:
             asked = tokenizer(prompt, return_tensors="pt")["input_ids"][0]
             said = tokenizer(completion, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
             with torch.no_grad():
-                logits = model(torch.cat([asked, said])[None]).logits[0, len(asked) - 1:-1]
+                logits = model(torch.cat([asked, said])[None]).logits[0, len(asked) - 1 : -1]
             return float(torch.log_softmax(logits, -1).gather(-1, said[:, None]).sum())
+
         return sum(log_p(prompt, right) - log_p(prompt, wrong) for prompt, right, wrong in pairs) / len(pairs)
 
-    return {"changed": sorted(name for name, differs in compared.items() if differs),
-            "unchanged": sorted(name for name, differs in compared.items() if not differs),
-            "pairs": len(pairs), "margin_before": margin(before), "margin_after": margin(after)}
+    return {
+        "changed": sorted(name for name, differs in compared.items() if differs),
+        "unchanged": sorted(name for name, differs in compared.items() if not differs),
+        "pairs": len(pairs),
+        "margin_before": margin(before),
+        "margin_after": margin(after),
+    }
 
 
 def bytes_per_parameter(step_folder: str) -> dict[str, float]:
@@ -82,10 +95,15 @@ def bytes_per_parameter(step_folder: str) -> dict[str, float]:
     found = {}
     for part in ("model_params", "optimizer_state"):
         metadata = ocp.StandardCheckpointer().metadata(epath.Path(step_folder) / part)
-        leaves = [leaf for leaf in tree_leaves(getattr(metadata, "item_metadata", metadata))  # not steps, seeds
-                  if getattr(leaf, "shape", None) and np.dtype(leaf.dtype).kind not in "iub"]
-        found[part] = (sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves),
-                       sum(int(np.prod(leaf.shape)) for leaf in leaves))
+        leaves = [
+            leaf
+            for leaf in tree_leaves(getattr(metadata, "item_metadata", metadata))  # not steps, seeds
+            if getattr(leaf, "shape", None) and np.dtype(leaf.dtype).kind not in "iub"
+        ]
+        found[part] = (
+            sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in leaves),
+            sum(int(np.prod(leaf.shape)) for leaf in leaves),
+        )
     parameters = found["model_params"][1]
     return {part: nbytes / parameters for part, (nbytes, _) in found.items()}
 

@@ -36,8 +36,12 @@ TOKEN = "hf_tier_token"
 
 def placements(models) -> list[tuple[str, str]]:
     """(model, placement) for every placement a stack accepts: one VM where the model fits one, a slice always."""
-    return [(model, placement) for placement in ("vm", "slice") for model in models
-            if placement == "slice" or MODELS[model].fits(ACCELERATORS[ONE_VM])]
+    return [
+        (model, placement)
+        for placement in ("vm", "slice")
+        for model in models
+        if placement == "slice" or MODELS[model].fits(ACCELERATORS[ONE_VM])
+    ]
 
 
 def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
@@ -45,12 +49,20 @@ def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
     checkpoint every 2 steps, 3 kept); a slice's is the smallest slice that holds the model, with its runs in
     gs://`bucket` and Pathways (which the settings require of a slice)."""
     raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
-    raw.update({"tpu-grpo:model": model, "tpu-grpo:batches": BATCHES, "tpu-grpo:testBatches": 2,
-                "tpu-grpo:checkpointPeriod": 2, "tpu-grpo:checkpointsToKeep": 3})
+    raw.update(
+        {
+            "tpu-grpo:model": model,
+            "tpu-grpo:batches": BATCHES,
+            "tpu-grpo:testBatches": 2,
+            "tpu-grpo:checkpointPeriod": 2,
+            "tpu-grpo:checkpointsToKeep": 3,
+        }
+    )
     if placement == "slice":
         smallest = next(shape.name for shape in SLICES.values() if MODELS[model].fits(shape))
-        raw.update({"tpu-grpo:slice": smallest,
-                    "tpu-grpo:checkpointStore": f"gs://{bucket}", "tpu-grpo:usePathways": True})
+        raw.update(
+            {"tpu-grpo:slice": smallest, "tpu-grpo:checkpointStore": f"gs://{bucket}", "tpu-grpo:usePathways": True}
+        )
     return settings_module.parse(raw, "tier", ROOT, lenient=True)  # lenient: the project and key are placeholders
 
 
@@ -62,9 +74,11 @@ def tier_sets(family: Family, data: Path, in_slice: bool) -> dict[str, dict[str,
         "train": {
             **shrunk,
             # GSM8K-shaped rows on the disk (families.write_gsm8k): the Hub stand-in serves models, not datasets
-            "hf_train_files": str(data / "train.parquet"), "hf_eval_files": str(data / "test.parquet"),
+            "hf_train_files": str(data / "train.parquet"),
+            "hf_eval_files": str(data / "test.parquet"),
             "batch_size": "4",  # 4 prompts x 2 generations: one sequence for each of the trainer's 8 devices
-            "max_prefill_predict_length": "128", "max_target_length": "160",  # short sequences compile in seconds
+            "max_prefill_predict_length": "128",
+            "max_target_length": "160",  # short sequences compile in seconds
             "eval_interval": "2",  # an intermediate evaluation between the first step and the last
             "learning_rate": "1e-3",  # 4 steps at 3e-6 would not move a weight past bfloat16's rounding in the export
         },
@@ -78,8 +92,11 @@ def tier_sets(family: Family, data: Path, in_slice: bool) -> dict[str, dict[str,
 def run(chosen: Settings, family: Family, data: Path, in_slice: bool, batches: int | None = None) -> maxtext.Run:
     """The run `invoke pipeline --run-name tier [--batches N] --set ...` makes of the stack, the tier's `--set`s given
     as flags."""
-    sets = [f"{step}:{key}={value}" for step, values in tier_sets(family, data, in_slice).items()
-            for key, value in values.items()]
+    sets = [
+        f"{step}:{key}={value}"
+        for step, values in tier_sets(family, data, in_slice).items()
+        for key, value in values.items()
+    ]
     return pipeline.build_run(chosen, batches=batches, run_name=RUN_NAME, sets=sets)
 
 
@@ -93,8 +110,10 @@ def script(chosen: Settings, run: maxtext.Run, step: str) -> tuple[str, dict[str
     container = next(each for each in head["containers"] if each["name"] == jobset.CONTAINER)
     assert container["command"][:2] == ["bash", "-c"]
     # the training sees the slice's chips (through Pathways); the CPU pool's pods, JAX's one CPU device
-    return container["command"][2], {**pod_environment(container["env"]),
-                                     **(chips_as_devices(chosen.chips) if step == "train" else {})}
+    return container["command"][2], {
+        **pod_environment(container["env"]),
+        **(chips_as_devices(chosen.chips) if step == "train" else {}),
+    }
 
 
 def chips_as_devices(chips: int) -> dict[str, str]:
@@ -120,9 +139,12 @@ def pod_environment(declared: list[dict]) -> dict[str, str]:
 
 def cpu_environment(family: Family) -> dict[str, str]:
     """JAX on the CPU, and the tiny model's config for MaxText's table (standin/sitecustomize.py)."""
-    return {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT / "tests/maxtext/standin"),
-            "TPU_GRPO_TINY_MODEL_NAME": family.model,
-            "HF_DATASETS_OFFLINE": "1"}  # the rows are files: the datasets library asks the Hub nothing
+    return {
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(ROOT / "tests/maxtext/standin"),
+        "TPU_GRPO_TINY_MODEL_NAME": family.model,
+        "HF_DATASETS_OFFLINE": "1",
+    }  # the rows are files: the datasets library asks the Hub nothing
 
 
 def bucket_environment(emulator: str) -> dict[str, str]:
@@ -131,5 +153,10 @@ def bucket_environment(emulator: str) -> dict[str, str]:
     endpoint and test token, as TensorStore's GCS tests set them; and etils' epath (Orbax's files, JAX's compile cache)
     goes through gcsfs, since TensorFlow's GCS file system, its default where TensorFlow is installed, takes no
     endpoint (only www.googleapis.com)."""
-    return {"STORAGE_EMULATOR_HOST": emulator, "TENSORSTORE_GCS_HTTP_URL": emulator,
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "tier", "EPATH_USE_TF": "false", "GOOGLE_CLOUD_PROJECT": "tier"}
+    return {
+        "STORAGE_EMULATOR_HOST": emulator,
+        "TENSORSTORE_GCS_HTTP_URL": emulator,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "tier",
+        "EPATH_USE_TF": "false",
+        "GOOGLE_CLOUD_PROJECT": "tier",
+    }

@@ -27,9 +27,16 @@ def tail(done, lines: int = 40) -> str:
 
 def readback(*args, env=None) -> dict:
     """A check of tests/maxtext/readback.py, in the tier's venv."""
-    return json.loads(subprocess.run([VENV / "bin/python", "-m", "tests.maxtext.readback", *map(str, args)], cwd=ROOT,
-                                     capture_output=True, text=True, check=True,
-                                     env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}).stdout)
+    return json.loads(
+        subprocess.run(
+            [VENV / "bin/python", "-m", "tests.maxtext.readback", *map(str, args)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        ).stdout
+    )
 
 
 #: One row of each family; every row with TPU_GRPO_MAXTEXT_ROWS=all (docs/development.md).
@@ -73,8 +80,11 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
         checkpoints = host.path(where["checkpoints"])
         found = pipeline.CHECKPOINTS.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
     assert found[-1] == stack.BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
-    step_folder = ("gs://{}/{}{}".format(*gcs.split(where["checkpoints"]), stack.BATCHES) if in_slice  # `//` folded
-                   else host.path(where["checkpoints"]) / str(stack.BATCHES))
+    step_folder = (
+        "gs://{}/{}{}".format(*gcs.split(where["checkpoints"]), stack.BATCHES)
+        if in_slice  # `//` folded
+        else host.path(where["checkpoints"]) / str(stack.BATCHES)
+    )
     weighed = readback("bytes", step_folder, env=bucket)
     assert weighed == {"model_params": models.WEIGHT_BYTES, "optimizer_state": models.MOMENT_BYTES}  # the disk's
 
@@ -99,8 +109,9 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
     assert warm["cache"]["warm"] and warm["cache"]["folder"] == folder  # batches fix no shape
     events = progress.parse_lines(resumed)
     assert progress.Resumed(stack.BATCHES) in events  # the script's own line, before MaxText restores it
-    assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(range(stack.BATCHES + 1,
-                                                                                      stack.MORE_BATCHES + 1))
+    assert [e.step for e in events if isinstance(e, progress.TrainStep)] == list(
+        range(stack.BATCHES + 1, stack.MORE_BATCHES + 1)
+    )
     if in_slice:
         host.bring_back_compile_caches(root)
 

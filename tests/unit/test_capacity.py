@@ -26,23 +26,62 @@ def instance(stack_values, **changes):
     return settings, vm, outputs
 
 
-@pytest.mark.parametrize("changes, scheduling, affinity", [
-    ({}, {"onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
-          "provisioningModel": "RESERVATION_BOUND"},
-     {"type": "SPECIFIC_RESERVATION", "specificReservation": {"key": "compute.googleapis.com/reservation-name",
-                                                              "values": ["v6e-8-calendar"]}}),
-    (SHARED, {"onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
-              "provisioningModel": "RESERVATION_BOUND"},
-     {"type": "SPECIFIC_RESERVATION", "specificReservation": {
-         "key": "compute.googleapis.com/reservation-name",
-         "values": ["projects/owner-project/reservations/v6e-shared"]}}),
-    (SPOT, {"preemptible": True, "automaticRestart": False, "onHostMaintenance": "TERMINATE",
-            "instanceTerminationAction": "DELETE", "provisioningModel": "SPOT"}, None),
-    (FLEX, {"automaticRestart": False, "onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
-            "provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 86400}},
-     {"type": "NO_RESERVATION"}),
-    (ON_DEMAND, {"onHostMaintenance": "TERMINATE", "provisioningModel": "STANDARD"}, None),
-], ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"])
+@pytest.mark.parametrize(
+    "changes, scheduling, affinity",
+    [
+        (
+            {},
+            {
+                "onHostMaintenance": "TERMINATE",
+                "instanceTerminationAction": "DELETE",
+                "provisioningModel": "RESERVATION_BOUND",
+            },
+            {
+                "type": "SPECIFIC_RESERVATION",
+                "specificReservation": {"key": "compute.googleapis.com/reservation-name", "values": ["v6e-8-calendar"]},
+            },
+        ),
+        (
+            SHARED,
+            {
+                "onHostMaintenance": "TERMINATE",
+                "instanceTerminationAction": "DELETE",
+                "provisioningModel": "RESERVATION_BOUND",
+            },
+            {
+                "type": "SPECIFIC_RESERVATION",
+                "specificReservation": {
+                    "key": "compute.googleapis.com/reservation-name",
+                    "values": ["projects/owner-project/reservations/v6e-shared"],
+                },
+            },
+        ),
+        (
+            SPOT,
+            {
+                "preemptible": True,
+                "automaticRestart": False,
+                "onHostMaintenance": "TERMINATE",
+                "instanceTerminationAction": "DELETE",
+                "provisioningModel": "SPOT",
+            },
+            None,
+        ),
+        (
+            FLEX,
+            {
+                "automaticRestart": False,
+                "onHostMaintenance": "TERMINATE",
+                "instanceTerminationAction": "DELETE",
+                "provisioningModel": "FLEX_START",
+                "maxRunDuration": {"seconds": 86400},
+            },
+            {"type": "NO_RESERVATION"},
+        ),
+        (ON_DEMAND, {"onHostMaintenance": "TERMINATE", "provisioningModel": "STANDARD"}, None),
+    ],
+    ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"],
+)
 def test_each_capacity_sends_its_scheduling_and_affinity(stack_values, changes, scheduling, affinity):
     _, vm, outputs = instance(stack_values, **changes)
     assert vm["scheduling"] == scheduling
@@ -51,41 +90,80 @@ def test_each_capacity_sends_its_scheduling_and_affinity(stack_values, changes, 
     assert outputs["capacity"] == (changes.get("tpu-grpo:capacity") or "reservation")
 
 
-@pytest.mark.parametrize("changes, flags", [
-    ({}, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
-          "--provisioning-model=RESERVATION_BOUND", "--reservation-affinity=specific",
-          "--reservation=v6e-8-calendar"]),
-    (SHARED, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
-              "--provisioning-model=RESERVATION_BOUND", "--reservation-affinity=specific",
-              "--reservation=projects/owner-project/reservations/v6e-shared"]),
-    (SPOT, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE", "--provisioning-model=SPOT",
-            "--no-restart-on-failure"]),
-    (FLEX, ["--maintenance-policy=TERMINATE", "--instance-termination-action=DELETE",
-            "--provisioning-model=FLEX_START", "--no-restart-on-failure", "--max-run-duration=24h",
-            "--reservation-affinity=none"]),
-    (ON_DEMAND, ["--maintenance-policy=TERMINATE", "--provisioning-model=STANDARD"]),
-], ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"])
+@pytest.mark.parametrize(
+    "changes, flags",
+    [
+        (
+            {},
+            [
+                "--maintenance-policy=TERMINATE",
+                "--instance-termination-action=DELETE",
+                "--provisioning-model=RESERVATION_BOUND",
+                "--reservation-affinity=specific",
+                "--reservation=v6e-8-calendar",
+            ],
+        ),
+        (
+            SHARED,
+            [
+                "--maintenance-policy=TERMINATE",
+                "--instance-termination-action=DELETE",
+                "--provisioning-model=RESERVATION_BOUND",
+                "--reservation-affinity=specific",
+                "--reservation=projects/owner-project/reservations/v6e-shared",
+            ],
+        ),
+        (
+            SPOT,
+            [
+                "--maintenance-policy=TERMINATE",
+                "--instance-termination-action=DELETE",
+                "--provisioning-model=SPOT",
+                "--no-restart-on-failure",
+            ],
+        ),
+        (
+            FLEX,
+            [
+                "--maintenance-policy=TERMINATE",
+                "--instance-termination-action=DELETE",
+                "--provisioning-model=FLEX_START",
+                "--no-restart-on-failure",
+                "--max-run-duration=24h",
+                "--reservation-affinity=none",
+            ],
+        ),
+        (ON_DEMAND, ["--maintenance-policy=TERMINATE", "--provisioning-model=STANDARD"]),
+    ],
+    ids=["reservation", "shared-reservation", "spot", "flex-start", "on-demand"],
+)
 def test_each_capacity_has_its_gcloud_flags(stack_values, changes, flags):
     settings, _, _ = instance(stack_values, **changes)
     command = gcloud_create_command(settings)
     start = command.index("--boot-disk-size=200GB") + 1
-    assert command[start:start + len(flags)] == flags
+    assert command[start : start + len(flags)] == flags
     assert command[start + len(flags)] == "--boot-disk-type=hyperdisk-balanced"
 
 
-@pytest.mark.parametrize("changes, key, problem", [
-    ({"tpu-grpo:capacity": "preemptible"}, "tpu-grpo:capacity", "is not a capacity (reservation, spot, "),
-    ({"tpu-grpo:capacity": "spot"}, "tpu-grpo:reservation", "is set, but capacity spot uses no reservation"),
-    ({"tpu-grpo:reservation": None}, "tpu-grpo:reservation", "is not set, and capacity reservation needs it"),
-    ({**FLEX, "tpu-grpo:maxRunHours": None}, "tpu-grpo:maxRunHours", "is not set, and a flex-start VM needs"),
-    ({**FLEX, "tpu-grpo:maxRunHours": "0"}, "tpu-grpo:maxRunHours", "from 1 to 168 hours"),
-    ({**FLEX, "tpu-grpo:maxRunHours": "169"}, "tpu-grpo:maxRunHours", "from 1 to 168 hours"),
-    ({**SPOT, "tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
-    ({"tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
-    ({"tpu-grpo:idleStopMinutes": "-1"}, "tpu-grpo:idleStopMinutes", "from 0 to 10080 minutes; 0: never"),
-    ({"tpu-grpo:reservation": "projects/owner-project/reservations/"}, "tpu-grpo:reservation",
-     "is not a reservation name"),
-])
+@pytest.mark.parametrize(
+    "changes, key, problem",
+    [
+        ({"tpu-grpo:capacity": "preemptible"}, "tpu-grpo:capacity", "is not a capacity (reservation, spot, "),
+        ({"tpu-grpo:capacity": "spot"}, "tpu-grpo:reservation", "is set, but capacity spot uses no reservation"),
+        ({"tpu-grpo:reservation": None}, "tpu-grpo:reservation", "is not set, and capacity reservation needs it"),
+        ({**FLEX, "tpu-grpo:maxRunHours": None}, "tpu-grpo:maxRunHours", "is not set, and a flex-start VM needs"),
+        ({**FLEX, "tpu-grpo:maxRunHours": "0"}, "tpu-grpo:maxRunHours", "from 1 to 168 hours"),
+        ({**FLEX, "tpu-grpo:maxRunHours": "169"}, "tpu-grpo:maxRunHours", "from 1 to 168 hours"),
+        ({**SPOT, "tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
+        ({"tpu-grpo:maxRunHours": "24"}, "tpu-grpo:maxRunHours", "only flex-start VMs have a maximum run"),
+        ({"tpu-grpo:idleStopMinutes": "-1"}, "tpu-grpo:idleStopMinutes", "from 0 to 10080 minutes; 0: never"),
+        (
+            {"tpu-grpo:reservation": "projects/owner-project/reservations/"},
+            "tpu-grpo:reservation",
+            "is not a reservation name",
+        ),
+    ],
+)
 def test_a_wrong_capacity_setting_is_one_line_before_anything_is_declared(stack_values, changes, key, problem):
     values = {k: v for k, v in {**stack_values, **changes}.items() if v is not None}
     mocks = offline.RecordingMocks()
@@ -95,10 +173,19 @@ def test_a_wrong_capacity_setting_is_one_line_before_anything_is_declared(stack_
     assert problem in str(raised.value) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("changes, minutes", [
-    ({}, 0), (SPOT, 60), (FLEX, 60), (ON_DEMAND, 60), ({**SPOT, "tpu-grpo:idleStopMinutes": "15"}, 15),
-    ({**SPOT, "tpu-grpo:idleStopMinutes": "0"}, 0), ({**FLEX, "tpu-grpo:idleStopMinutes": "0"}, 0),
-    ({**ON_DEMAND, "tpu-grpo:idleStopMinutes": "0"}, 0)])
+@pytest.mark.parametrize(
+    "changes, minutes",
+    [
+        ({}, 0),
+        (SPOT, 60),
+        (FLEX, 60),
+        (ON_DEMAND, 60),
+        ({**SPOT, "tpu-grpo:idleStopMinutes": "15"}, 15),
+        ({**SPOT, "tpu-grpo:idleStopMinutes": "0"}, 0),
+        ({**FLEX, "tpu-grpo:idleStopMinutes": "0"}, 0),
+        ({**ON_DEMAND, "tpu-grpo:idleStopMinutes": "0"}, 0),
+    ],
+)
 def test_idle_stop_defaults_follow_the_capacity(stack_values, changes, minutes):
     """0 means never, on every capacity: the provisioning removes the timer rather than installing one."""
     from tpu_grpo.provision import playbook
@@ -140,12 +227,23 @@ def test_a_newer_image_never_replaces_the_vm(stack_values):
     # No allow_stopping_for_update: what the provider changes only on a stopped VM (terraform-provider-google:
     # machine_type, service_account, scheduling, the network) replaces the VM instead.
     assert options["gcp:compute/instance:Instance"].replace_on_changes == [
-        "machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network", "networkInterfaces[*].subnetwork"]
+        "machineType",
+        "serviceAccount",
+        "scheduling",
+        "networkInterfaces[*].network",
+        "networkInterfaces[*].subnetwork",
+    ]
 
 
-@pytest.mark.parametrize("capacity, changes, per_hour", [
-    ("reservation", {}, "$21.60 per hour"), ("spot", SPOT, "$8.64 per hour"),
-    ("flex-start", FLEX, "$10.80 per hour"), ("on-demand", ON_DEMAND, "$21.60 per hour")])
+@pytest.mark.parametrize(
+    "capacity, changes, per_hour",
+    [
+        ("reservation", {}, "$21.60 per hour"),
+        ("spot", SPOT, "$8.64 per hour"),
+        ("flex-start", FLEX, "$10.80 per hour"),
+        ("on-demand", ON_DEMAND, "$21.60 per hour"),
+    ],
+)
 def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, capacity, changes, per_hour):
     import yaml
 
@@ -163,7 +261,8 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
     waits = f" {CAPACITIES[capacity].waits}" if CAPACITIES[capacity].waits else ""
     assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.{waits}")
     assert ("waits for capacity up to its valid-for duration (Google: at most two hours" in plan["cost"]["note"]) == (
-        capacity == "flex-start")
+        capacity == "flex-start"
+    )
     stopped = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
     assert stopped in plan["cost"]["note"] and "creates the VM anew around the same data disk" in plan["cost"]["note"]
 
@@ -171,8 +270,10 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
 def test_spot_and_flex_start_draw_on_the_preemptible_quota_the_others_on_the_on_demand_one():
     assert [name for name, row in CAPACITIES.items() if "preemptible" in row.quota] == ["spot", "flex-start"]
     assert all("preemptible" not in CAPACITIES[name].quota for name in ("reservation", "on-demand"))
-    assert all("Compute Engine's" in row.quota and "not the Cloud TPU API's" in row.quota  # Compute Engine, GKE
-               for row in CAPACITIES.values())
+    assert all(
+        "Compute Engine's" in row.quota and "not the Cloud TPU API's" in row.quota  # Compute Engine, GKE
+        for row in CAPACITIES.values()
+    )
 
 
 @pytest.mark.parametrize("zone, warned", [("us-east5-b", True), ("us-east5-a", False), ("asia-northeast1-b", False)])
@@ -180,8 +281,10 @@ def test_a_flex_start_stack_outside_its_zones_is_warned_not_refused(stack_dir, s
     """Google's Flex-start page lists v6e in asia-northeast1-b and us-east5-a (SkyPilot adds us-south1-ai1b): another
     zone gets one line from `settings`, `plan` and `up`, and goes on (the list grows)."""
     with_capacity(stack_dir, stack_values, {**FLEX, "gcp:zone": zone})
-    line = (f"warning: gcp:zone {zone} is not among the zones known to offer v6e flex-start (asia-northeast1-b, "
-            "us-east5-a, us-south1-ai1b")
+    line = (
+        f"warning: gcp:zone {zone} is not among the zones known to offer v6e flex-start (asia-northeast1-b, "
+        "us-east5-a, us-south1-ai1b"
+    )
     cli = PulumiCli(tmp_path / "pulumi", {"capacity": "flex-start", "zone": zone}, "RUNNING")
     env = cli.env()
     for task in (["settings"], ["plan"], ["up", "--yes"]):
@@ -210,13 +313,15 @@ CAPACITY_CHANGES = {"reservation": {}, "spot": SPOT, "flex-start": FLEX, "on-dem
 
 @pytest.mark.parametrize("capacity", list(CAPACITY_CHANGES))
 @pytest.mark.parametrize("status, replaced", [("TERMINATED", True), ("STOPPED", True), ("RUNNING", False)])
-def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_values, tmp_path, capacity, status,
-                                                            replaced):
+def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(
+    stack_dir, stack_values, tmp_path, capacity, status, replaced
+):
     """Compute Engine never starts a stopped TPU VM again (SkyPilot: "TPU VMs cannot be stopped. Delete them
     instead"): `invoke up` replaces it around the same data disk, for every capacity."""
     with_capacity(stack_dir, stack_values, CAPACITY_CHANGES[capacity])
-    cli = PulumiCli(tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
-                                            "capacity": capacity}, status)
+    cli = PulumiCli(
+        tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b", "capacity": capacity}, status
+    )
     env = cli.env()
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
@@ -226,18 +331,25 @@ def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(stack_dir, stack_val
     assert up.startswith("up --refresh --stack dev ")
     urn = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
     assert (f"--replace {urn}" in up) == replaced
-    assert (f"the {capacity} VM is {status} (stopped when idle, or preempted), and a TPU VM is never started again: "
-            "creating it anew around the same data disk" in result.stdout) == replaced
+    assert (
+        f"the {capacity} VM is {status} (stopped when idle, or preempted), and a TPU VM is never started again: "
+        "creating it anew around the same data disk" in result.stdout
+    ) == replaced
 
 
 def test_plan_and_up_say_when_a_setting_replaces_the_vm(stack_dir, stack_values, tmp_path):
-    cli = PulumiCli(tmp_path / "pulumi", {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b",
-                                        "capacity": "reservation"}, "RUNNING")
+    cli = PulumiCli(
+        tmp_path / "pulumi",
+        {"machine_type": "ct6e-standard-8t", "zone": "us-east5-b", "capacity": "reservation"},
+        "RUNNING",
+    )
     cli.deployed(stack_values)
     with_capacity(stack_dir, stack_values, {"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"})
     env = cli.env()
-    line = ("Instance tpu-grpo (machineType ct6e-standard-8t -> ct6e-standard-4t): a new VM and boot disk "
-            "(provisioning again, /dev/shm emptied)")
+    line = (
+        "Instance tpu-grpo (machineType ct6e-standard-8t -> ct6e-standard-4t): a new VM and boot disk "
+        "(provisioning again, /dev/shm emptied)"
+    )
     up = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert up.returncode == 0 and f"replaces: {line}" in up.stdout
     assert "Disk" not in up.stdout  # the data disk stays
@@ -265,16 +377,29 @@ def test_no_code_branches_on_a_capacitys_name():
     names = "|".join(re.escape(name) for name in CAPACITIES)
     # (`short == "reservation"` and `values["reservation"]` name the setting `tpu-grpo:reservation`, not a capacity)
     branch = re.compile(rf'(?<!short )[=!]=\s*"({names})"|"({names})"\s*:|\bin\s*\(\s*"({names})"')
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in [*(ROOT / "tpu_grpo").rglob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
-             for number, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in [*(ROOT / "tpu_grpo").rglob("*.py"), *(ROOT / "infra").glob("*.py"), ROOT / "tasks.py"]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if branch.search(line)
+    ]
     assert found == []
 
 
-@pytest.mark.parametrize("extra, disks", [
-    ({}, [("boot disk", 200), ("data disk", 500)]),
-    ({"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true", "tpu-grpo:checkpointStore": "gs://grpo-runs/runs"},
-     [("boot disks of the 4 TPU hosts", 800)])])
+@pytest.mark.parametrize(
+    "extra, disks",
+    [
+        ({}, [("boot disk", 200), ("data disk", 500)]),
+        (
+            {
+                "tpu-grpo:slice": "v6e-16",
+                "tpu-grpo:usePathways": "true",
+                "tpu-grpo:checkpointStore": "gs://grpo-runs/runs",
+            },
+            [("boot disks of the 4 TPU hosts", 800)],
+        ),
+    ],
+)
 def test_plan_prices_every_disk_beside_the_chips(stack_dir, stack_values, extra, disks):
     """Disks are billed while they exist, VM or not: `plan` shows each with its size and price, and the source."""
     with_capacity(stack_dir, stack_values, extra)

@@ -20,8 +20,28 @@ import yaml
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FIXTURES, ROOT, invoke
 
-TASKS = ("plan", "settings", "up", "provision", "freeze", "convert", "train", "export", "pipeline", "logs",
-         "status", "runs", "cancel", "fetch", "publish", "metrics", "tensorboard", "timeline", "image", "down")
+TASKS = (
+    "plan",
+    "settings",
+    "up",
+    "provision",
+    "freeze",
+    "convert",
+    "train",
+    "export",
+    "pipeline",
+    "logs",
+    "status",
+    "runs",
+    "cancel",
+    "fetch",
+    "publish",
+    "metrics",
+    "tensorboard",
+    "timeline",
+    "image",
+    "down",
+)
 #: Invoke's core short flags: no task may take one of them.
 CORE_SHORT = set("cdDefFhlprRTVw")
 
@@ -70,8 +90,11 @@ def help_of(task: str) -> str:
 def test_dash_h_is_help_on_every_task_and_connects_nowhere(stack_dir, listener):
     host = f"nobody@127.0.0.1:{listener.port}"
     for task in TASKS:
-        result = invoke(task, "--host", host, "-h", cwd=stack_dir) if "--host" in help_of(task) else \
-            invoke(task, "-h", cwd=stack_dir)
+        result = (
+            invoke(task, "--host", host, "-h", cwd=stack_dir)
+            if "--host" in help_of(task)
+            else invoke(task, "-h", cwd=stack_dir)
+        )
         assert result.returncode == 0, (task, result.stderr)
         assert result.stdout.startswith(f"Usage: inv[oke] [--core-opts] {task} [--options]"), task
     assert listener.accepted == 0
@@ -97,11 +120,17 @@ def test_a_short_flag_means_one_thing_in_every_task():
     assert meanings["s"] == {"stack"} and meanings["j"] == {"json"}
 
 
-@pytest.mark.parametrize("task, flag, placeholder", [
-    ("provision", "--host", "USER@ADDRESS[:PORT]"), ("provision", "--var", "KEY=VALUE"),
-    ("provision", "--tags", "TAG[,TAG]"), ("pipeline", "--set", "KEY=VALUE"), ("train", "--set", "KEY=VALUE"),
-    ("fetch", "--host", "USER@ADDRESS[:PORT]"),
-])
+@pytest.mark.parametrize(
+    "task, flag, placeholder",
+    [
+        ("provision", "--host", "USER@ADDRESS[:PORT]"),
+        ("provision", "--var", "KEY=VALUE"),
+        ("provision", "--tags", "TAG[,TAG]"),
+        ("pipeline", "--set", "KEY=VALUE"),
+        ("train", "--set", "KEY=VALUE"),
+        ("fetch", "--host", "USER@ADDRESS[:PORT]"),
+    ],
+)
 def test_repeatable_flags_show_their_value_in_help(task, flag, placeholder):
     line = next(line for line in help_of(task).splitlines() if line.strip().startswith(flag + " "))
     assert f"{placeholder}, repeatable" in line
@@ -135,8 +164,10 @@ def test_metrics_writes_its_plot_only_where_it_may(stack_dir):
     foreign.write_bytes(b"\x89PNG\r\n\x1a\n someone else's picture")
     refused = invoke("metrics", "--events", str(events), "--out", str(foreign), cwd=stack_dir)
     assert refused.returncode == 2
-    assert refused.stderr == (f"error: --out '{foreign}' exists and is not a plot that tpu-grpo wrote; "
-                              "fix: another --out, or --force to overwrite it\n")
+    assert refused.stderr == (
+        f"error: --out '{foreign}' exists and is not a plot that tpu-grpo wrote; "
+        "fix: another --out, or --force to overwrite it\n"
+    )
     assert foreign.read_bytes() == b"\x89PNG\r\n\x1a\n someone else's picture"
     forced = invoke("metrics", "--events", str(events), "--out", str(foreign), "--force", cwd=stack_dir)
     assert forced.returncode == 0, forced.stderr
@@ -147,15 +178,15 @@ def test_metrics_run_name_cannot_lead_the_plot_out_of_the_project(stack_dir, tmp
     events = stack_dir / "events"
     write_events(events)
     state = tmp_path / "deep" / "a" / "b"
-    result = invoke("metrics", "--events", str(events), "--run", "../../../x", cwd=stack_dir,
-                    env={"TPU_GRPO_STATE": str(state)})
+    result = invoke(
+        "metrics", "--events", str(events), "--run", "../../../x", cwd=stack_dir, env={"TPU_GRPO_STATE": str(state)}
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: --run '../../../x' is not a name")
     assert not state.exists() and not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("damage, problem", [("truncated", "is cut short at byte"),
-                                             ("corrupt", "is damaged at byte")])
+@pytest.mark.parametrize("damage, problem", [("truncated", "is cut short at byte"), ("corrupt", "is damaged at byte")])
 def test_metrics_refuses_damaged_events_naming_the_file(stack_dir, damage, problem):
     path = write_events(stack_dir / "events", damage)
     out = stack_dir / "m.png"
@@ -170,8 +201,17 @@ def test_metrics_refuses_damaged_events_naming_the_file(stack_dir, damage, probl
 
 
 def test_a_set_value_may_hold_colons(stack_dir):
-    result = invoke("pipeline", "--dry-run", "--run-name", "r1", "--set", "train:hf_train_files=gs://bucket/x",
-                    "--set", "export:weight_dtype=float32", cwd=stack_dir)
+    result = invoke(
+        "pipeline",
+        "--dry-run",
+        "--run-name",
+        "r1",
+        "--set",
+        "train:hf_train_files=gs://bucket/x",
+        "--set",
+        "export:weight_dtype=float32",
+        cwd=stack_dir,
+    )
     assert result.returncode == 0, result.stderr
     train = result.stdout.split("# tpu-grpo train")[1].split("# tpu-grpo export")[0]
     assert "    hf_train_files=gs://bucket/x" in train
@@ -205,8 +245,10 @@ def test_settings_validates_and_shows_whole_key_names(stack_dir):
     path.write_text(path.read_text() + "  tpu-grpo:machinetype: ct6e-standard-4t\n")
     typo = invoke("settings", cwd=stack_dir)
     assert typo.returncode == 2
-    assert "tpu-grpo:machinetype='ct6e-standard-4t' is not a setting of this project; fix: did you mean " \
-           "machineType?" in typo.stderr
+    assert (
+        "tpu-grpo:machinetype='ct6e-standard-4t' is not a setting of this project; fix: did you mean "
+        "machineType?" in typo.stderr
+    )
 
 
 def test_identity_without_host_serves_the_stacks_vm(stack_dir, key_pair, tmp_path, monkeypatch):
@@ -229,8 +271,13 @@ def test_identity_without_host_serves_the_stacks_vm(stack_dir, key_pair, tmp_pat
 
 def test_fetch_that_cannot_connect_leaves_no_folder(stack_dir, listener):
     listener.close()  # nothing listens there now
-    result = invoke("fetch", "--host", f"nobody@127.0.0.1:{listener.port}", cwd=stack_dir,
-                    env={"TPU_GRPO_STATE": str(stack_dir / "state")})
+    result = invoke(
+        "fetch",
+        "--host",
+        f"nobody@127.0.0.1:{listener.port}",
+        cwd=stack_dir,
+        env={"TPU_GRPO_STATE": str(stack_dir / "state")},
+    )
     assert result.returncode == 1  # a failure to reach the host, not bad input
     assert "cannot connect" in result.stderr
     assert not (stack_dir / "models").exists()
@@ -239,32 +286,57 @@ def test_fetch_that_cannot_connect_leaves_no_folder(stack_dir, listener):
 # ---------------------------------------------------------------- every bad input: one line, exit 2, no effect
 
 BAD_SETTINGS = [  # (key, value) written into a stack file of its own; the message names the key
-    ("gcp:zone", "us-east5"), ("gcp:zone", "us-east5-b1"), ("gcp:zone", "us-east5-b\n"),
-    ("gcp:project", "My_Project"), ("tpu-grpo:reservation", "My Reservation"), ("tpu-grpo:vmName", "-tpu"),
-    ("tpu-grpo:machineType", "ct5lp-hightpu-8t"), ("tpu-grpo:bootDiskGb", "100"), ("tpu-grpo:bootDiskGb", "big"),
-    ("tpu-grpo:dataDiskGb", "50"), ("tpu-grpo:sshSourceRanges", ["0.0.0.0/0"]),
-    ("tpu-grpo:sshSourceRanges", ["::/0"]), ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"]),
-    ("tpu-grpo:sshSourceRanges", []), ("tpu-grpo:sshUser", "Root User"), ("tpu-grpo:labels", {"Team": "ML"}),
-    ("tpu-grpo:model", "llama2-7b"), ("tpu-grpo:exportModel", "gpt2"), ("tpu-grpo:batches", "0"),
-    ("tpu-grpo:batches", "abc"), ("tpu-grpo:testBatches", "0"), ("tpu-grpo:usePathways", "maybe"),
-    ("tpu-grpo:lazyLoadTensors", "2"), ("tpu-grpo:machinetype", "ct6e-standard-8t"),
-    ("tpu-grpo:serviceAccount", "not-an-email"), ("tpu-grpo:subnetwork", "sub"),
+    ("gcp:zone", "us-east5"),
+    ("gcp:zone", "us-east5-b1"),
+    ("gcp:zone", "us-east5-b\n"),
+    ("gcp:project", "My_Project"),
+    ("tpu-grpo:reservation", "My Reservation"),
+    ("tpu-grpo:vmName", "-tpu"),
+    ("tpu-grpo:machineType", "ct5lp-hightpu-8t"),
+    ("tpu-grpo:bootDiskGb", "100"),
+    ("tpu-grpo:bootDiskGb", "big"),
+    ("tpu-grpo:dataDiskGb", "50"),
+    ("tpu-grpo:sshSourceRanges", ["0.0.0.0/0"]),
+    ("tpu-grpo:sshSourceRanges", ["::/0"]),
+    ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"]),
+    ("tpu-grpo:sshSourceRanges", []),
+    ("tpu-grpo:sshUser", "Root User"),
+    ("tpu-grpo:labels", {"Team": "ML"}),
+    ("tpu-grpo:model", "llama2-7b"),
+    ("tpu-grpo:exportModel", "gpt2"),
+    ("tpu-grpo:batches", "0"),
+    ("tpu-grpo:batches", "abc"),
+    ("tpu-grpo:testBatches", "0"),
+    ("tpu-grpo:usePathways", "maybe"),
+    ("tpu-grpo:lazyLoadTensors", "2"),
+    ("tpu-grpo:machinetype", "ct6e-standard-8t"),
+    ("tpu-grpo:serviceAccount", "not-an-email"),
+    ("tpu-grpo:subnetwork", "sub"),
     ("tpu-grpo:allowSshFromAnywhere", "sometimes"),
     # a value of the wrong YAML type; the Pulumi CLI's text for a boolean is true or false only
-    ("tpu-grpo:slice", ["v6e-16"]), ("tpu-grpo:labels", ["team"]), ("tpu-grpo:usePathways", "no"),
+    ("tpu-grpo:slice", ["v6e-16"]),
+    ("tpu-grpo:labels", ["team"]),
+    ("tpu-grpo:usePathways", "no"),
     ("tpu-grpo:bucket", "yes"),
     # what Cloud Storage refuses, or a folder that is not the one it names
-    ("tpu-grpo:checkpointStore", "gs://my-bucket/../other"), ("tpu-grpo:checkpointStore", "gs://my-bucket/./x"),
-    ("tpu-grpo:checkpointStore", "gs://goog-bucket"), ("tpu-grpo:checkpointStore", "gs://192.168.5.4"),
+    ("tpu-grpo:checkpointStore", "gs://my-bucket/../other"),
+    ("tpu-grpo:checkpointStore", "gs://my-bucket/./x"),
+    ("tpu-grpo:checkpointStore", "gs://goog-bucket"),
+    ("tpu-grpo:checkpointStore", "gs://192.168.5.4"),
     ("tpu-grpo:checkpointStore", "gs://my-google-runs"),
-    ("tpu-grpo:maxRunHours", "1e3"), ("tpu-grpo:idleStopMinutes", "٣"),
+    ("tpu-grpo:maxRunHours", "1e3"),
+    ("tpu-grpo:idleStopMinutes", "٣"),
     # a Hub dataset is OWNER/NAME, as the tokenizer is
-    ("tpu-grpo:dataset", "gsm8k"), ("tpu-grpo:dataset", "openai/gsm8k/main"), ("tpu-grpo:tokenizer", "Llama-3.1-8B"),
+    ("tpu-grpo:dataset", "gsm8k"),
+    ("tpu-grpo:dataset", "openai/gsm8k/main"),
+    ("tpu-grpo:tokenizer", "Llama-3.1-8B"),
 ]
 #: Stack files that are not what a stack file is, as a user may write them: (name, bytes, what the line names).
 RAW_STACK_FILES = [
-    ("list", b"- a\n", "Pulumi.list.yaml"), ("scalar", b"hello\n", "Pulumi.scalar.yaml"),
-    ("number-key", b"config:\n  123: x\n", "'123'"), ("null-key", b"config:\n  ~: x\n", "'~'"),
+    ("list", b"- a\n", "Pulumi.list.yaml"),
+    ("scalar", b"hello\n", "Pulumi.scalar.yaml"),
+    ("number-key", b"config:\n  123: x\n", "'123'"),
+    ("null-key", b"config:\n  ~: x\n", "'~'"),
     ("bare-key", b"config:\n  zone: us-east5-b\n", "'zone'"),
     ("latin1", b"config:\n  gcp:zone: us-east5-b # caf\xe9\n", "UTF-8"),
     ("twice", b"config:\n  gcp:zone: us-east5-b\n  gcp:zone: us-east5-a\n", "twice"),
@@ -278,90 +350,131 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
     """(argv, what the one line must name); --host points at the listener."""
     host = ("--host", f"nobody@127.0.0.1:{port}")
     cases = [
-        (("plan", "--stack", "nope"), "'nope'"), (("settings", "-s", "../x"), "'../x'"),
-        (("up", "--stack", "prod"), "Pulumi.prod.yaml"), (("settings", "--stack", "broken"), "Pulumi.broken.yaml"),
-        (("train", "-b", "0", *host), "'0'"), (("train", "--batches", "abc", *host), "'abc'"),
-        (("train", "--batches", "-1"), "'-1'"), (("train", "--batches", "1.5"), "'1.5'"),
-        (("train", "--run-name", "a b", *host), "'a b'"), (("train", "--run-name", "x.partial", *host), "'x.partial'"),
-        (("train", "--run-name", "", *host), "''"), (("train", "--run-name", "../x"), "'../x'"),
-        (("train", "--set", "novalue", *host), "'novalue'"), (("train", "--set", "convert:x=1", *host), "'convert:x=1'"),
-        (("train", "--set", "num_batches=3"), "'num_batches=3'"), (("train", "--set", "deploy:x=1"), "'deploy:x=1'"),
+        (("plan", "--stack", "nope"), "'nope'"),
+        (("settings", "-s", "../x"), "'../x'"),
+        (("up", "--stack", "prod"), "Pulumi.prod.yaml"),
+        (("settings", "--stack", "broken"), "Pulumi.broken.yaml"),
+        (("train", "-b", "0", *host), "'0'"),
+        (("train", "--batches", "abc", *host), "'abc'"),
+        (("train", "--batches", "-1"), "'-1'"),
+        (("train", "--batches", "1.5"), "'1.5'"),
+        (("train", "--run-name", "a b", *host), "'a b'"),
+        (("train", "--run-name", "x.partial", *host), "'x.partial'"),
+        (("train", "--run-name", "", *host), "''"),
+        (("train", "--run-name", "../x"), "'../x'"),
+        (("train", "--set", "novalue", *host), "'novalue'"),
+        (("train", "--set", "convert:x=1", *host), "'convert:x=1'"),
+        (("train", "--set", "num_batches=3"), "'num_batches=3'"),
+        (("train", "--set", "deploy:x=1"), "'deploy:x=1'"),
         (("train", "--set", "rl.num_iterations=inf", *host), "'rl.num_iterations=inf'"),
-        (("convert", "--set", "train:x=1", *host), "'train:x=1'"), (("export", "--step", "0", *host), "'0'"),
-        (("export", "--step", "abc"), "'abc'"), (("export", "--set", "train:x=1", *host), "'train:x=1'"),
-        (("pipeline", "--need-gb", "nan,inf", *host), "'nan,inf'"), (("pipeline", "--need-gb", "120"), "'120'"),
+        (("convert", "--set", "train:x=1", *host), "'train:x=1'"),
+        (("export", "--step", "0", *host), "'0'"),
+        (("export", "--step", "abc"), "'abc'"),
+        (("export", "--set", "train:x=1", *host), "'train:x=1'"),
+        (("pipeline", "--need-gb", "nan,inf", *host), "'nan,inf'"),
+        (("pipeline", "--need-gb", "120"), "'120'"),
         (("pipeline", "--need-gb", "-1,2", *host), "'-1,2'"),
         (("pipeline", "--set", "train:rl.num_iterations=abc", *host), "'train:rl.num_iterations=abc'"),
-        (("pipeline", "--set", "bad key=1", *host), "'bad key=1'"), (("pipeline", "--host", "nobody"), "'nobody'"),
-        (("pipeline", "--host", "u@h:99999"), "'u@h:99999'"), (("pipeline", "--wait", "abc", *host), "'abc'"),
-        (("pipeline", "--wait", "-5", *host), "'-5'"), (("pipeline", "--identity", "/nope", *host), "'/nope'"),
-        (("pipeline", "--recover", "-1", *host), "'-1'"), (("pipeline", "--recover", "x", *host), "'x'"),
+        (("pipeline", "--set", "bad key=1", *host), "'bad key=1'"),
+        (("pipeline", "--host", "nobody"), "'nobody'"),
+        (("pipeline", "--host", "u@h:99999"), "'u@h:99999'"),
+        (("pipeline", "--wait", "abc", *host), "'abc'"),
+        (("pipeline", "--wait", "-5", *host), "'-5'"),
+        (("pipeline", "--identity", "/nope", *host), "'/nope'"),
+        (("pipeline", "--recover", "-1", *host), "'-1'"),
+        (("pipeline", "--recover", "x", *host), "'x'"),
         (("pipeline", "--var", "uv_source=pip", *host), "'uv_source=pip'"),
         (("pipeline", "--recover", "1", "--var", "nope=1", *host), "nope"),
         (("pipeline", "--recover", "1", *host), "--recover 1"),
-        (("tensorboard", "--port", "0", *host), "'0'"), (("tensorboard", "--every", "x", *host), "'x'"),
+        (("tensorboard", "--port", "0", *host), "'0'"),
+        (("tensorboard", "--every", "x", *host), "'x'"),
         (("tensorboard", "--run", "a b", *host), "'a b'"),
-        (("publish", "--repo", "a/b/c", *host), "'a/b/c'"), (("publish", "--repo", "a/b", "--run", "a b", *host), "'a b'"),
+        (("publish", "--repo", "a/b/c", *host), "'a/b/c'"),
+        (("publish", "--repo", "a/b", "--run", "a b", *host), "'a b'"),
         (("provision", "--var", "nope=1", *host), "'nope=1'"),
         (("provision", "--var", "apt_upgrade=maybe", *host), "'maybe'"),
         (("provision", "--var", "python_version", *host), "'python_version'"),
-        (("provision", "--tags", ",", *host), "','"), (("provision", "--tags", "nosuch", *host), "'nosuch'"),
+        (("provision", "--tags", ",", *host), "','"),
+        (("provision", "--tags", "nosuch", *host), "'nosuch'"),
         (("provision", "--playbook", "/nope.yml", *host), "/nope.yml"),
         (("provision", "--locked", "--lock", "/nope.lock", *host), "/nope.lock"),
-        (("provision", "--identity", "/nope"), "'/nope'"), (("freeze", "--var", "x=1", *host), "'x=1'"),
-        (("logs", "--wait", "x", *host), "'x'"), (("status", "--host", "a b"), "'a b'"),
-        (("cancel", "--identity", "/nope", *host), "'/nope'"), (("fetch", "--run", "../x", *host), "'../x'"),
-        (("fetch", "--run", "x.partial", *host), "'x.partial'"), (("fetch", "--to", "/proc/x", *host), "'/proc/x'"),
+        (("provision", "--identity", "/nope"), "'/nope'"),
+        (("freeze", "--var", "x=1", *host), "'x=1'"),
+        (("logs", "--wait", "x", *host), "'x'"),
+        (("status", "--host", "a b"), "'a b'"),
+        (("cancel", "--identity", "/nope", *host), "'/nope'"),
+        (("fetch", "--run", "../x", *host), "'../x'"),
+        (("fetch", "--run", "x.partial", *host), "'x.partial'"),
+        (("fetch", "--to", "/proc/x", *host), "'/proc/x'"),
         (("fetch", "--to", "Pulumi.yaml/x", *host), "'Pulumi.yaml/x'"),
         (("metrics", "--run", "../../x", "--events", "events"), "'../../x'"),
         (("metrics", "--out", "Pulumi.yaml", "--events", "events"), "'Pulumi.yaml'"),
         (("metrics", "--out", "photo.png", "--events", "events"), "'photo.png'"),
         (("metrics", "--out", "/proc/nope/x.png", "--events", "events"), "'/proc/nope/x.png'"),
-        (("metrics", "--events", "/nope"), "'/nope'"), (("metrics", "--events", "damaged"), "damaged/events."),
-        (("down", "--identity", "/nope"), "'/nope'"), (("down", "--wait", "z", *host), "'z'"),
+        (("metrics", "--events", "/nope"), "'/nope'"),
+        (("metrics", "--events", "damaged"), "damaged/events."),
+        (("down", "--identity", "/nope"), "'/nope'"),
+        (("down", "--wait", "z", *host), "'z'"),
         (("up", "provision", "pipeline", "--batches", "0"), "'0'"),
         (("plan", "pipeline", "--set", "deploy:x=1"), "'deploy:x=1'"),
         (("provision", *host, "train", "--run-name", "x.partial"), "'x.partial'"),
         # stack names as Pulumi takes them; numbers in ASCII digits, bounded where they mean something
-        (("settings", "--stack", ""), "''"), (("plan", "--stack", "../../etc/passwd"), "'../../etc/passwd'"),
-        (("settings", "--stack", "ünï"), "'ünï'"), (("tensorboard", "--port", "²", *host), "'²'"),
+        (("settings", "--stack", ""), "''"),
+        (("plan", "--stack", "../../etc/passwd"), "'../../etc/passwd'"),
+        (("settings", "--stack", "ünï"), "'ünï'"),
+        (("tensorboard", "--port", "²", *host), "'²'"),
         (("tensorboard", "--port", "٣", *host), "'٣'"),
         (("train", "--dry-run", "--set", "rl.num_iterations=²"), "'rl.num_iterations=²'"),
         (("train", "--dry-run", "--set", "rl.num_iterations=٣"), "'rl.num_iterations=٣'"),
         (("train", "--batches", "99999999999999999999", *host), "'99999999999999999999'"),
-        (("pipeline", "--batches", "٣", *host), "'٣'"), (("export", "--step", "100001", *host), "'100001'"),
-        (("pipeline", "--recover", "1000", *host), "'1000'"), (("fetch", "--to", "", *host), "--to ''"),
+        (("pipeline", "--batches", "٣", *host), "'٣'"),
+        (("export", "--step", "100001", *host), "'100001'"),
+        (("pipeline", "--recover", "1000", *host), "'1000'"),
+        (("fetch", "--to", "", *host), "--to ''"),
         (("provision", "--var", "idle_stop_minutes=-3", *host), "is negative"),
         (("provision", "--var", "idle_stop_minutes=٣", *host), "'٣'"),
         (("timeline", "--wait", "-5", *host), "is negative"),
         # issue 50: each kind of value by its one parser (values.py), before anything connects or is written
-        (("status", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"), (("runs", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"),
-        (("status", "--host", "u@.a"), "'u@.a'"), (("status", "--host", f"u@{'a' * 64}.com"), "a" * 64),
-        (("fetch", "--to", "x" * 300, *host), "255"), (("metrics", "--events", "events", "--out", "x" * 300 + ".png"),
-                                                        "255"),
-        (("metrics", "--events", "x" * 300), "255"), (("status", "--identity", "x" * 300, *host), "255"),
+        (("status", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"),
+        (("runs", "--host", "u@10.0.0..5"), "'u@10.0.0..5'"),
+        (("status", "--host", "u@.a"), "'u@.a'"),
+        (("status", "--host", f"u@{'a' * 64}.com"), "a" * 64),
+        (("fetch", "--to", "x" * 300, *host), "255"),
+        (("metrics", "--events", "events", "--out", "x" * 300 + ".png"), "255"),
+        (("metrics", "--events", "x" * 300), "255"),
+        (("status", "--identity", "x" * 300, *host), "255"),
         (("provision", "--playbook", "latin1.yml", *host), "not UTF-8"),
         (("provision", "--locked", "--lock", "latin1.lock", *host), "not UTF-8"),
         (("provision", "--tags", "token", *host), "not UTF-8"),  # HF_TOKEN_PATH names latin1.token
         (("train", "--set", "num_test_batches=5", *host), "tpu-grpo:testBatches"),
         (("train", "--set", "chips_per_vm=4", *host), "chips_per_vm"),
         (("train", "--set", "eval_dataset_name=x", *host), "eval_dataset_name"),
-        (("train", "--set", "learning_rate=", *host), "'learning_rate='"), (("train", "--set", "a.=1"), "'a.=1'"),
+        (("train", "--set", "learning_rate=", *host), "'learning_rate='"),
+        (("train", "--set", "a.=1"), "'a.=1'"),
         (("train", "--set", "a..b=1", *host), "'a..b=1'"),
         (("train", "--set", "rl.num_iterations=1000000", *host), "from 1 to 999999"),
-        (("tensorboard", "--every", "٣", *host), "'٣'"), (("tensorboard", "--every", "1_0", *host), "'1_0'"),
-        (("pipeline", "--need-gb", "1_2,3", *host), "'1_2,3'"), (("pipeline", "--need-gb", "١,٢", *host), "'١,٢'"),
-        (("cancel", "--job", "", *host), "--job ''"), (("logs", "--job", "../../etc/passwd", *host), "'../../etc/passwd'"),
+        (("tensorboard", "--every", "٣", *host), "'٣'"),
+        (("tensorboard", "--every", "1_0", *host), "'1_0'"),
+        (("pipeline", "--need-gb", "1_2,3", *host), "'1_2,3'"),
+        (("pipeline", "--need-gb", "١,٢", *host), "'١,٢'"),
+        (("cancel", "--job", "", *host), "--job ''"),
+        (("logs", "--job", "../../etc/passwd", *host), "'../../etc/passwd'"),
         (("runs", "--host", "u@a", "--host", "u@b"), "one host"),
         (("metrics", "--events", "events", "--out", "dangling.png"), "'dangling.png'"),
-        (("freeze", "--lock", "events", *host), "'events'"), (("freeze", "--lock", "Pulumi.yaml/x", *host), "Pulumi.yaml"),
-        (("fetch", "--to", " ", *host), "--to ' '"), (("metrics", "--compare", "a", "--compare", "a", *host), "twice"),
+        (("freeze", "--lock", "events", *host), "'events'"),
+        (("freeze", "--lock", "Pulumi.yaml/x", *host), "Pulumi.yaml"),
+        (("fetch", "--to", " ", *host), "--to ' '"),
+        (("metrics", "--compare", "a", "--compare", "a", *host), "twice"),
         (("settings", "--stack", "nonexist"), "--stack='nonexist'"),
         # Invoke's own parse errors, in the project's words and exit code
-        (("train", "--bogus"), "--bogus"), (("train", "-x"), "-x"), (("train", "--batches"), "--batches"),
-        (("nosuchtask",), "'nosuchtask'"), (("train", "--batches", "3", "--batches", "4"), "'4'"),
+        (("train", "--bogus"), "--bogus"),
+        (("train", "-x"), "-x"),
+        (("train", "--batches"), "--batches"),
+        (("nosuchtask",), "'nosuchtask'"),
+        (("train", "--batches", "3", "--batches", "4"), "'4'"),
         # refusals that must come first: no Pulumi CLI here (down), a slice takes no --recover
-        (("down", *host), "pulumi"), (("pipeline", "--recover", "1", "--dry-run", "--stack", "slice"), "--recover"),
+        (("down", *host), "pulumi"),
+        (("pipeline", "--recover", "1", "--dry-run", "--stack", "slice"), "--recover"),
     ]
     for name, _, named in RAW_STACK_FILES:
         cases.append((("settings", "--stack", name), named))
@@ -372,8 +485,9 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns)
-            for path in folder.rglob("*")}
+    return {
+        str(path.relative_to(folder)): (path.lstat().st_size, path.lstat().st_mtime_ns) for path in folder.rglob("*")
+    }
 
 
 def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack_values, listener, tmp_path):
@@ -386,9 +500,18 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
             rest = yaml.safe_dump({"config": {k: v for k, v in stack_values.items() if k != key}})
             data = rest.encode() + b"  " + data + b"\n"
         (stack_dir / f"Pulumi.{name}.yaml").write_bytes(data)
-    (stack_dir / "Pulumi.slice.yaml").write_text(yaml.safe_dump({"config": {
-        **stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-        "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}}))
+    (stack_dir / "Pulumi.slice.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    **stack_values,
+                    "tpu-grpo:slice": "v6e-16",
+                    "tpu-grpo:usePathways": "true",
+                    "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+                }
+            }
+        )
+    )
     write_events(stack_dir / "events")
     write_events(stack_dir / "damaged", "corrupt")
     for name in ("latin1.yml", "latin1.lock", "latin1.token"):
@@ -403,15 +526,29 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
 
     def run(case):
         argv, named = case
-        return case, invoke(*argv, cwd=stack_dir, env={"TPU_GRPO_STATE": str(state), "HF_TOKEN": "" if "token" in argv
-                                                       else "hf_secret", "HF_TOKEN_PATH": "latin1.token"})
+        return case, invoke(
+            *argv,
+            cwd=stack_dir,
+            env={
+                "TPU_GRPO_STATE": str(state),
+                "HF_TOKEN": "" if "token" in argv else "hf_secret",
+                "HF_TOKEN_PATH": "latin1.token",
+            },
+        )
 
     results = [run(case) for case in cases]
     failures = []
     for (argv, named), result in results:
         lines = result.stderr.splitlines()
-        if not (result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
-                and "fix" in lines[0] and result.stdout == "" and "Traceback" not in result.stderr):
+        if not (
+            result.returncode == 2
+            and len(lines) == 1
+            and lines[0].startswith("error: ")
+            and named in lines[0]
+            and "fix" in lines[0]
+            and result.stdout == ""
+            and "Traceback" not in result.stderr
+        ):
             failures.append((argv, result.returncode, result.stdout[-300:], result.stderr[-500:]))
     assert failures == [], "\n".join(map(str, failures))
     assert listener.accepted == 0
@@ -426,8 +563,13 @@ def test_events_with_no_maxtext_scalar_are_said_not_plotted(stack_dir, tmp_path)
 
     folder = tmp_path / "other-events"
     writer = EventFileWriter(str(folder))
-    writer.add_event(event_pb2.Event(step=1, wall_time=1.0, summary=summary_pb2.Summary(
-        value=[summary_pb2.Summary.Value(tag="someone/else", simple_value=1.0)])))
+    writer.add_event(
+        event_pb2.Event(
+            step=1,
+            wall_time=1.0,
+            summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="someone/else", simple_value=1.0)]),
+        )
+    )
     writer.close()
     out = tmp_path / "m.png"
     result = invoke("metrics", "--events", str(folder), "--out", str(out), cwd=stack_dir)
@@ -436,8 +578,9 @@ def test_events_with_no_maxtext_scalar_are_said_not_plotted(stack_dir, tmp_path)
     assert len(result.stderr.splitlines()) == 1 and "fix: " in result.stderr
 
 
-@pytest.mark.parametrize("args", ["pipeline --dry-run --run-name r1 --batches 3", "--list", "--help train", "train -h",
-                                  "settings", "plan"])
+@pytest.mark.parametrize(
+    "args", ["pipeline --dry-run --run-name r1 --batches 3", "--list", "--help train", "train -h", "settings", "plan"]
+)
 def test_output_cut_short_by_its_reader_ends_quietly(stack_dir, args):
     """`invoke pipeline --dry-run | head -1`: the reader goes away (here before the first line); no
     BrokenPipeError, 128 + SIGPIPE: from a task's print or its rich table, and from Invoke's own listing and help."""
@@ -451,8 +594,11 @@ def test_settings_shows_what_an_unset_setting_comes_to_and_whence(stack_dir, sta
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**values, "tpu-grpo:capacity": "spot"}}))
     result = invoke("settings", cwd=stack_dir, env={"COLUMNS": "300"})
     assert result.returncode == 0, result.stderr
-    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.stdout.splitlines()
-            if line.startswith("│ ") and line.split("│")[1].strip()}
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.stdout.splitlines()
+        if line.startswith("│ ") and line.split("│")[1].strip()
+    }
     assert rows["tpu-grpo:idleStopMinutes"] == "60 (capacity spot's default)"
     assert rows["tpu-grpo:checkpointStore"] == "disk (capacity spot's default)"
     assert rows["tpu-grpo:checkpointPeriod"] == "10 (the disk store's default)"
@@ -463,12 +609,14 @@ def test_settings_shows_what_an_unset_setting_comes_to_and_whence(stack_dir, sta
 
 
 def test_a_public_key_path_naming_a_folder_says_so(stack_dir, stack_values, tmp_path):
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
-        **stack_values, "tpu-grpo:sshPublicKeyPath": str(tmp_path)}}))
+    (stack_dir / "Pulumi.dev.yaml").write_text(
+        yaml.safe_dump({"config": {**stack_values, "tpu-grpo:sshPublicKeyPath": str(tmp_path)}})
+    )
     result = invoke("settings", cwd=stack_dir)
     assert result.returncode == 2 and result.stderr == (
         f"error: tpu-grpo:sshPublicKeyPath={str(tmp_path)!r} is a folder, not a file; fix: pulumi config "
-        f"set tpu-grpo:sshPublicKeyPath {tmp_path}/id_ed25519.pub\n")
+        f"set tpu-grpo:sshPublicKeyPath {tmp_path}/id_ed25519.pub\n"
+    )
 
 
 def test_a_host_that_answers_tcp_but_not_ssh_is_one_line_without_paramikos_tracebacks(stack_dir):
@@ -486,8 +634,13 @@ def test_a_host_that_answers_tcp_but_not_ssh_is_one_line_without_paramikos_trace
     thread = threading.Thread(target=hold, daemon=True)
     thread.start()
     try:
-        result = invoke("status", "--host", f"nobody@127.0.0.1:{port}", cwd=stack_dir,
-                        env={"TPU_GRPO_STATE": str(stack_dir / "state")})
+        result = invoke(
+            "status",
+            "--host",
+            f"nobody@127.0.0.1:{port}",
+            cwd=stack_dir,
+            env={"TPU_GRPO_STATE": str(stack_dir / "state")},
+        )
     finally:
         thread.join(timeout=5)
         server.close()
@@ -511,20 +664,40 @@ def test_the_command_that_forgets_a_host_key_works_pasted_into_a_shell(tmp_path,
     assert (state / "known_hosts").read_text() == f"other.example {key}\n"
 
 
-@pytest.mark.parametrize("later, slice_stack, message", [
-    (("status", "--host", "a@192.0.2.1", "--host", "b@192.0.2.2"), False,
-     "error: this task acts on one host, got 2 (a@192.0.2.1, b@192.0.2.2); fix: pass one --host"),
-    (("timeline",), True, "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this "
-                          "task on a one-VM stack (docs/slices.md)"),
-])
-def test_a_later_task_refused_by_its_flags_stops_the_chain_before_the_first_acts(stack_dir, stack_values, later,
-                                                                                slice_stack, message):
+@pytest.mark.parametrize(
+    "later, slice_stack, message",
+    [
+        (
+            ("status", "--host", "a@192.0.2.1", "--host", "b@192.0.2.2"),
+            False,
+            "error: this task acts on one host, got 2 (a@192.0.2.1, b@192.0.2.2); fix: pass one --host",
+        ),
+        (
+            ("timeline",),
+            True,
+            "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this "
+            "task on a one-VM stack (docs/slices.md)",
+        ),
+    ],
+)
+def test_a_later_task_refused_by_its_flags_stops_the_chain_before_the_first_acts(
+    stack_dir, stack_values, later, slice_stack, message
+):
     """The whole command line is checked first: a task after `metrics` that cannot run (two hosts where one is
     needed; a VM's task on a slice's stack) ends the chain before the plot is written."""
     if slice_stack:
-        (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
-            **stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-            "tpu-grpo:checkpointStore": "gs://grpo-runs/runs"}}))
+        (stack_dir / "Pulumi.dev.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "config": {
+                        **stack_values,
+                        "tpu-grpo:slice": "v6e-16",
+                        "tpu-grpo:usePathways": "true",
+                        "tpu-grpo:checkpointStore": "gs://grpo-runs/runs",
+                    }
+                }
+            )
+        )
     events = stack_dir / "events"
     write_events(events)
     plot = stack_dir / "plot.png"

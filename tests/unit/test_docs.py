@@ -24,8 +24,10 @@ def anchor(heading: str) -> str:
 
 
 def test_every_link_between_the_pages_lands_on_a_heading():
-    anchors = {page: {anchor(line.lstrip("#").strip()) for line in page.read_text().splitlines()
-                      if line.startswith("#")} for page in PAGES}
+    anchors = {
+        page: {anchor(line.lstrip("#").strip()) for line in page.read_text().splitlines() if line.startswith("#")}
+        for page in PAGES
+    }
     broken = []
     for page in PAGES:
         for target, fragment in re.findall(r"\]\(([^)#\s]*\.md|)#([^)]+)\)", page.read_text()):
@@ -65,9 +67,14 @@ def test_a_run_without_the_host_tiers_packages_says_so_in_one_line(tmp_path):
     import os
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host/test_rootfs.py"],
-                            cwd=ROOT, env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/host/test_rootfs.py"],
+        cwd=ROOT,
+        env={**os.environ, "PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:]
     [line] = [line for line in result.stdout.splitlines() if line.startswith("ran the unit tier only")]
     if os.geteuid() == 0:
@@ -122,10 +129,16 @@ def test_the_exit_code_table_is_the_codes_the_tasks_exit_with():
     from tpu_grpo.host.hosts import ConnectError
 
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| code | meaning |"):].split("\n\n", 1)[0]
+    table = readme[readme.index("| code | meaning |") :].split("\n\n", 1)[0]
     codes = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
-    assert codes == ["0", str(UserError.exit_code), str(ConnectError.exit_code), str(INTERRUPTED), str(BROKEN_PIPE),
-                     "other"]
+    assert codes == [
+        "0",
+        str(UserError.exit_code),
+        str(ConnectError.exit_code),
+        str(INTERRUPTED),
+        str(BROKEN_PIPE),
+        "other",
+    ]
 
 
 def test_the_layout_lists_each_task_module_with_its_tasks():
@@ -141,15 +154,23 @@ def test_the_layout_lists_each_task_module_with_its_tasks():
 
 def test_the_repository_points_nowhere_outside_itself():
     """A clone alone must pass its tests: no file refers to the shared folder beside the checkout."""
-    tracked = subprocess.run(["git", "-c", "safe.directory=*", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "-c", "safe.directory=*", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     outside = re.compile(r"\.\./shar[e]d|shar[e]d/(docs|fixtures|seed)|/work/shar[e]d")
     found = []
     for name in tracked:
         path = ROOT / name
         if path.suffix in (".py", ".md", ".yml", ".yaml", ".toml", ".txt", "") and path.is_file():
-            found += [f"{name}: {line.strip()}" for line in path.read_text(errors="replace").splitlines()
-                      if outside.search(line)]
+            found += [
+                f"{name}: {line.strip()}"
+                for line in path.read_text(errors="replace").splitlines()
+                if outside.search(line)
+            ]
     assert found == []
 
 
@@ -182,10 +203,14 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
         f"| an hour of the VM, disks included | ≈ ${hour + disks:.2f} |",
         f"| the model's download | {model.hf_id}, about {model.weights_gb:g} GB (bf16 safetensors) onto the data disk |",
         f"prices read {PRICES_READ}",
-        *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()), "pulumi config rm tpu-grpo:reservation"]
+        *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()),
+        "pulumi config rm tpu-grpo:reservation",
+    ]
     assert cost["slice"] == "v6e-1" and cost["capacity"] == "spot"
-    return {"lines": lines, "figures": {f"${figure:.2f}" for figure in (hour, hour + disks, 24 * disks)}
-            | {f"${disks:.3f}"}}
+    return {
+        "lines": lines,
+        "figures": {f"${figure:.2f}" for figure in (hour, hour + disks, 24 * disks)} | {f"${disks:.3f}"},
+    }
 
 
 def test_the_first_runs_settings_and_figures_are_what_plan_says(first_run):
@@ -205,8 +230,11 @@ def test_the_first_run_maps_every_step_of_the_tutorial_and_the_keys_it_owns():
     assert sections and all(f"\n| {number}. " in page for number in sections)
     assert "python3 -m src.MaxText.rl.train_rl" in page
     words = " ".join(page.split())
-    assert [key for key in ("tokenizer_path", "load_parameters_path", "hf_access_token")
-            if f"`{key}` from {OWNED_KEYS[key]}" not in words] == []
+    assert [
+        key
+        for key in ("tokenizer_path", "load_parameters_path", "hf_access_token")
+        if f"`{key}` from {OWNED_KEYS[key]}" not in words
+    ] == []
 
 
 def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run):
@@ -216,8 +244,10 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
     from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 
     prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
-    known = {f"${figure:.2f}" for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR,
-                                             GKE_CLUSTER_USD_PER_HOUR)} | first_run["figures"]
+    known = {
+        f"${figure:.2f}"
+        for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR)
+    } | first_run["figures"]
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
     known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
@@ -225,14 +255,17 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
     figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
     assert figures and figures <= known, figures - known
     table = (ROOT / "docs" / "capacity.md").read_text()  # the capacity table
-    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines()
-            if line.startswith("| `") and line.split("|")[1].strip().strip("`") in CAPACITIES}
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in table.splitlines()
+        if line.startswith("| `") and line.split("|")[1].strip().strip("`") in CAPACITIES
+    }
     assert set(rows) == set(CAPACITIES)
     for name, row in rows.items():
         capacity = CAPACITIES[name]
         assert f"${capacity.usd_per_chip_hour:.2f}" in row, name
         assert ("| preemptible |" in row) == ("preemptible" in capacity.quota), name
-        assert (f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row)
+        assert f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row
         assert all(f"`{zone}`" in row for zone in capacity.zones[:2]), name  # Google's own list
 
 
@@ -269,7 +302,7 @@ def _tasks_with(flag: str) -> set[str]:
 
 def test_the_readmes_json_list_is_every_task_that_takes_json():
     readme = (ROOT / "README.md").read_text()
-    said = readme[readme.index("**`--json`** (on ") + len("**`--json`** (on "):].split(")", 1)[0]
+    said = readme[readme.index("**`--json`** (on ") + len("**`--json`** (on ") :].split(")", 1)[0]
     listed = {name.split()[0] for name in re.findall(r"`([a-z-]+(?: --dry-run)?)`", said)}
     assert listed == _tasks_with("json_")
 
@@ -279,7 +312,7 @@ def test_the_keys_set_refuses_are_the_ones_the_code_owns():
     from tpu_grpo.jobs.maxtext import OWNED_KEYS
 
     page = (ROOT / "docs/training.md").read_text()
-    said = page[page.index("Keys with a flag or setting of their own ("):].split(") are refused", 1)[0]
+    said = page[page.index("Keys with a flag or setting of their own (") :].split(") are refused", 1)[0]
     assert set(re.findall(r"`([a-z_.]+)`", said)) == set(OWNED_KEYS)
     example = re.search(r"a value may hold colons: `--set (train:[^=]+)=", page)
     assert example and example[1].split(":")[1] not in OWNED_KEYS  # an example the code takes
@@ -289,7 +322,7 @@ def test_the_stack_outputs_documented_are_the_programs():
     from infra import offline
 
     page = (ROOT / "docs/settings.md").read_text()
-    said = page[page.index("Stack outputs (`pulumi stack output --json`): "):].split(". ", 1)[0]
+    said = page[page.index("Stack outputs (`pulumi stack output --json`): ") :].split(". ", 1)[0]
     import yaml
 
     raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
@@ -301,8 +334,12 @@ def test_the_settings_table_says_which_keys_a_stack_must_set_and_each_default():
     """docs/settings.md's second column, from the keys: `yes` (or `one VM`) exactly for those with no default,
     and `no: VALUE` with the default the code gives."""
     page = (ROOT / "docs/settings.md").read_text()
-    rows = {cells[1].strip("` "): cells[2].strip() for line in page.splitlines() if line.startswith("| `")
-            for cells in [line.split("|")]}
+    rows = {
+        cells[1].strip("` "): cells[2].strip()
+        for line in page.splitlines()
+        if line.startswith("| `")
+        for cells in [line.split("|")]
+    }
     for key in KEYS:
         if key.default is not None:
             assert rows[key.name] == f"no: `{key.default}`", key.name

@@ -14,10 +14,23 @@ from tpu_grpo.jobs import pipeline, recovery, vm_jobs, watch
 from tpu_grpo.results import retrieval, runs, timeline
 
 RECORDED = ROOT / "tests" / "facts"
-FACTS = {fact.name: fact for fact in (vm_jobs.JOBS_FACT, chips.CHIPS, watch.PROGRESS, watch.IDLE_STOP,
-                                      retrieval.RUNS_ON_HOST, recovery.LAST_STEP_PRINTED, timeline.HOST_RECORD,
-                                      pipeline.CHECKPOINTS, runs.HOST_RUNS, pipeline.PROBE, pipeline.PREFLIGHT,
-                                      watch.NEXT_START)}
+FACTS = {
+    fact.name: fact
+    for fact in (
+        vm_jobs.JOBS_FACT,
+        chips.CHIPS,
+        watch.PROGRESS,
+        watch.IDLE_STOP,
+        retrieval.RUNS_ON_HOST,
+        recovery.LAST_STEP_PRINTED,
+        timeline.HOST_RECORD,
+        pipeline.CHECKPOINTS,
+        runs.HOST_RUNS,
+        pipeline.PROBE,
+        pipeline.PREFLIGHT,
+        watch.NEXT_START,
+    )
+}
 CASES = sorted(RECORDED.glob("*/*.json"))
 
 

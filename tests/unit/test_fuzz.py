@@ -28,18 +28,73 @@ EXAMPLES = int(os.environ.get("TPU_GRPO_FUZZ_EXAMPLES", "0"))
 NOT_FUZZED = {"tensorboard": {"once"}, "logs": {"follow"}}
 #: Each task's flags, from its body's signature (name -> takes no value), not from Invoke's get_arguments, which
 #: pops the help texts it reads, leaving `--help` without them for the rest of the session.
-TASKS = {name: [(flag, parameter.default is False) for flag, parameter in
-                list(inspect.signature(tasks.ns.tasks[name].body).parameters.items())[1:]
-                if flag not in NOT_FUZZED.get(name, set())] for name in tasks.ns.task_names}
+TASKS = {
+    name: [
+        (flag, parameter.default is False)
+        for flag, parameter in list(inspect.signature(tasks.ns.tasks[name].body).parameters.items())[1:]
+        if flag not in NOT_FUZZED.get(name, set())
+    ]
+    for name in tasks.ns.task_names
+}
 
 #: What a person may type by mistake or on purpose: unicode digits and spaces, control characters, markup, shell
 #: metacharacters, huge and empty values, long path components, odd hosts.
 HOSTILE = st.one_of(
-    st.sampled_from(["", " ", "0", "-1", "1.5", "١٢٠", "²", "1_0", "1e3", "nan", "inf", "9" * 5000, "0x10", "+5",
-                     "[/x]", "[bold]x[/bold]", "$(id)", "`id`", "a;b", "a b", "a\nb", "a\tb", "\x00", "\x1b[31m",
-                     "../../etc/passwd", "x" * 300, "a/" + "b" * 256, "u@10.0.0..5", "u@.a", f"u@{'a' * 64}.com",
-                     "u@[::1]", "u@h:99999", "a--b/c", "a/b.git", "gs://g00gle/x", "true", "False", "None", "~",
-                     "./", ".", "..", "café", "ünï", "'", '"', "\\", "%s", "{0}", "*", "?"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "0",
+            "-1",
+            "1.5",
+            "١٢٠",
+            "²",
+            "1_0",
+            "1e3",
+            "nan",
+            "inf",
+            "9" * 5000,
+            "0x10",
+            "+5",
+            "[/x]",
+            "[bold]x[/bold]",
+            "$(id)",
+            "`id`",
+            "a;b",
+            "a b",
+            "a\nb",
+            "a\tb",
+            "\x00",
+            "\x1b[31m",
+            "../../etc/passwd",
+            "x" * 300,
+            "a/" + "b" * 256,
+            "u@10.0.0..5",
+            "u@.a",
+            f"u@{'a' * 64}.com",
+            "u@[::1]",
+            "u@h:99999",
+            "a--b/c",
+            "a/b.git",
+            "gs://g00gle/x",
+            "true",
+            "False",
+            "None",
+            "~",
+            "./",
+            ".",
+            "..",
+            "café",
+            "ünï",
+            "'",
+            '"',
+            "\\",
+            "%s",
+            "{0}",
+            "*",
+            "?",
+        ]
+    ),
     st.text(min_size=0, max_size=40),
     st.text(alphabet=st.characters(categories=["Nd", "Zs", "Cc", "Sm", "Po"]), max_size=12),
 )
@@ -62,8 +117,14 @@ def project(tmp_path_factory):
 
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     config = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
-    config.update({"gcp:project": "grpo-lab-123", "tpu-grpo:reservation": "v6e-8-calendar",
-                   "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"], "tpu-grpo:sshPublicKeyPath": f"{key}.pub"})
+    config.update(
+        {
+            "gcp:project": "grpo-lab-123",
+            "tpu-grpo:reservation": "v6e-8-calendar",
+            "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"],
+            "tpu-grpo:sshPublicKeyPath": f"{key}.pub",
+        }
+    )
     (folder / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (folder / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))
     write_events(folder / "events")
@@ -74,8 +135,12 @@ def project(tmp_path_factory):
 
 def outside(folder: Path) -> dict[str, int]:
     """The checkout's files and the folder above the project, with their times: what a case may not touch."""
-    return {str(path): path.lstat().st_mtime_ns for base in (ROOT, folder.parent.parent)
-            for path in base.iterdir() if path.name not in {".pytest_cache", "__pycache__", ".mypy_cache"}}
+    return {
+        str(path): path.lstat().st_mtime_ns
+        for base in (ROOT, folder.parent.parent)
+        for path in base.iterdir()
+        if path.name not in {".pytest_cache", "__pycache__", ".mypy_cache"}
+    }
 
 
 def check_contract(argv: list[str], result, accepted_before: int, listener: Listener) -> None:
@@ -107,25 +172,46 @@ def command_lines(draw):
     return argv
 
 
-@hypothesis_settings(max_examples=EXAMPLES or 400, deadline=None, derandomize=not EXAMPLES, database=None,
-                     suppress_health_check=list(HealthCheck))
+@hypothesis_settings(
+    max_examples=EXAMPLES or 400,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(argv=command_lines())
 def test_every_flag_of_every_task_keeps_the_contract(project, argv):
     folder, _, listener = project
     if "--host" not in argv and "--stack" not in argv:
         argv = [*argv, "--host", f"nobody@127.0.0.1:{listener.port}"]  # a host that answers TCP, then no SSH
     before, accepted = outside(folder), listener.accepted
-    result = invoke(*argv, cwd=folder, env={"HF_TOKEN": TEST_TOKEN, "HOME": str(folder.parent),
-                                           "TPU_GRPO_STATE": str(folder / ".tpu-grpo")})
+    result = invoke(
+        *argv,
+        cwd=folder,
+        env={"HF_TOKEN": TEST_TOKEN, "HOME": str(folder.parent), "TPU_GRPO_STATE": str(folder / ".tpu-grpo")},
+    )
     check_contract(argv, result, accepted, listener)
     assert outside(folder) == before, argv
 
 
-@hypothesis_settings(max_examples=EXAMPLES or 2000, deadline=None, derandomize=not EXAMPLES, database=None,
-                     suppress_health_check=list(HealthCheck))
-@given(key=st.sampled_from([key.name for key in KEYS]),
-       value=st.one_of(HOSTILE, st.integers(), st.booleans(), st.lists(HOSTILE, max_size=3),
-                       st.dictionaries(HOSTILE, HOSTILE, max_size=2), st.just({"secure": "AAAB"})))
+@hypothesis_settings(
+    max_examples=EXAMPLES or 2000,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    key=st.sampled_from([key.name for key in KEYS]),
+    value=st.one_of(
+        HOSTILE,
+        st.integers(),
+        st.booleans(),
+        st.lists(HOSTILE, max_size=3),
+        st.dictionaries(HOSTILE, HOSTILE, max_size=2),
+        st.just({"secure": "AAAB"}),
+    ),
+)
 def test_every_setting_is_parsed_or_refused_in_one_line(project, key, value):
     folder, config, _ = project
     try:
@@ -135,8 +221,13 @@ def test_every_setting_is_parsed_or_refused_in_one_line(project, key, value):
         assert "\n" not in str(error) and named in {k.name for k in KEYS} and "; fix: " in str(error), str(error)
 
 
-@hypothesis_settings(max_examples=EXAMPLES // 10 or 100, deadline=None, derandomize=not EXAMPLES, database=None,
-                     suppress_health_check=list(HealthCheck))
+@hypothesis_settings(
+    max_examples=EXAMPLES // 10 or 100,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(key=st.sampled_from([key.name for key in KEYS]), value=HOSTILE)
 def test_every_setting_through_the_tasks_keeps_the_contract(project, key, value):
     folder, config, listener = project

@@ -15,14 +15,21 @@ def put(bucket: str, *names: str) -> None:
 
 
 def test_split_takes_the_bucket_and_a_clean_prefix():
-    assert gcs.split("gs://b/runs/llama/post-train//r1/checkpoints/actor") == ("b", "runs/llama/post-train/r1/"
-                                                                               "checkpoints/actor/")
+    assert gcs.split("gs://b/runs/llama/post-train//r1/checkpoints/actor") == (
+        "b",
+        "runs/llama/post-train/r1/checkpoints/actor/",
+    )
     assert gcs.split("gs://b") == ("b", "")
 
 
 def test_children_exists_and_download(bucket, tmp_path):
-    put(bucket, "runs/r1/checkpoints/actor/2/model_params/a", "runs/r1/checkpoints/actor/10/x",
-        "runs/r1/tensorboard/events.out.tfevents.1", "runs/r1/tensorboard/sub/ignored")
+    put(
+        bucket,
+        "runs/r1/checkpoints/actor/2/model_params/a",
+        "runs/r1/checkpoints/actor/10/x",
+        "runs/r1/tensorboard/events.out.tfevents.1",
+        "runs/r1/tensorboard/sub/ignored",
+    )
     assert gcs.children(f"gs://{bucket}/runs/r1/checkpoints/actor") == ["10", "2"]
     assert gcs.exists(f"gs://{bucket}/runs/r1//checkpoints") and not gcs.exists(f"gs://{bucket}/runs/r2")
     assert gcs.download(f"gs://{bucket}/runs/r1/tensorboard", tmp_path) == ["events.out.tfevents.1"]

@@ -100,13 +100,16 @@ def test_data_disk_is_its_own_resource_and_outlives_the_vm(program, vm):
 
 
 def test_data_disk_performance_comes_from_the_stack(stack_values):
-    _, by_type, _ = declared(stack_values, **{"tpu-grpo:dataDiskIops": "5000", "tpu-grpo:dataDiskThroughputMibps": "300"})
+    _, by_type, _ = declared(
+        stack_values, **{"tpu-grpo:dataDiskIops": "5000", "tpu-grpo:dataDiskThroughputMibps": "300"}
+    )
     [disk] = by_type["Disk"]
     assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == (5000, 300)
 
 
-@pytest.mark.parametrize("store, performance", [("shm", (3000, 140)), ("disk", (10_000, 2400)),
-                                                ("gs://grpo-ckpts/runs", (3000, 140))])
+@pytest.mark.parametrize(
+    "store, performance", [("shm", (3000, 140)), ("disk", (10_000, 2400)), ("gs://grpo-ckpts/runs", (3000, 140))]
+)
 def test_data_disk_performance_is_paid_for_only_where_checkpoints_land_on_it(stack_values, store, performance):
     """Performance above Hyperdisk Balanced's included 3,000 IOPS and 140 MiB/s is billed: only the disk store, which
     writes every checkpoint to the data disk, buys it by default."""
@@ -114,7 +117,8 @@ def test_data_disk_performance_is_paid_for_only_where_checkpoints_land_on_it(sta
     [disk] = by_type["Disk"]
     assert (disk.inputs["provisionedIops"], disk.inputs["provisionedThroughput"]) == performance
     assert settings.default_shown(keys.KEY["tpu-grpo:dataDiskIops"]).endswith(
-        f"({settings.store.name} store's default)".replace("(", "(the "))
+        f"({settings.store.name} store's default)".replace("(", "(the ")
+    )
 
 
 def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kept(stack_values, monkeypatch):
@@ -128,20 +132,38 @@ def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kep
             super().__init__(resource_name, *args, opts=opts, **kwargs)
 
     monkeypatch.setattr(gcp.storage, "Bucket", Recorded)
-    _, by_type, outputs = declared(stack_values, **{"tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs",
-                                                    "tpu-grpo:bucket": "true",
-                                                    "tpu-grpo:serviceAccount": "tpu@grpo-lab-123.iam.gserviceaccount.com"})
+    _, by_type, outputs = declared(
+        stack_values,
+        **{
+            "tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs",
+            "tpu-grpo:bucket": "true",
+            "tpu-grpo:serviceAccount": "tpu@grpo-lab-123.iam.gserviceaccount.com",
+        },
+    )
     [bucket] = by_type["Bucket"]
-    assert bucket.inputs == {"name": "grpo-ckpts", "location": "US-EAST5", "uniformBucketLevelAccess": True,
-                             "publicAccessPrevention": "enforced", "forceDestroy": False, "project": "grpo-lab-123",
-                             "labels": {"app": "tpu-grpo", "stack": "dev"}}
+    assert bucket.inputs == {
+        "name": "grpo-ckpts",
+        "location": "US-EAST5",
+        "uniformBucketLevelAccess": True,
+        "publicAccessPrevention": "enforced",
+        "forceDestroy": False,
+        "project": "grpo-lab-123",
+        "labels": {"app": "tpu-grpo", "stack": "dev"},
+    }
     # objects, and the bucket itself: JAX/TensorStore read it (MaxText's rl_on_multi_host.md)
     assert sorted((m.name, m.inputs["role"]) for m in by_type["BucketIAMMember"]) == [
         ("store-legacyBucketReader", "roles/storage.legacyBucketReader"),
-        ("store-objectAdmin", "roles/storage.objectAdmin")]
-    assert all(m.inputs == {"bucket": "grpo-ckpts", "role": m.inputs["role"],
-                            "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com"}
-               for m in by_type["BucketIAMMember"])
+        ("store-objectAdmin", "roles/storage.objectAdmin"),
+    ]
+    assert all(
+        m.inputs
+        == {
+            "bucket": "grpo-ckpts",
+            "role": m.inputs["role"],
+            "member": "serviceAccount:tpu@grpo-lab-123.iam.gserviceaccount.com",
+        }
+        for m in by_type["BucketIAMMember"]
+    )
     assert outputs["checkpoint_store"] == "gs://grpo-ckpts/runs"
     assert [opts.retain_on_delete for opts in options] == [True]  # pulumi destroy and invoke down leave it
 
@@ -149,10 +171,12 @@ def test_a_bucket_store_is_declared_when_asked_in_the_vms_region_private_and_kep
 def test_the_default_compute_account_gets_the_bucket_roles_too(stack_values):
     """No Editor is assumed for the project's default compute account (organisations since May 2024 do not grant
     it): with no tpu-grpo:serviceAccount, the account the VM runs as, read from the Compute API, gets the roles."""
-    _, by_type, _ = declared(stack_values, **{"tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs",
-                                              "tpu-grpo:bucket": "true"})
+    _, by_type, _ = declared(
+        stack_values, **{"tpu-grpo:checkpointStore": "gs://grpo-ckpts/runs", "tpu-grpo:bucket": "true"}
+    )
     assert {m.inputs["member"] for m in by_type["BucketIAMMember"]} == {
-        "serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com"}
+        "serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+    }
     assert len(by_type["BucketIAMMember"]) == 2
 
 
@@ -212,10 +236,13 @@ def test_labels_and_service_account_scopes(program, vm):
 
 
 def test_named_service_account_and_extra_labels(stack_values):
-    _, by_type, _ = declared(stack_values, **{
-        "tpu-grpo:serviceAccount": "grpo@grpo-lab-123.iam.gserviceaccount.com",
-        "tpu-grpo:labels": {"team": "ml"},
-    })
+    _, by_type, _ = declared(
+        stack_values,
+        **{
+            "tpu-grpo:serviceAccount": "grpo@grpo-lab-123.iam.gserviceaccount.com",
+            "tpu-grpo:labels": {"team": "ml"},
+        },
+    )
     vm = by_type["Instance"][0].inputs
     assert vm["serviceAccount"]["email"] == "grpo@grpo-lab-123.iam.gserviceaccount.com"
     assert vm["labels"] == {"app": "tpu-grpo", "stack": "dev", "team": "ml"}
@@ -249,10 +276,13 @@ def test_outputs_give_the_invoke_side_what_it_needs(program):
     }
 
 
-@pytest.mark.parametrize("machine_type, accelerator, chips, topology, model", [
-    ("ct6e-standard-1t", "v6e-1", 1, "1x1", "qwen3-0.6b"),
-    ("ct6e-standard-4t", "v6e-4", 4, "2x2", "qwen3-4b"),
-])
+@pytest.mark.parametrize(
+    "machine_type, accelerator, chips, topology, model",
+    [
+        ("ct6e-standard-1t", "v6e-1", 1, "1x1", "qwen3-0.6b"),
+        ("ct6e-standard-4t", "v6e-4", 4, "2x2", "qwen3-4b"),
+    ],
+)
 def test_smaller_machines_come_from_the_same_table(stack_values, machine_type, accelerator, chips, topology, model):
     _, by_type, outputs = declared(stack_values, **{"tpu-grpo:machineType": machine_type, "tpu-grpo:model": model})
     assert by_type["Instance"][0].inputs["machineType"] == machine_type
@@ -263,13 +293,15 @@ def test_gcloud_command_starts_with_the_tutorials_command_word_for_word(program)
     settings = program[0]
     tutorial = tutorial_create_command()
     filled = [
-        arg.replace("${TPU_NAME}", settings.vm_name).replace("${ZONE}", settings.zone)
-        .replace("${PROJECT}", settings.project).replace("${RESERVATION}", settings.reservation)
+        arg.replace("${TPU_NAME}", settings.vm_name)
+        .replace("${ZONE}", settings.zone)
+        .replace("${PROJECT}", settings.project)
+        .replace("${RESERVATION}", settings.reservation)
         for arg in tutorial
     ]
     command = gcloud_create_command(settings)
     assert command[: len(filled)] == filled
-    assert command[len(filled):len(filled) + 2] == [
+    assert command[len(filled) : len(filled) + 2] == [
         "--boot-disk-type=hyperdisk-balanced",
         "--disk=name=tpu-grpo-data,device-name=data,mode=rw,auto-delete=no",
     ]
@@ -289,8 +321,9 @@ def test_entry_point_stops_on_a_placeholder_with_one_line_and_no_resources(stack
     with pytest.raises(pulumi.RunError) as raised:
         run_entry_point({**stack_values, "gcp:project": "YOUR_PROJECT_ID"}, mocks)
     assert mocks.resources == []
-    assert str(raised.value) == ("gcp:project='YOUR_PROJECT_ID' is still a placeholder; "
-                                 "fix: pulumi config set gcp:project <your-project-id>")
+    assert str(raised.value) == (
+        "gcp:project='YOUR_PROJECT_ID' is still a placeholder; fix: pulumi config set gcp:project <your-project-id>"
+    )
 
 
 def gcloud_dictionary(argument: str) -> dict[str, str]:
@@ -311,5 +344,7 @@ def test_the_gcloud_command_passes_the_ssh_key_whole_whatever_its_comment(stack_
     settings = parse({**stack_values, "tpu-grpo:sshPublicKeyPath": str(key)}, "dev", tmp_path)
     argv = shlex.split(render_command(gcloud_create_command(settings)).replace("\\\n", ""))
     [metadata] = [arg.removeprefix("--metadata=") for arg in argv if arg.startswith("--metadata=")]
-    assert gcloud_dictionary(metadata) == {"enable-oslogin": "FALSE",
-                                           "ssh-keys": f"{settings.ssh_user}:{key.read_text().strip()}"}
+    assert gcloud_dictionary(metadata) == {
+        "enable-oslogin": "FALSE",
+        "ssh-keys": f"{settings.ssh_user}:{key.read_text().strip()}",
+    }

@@ -9,10 +9,16 @@ def test_job_ids_sort_by_start_time_even_within_one_second():
     """A step that fails at once lets the next start in the same second; "export" < "train" must
     not make the job list (and so "the newest job" of logs and status) put export first."""
     second = 1796315554.0  # 2026-12-03 16:32:34 UTC
-    train, export, again = (vm_jobs.new_id("train", second + 0.25), vm_jobs.new_id("export", second + 0.7),
-                            vm_jobs.new_id("export", second + 0.701))
-    assert (train, export, again) == ("20261203-163234.250-train", "20261203-163234.700-export",
-                                      "20261203-163234.701-export")
+    train, export, again = (
+        vm_jobs.new_id("train", second + 0.25),
+        vm_jobs.new_id("export", second + 0.7),
+        vm_jobs.new_id("export", second + 0.701),
+    )
+    assert (train, export, again) == (
+        "20261203-163234.250-train",
+        "20261203-163234.700-export",
+        "20261203-163234.701-export",
+    )
     assert sorted([again, export, train]) == [train, export, again]
 
 
@@ -26,10 +32,20 @@ def test_a_vm_job_and_a_slice_job_are_one_record_shape():
     from tpu_grpo.jobs.slice_jobs import SliceJob
 
     start = calendar.timegm((2026, 12, 4, 10, 15, 0))
-    vm = vm_jobs.Job("20261204-101500.250-train", "train", "r1", "finished", 3, start + 0.25, start + 60, 10,
-                  {"total_steps": 8}).record()
+    vm = vm_jobs.Job(
+        "20261204-101500.250-train", "train", "r1", "finished", 3, start + 0.25, start + 60, 10, {"total_steps": 8}
+    ).record()
     pod = SliceJob("tpu-grpo-train-r1", "train", "r1", "failed", 3, "2026-12-04T10:15:00Z", None, 8).record()
     assert vm.to_json().keys() == pod.to_json().keys() == {field.name for field in fields(JobRecord)}
-    assert (vm.state, vm.started, vm.finished, vm.total_steps) == ("failed", "2026-12-04T10:15:00Z",
-                                                                   "2026-12-04T10:16:00Z", 8)
-    assert (pod.id, pod.state, pod.started, pod.finished) == ("tpu-grpo-train-r1", "failed", "2026-12-04T10:15:00Z", None)
+    assert (vm.state, vm.started, vm.finished, vm.total_steps) == (
+        "failed",
+        "2026-12-04T10:15:00Z",
+        "2026-12-04T10:16:00Z",
+        8,
+    )
+    assert (pod.id, pod.state, pod.started, pod.finished) == (
+        "tpu-grpo-train-r1",
+        "failed",
+        "2026-12-04T10:15:00Z",
+        None,
+    )

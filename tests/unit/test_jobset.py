@@ -31,13 +31,13 @@ WORKER = "spec.replicatedJobs.1.template.spec.template"
 #: Where tpu-grpo's Pathways JobSet differs from xpk's, and why (tpu_grpo/cloud/jobset.py says the same).
 DIFFERENCES = {
     "metadata.labels": "tpu-grpo's run and step labels, by which it finds its jobs; no Kueue queue (the "
-                       "cluster runs no Kueue: one workload at a time)",
+    "cluster runs no Kueue: one workload at a time)",
     f"{HEAD}.containers.0.command": "the step's script itself, without xpk's wrapper: bash runs it in the "
-                                    "foreground, so its exit code is the container's and SIGTERM reaches it",
+    "foreground, so its exit code is the container's and SIGTERM reaches it",
     f"{HEAD}.containers.0.env": "ENABLE_PATHWAYS_PERSISTENCE=1 (MaxText's multi-host tutorial) and HF_TOKEN from a "
-                                "Secret added to xpk's four",
+    "Secret added to xpk's four",
     f"{HEAD}.containers.0.securityContext": "not privileged: the head's container runs on a CPU host and opens no "
-                                           "device",
+    "device",
     f"{WORKER}.metadata.labels": "tpu-grpo's run label instead of xpk's workload label",
     f"{WORKER}.spec.priorityClassName": "no priority class: the cluster defines none (xpk's come with Kueue)",
 }
@@ -50,8 +50,12 @@ def differences(ours, theirs, path="") -> dict[str, tuple]:
         for key in ours.keys() | theirs.keys():
             found.update(differences(ours.get(key), theirs.get(key), f"{path}.{key}".lstrip(".")))
         return found
-    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs) and all(
-            isinstance(item, dict) for item in ours + theirs):
+    if (
+        isinstance(ours, list)
+        and isinstance(theirs, list)
+        and len(ours) == len(theirs)
+        and all(isinstance(item, dict) for item in ours + theirs)
+    ):
         found = {}
         for index, (mine, other) in enumerate(zip(ours, theirs)):
             found.update(differences(mine, other, f"{path}.{index}"))
@@ -61,16 +65,40 @@ def differences(ours, theirs, path="") -> dict[str, tuple]:
 
 def xpk_manifest(xpk: Path, tmp_path: Path, shape: str, num_slices: int, capacity: list[str]) -> dict:
     manifest = tmp_path / "xpk.yaml"
-    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TELEMETRY_ENABLED": "false",
-                   "DEPENDENCY_AUTO_DOWNLOAD": "false"}
+    environment = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "TELEMETRY_ENABLED": "false",
+        "DEPENDENCY_AUTO_DOWNLOAD": "false",
+    }
     made = subprocess.run(
-        [str(xpk), "workload", "create-pathways", "--dry-run", f"--output-manifest-file={manifest}",
-         f"--tpu-type={shape}", f"--num-slices={num_slices}", "--workload=train-run-1", "--cluster=tpu-grpo",
-         "--project=grpo-lab-123", "--project-number=123456789", "--zone=us-east5-b", f"--docker-image={IMAGE}",
-         f"--command={SCRIPT}", f"--server-image={images.PATHWAYS_SERVER}",
-         f"--proxy-server-image={images.PATHWAYS_PROXY}", f"--pathways-gcs-location={SCRATCH}",
-         "--skip-validation", *capacity],
-        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+        [
+            str(xpk),
+            "workload",
+            "create-pathways",
+            "--dry-run",
+            f"--output-manifest-file={manifest}",
+            f"--tpu-type={shape}",
+            f"--num-slices={num_slices}",
+            "--workload=train-run-1",
+            "--cluster=tpu-grpo",
+            "--project=grpo-lab-123",
+            "--project-number=123456789",
+            "--zone=us-east5-b",
+            f"--docker-image={IMAGE}",
+            f"--command={SCRIPT}",
+            f"--server-image={images.PATHWAYS_SERVER}",
+            f"--proxy-server-image={images.PATHWAYS_PROXY}",
+            f"--pathways-gcs-location={SCRATCH}",
+            "--skip-validation",
+            *capacity,
+        ],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     return yaml.safe_load(manifest.read_text())
 
@@ -80,14 +108,18 @@ def jobset_schema():
     return kubeapi.jobset_validator()
 
 
-@pytest.mark.parametrize("shape, num_slices, capacity", [
-    ("v6e-16", 1, ["--reservation=v6e-calendar"]),
-    ("v6e-256", 1, ["--spot"]),
-    ("v6e-64", 2, ["--on-demand"]),
-    ("v6e-32", 1, ["--flex"]),  # xpk's workload is the same for every capacity: that lives in the node pool
-])
-def test_the_pathways_jobset_is_xpks_with_each_difference_named(xpk, tmp_path, jobset_schema, shape, num_slices,
-                                                                 capacity):
+@pytest.mark.parametrize(
+    "shape, num_slices, capacity",
+    [
+        ("v6e-16", 1, ["--reservation=v6e-calendar"]),
+        ("v6e-256", 1, ["--spot"]),
+        ("v6e-64", 2, ["--on-demand"]),
+        ("v6e-32", 1, ["--flex"]),  # xpk's workload is the same for every capacity: that lives in the node pool
+    ],
+)
+def test_the_pathways_jobset_is_xpks_with_each_difference_named(
+    xpk, tmp_path, jobset_schema, shape, num_slices, capacity
+):
     ours = jobset.pathways("train-run-1", "train", "run-1", IMAGE, SCRIPT, SLICES[shape], num_slices, SCRATCH)
     theirs = xpk_manifest(xpk, tmp_path, shape, num_slices, capacity)
     found = differences(ours, theirs)
@@ -102,9 +134,10 @@ def test_the_pathways_jobset_is_xpks_with_each_difference_named(xpk, tmp_path, j
     their_head = theirs["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert head["command"] == ["bash", "-c", SCRIPT]
     assert head["env"][:4] == [{**e, "value": e["value"].strip()} if "value" in e else e for e in their_head["env"]]
-    assert head["env"][4:] == [{"name": "ENABLE_PATHWAYS_PERSISTENCE", "value": "1"},
-                               {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tpu-grpo-hf-token",
-                                                                                   "key": "token"}}}]
+    assert head["env"][4:] == [
+        {"name": "ENABLE_PATHWAYS_PERSISTENCE", "value": "1"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tpu-grpo-hf-token", "key": "token"}}},
+    ]
     assert their_head["securityContext"] == {"privileged": True} and "securityContext" not in head
     # The Pathways images are pinned, never `latest`, and the worker count is the slice's.
     pods = [job["template"]["spec"]["template"]["spec"] for job in ours["spec"]["replicatedJobs"]]
@@ -143,18 +176,29 @@ def _parts(script: str) -> tuple[dict, list[str], list[str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith(("python3 -m ", "python3 - maxtext.")))
     end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
     # the training's program (run_module) follows as a heredoc
-    argv = [re.sub(r" <<'\w+'", "", line).strip().removesuffix("\\").strip() for line in lines[start:end + 1]]
+    argv = [re.sub(r" <<'\w+'", "", line).strip().removesuffix("\\").strip() for line in lines[start : end + 1]]
     assigned = [line for line in lines if re.match(r"export \w+=", line)]
     exports = dict(line.removeprefix("export ").split("=", 1) for line in assigned)
     exports.update(line.split(";")[0].split("=", 1) for line in lines if line.startswith("TPU_NAME="))
-    return exports, argv, [line for line in lines[:start] + lines[end + 1:]
-                           if line not in assigned and not line.startswith("TPU_NAME=")]
+    return (
+        exports,
+        argv,
+        [
+            line
+            for line in lines[:start] + lines[end + 1 :]
+            if line not in assigned and not line.startswith("TPU_NAME=")
+        ],
+    )
 
 
 @pytest.mark.parametrize("step", maxtext.STEPS)
 def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, stack_values, monkeypatch, step):
-    values = {**stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-              "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"}
+    values = {
+        **stack_values,
+        "tpu-grpo:slice": "v6e-16",
+        "tpu-grpo:usePathways": "true",
+        "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+    }
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     monkeypatch.chdir(stack_dir)
     run = pipeline.build_run(settings.load("dev", lenient=True), run_name="gsm8k-1")
@@ -162,8 +206,11 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     exports, argv, other = _parts(maxtext.script(run, step, in_slice=True, slice_shape="v6e-16x1"))
     # The exports: the one VM's, less those that describe one VM's chips to libtpu, and the export into the
     # run's folder in the bucket rather than a pod's /dev/shm.
-    expected = {name: value for name, value in vm_exports.items()
-                if name not in maxtext.ONE_VM_ONLY and f"export {name}={value}" != maxtext.KEEP_EVERY_COMPILATION}
+    expected = {
+        name: value
+        for name, value in vm_exports.items()
+        if name not in maxtext.ONE_VM_ONLY and f"export {name}={value}" != maxtext.KEEP_EVERY_COMPILATION
+    }
     if step == "export":
         assert expected["HF_EXPORT"] == "/dev/shm/$MODEL_NAME/hf-trained/"
         expected["HF_EXPORT"] = "$BASE_OUTPUT_DIRECTORY$RUN_NAME/hf-trained/"  # no `//` in its object names
@@ -179,11 +226,21 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     # bucket's, for the slice's shape (the training) or its CPU pool (the others).
     cache = [line for line in vm_other if line.startswith("COMPILE_CACHE=$(")]
     assert [line for line in vm_other if line not in other] == [
-        "source ~/maxtext_venv/bin/activate", *maxtext.token_lines(),
-        *[line for line in vm_other if "hf_model_path" in line], *cache]
+        "source ~/maxtext_venv/bin/activate",
+        *maxtext.token_lines(),
+        *[line for line in vm_other if "hf_model_path" in line],
+        *cache,
+    ]
     where = "v6e-16x1" if step == "train" else "cpu-pool"
     cache_line = [line for line in other if line.startswith("COMPILE_CACHE=$(")]
-    assert cache_line == [cache[0].replace(f"~/tpu-grpo/compile-cache {run.machine.machine_type}/",
-                                           f"gs://grpo-lab-runs/runs/compile-cache {where}/")]
-    assert [line for line in other if line not in vm_other] == [maxtext.POD_TOKEN_CHECK, *cache_line,
-                                                                maxtext.FORWARD_TERM, *maxtext.WAIT_CHILD]
+    assert cache_line == [
+        cache[0].replace(
+            f"~/tpu-grpo/compile-cache {run.machine.machine_type}/", f"gs://grpo-lab-runs/runs/compile-cache {where}/"
+        )
+    ]
+    assert [line for line in other if line not in vm_other] == [
+        maxtext.POD_TOKEN_CHECK,
+        *cache_line,
+        maxtext.FORWARD_TERM,
+        *maxtext.WAIT_CHILD,
+    ]

@@ -8,8 +8,17 @@ import ast
 
 from tests.support import ROOT
 
-LAYERS = ["tpu_grpo.config", "infra", "tpu_grpo.cloud", "tpu_grpo.host", "tpu_grpo.provision", "tpu_grpo.jobs",
-          "tpu_grpo.results", "tpu_grpo.cli", "tasks"]
+LAYERS = [
+    "tpu_grpo.config",
+    "infra",
+    "tpu_grpo.cloud",
+    "tpu_grpo.host",
+    "tpu_grpo.provision",
+    "tpu_grpo.jobs",
+    "tpu_grpo.results",
+    "tpu_grpo.cli",
+    "tasks",
+]
 
 
 def modules() -> dict[str, set[str]]:
@@ -21,8 +30,10 @@ def modules() -> dict[str, set[str]]:
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in names else node.module
-                          for alias in node.names}
+                found |= {
+                    f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in names else node.module
+                    for alias in node.names
+                }
             elif isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names}
         imports[name] = {other for other in found if other in names and other != name}
@@ -45,7 +56,7 @@ def test_no_module_imports_itself_round_a_circle():
 
     def visit(name: str, path: list[str]) -> None:
         if name in path:
-            circles.append(path[path.index(name):] + [name])
+            circles.append(path[path.index(name) :] + [name])
             return
         if name in done:
             return

@@ -30,10 +30,17 @@ from tests.support import ROOT
 
 EXAMPLES = int(os.environ.get("TPU_GRPO_LIFECYCLE_EXAMPLES", "0"))
 #: Another GKE cluster of the project already relies on GKE's node role for the default compute account.
-OTHERS_NODE_ROLE = ("gcp:projects:grpo-lab-123", "roles/container.defaultNodeServiceAccount",
-                    f"serviceAccount:{DEFAULT_ACCOUNT}")
-SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+OTHERS_NODE_ROLE = (
+    "gcp:projects:grpo-lab-123",
+    "roles/container.defaultNodeServiceAccount",
+    f"serviceAccount:{DEFAULT_ACCOUNT}",
+)
+SLICE = {
+    "tpu-grpo:slice": "v6e-16",
+    "tpu-grpo:usePathways": "true",
+    "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+    "tpu-grpo:bucket": "true",
+}
 #: What a user may write with `pulumi config set`, key by key: valid values only (a bad one is refused before
 #: anything happens, which tests/unit/test_fuzz.py holds).
 EDITS = {
@@ -46,9 +53,12 @@ EDITS = {
 }
 #: The program's resources on each stack file seen, or None where the settings are refused.
 PROGRAM_RUNS: dict[str, list | None] = {}
-CAPACITY = {"reservation": {"tpu-grpo:reservation": "v6e-8-calendar"}, "spot": {"tpu-grpo:capacity": "spot"},
-            "flex-start": {"tpu-grpo:capacity": "flex-start", "tpu-grpo:maxRunHours": "24"},
-            "on-demand": {"tpu-grpo:capacity": "on-demand"}}
+CAPACITY = {
+    "reservation": {"tpu-grpo:reservation": "v6e-8-calendar"},
+    "spot": {"tpu-grpo:capacity": "spot"},
+    "flex-start": {"tpu-grpo:capacity": "flex-start", "tpu-grpo:maxRunHours": "24"},
+    "on-demand": {"tpu-grpo:capacity": "on-demand"},
+}
 
 
 def previous_release(engine: Engine, release: int = 0) -> None:
@@ -78,8 +88,13 @@ class StackLife(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         base = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
-        self.values = {**base, "gcp:project": "grpo-lab-123", "tpu-grpo:reservation": "v6e-8-calendar",
-                       "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"], "tpu-grpo:sshPublicKeyPath": self.public_key}
+        self.values = {
+            **base,
+            "gcp:project": "grpo-lab-123",
+            "tpu-grpo:reservation": "v6e-8-calendar",
+            "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"],
+            "tpu-grpo:sshPublicKeyPath": self.public_key,
+        }
         self.cloud = Cloud(bindings={OTHERS_NODE_ROLE})
         self.engine = Engine(self.cloud)
         self.fetched: set[str] = set()
@@ -89,8 +104,11 @@ class StackLife(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ what the user does
 
-    @initialize(shape=st.sampled_from(["vm", "slice"]), capacity=st.sampled_from(sorted(CAPACITY)),
-                flex_wait=st.integers(0, 120))
+    @initialize(
+        shape=st.sampled_from(["vm", "slice"]),
+        capacity=st.sampled_from(sorted(CAPACITY)),
+        flex_wait=st.integers(0, 120),
+    )
     def a_first_up(self, shape, capacity, flex_wait):
         self.edit("shape", shape)
         self.edit("capacity", capacity)
@@ -143,11 +161,16 @@ class StackLife(RuleBasedStateMachine):
         changes = replacements.diff(self.engine.export(), declared)
         if stack.strips_a_grant(changes) or stack.data_disk_lost(changes) and self.unsaved():
             return  # refused: a grant it declares would go; the runs only the disk holds are fetched first
-        stopped = {(replacements.INSTANCE, name) for name in self.cloud.stopped  # `up` replaces them (--replace)
-                   if (replacements.INSTANCE, name) in self.engine.state
-                   and any((r.type, r.name) == (replacements.INSTANCE, name) for r in declared)}
-        said = ({(c.type, c.name) for c in changes if c.action == "replace"} | stopped,
-                {(c.type, c.name) for c in changes if c.action == "delete"})
+        stopped = {
+            (replacements.INSTANCE, name)
+            for name in self.cloud.stopped  # `up` replaces them (--replace)
+            if (replacements.INSTANCE, name) in self.engine.state
+            and any((r.type, r.name) == (replacements.INSTANCE, name) for r in declared)
+        }
+        said = (
+            {(c.type, c.name) for c in changes if c.action == "replace"} | stopped,
+            {(c.type, c.name) for c in changes if c.action == "delete"},
+        )
         before = self.disk_runs()
         done = self.engine.up(declared, flex_wait)
         self.note_lost(before)
@@ -253,5 +276,9 @@ def life(key_pair):
 def test_a_stacks_life_loses_nothing(life):
     from hypothesis.stateful import run_state_machine_as_test
 
-    run_state_machine_as_test(life, settings=hypothesis_settings(
-        max_examples=EXAMPLES or 400, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None))
+    run_state_machine_as_test(
+        life,
+        settings=hypothesis_settings(
+            max_examples=EXAMPLES or 400, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None
+        ),
+    )

@@ -21,8 +21,13 @@ from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import MACHINES
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
-OURS_ONLY = {"PYTHONUNBUFFERED", "COMPILE_CACHE", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "VLLM_XLA_CACHE_PATH",
-             "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"}
+OURS_ONLY = {
+    "PYTHONUNBUFFERED",
+    "COMPILE_CACHE",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "VLLM_XLA_CACHE_PATH",
+    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES",
+}
 
 
 def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
@@ -84,8 +89,11 @@ def test_a_job_script_never_prints_the_token(tmp_path, step):
 
 #: Google's single-host v6e shapes (Cloud TPU documentation, "TPU v6e": v6e-1 1x1, v6e-4 2x2, v6e-8 2x4;
 #: one VM each, so the host bounds are 1,1,1 and a host's chip bounds are the topology's, depth 1).
-DOCUMENTED_V6E = {"ct6e-standard-1t": ("v6e-1", "1x1"), "ct6e-standard-4t": ("v6e-4", "2x2"),
-                  "ct6e-standard-8t": ("v6e-8", "2x4")}
+DOCUMENTED_V6E = {
+    "ct6e-standard-1t": ("v6e-1", "1x1"),
+    "ct6e-standard-4t": ("v6e-4", "2x2"),
+    "ct6e-standard-8t": ("v6e-8", "2x4"),
+}
 
 
 @pytest.mark.parametrize("machine_type", sorted(DOCUMENTED_V6E))
@@ -94,17 +102,30 @@ def test_tpu_environment_of_every_machine_type_is_googles_topology(tmp_path, mac
     x, y = (int(side) for side in topology.split("x"))
     run = maxtext.Run(**{**RUN.__dict__, "machine": MACHINES[machine_type]})
     env = run_ours(tmp_path, run)[tutorial.MODULES[1]]["env"]
-    assert {name: env[name] for name in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS",
-                                         "TPU_HOST_BOUNDS", "CHIPS_PER_VM")} == {
-        "TPU_ACCELERATOR_TYPE": accelerator, "TPU_TOPOLOGY": topology, "TPU_CHIPS_PER_HOST_BOUNDS": f"{x},{y},1",
-        "TPU_HOST_BOUNDS": "1,1,1", "CHIPS_PER_VM": str(x * y)}
+    assert {
+        name: env[name]
+        for name in (
+            "TPU_ACCELERATOR_TYPE",
+            "TPU_TOPOLOGY",
+            "TPU_CHIPS_PER_HOST_BOUNDS",
+            "TPU_HOST_BOUNDS",
+            "CHIPS_PER_VM",
+        )
+    } == {
+        "TPU_ACCELERATOR_TYPE": accelerator,
+        "TPU_TOPOLOGY": topology,
+        "TPU_CHIPS_PER_HOST_BOUNDS": f"{x},{y},1",
+        "TPU_HOST_BOUNDS": "1,1,1",
+        "CHIPS_PER_VM": str(x * y),
+    }
     assert accelerator == f"v6e-{x * y}" and MACHINES[machine_type].chips == x * y
     assert set(MACHINES) == set(DOCUMENTED_V6E)
 
 
 def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
-    sets = maxtext.parse_sets(["rl.num_generations=4", "rl.grpo_beta=0.04", "export:weight_dtype=float32",
-                               "learning_rate=1e-6 * 2"], None)
+    sets = maxtext.parse_sets(
+        ["rl.num_generations=4", "rl.grpo_beta=0.04", "export:weight_dtype=float32", "learning_rate=1e-6 * 2"], None
+    )
     run = maxtext.Run(**{**RUN.__dict__, "sets": sets})
     ours = run_ours(tmp_path, run)
     train = ours[tutorial.MODULES[1]]["argv"]
@@ -116,9 +137,12 @@ def test_set_overrides_and_adds_keys_in_the_one_mapping(tmp_path):
 def test_exporting_an_earlier_step_changes_only_its_path(tmp_path):
     ours = run_ours(tmp_path, maxtext.Run(**{**RUN.__dict__, "step": 25}))
     assert ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"] == (
-        "/dev/shm/llama3.1-8b-Instruct/post-train//2026-12-02-22-10-00/checkpoints/actor/25/model_params")
-    assert maxtext.paths(maxtext.Run(**{**RUN.__dict__, "step": 25}))["post_train"] == (
-        ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"])
+        "/dev/shm/llama3.1-8b-Instruct/post-train//2026-12-02-22-10-00/checkpoints/actor/25/model_params"
+    )
+    assert (
+        maxtext.paths(maxtext.Run(**{**RUN.__dict__, "step": 25}))["post_train"]
+        == (ours[tutorial.MODULES[2]]["env"]["POST_TRAIN_PATH"])
+    )
 
 
 def test_paths_are_the_scripts_paths_expanded(tmp_path):
@@ -134,32 +158,46 @@ def test_default_run_name_is_the_tutorials_timestamp():
     assert maxtext.timestamp_run_name(0) == "1970-01-01-00-00-00"
 
 
-@pytest.mark.parametrize("item, message", [
-    ("novalue", "--set 'novalue' is not KEY=VALUE (a MaxText key, a value); fix: e.g. --set rl.num_generations=4"),
-    ("=3", "--set '=3' is not KEY=VALUE"),
-    ("bad key=1", "--set 'bad key=1' is not KEY=VALUE"),
-    ("num_batches=3", "--set 'num_batches=3' sets num_batches, which comes from --batches; fix: use that instead"),
-    ("hf_access_token=x", "comes from the host's token file"),
-    ("deploy:x=1", "--set 'deploy:x=1' names step 'deploy'; fix: one of convert, train, export"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("novalue", "--set 'novalue' is not KEY=VALUE (a MaxText key, a value); fix: e.g. --set rl.num_generations=4"),
+        ("=3", "--set '=3' is not KEY=VALUE"),
+        ("bad key=1", "--set 'bad key=1' is not KEY=VALUE"),
+        ("num_batches=3", "--set 'num_batches=3' sets num_batches, which comes from --batches; fix: use that instead"),
+        ("hf_access_token=x", "comes from the host's token file"),
+        ("deploy:x=1", "--set 'deploy:x=1' names step 'deploy'; fix: one of convert, train, export"),
+    ],
+)
 def test_bad_set_is_refused(item, message):
     with pytest.raises(maxtext.CommandError) as error:
         maxtext.parse_sets([item], "train")
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("train", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000; fix: e.g. --batches 50"),
-    (("train", "--batches", "-1"), "error: --batches '-1' is negative (a whole number from 1 to 100000); fix: e.g. --batches 50"),
-    (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number from 1 to 100000"),
-    (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000"),
-    (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
-    (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a name"),
-    (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
-    (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
-    (("status", "--host", "other@192.0.2.2"), "error: this task acts on one host, got 2 (other@192.0.2.2, "
-                                              "nobody@192.0.2.1); fix: pass one --host"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("train", "--batches", "0"),
+            "error: --batches '0' is not a whole number from 1 to 100000; fix: e.g. --batches 50",
+        ),
+        (
+            ("train", "--batches", "-1"),
+            "error: --batches '-1' is negative (a whole number from 1 to 100000); fix: e.g. --batches 50",
+        ),
+        (("train", "--batches", "abc"), "error: --batches 'abc' is not a whole number from 1 to 100000"),
+        (("pipeline", "--batches", "0"), "error: --batches '0' is not a whole number from 1 to 100000"),
+        (("train", "--set", "oops"), "error: --set 'oops' is not KEY=VALUE"),
+        (("train", "--run-name", "a b"), "error: --run-name 'a b' is not a name"),
+        (("export", "--step", "x"), "error: --step 'x' is not a whole number from 1 to 100000"),
+        (("pipeline", "--need-gb", "lots"), "error: --need-gb 'lots' is not SHM_GB,DATA_GB"),
+        (
+            ("status", "--host", "other@192.0.2.2"),
+            "error: this task acts on one host, got 2 (other@192.0.2.2, nobody@192.0.2.1); fix: pass one --host",
+        ),
+    ],
+)
 def test_bad_flags_are_one_line_errors_before_any_connection(args, message, stack_dir):
     """The host named here does not exist: a connection attempt would fail differently."""
     result = invoke(*args, "--host", "nobody@192.0.2.1", cwd=stack_dir)
@@ -174,14 +212,17 @@ def test_an_unknown_model_is_refused(stack_dir):
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump(config))
     result = invoke("train", "--dry-run", cwd=stack_dir)
     assert result.returncode == 2
-    assert result.stderr.startswith("error: tpu-grpo:model='llama9-70b' is not a model MaxText 0.2.3 post-trains "
-                                    "here (llama3.1-8b, llama3.1-8b-Instruct, llama3.1-70b, ")
+    assert result.stderr.startswith(
+        "error: tpu-grpo:model='llama9-70b' is not a model MaxText 0.2.3 post-trains "
+        "here (llama3.1-8b, llama3.1-8b-Instruct, llama3.1-70b, "
+    )
     assert "docs/models.md); fix: pulumi config set tpu-grpo:model" in result.stderr
 
 
 def test_dry_run_prints_each_steps_script_without_connecting(stack_dir):
-    result = invoke("pipeline", "--dry-run", "--batches", "7", "--run-name", "r1", "--host", "nobody@192.0.2.1",
-                    cwd=stack_dir)
+    result = invoke(
+        "pipeline", "--dry-run", "--batches", "7", "--run-name", "r1", "--host", "nobody@192.0.2.1", cwd=stack_dir
+    )
     assert result.returncode == 0, result.stderr
     run = maxtext.Run(**{**RUN.__dict__, "batches": 7, "run_name": "r1"})
     for step in maxtext.STEPS:
@@ -194,11 +235,13 @@ def test_plan_includes_the_scripts(stack_dir):
     plan = json.loads(result.stdout)
     assert [job["step"] for job in plan["jobs"]] == list(maxtext.STEPS)
     assert "python3 - maxtext.trainers.post_train.rl.train_rl" in plan["jobs"][1]["script"]
-    assert "num_batches=\"${NUM_BATCHES?}\"" in plan["jobs"][1]["script"]
+    assert 'num_batches="${NUM_BATCHES?}"' in plan["jobs"][1]["script"]
     run = maxtext.Run.of(settings.load("dev", lenient=True, root=stack_dir).training)
-    assert plan["compile_cache"].startswith(f"compile cache: ~/tpu-grpo/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
-                                            f"{maxtext.compile_cache_name(run, 'train')}, on the data disk. The first "
-                                            "training of these settings compiles (a cold start)")
+    assert plan["compile_cache"].startswith(
+        f"compile cache: ~/tpu-grpo/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
+        f"{maxtext.compile_cache_name(run, 'train')}, on the data disk. The first "
+        "training of these settings compiles (a cold start)"
+    )
 
 
 def _lines_about_the_newest_checkpoint(script: str) -> str:
@@ -206,7 +249,7 @@ def _lines_about_the_newest_checkpoint(script: str) -> str:
     lines = script.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("newest="))
     end = next(i for i, line in enumerate(lines) if line.startswith('[ -z "$newest" ]'))
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 # ---------------------------------------------------------------- what a script does where it runs
@@ -232,15 +275,21 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
             storage.Client().bucket(bucket).blob(name).upload_from_string(b"x")
         else:
             (tmp_path / f"maxtext/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor/{step}").mkdir(
-                parents=True)
+                parents=True
+            )
     tools = this_python(tmp_path)
     lines = _lines_about_the_newest_checkpoint(maxtext.script(run, "train"))
-    env = {"PATH": f"{tools}:/usr/bin:/bin", "BASE_OUTPUT_DIRECTORY": base, "RUN_NAME": RUN.run_name,
-           "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}
+    env = {
+        "PATH": f"{tools}:/usr/bin:/bin",
+        "BASE_OUTPUT_DIRECTORY": base,
+        "RUN_NAME": RUN.run_name,
+        "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"],
+    }
     said = subprocess.run(["bash", "-c", lines], env=env, capture_output=True, text=True)
     assert said.stdout == f"{RESUMES} 100\n", said.stderr
-    fresh = subprocess.run(["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True,
-                           text=True)
+    fresh = subprocess.run(
+        ["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True, text=True
+    )
     assert fresh.returncode == 0 and fresh.stdout == ""  # nothing to resume from: no line
 
 
@@ -249,8 +298,15 @@ def test_a_run_record_makes_the_same_run_again_and_its_export_keeps_what_the_tra
 
     from tpu_grpo.config.stores import store_for
 
-    trained = replace(RUN, tokenizer="someone/trained-tokenizer", dataset="openai/gsm8k", loss_algo="gspo-token",
-                      store=store_for("gs://bucket/runs"), sets={"train": {"rl.num_generations": "4"}}, batches=7)
+    trained = replace(
+        RUN,
+        tokenizer="someone/trained-tokenizer",
+        dataset="openai/gsm8k",
+        loss_algo="gspo-token",
+        store=store_for("gs://bucket/runs"),
+        sets={"train": {"rl.num_generations": "4"}},
+        batches=7,
+    )
     record = json.loads(json.dumps(trained.to_record()))  # as a job's record keeps it
     assert maxtext.Run.from_record(record) == trained
     asked = replace(RUN, tokenizer="someone/new-tokenizer", batches=9, step=5, sets={"export": {"a": "1"}})
@@ -267,7 +323,11 @@ def test_a_training_recorded_before_whole_run_records_is_exported_with_what_its_
     old = {"run": trained.run_name, "inputs": trained.inputs("train")}  # a job.json without "record"
     asked = replace(RUN, tokenizer="someone/new-tokenizer", batches=9)
     found = pipeline._trained_as(old, asked)
-    assert (found.training_tokenizer, found.batches, found.sets["train"]) == ("someone/trained-tokenizer", 7, {"x": "1"})
+    assert (found.training_tokenizer, found.batches, found.sets["train"]) == (
+        "someone/trained-tokenizer",
+        7,
+        {"x": "1"},
+    )
 
 
 def test_a_compile_cache_is_named_by_what_fixes_the_compiled_programs():
@@ -277,12 +337,16 @@ def test_a_compile_cache_is_named_by_what_fixes_the_compiled_programs():
     name = maxtext.compile_cache_name
     assert name(RUN, "train") == name(dataclasses.replace(RUN, batches=200, run_name="other", step=3), "train")
     assert name(RUN, "train").startswith(f"{RUN.machine.machine_type}/{RUN.model}/train-")
-    others = [dataclasses.replace(RUN, sets={"train": {"rl.num_generations": "4"}}),
-              dataclasses.replace(RUN, loss_algo="gspo-token"), dataclasses.replace(RUN, model="qwen3-8b")]
+    others = [
+        dataclasses.replace(RUN, sets={"train": {"rl.num_generations": "4"}}),
+        dataclasses.replace(RUN, loss_algo="gspo-token"),
+        dataclasses.replace(RUN, model="qwen3-8b"),
+    ]
     assert len({name(RUN, "train"), *(name(other, "train") for other in others)}) == 4
     assert name(RUN, "export") == name(dataclasses.replace(RUN, sets={"train": {"rl.num_generations": "4"}}), "export")
     assert name(RUN, "train", "v6e-16x2").startswith("v6e-16x2/") and name(RUN, "export", "v6e-16x2").startswith(
-        "cpu-pool/")
+        "cpu-pool/"
+    )
     assert maxtext.compile_cache_root(RUN) == "~/tpu-grpo/compile-cache"  # the data disk's
     bucket = dataclasses.replace(RUN, store=stores.store_for("gs://b/runs"))
     assert maxtext.compile_cache_root(bucket, in_slice=True) == "gs://b/runs/compile-cache"
@@ -292,8 +356,10 @@ def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_p
     """Each step's MaxText gets the folder the compile cache program printed as jax_cache_dir, and the training's
     vLLM the same folder; a cache that cannot be had leaves MaxText's own ~/jax_cache and says so."""
     env, record = tutorial.job_home(tmp_path)
-    (tmp_path / "bin/python3").write_text((tmp_path / "bin/python3").read_text() + (
-        "if sys.argv[-1:] == ['make']: print(sys.argv[2] + '/v/' + sys.argv[3])\n"))
+    (tmp_path / "bin/python3").write_text(
+        (tmp_path / "bin/python3").read_text()
+        + ("if sys.argv[-1:] == ['make']: print(sys.argv[2] + '/v/' + sys.argv[3])\n")
+    )
     ours = tutorial.run_ours(tmp_path, RUN, env)
     for step, module in zip(maxtext.STEPS, tutorial.MODULES):
         folder = f"{env['HOME']}/tpu-grpo/compile-cache/v/{maxtext.compile_cache_name(RUN, step)}"
@@ -304,18 +370,21 @@ def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_p
     failing = tmp_path / "failing"
     failing.mkdir()
     env, record = tutorial.job_home(failing)
-    (failing / "bin/python3").write_text((failing / "bin/python3").read_text() + (
-        "if sys.argv[-1:] == ['make']: sys.exit(1)\n"))
-    done = subprocess.run(["bash", "-c", maxtext.script(RUN, "train")], capture_output=True, text=True, env=env,
-                          cwd=env["HOME"])
+    (failing / "bin/python3").write_text(
+        (failing / "bin/python3").read_text() + ("if sys.argv[-1:] == ['make']: sys.exit(1)\n")
+    )
+    done = subprocess.run(
+        ["bash", "-c", maxtext.script(RUN, "train")], capture_output=True, text=True, env=env, cwd=env["HOME"]
+    )
     assert done.returncode == 0, done.stderr
     assert "tpu-grpo: compile cache unavailable: this start compiles everything" in done.stderr
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert f"jax_cache_dir={env['HOME']}/jax_cache" in calls[-1]["argv"]
 
 
-@pytest.mark.parametrize(("hangs", "ending", "code"), [(True, "raise SystemExit(3)", 3),
-                                                      (False, "raise ValueError('bad data')", 1)])
+@pytest.mark.parametrize(
+    ("hangs", "ending", "code"), [(True, "raise SystemExit(3)", 3), (False, "raise ValueError('bad data')", 1)]
+)
 def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending, code):
     """The training's program (run_module) ends the process with the module's exit code (a traceback said as Python
     says it) though an exit handler never returns, as MaxText 0.2.3's grading pool's does (its docstring); `python3
@@ -323,11 +392,18 @@ def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending
     from tpu_grpo.host import remote
     from tpu_grpo.host.remote import run_module
 
-    (tmp_path / "module.py").write_text("import atexit, threading\n"
-                                        f"{'atexit.register(threading.Event().wait)' if hangs else ''}\n"
-                                        f"if __name__ == '__main__':\n    {ending}\n")
-    done = subprocess.run(["bash", "-c", remote.run("run_module", "module", python=sys.executable)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    (tmp_path / "module.py").write_text(
+        "import atexit, threading\n"
+        f"{'atexit.register(threading.Event().wait)' if hangs else ''}\n"
+        f"if __name__ == '__main__':\n    {ending}\n"
+    )
+    done = subprocess.run(
+        ["bash", "-c", remote.run("run_module", "module", python=sys.executable)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == code, done.stderr
     assert ("ValueError: bad data" in done.stderr) == (code == 1)
     if hangs:

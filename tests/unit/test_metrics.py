@@ -36,8 +36,8 @@ def raw_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
     found: dict[str, list[tuple[int, float]]] = {}
     offset = 0
     while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset:offset + 8])
-        event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
         offset += 12 + length + 4
         for value in event.summary.value:
             found.setdefault(value.tag, []).append((event.step, value.simple_value))
@@ -111,10 +111,18 @@ def test_loss_agrees_with_the_log(run):
 def test_evals_from_log():
     text = LOG.read_text()
     evals = metrics.evals_from_log(text)
-    lines = [line for line in text.splitlines()
-             if "] Pre RL Training:" in line or "] Intermediate Eval (" in line or "] Post RL Training:" in line]
+    lines = [
+        line
+        for line in text.splitlines()
+        if "] Pre RL Training:" in line or "] Intermediate Eval (" in line or "] Post RL Training:" in line
+    ]
     assert len(evals) == len(lines) == 4
-    assert [(e.stage, e.step) for e in evals] == [("pre", None), ("intermediate", 2), ("intermediate", 4), ("post", None)]
+    assert [(e.stage, e.step) for e in evals] == [
+        ("pre", None),
+        ("intermediate", 2),
+        ("intermediate", 4),
+        ("post", None),
+    ]
     for line, e in zip(lines, evals):
         assert f"corr={e.correct}, total={e.total}," in line
         assert f"accuracy={e.accuracy}%" in line
@@ -149,8 +157,7 @@ def test_table(run):
     for line, row in zip(body, run.rows):
         cells = [cell.strip() for cell in line.strip("│").split("│")]
         assert cells[0] == str(row.step)
-        assert [float(c) for c in cells[1:]] == pytest.approx(
-            [getattr(row, f) for f in metrics.SERIES], rel=1e-3)
+        assert [float(c) for c in cells[1:]] == pytest.approx([getattr(row, f) for f in metrics.SERIES], rel=1e-3)
     caption = metrics.table(run).caption
     assert caption == metrics.eval_caption(run.evals)
     for e in run.evals:
@@ -259,8 +266,10 @@ def test_missing_folder(tmp_path):
 
 
 def test_import_is_cheap():
-    code = ("import sys, tpu_grpo.results.metrics; "
-            "print(sorted(m for m in ('matplotlib', 'tensorboard', 'numpy') if m in sys.modules))")
+    code = (
+        "import sys, tpu_grpo.results.metrics; "
+        "print(sorted(m for m in ('matplotlib', 'tensorboard', 'numpy') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
@@ -269,18 +278,30 @@ def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_wha
     from tpu_grpo.results import metrics
 
     def run(name: str, generations: str, scale: float) -> metrics.Metrics:
-        rows = [metrics.Row(step, reward=step * scale, loss=0.1, kl=0.01 * step, completion_length=100 + step)
-                for step in (1, 2, 3)]
-        evals = [Eval("pre", None, 1, 4, 25.0, 25.0, 100.0, 0.5), Eval("post", None, 3, 4, 75.0 * scale, 75.0, 100.0, 1.5)]
-        return metrics.Metrics(name, rows, evals, {"model": "llama3.1-8b-Instruct", "loss": "grpo",
-                                                   "train:rl.num_generations": generations})
+        rows = [
+            metrics.Row(step, reward=step * scale, loss=0.1, kl=0.01 * step, completion_length=100 + step)
+            for step in (1, 2, 3)
+        ]
+        evals = [
+            Eval("pre", None, 1, 4, 25.0, 25.0, 100.0, 0.5),
+            Eval("post", None, 3, 4, 75.0 * scale, 75.0, 100.0, 1.5),
+        ]
+        return metrics.Metrics(
+            name,
+            rows,
+            evals,
+            {"model": "llama3.1-8b-Instruct", "loss": "grpo", "train:rl.num_generations": generations},
+        )
 
     first, second = run("g2", "2", 1.0), run("g4", "4", 0.5)
     figure = metrics.compare_figure([first, second])
     panels = figure.axes
     assert [ax.get_title() for ax in panels] == [
-        "mean reward: rewards/train/mean", "KL: actor/train/kl", "completion length (tokens): completions/train/mean_length",
-        "eval accuracy (from the log)"]
+        "mean reward: rewards/train/mean",
+        "KL: actor/train/kl",
+        "completion length (tokens): completions/train/mean_length",
+        "eval accuracy (from the log)",
+    ]
     legends = ["g2 (train:rl.num_generations=2)", "g4 (train:rl.num_generations=4)"]
     for ax, name in zip(panels, metrics.COMPARED):
         assert [line.get_label() for line in ax.get_lines()] == legends
@@ -292,15 +313,18 @@ def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_wha
     assert metrics.is_our_plot(path)
 
 
-@pytest.mark.parametrize("argv", [["--compare", "a"], ["--compare", "a", "--compare", "a"],
-                                  ["--compare", "a", "--compare", "b", "--run", "c"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--compare", "a"], ["--compare", "a", "--compare", "a"], ["--compare", "a", "--compare", "b", "--run", "c"]],
+)
 def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, argv):
     from tests.support import invoke
 
     result = invoke("metrics", *argv, cwd=stack_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: --compare ") and result.stderr.endswith(
-        "e.g. --compare RUN1 --compare RUN2\n")
+        "e.g. --compare RUN1 --compare RUN2\n"
+    )
     if argv.count("a") == 2:
         assert "names the same run twice" in result.stderr
 
@@ -327,24 +351,36 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
     url = tensorboard_sync.serve(["g2", "g4"], free_port()) + "data/plugin/hparams/"
 
     def post(path: str, body: dict) -> dict:
-        request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         return json.load(urllib.request.urlopen(request, timeout=10))
 
     experiment = post("experiment", {"experimentName": ""})
     infos = {info["name"]: info for info in experiment["hparamInfos"]}
     assert set(infos) == {"model", "loss", "batches", "train:rl.num_generations"}
-    assert infos["train:rl.num_generations"]["differs"] and sorted(infos["train:rl.num_generations"]["domainDiscrete"]) == ["2", "4"]
+    assert infos["train:rl.num_generations"]["differs"] and sorted(
+        infos["train:rl.num_generations"]["domainDiscrete"]
+    ) == ["2", "4"]
     assert not infos["model"]["differs"]
-    groups = post("session_groups", {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS"], "startIndex": 0,
-                                     "sliceSize": 10, "colParams": [{"hparam": "train:rl.num_generations"},
-                                                                    {"metric": {"tag": "rewards/train/mean"}}]})
+    groups = post(
+        "session_groups",
+        {
+            "experimentName": "",
+            "allowedStatuses": ["STATUS_SUCCESS"],
+            "startIndex": 0,
+            "sliceSize": 10,
+            "colParams": [{"hparam": "train:rl.num_generations"}, {"metric": {"tag": "rewards/train/mean"}}],
+        },
+    )
     recorded = event_accumulator.EventAccumulator(str(FIXTURES / "tensorboard"))
     recorded.Reload()
     last_reward = recorded.Scalars("rewards/train/mean")[-1].value
     sessions = {group["name"]: group for group in groups["sessionGroups"]}
     assert {name: group["hparams"]["train:rl.num_generations"] for name, group in sessions.items()} == {
-        "g2/tensorboard": "2", "g4/tensorboard": "4"}
+        "g2/tensorboard": "2",
+        "g4/tensorboard": "4",
+    }
     for group in sessions.values():
         [reward] = [value for value in group["metricValues"] if value["name"]["tag"] == "rewards/train/mean"]
         assert reward["value"] == pytest.approx(last_reward)

@@ -34,8 +34,11 @@ def train_lines(lines: list[str]) -> list[str]:
 
 
 def eval_lines(lines: list[str]) -> list[str]:
-    return [line for line in lines
-            if "] Pre RL Training: " in line or "] Post RL Training: " in line or "] Intermediate Eval (" in line]
+    return [
+        line
+        for line in lines
+        if "] Pre RL Training: " in line or "] Post RL Training: " in line or "] Intermediate Eval (" in line
+    ]
 
 
 def field(text: str, name: str) -> str:
@@ -89,15 +92,28 @@ def test_every_eval_of_the_real_log(raw_lines):
 def test_start_and_end_and_the_order_of_everything(raw_lines):
     events = progress.parse_lines(raw_lines)
     kinds = [type(e).__name__ for e in events]
-    assert kinds == ["Eval", "Started", "TrainStep", "TrainStep", "Eval", "TrainStep", "TrainStep",
-                     "Eval", "Completed", "Eval"]
+    assert kinds == [
+        "Eval",
+        "Started",
+        "TrainStep",
+        "TrainStep",
+        "Eval",
+        "TrainStep",
+        "TrainStep",
+        "Eval",
+        "Completed",
+        "Eval",
+    ]
     assert parse_line(next(line for line in raw_lines if "Starting RL training" in line)) == Started()
     assert parse_line(next(line for line in raw_lines if "Completed Successfully" in line)) == Completed()
 
 
 def test_no_event_from_any_other_line(raw_lines):
-    wanted = set(train_lines(raw_lines)) | set(eval_lines(raw_lines)) | {
-        line for line in raw_lines if "] Starting RL training..." in line or "] RL Training Completed" in line}
+    wanted = (
+        set(train_lines(raw_lines))
+        | set(eval_lines(raw_lines))
+        | {line for line in raw_lines if "] Starting RL training..." in line or "] RL Training Completed" in line}
+    )
     others = [line for line in raw_lines if line not in wanted]
     assert len(others) > 1000
     assert [line for line in others if parse_line(line) is not None] == []
@@ -241,39 +257,65 @@ def test_a_trainings_start_up_phase_by_phase_from_the_real_log(raw_lines):
     """Each phase from its MaxText line to the next's, by the log's own times (compared with absl's clock read by
     plain string search); the compile cache from the script's own line; vLLM's precompilation summed from
     tpu-inference's lines (none in this CPU rehearsal, whose rollout was vLLM-free)."""
+
     def at(mark: str) -> float:
         return absl_seconds(next(line for line in raw_lines if mark in line))
 
     cache = "tpu-grpo: compile cache warm: 12 entries, 3456789 bytes, in /home/u/tpu-grpo/compile-cache/v/x"
     found = progress.startup([cache, *raw_lines], 2026)
     first_step = at("] Train step 1 ")
-    marks = [at(mark) for mark in ("System Information: Jax Version", "Creating reference model",
-                                   "Creating RL cluster", "Setting up RL trainer", "Starting RL training")]
+    marks = [
+        at(mark)
+        for mark in (
+            "System Information: Jax Version",
+            "Creating reference model",
+            "Creating RL cluster",
+            "Setting up RL trainer",
+            "Starting RL training",
+        )
+    ]
     assert list(found["phases"]) == ["boot", "weights", "rollout", "eval", "first_step"]
-    assert list(found["phases"].values()) == [round(end - start, 3) for start, end in zip(marks, [*marks[1:],
-                                                                                               first_step])]
+    assert list(found["phases"].values()) == [
+        round(end - start, 3) for start, end in zip(marks, [*marks[1:], first_step])
+    ]
     assert found["to_first_step"] == round(first_step - marks[0], 3) and found["vllm_compile"] is None
-    assert found["cache"] == {"warm": True, "entries": 12, "bytes": 3456789,
-                              "folder": "/home/u/tpu-grpo/compile-cache/v/x"}
+    assert found["cache"] == {
+        "warm": True,
+        "entries": 12,
+        "bytes": 3456789,
+        "folder": "/home/u/tpu-grpo/compile-cache/v/x",
+    }
     said = progress.startup_text(found)
     assert said.startswith("to first step 0m30s: start 0m00s, weights 0m12s, vLLM start and compile 0m02s, ")
     assert said.endswith("first step 0m13s (compile cache warm)")
 
 
 def test_vllms_precompilation_is_summed_and_a_start_not_reached_is_absent():
-    lines = ["INFO 12-05 10:00:00 [compilation_manager.py:236] Precompile all the subgraphs with possible input shapes.",
-             "INFO 12-05 10:00:09 [compilation_manager.py:120] Compilation finished in 8.50 [secs].",
-             "INFO 12-05 10:00:12 [compilation_manager.py:120] Compilation of sample_from_logits finished in 2.25 [secs].",
-             "I1205 10:00:01.000000 1 model_creation_utils.py:751] Creating reference model and also meshes",
-             "I1205 10:01:02.500000 1 train_rl.py:498] Creating RL cluster..."]
+    lines = [
+        "INFO 12-05 10:00:00 [compilation_manager.py:236] Precompile all the subgraphs with possible input shapes.",
+        "INFO 12-05 10:00:09 [compilation_manager.py:120] Compilation finished in 8.50 [secs].",
+        "INFO 12-05 10:00:12 [compilation_manager.py:120] Compilation of sample_from_logits finished in 2.25 [secs].",
+        "I1205 10:00:01.000000 1 model_creation_utils.py:751] Creating reference model and also meshes",
+        "I1205 10:01:02.500000 1 train_rl.py:498] Creating RL cluster...",
+    ]
     found = progress.startup(lines, 2026)
     assert found == {"phases": {"weights": 61.5}, "vllm_compile": 10.75, "to_first_step": None, "cache": None}
     assert progress.startup_text(found) == "weights 1m01s, of which vLLM compiled 0m10s"
     assert progress.startup_text(progress.startup([], 2026)) == ""
 
 
-@pytest.mark.parametrize("seconds, said", [(5, "0m05s"), (65, "1m05s"), (3599, "59m59s"), (3600, "1h00m"),
-                                           (3605, "1h00m"), (3660, "1h01m"), (90061, "25h01m")])
+@pytest.mark.parametrize(
+    "seconds, said",
+    [
+        (5, "0m05s"),
+        (65, "1m05s"),
+        (3599, "59m59s"),
+        (3600, "1h00m"),
+        (3605, "1h00m"),
+        (3660, "1h01m"),
+        (90061, "25h01m"),
+    ],
+)
 def test_durations_read_hours_and_minutes(seconds, said):
     assert progress.duration(seconds) == said
 
@@ -287,9 +329,16 @@ def test_the_compile_cache_line_is_the_remote_programs(tmp_path):
     from tpu_grpo.host import remote
 
     def run(mode: str) -> tuple[str, dict]:
-        done = subprocess.run(["bash", "-c", remote.run("compile_cache", str(tmp_path / "caches"), "m/model/train-1",
-                                                        mode, python=sys.executable)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                "bash",
+                "-c",
+                remote.run("compile_cache", str(tmp_path / "caches"), "m/model/train-1", mode, python=sys.executable),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return done.stdout.strip(), progress.compile_cache(done.stderr)
 
     folder, said = run("look")

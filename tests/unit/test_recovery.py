@@ -37,12 +37,14 @@ def test_recover_n_brings_back_at_most_n_lost_vms_and_the_next_loss_fails(tmp_pa
     assert [entry["event"] for entry in entries] == ["lost", "resumed"] * recover
     for number, resumed in enumerate(entries[1::2], 1):
         assert (resumed["from_checkpoint"], resumed["last_step_before"], resumed["steps_redone"]) == (
-            10 * number, 10 * number + 7, 7)
+            10 * number,
+            10 * number + 7,
+            7,
+        )
     assert len([line for line in said if line.startswith("the VM is lost (TERMINATED)")]) == recover
 
 
-def test_a_run_that_succeeds_after_a_loss_returns_its_outcome(
-        tmp_path, monkeypatch):
+def test_a_run_that_succeeds_after_a_loss_returns_its_outcome(tmp_path, monkeypatch):
     from tpu_grpo.jobs import recovery, vm_jobs
 
     monkeypatch.setenv("TPU_GRPO_STATE", str(tmp_path))

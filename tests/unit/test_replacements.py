@@ -18,8 +18,12 @@ from tests.support import DATA, FLEX, SPOT, invoke
 INSTANCE, DISK = "gcp:compute/instance:Instance", "gcp:compute/disk:Disk"
 POOL = "gcp:container/nodePool:NodePool"
 RELEASED = DATA / "released-resources.txt"
-SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+SLICE = {
+    "tpu-grpo:slice": "v6e-16",
+    "tpu-grpo:usePathways": "true",
+    "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+    "tpu-grpo:bucket": "true",
+}
 
 
 def changes_after(before: dict, after: dict) -> set[tuple[str, str, str]]:
@@ -30,48 +34,81 @@ def changes_after(before: dict, after: dict) -> set[tuple[str, str, str]]:
     return {(c.type.rsplit(":", 1)[-1], c.name, c.action) for c in replacements.diff(state, declared)}
 
 
-@pytest.mark.parametrize("change, replaced", [
-    ({"gcp:zone": "us-east5-a"}, {("Disk", "tpu-grpo-data", "replace"), ("Instance", "tpu-grpo", "replace")}),
-    ({"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"},
-     {("Instance", "tpu-grpo", "replace")}),
-    (SPOT, {("Instance", "tpu-grpo", "replace")}),
-    (FLEX, {("Instance", "tpu-grpo", "replace")}),
-    ({"tpu-grpo:reservation": "another-reservation"}, {("Instance", "tpu-grpo", "replace")}),
-    ({"tpu-grpo:serviceAccount": "sa@grpo-lab-123.iam.gserviceaccount.com"}, {("Instance", "tpu-grpo", "replace")}),
-    ({"gcp:project": "another-project-1"}, {
-        ("Disk", "tpu-grpo-data", "replace"), ("Instance", "tpu-grpo", "replace"),
-        ("Firewall", "tpu-grpo-ssh", "replace"), ("Network", "tpu-grpo-net", "replace"),
-        ("Subnetwork", "tpu-grpo-subnet", "replace")}),
-    ({"tpu-grpo:vmName": "tpu-other"}, {
-        ("Disk", "tpu-grpo-data", "delete"), ("Instance", "tpu-grpo", "delete"),
-        ("Firewall", "tpu-grpo-ssh", "delete"), ("Network", "tpu-grpo-net", "delete"),
-        ("Subnetwork", "tpu-grpo-subnet", "delete")}),
-    ({"tpu-grpo:network": "default", "tpu-grpo:subnetwork": "default"}, {
-        ("Instance", "tpu-grpo", "replace"), ("Network", "tpu-grpo-net", "delete"),
-        ("Subnetwork", "tpu-grpo-subnet", "delete")}),
-    # a smaller data disk is a new, empty one (resource_compute_disk.go: ForceNewIfChange("size", IsDiskShrinkage))
-    ({"tpu-grpo:dataDiskGb": "400"}, {("Disk", "tpu-grpo-data", "replace")}),
-    # updated in place: a larger disk and its performance, the boot disk's size, SSH ranges and key, labels
-    ({"tpu-grpo:dataDiskGb": "1900"}, set()),
-    ({"tpu-grpo:dataDiskIops": "6000", "tpu-grpo:dataDiskThroughputMibps": "600"}, set()),
-    ({"tpu-grpo:bootDiskGb": "300"}, set()),
-    ({"tpu-grpo:sshSourceRanges": ["192.0.2.0/24"]}, set()),
-    ({"tpu-grpo:labels": {"team": "ml"}}, set()),
-])
+@pytest.mark.parametrize(
+    "change, replaced",
+    [
+        ({"gcp:zone": "us-east5-a"}, {("Disk", "tpu-grpo-data", "replace"), ("Instance", "tpu-grpo", "replace")}),
+        (
+            {"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-4b"},
+            {("Instance", "tpu-grpo", "replace")},
+        ),
+        (SPOT, {("Instance", "tpu-grpo", "replace")}),
+        (FLEX, {("Instance", "tpu-grpo", "replace")}),
+        ({"tpu-grpo:reservation": "another-reservation"}, {("Instance", "tpu-grpo", "replace")}),
+        ({"tpu-grpo:serviceAccount": "sa@grpo-lab-123.iam.gserviceaccount.com"}, {("Instance", "tpu-grpo", "replace")}),
+        (
+            {"gcp:project": "another-project-1"},
+            {
+                ("Disk", "tpu-grpo-data", "replace"),
+                ("Instance", "tpu-grpo", "replace"),
+                ("Firewall", "tpu-grpo-ssh", "replace"),
+                ("Network", "tpu-grpo-net", "replace"),
+                ("Subnetwork", "tpu-grpo-subnet", "replace"),
+            },
+        ),
+        (
+            {"tpu-grpo:vmName": "tpu-other"},
+            {
+                ("Disk", "tpu-grpo-data", "delete"),
+                ("Instance", "tpu-grpo", "delete"),
+                ("Firewall", "tpu-grpo-ssh", "delete"),
+                ("Network", "tpu-grpo-net", "delete"),
+                ("Subnetwork", "tpu-grpo-subnet", "delete"),
+            },
+        ),
+        (
+            {"tpu-grpo:network": "default", "tpu-grpo:subnetwork": "default"},
+            {
+                ("Instance", "tpu-grpo", "replace"),
+                ("Network", "tpu-grpo-net", "delete"),
+                ("Subnetwork", "tpu-grpo-subnet", "delete"),
+            },
+        ),
+        # a smaller data disk is a new, empty one (resource_compute_disk.go: ForceNewIfChange("size", IsDiskShrinkage))
+        ({"tpu-grpo:dataDiskGb": "400"}, {("Disk", "tpu-grpo-data", "replace")}),
+        # updated in place: a larger disk and its performance, the boot disk's size, SSH ranges and key, labels
+        ({"tpu-grpo:dataDiskGb": "1900"}, set()),
+        ({"tpu-grpo:dataDiskIops": "6000", "tpu-grpo:dataDiskThroughputMibps": "600"}, set()),
+        ({"tpu-grpo:bootDiskGb": "300"}, set()),
+        ({"tpu-grpo:sshSourceRanges": ["192.0.2.0/24"]}, set()),
+        ({"tpu-grpo:labels": {"team": "ml"}}, set()),
+    ],
+)
 def test_each_setting_replaces_what_the_provider_says(stack_values, change, replaced):
     assert changes_after(stack_values, {**stack_values, **change}) == replaced
 
 
-@pytest.mark.parametrize("change, replaced", [
-    ({"tpu-grpo:slice": "v6e-32"}, {("NodePool", "tpu-grpo-np-0", "replace")}),
-    (SPOT, {("NodePool", "tpu-grpo-np-0", "replace")}),
-    ({"gcp:zone": "us-east5-a"}, {("Cluster", "tpu-grpo", "replace"), ("NodePool", "tpu-grpo-np-0", "replace"),
-                                  ("NodePool", "tpu-grpo-cpu-np", "replace")}),
-    ({"tpu-grpo:numSlices": "2"}, set()),  # one more pool, the first kept
-    # the CPU pool's disk follows the model: an update GKE applies with a new node (the Pathways head)
-    ({"tpu-grpo:model": "qwen3-32b", "tpu-grpo:slice": "v6e-32"}, {
-        ("NodePool", "tpu-grpo-cpu-np", "recreate nodes"), ("NodePool", "tpu-grpo-np-0", "replace")}),
-])
+@pytest.mark.parametrize(
+    "change, replaced",
+    [
+        ({"tpu-grpo:slice": "v6e-32"}, {("NodePool", "tpu-grpo-np-0", "replace")}),
+        (SPOT, {("NodePool", "tpu-grpo-np-0", "replace")}),
+        (
+            {"gcp:zone": "us-east5-a"},
+            {
+                ("Cluster", "tpu-grpo", "replace"),
+                ("NodePool", "tpu-grpo-np-0", "replace"),
+                ("NodePool", "tpu-grpo-cpu-np", "replace"),
+            },
+        ),
+        ({"tpu-grpo:numSlices": "2"}, set()),  # one more pool, the first kept
+        # the CPU pool's disk follows the model: an update GKE applies with a new node (the Pathways head)
+        (
+            {"tpu-grpo:model": "qwen3-32b", "tpu-grpo:slice": "v6e-32"},
+            {("NodePool", "tpu-grpo-cpu-np", "recreate nodes"), ("NodePool", "tpu-grpo-np-0", "replace")},
+        ),
+    ],
+)
 def test_a_slices_settings_replace_what_the_provider_says(stack_values, change, replaced):
     before = {**stack_values, **SLICE}
     found = changes_after(before, {**before, **change})
@@ -105,15 +142,17 @@ def test_a_reference_changes_only_with_what_it_refers_to():
     rules = ("networkInterfaces[*].network",)
     assert forcing_fields(INSTANCE, old, new, set(), rules) == []
     assert forcing_fields(INSTANCE, old, new, {"n"}, rules) == [
-        ("networkInterfaces[0].network", "projects/p/global/networks/n", "(id of n)")]
+        ("networkInterfaces[0].network", "projects/p/global/networks/n", "(id of n)")
+    ]
 
 
 # ---------------------------------------------------------------- invoke plan and up against the Pulumi CLI double
 
 
 def write_stack(stack_dir, values) -> None:
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {k: v for k, v in values.items()
-                                                                           if v is not None}}))
+    (stack_dir / "Pulumi.dev.yaml").write_text(
+        yaml.safe_dump({"config": {k: v for k, v in values.items() if v is not None}})
+    )
 
 
 def test_plan_and_up_say_a_zone_change_deletes_the_data_disk(stack_dir, stack_values, tmp_path):
@@ -123,15 +162,18 @@ def test_plan_and_up_say_a_zone_change_deletes_the_data_disk(stack_dir, stack_va
     cli.deployed(stack_values)
     write_stack(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
     env = {**cli.env(), "TPU_GRPO_KNOWN_HOSTS": str(tmp_path / "known_hosts")}
-    disk = ("Disk tpu-grpo-data (zone us-east5-b -> us-east5-a): the data disk is DELETED with all it holds (saved "
-            "models, checkpoints, the kept conversion, the caches) and a new, empty one is made")
+    disk = (
+        "Disk tpu-grpo-data (zone us-east5-b -> us-east5-a): the data disk is DELETED with all it holds (saved "
+        "models, checkpoints, the kept conversion, the caches) and a new, empty one is made"
+    )
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)
     assert disk in plan["replaces"] and not any("stays" in line for line in plan["replaces"])
     up = invoke("up", "--yes", "--stack", "dev", cwd=stack_dir, env=env)
     assert up.returncode == 1, up.stderr
     assert f"replaces: {disk}" in up.stdout
-    assert up.stderr.startswith("error: refusing to update stack 'dev': the update deletes the data disk, and the "
-                                "VM does not answer")
+    assert up.stderr.startswith(
+        "error: refusing to update stack 'dev': the update deletes the data disk, and the VM does not answer"
+    )
     assert not [call for call in cli.calls() if call.startswith("up ")]
 
 
@@ -181,22 +223,36 @@ def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(s
     options = {(r.type.rsplit(":", 1)[-1], r.name): r.options for r in declared}
     special = {key: option for key, option in options.items() if option != offline.Options()}
     if not extra:
-        assert special == {("Instance", "tpu-grpo"): offline.Options(
-            ("machineType", "serviceAccount", "scheduling", "networkInterfaces[*].network",
-             "networkInterfaces[*].subnetwork"), create_timeout="20m")}
+        assert special == {
+            ("Instance", "tpu-grpo"): offline.Options(
+                (
+                    "machineType",
+                    "serviceAccount",
+                    "scheduling",
+                    "networkInterfaces[*].network",
+                    "networkInterfaces[*].subnetwork",
+                ),
+                create_timeout="20m",
+            )
+        }
         _, flex, _ = offline.run({**values, **FLEX}, "dev")
         assert next(r for r in flex if r.type == INSTANCE).options.create_timeout == "140m"
         return
     pools = ("placementPolicy.tpuTopology",)
     assert special == {
-        ("NodePool", "tpu-grpo-cpu-np"): offline.Options(pools), ("NodePool", "tpu-grpo-np-0"): offline.Options(pools),
+        ("NodePool", "tpu-grpo-cpu-np"): offline.Options(pools),
+        ("NodePool", "tpu-grpo-np-0"): offline.Options(pools),
         ("Bucket", "store"): offline.Options(aliases=("tpu-grpo-store",), retain_on_delete=True),
         ("BucketIAMMember", "store-objectAdmin"): offline.Options(
-            aliases=("tpu-grpo-store-objectAdmin", "tpu-grpo-store-access")),
-        ("BucketIAMMember", "store-legacyBucketReader"): offline.Options(aliases=("tpu-grpo-store-legacyBucketReader",)),
+            aliases=("tpu-grpo-store-objectAdmin", "tpu-grpo-store-access")
+        ),
+        ("BucketIAMMember", "store-legacyBucketReader"): offline.Options(
+            aliases=("tpu-grpo-store-legacyBucketReader",)
+        ),
         ("Repository", "images"): offline.Options(aliases=("tpu-grpo-images",)),
         ("RepositoryIamMember", "images-reader"): offline.Options(aliases=("tpu-grpo-images-reader",)),
-        ("IAMMember", "tpu-grpo-node-role"): offline.Options(retain_on_delete=True)}
+        ("IAMMember", "tpu-grpo-node-role"): offline.Options(retain_on_delete=True),
+    }
 
 
 def released(path: Path = RELEASED) -> list[tuple[str, str]]:
@@ -210,10 +266,15 @@ def test_every_name_a_release_declared_is_declared_or_aliased_still(stack_values
     from infra import offline
 
     everything = {**stack_values, **SLICE, "tpu-grpo:numSlices": "2"}
-    declared = [r for raw in ({**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
-                                 "tpu-grpo:bucket": "true"}, everything)
-                for r in offline.run({k: v for k, v in raw.items() if v is not None}, "dev")[1]
-                if not r.type.startswith("tpu-grpo:")]
+    declared = [
+        r
+        for raw in (
+            {**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"},
+            everything,
+        )
+        for r in offline.run({k: v for k, v in raw.items() if v is not None}, "dev")[1]
+        if not r.type.startswith("tpu-grpo:")
+    ]
     names = {(r.type, r.name) for r in declared} | {(r.type, alias) for r in declared for alias in r.options.aliases}
     listed = {(type_, name.format(vm="tpu-grpo")) for type_, name in released()}
     assert listed - names == set(), "a released name is neither declared nor aliased: give it an alias"
@@ -226,8 +287,15 @@ def test_a_renamed_grant_is_the_same_grant_not_a_new_one_and_a_delete(stack_valu
     tpgiamresource/resource_iam_member.go); without the alias the old name is a delete."""
     from infra import offline, replacements
 
-    raw = {k: v for k, v in {**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
-                              "tpu-grpo:bucket": "true"}.items() if v is not None}
+    raw = {
+        k: v
+        for k, v in {
+            **stack_values,
+            "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+            "tpu-grpo:bucket": "true",
+        }.items()
+        if v is not None
+    }
     state = state_of(raw, "dev")["deployment"]["resources"]
     for resource in state:
         if resource["urn"].endswith("::store-objectAdmin"):
@@ -239,13 +307,18 @@ def test_a_renamed_grant_is_the_same_grant_not_a_new_one_and_a_delete(stack_valu
     assert [(c.name, c.action) for c in replacements.diff(state, unaliased)] == [("tpu-grpo-store-access", "strip")]
 
 
-@pytest.mark.parametrize("type_, path, old, new, forced", [
-    (DISK, "size", 1000, 500, True), (DISK, "size", 1000.0, 1000, False), (DISK, "size", 500, 1000, False),
-    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/25", True),
-    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.131.0.0/24", True),
-    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/23", False),
-    ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "not a range", False),
-])
+@pytest.mark.parametrize(
+    "type_, path, old, new, forced",
+    [
+        (DISK, "size", 1000, 500, True),
+        (DISK, "size", 1000.0, 1000, False),
+        (DISK, "size", 500, 1000, False),
+        ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/25", True),
+        ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.131.0.0/24", True),
+        ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "10.130.0.0/23", False),
+        ("gcp:compute/subnetwork:Subnetwork", "ipCidrRange", "10.130.0.0/24", "not a range", False),
+    ],
+)
 def test_the_providers_conditional_force_new_fields(type_, path, old, new, forced):
     """customdiff.ForceNewIfChange: a disk that shrinks, a subnet range that does not hold the old one."""
     from infra.replacements import forcing_fields
@@ -253,13 +326,21 @@ def test_the_providers_conditional_force_new_fields(type_, path, old, new, force
     assert bool(forcing_fields(type_, {path: old}, {path: new}, set())) == forced
 
 
-@pytest.mark.parametrize("key, first, second, extra", [
-    ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com", "sb@grpo-lab-123.iam.gserviceaccount.com",
-     {}),
-    ("tpu-grpo:maxRunHours", "4", "8", FLEX),
-])
-def test_a_setting_set_for_the_first_time_replaces_the_vm_as_a_change_of_its_value_does(stack_values, key, first,
-                                                                                         second, extra):
+@pytest.mark.parametrize(
+    "key, first, second, extra",
+    [
+        (
+            "tpu-grpo:serviceAccount",
+            "sa@grpo-lab-123.iam.gserviceaccount.com",
+            "sb@grpo-lab-123.iam.gserviceaccount.com",
+            {},
+        ),
+        ("tpu-grpo:maxRunHours", "4", "8", FLEX),
+    ],
+)
+def test_a_setting_set_for_the_first_time_replaces_the_vm_as_a_change_of_its_value_does(
+    stack_values, key, first, second, extra
+):
     """From unset to a value, as from one value to another: the VM is replaced, and plan and up say so by the field."""
     from infra import offline, replacements
     from tpu_grpo.cloud import stack
@@ -297,7 +378,8 @@ def test_down_leaves_the_project_wide_role_whatever_release_made_the_state(stack
     assert plan["kept"] == [
         "Bucket store: the checkpoint bucket and what it holds",
         "IAMMember tpu-grpo-node-role: a project-wide role of the nodes' account: other clusters of the project, or "
-        "another stack, may rely on it"]
+        "another stack, may rely on it",
+    ]
     down = invoke("down", "--yes", cwd=stack_dir, env=cli.env())
     assert down.returncode == 0, down.stderr
     forgets = [call for call in cli.calls() if call.startswith("state delete")]

@@ -54,18 +54,25 @@ def test_the_laptops_copies_answer_when_the_host_does_not(tmp_path):
 
     rows, sources = runs.gather(unreachable, tmp_path)
     assert [(row.run, row.state, row.where) for row in rows] == [("r1", "fetched", [f"laptop: {model}"])]
-    assert sources == {"host": "no answer: tpu@203.0.113.9: cannot connect (timed out); fix: is the VM up?",
-                       "laptop": "answered"}
+    assert sources == {
+        "host": "no answer: tpu@203.0.113.9: cannot connect (timed out); fix: is the VM up?",
+        "laptop": "answered",
+    }
 
 
 def test_a_run_this_laptop_published_says_where_on_the_hub(tmp_path):
     (tmp_path / "published").mkdir()
-    (tmp_path / "published" / "r1.json").write_text(json.dumps(
-        {"run": "r1", "repo": "you/Llama-GRPO", "url": "https://huggingface.co/you/Llama-GRPO", "commit": "abc"}))
+    (tmp_path / "published" / "r1.json").write_text(
+        json.dumps(
+            {"run": "r1", "repo": "you/Llama-GRPO", "url": "https://huggingface.co/you/Llama-GRPO", "commit": "abc"}
+        )
+    )
     rows = {"r1": runs.RunRow("r1", state="saved", where=["host: ~/tpu-grpo/models/r1"])}
     runs.add_laptops(rows, tmp_path)
     assert (rows["r1"].state, rows["r1"].where) == (
-        "published", ["host: ~/tpu-grpo/models/r1", "hub: https://huggingface.co/you/Llama-GRPO"])
+        "published",
+        ["host: ~/tpu-grpo/models/r1", "hub: https://huggingface.co/you/Llama-GRPO"],
+    )
 
 
 def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_does_not(bucket, tmp_path):
@@ -75,8 +82,13 @@ def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_do
 
     folder = f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train"
     client = storage.Client().bucket(bucket)
-    for name in ("r1/checkpoints/actor/2/model_params/x", "r1/checkpoints/actor/4/model_params/x",
-                 "r1/hf-trained/config.json", "r1/tensorboard/events.out.tfevents.1", "r2/checkpoints/actor/1/x"):
+    for name in (
+        "r1/checkpoints/actor/2/model_params/x",
+        "r1/checkpoints/actor/4/model_params/x",
+        "r1/hf-trained/config.json",
+        "r1/tensorboard/events.out.tfevents.1",
+        "r2/checkpoints/actor/1/x",
+    ):
         client.blob(f"runs/llama3.1-8b-Instruct/post-train/{name}").upload_from_string(b"x")
 
     def unreachable():
@@ -84,9 +96,14 @@ def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_do
 
     rows, sources = runs.gather(unreachable, tmp_path, folder)
     assert sorted((row.run, row.state, row.steps, row.where) for row in rows) == [
-        ("r1", "exported", 4, [f"bucket: {folder}/r1/hf-trained"]), ("r2", "trained", 1, [])]
-    assert sources == {"host": "no answer: tpu@203.0.113.9: cannot connect (timed out)", "bucket": "answered",
-                       "laptop": "answered"}
+        ("r1", "exported", 4, [f"bucket: {folder}/r1/hf-trained"]),
+        ("r2", "trained", 1, []),
+    ]
+    assert sources == {
+        "host": "no answer: tpu@203.0.113.9: cannot connect (timed out)",
+        "bucket": "answered",
+        "laptop": "answered",
+    }
     _, missing = runs.gather(unreachable, tmp_path, "gs://no-such-bucket-here/runs/m/post-train")
     assert missing["bucket"].startswith("no answer: cannot list gs://no-such-bucket-here/")
 
@@ -101,8 +118,9 @@ def test_a_run_trained_in_two_jobs_is_scored_before_by_its_first_and_after_by_it
     assert (row.accuracy_before, row.accuracy_after) == (25.0, 75.0)
 
 
-@pytest.mark.parametrize("state, code", [("finished", 1), ("failed", 1), ("running", None), ("cancelled", None),
-                                         ("lost", None)])
+@pytest.mark.parametrize(
+    "state, code", [("finished", 1), ("failed", 1), ("running", None), ("cancelled", None), ("lost", None)]
+)
 def test_only_an_export_that_finished_well_makes_a_run_exported(state, code):
     row = runs.RunRow("r1")
     runs._add_job(row, job("train", 0, 600), [PRE, POST])
@@ -112,8 +130,12 @@ def test_only_an_export_that_finished_well_makes_a_run_exported(state, code):
 
 
 def test_runs_are_listed_newest_first_and_runs_of_no_known_start_last():
-    rows = [runs.RunRow("b", started=100.0), runs.RunRow("fetched-only"), runs.RunRow("a", started=300.0),
-            runs.RunRow("c", started=200.0)]
+    rows = [
+        runs.RunRow("b", started=100.0),
+        runs.RunRow("fetched-only"),
+        runs.RunRow("a", started=300.0),
+        runs.RunRow("c", started=200.0),
+    ]
     assert [row.run for row in runs.newest_first(rows)] == ["a", "c", "b", "fetched-only"]
 
 
@@ -139,6 +161,7 @@ def test_runs_on_a_vm_are_newest_first_from_what_the_host_answered(tmp_path, mon
 
     class Recorded:
         """HOST_RUNS answering what the host answered when it was recorded."""
+
         @staticmethod
         def read(connection):
             return fact.parse(facts.Answer(case["stdout"], case["stderr"], case["exited"]))

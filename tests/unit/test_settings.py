@@ -29,25 +29,68 @@ BAD = [
     ("gcp:zone", "YOUR_ZONE", "placeholder", "pulumi config set gcp:zone"),
     ("gcp:zone", "us-east5", "region-letter", "pulumi config set gcp:zone us-east5-b"),
     ("gcp:zone", "useast5-b", "region-letter", "pulumi config set gcp:zone us-east5-b"),
-    ("tpu-grpo:reservation", MISSING, "is not set, and capacity reservation needs it",
-     "pulumi config set tpu-grpo:reservation"),
+    (
+        "tpu-grpo:reservation",
+        MISSING,
+        "is not set, and capacity reservation needs it",
+        "pulumi config set tpu-grpo:reservation",
+    ),
     ("tpu-grpo:reservation", "YOUR_RESERVATION_NAME", "placeholder", "pulumi config set tpu-grpo:reservation"),
     ("tpu-grpo:reservation", "My Reservation", "is not a reservation name", "pulumi config set tpu-grpo:reservation"),
-    ("tpu-grpo:reservation", "projects/p/reservations/r", "is not a reservation name",
-     "pulumi config set tpu-grpo:reservation"),
+    (
+        "tpu-grpo:reservation",
+        "projects/p/reservations/r",
+        "is not a reservation name",
+        "pulumi config set tpu-grpo:reservation",
+    ),
     ("tpu-grpo:vmName", "-tpu", "Compute Engine name", "pulumi config set tpu-grpo:vmName"),
-    ("tpu-grpo:machineType", "ct5lp-hightpu-8t", "known TPU machine type", "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
-    ("tpu-grpo:bootDiskGb", "100", "from 200 to 65536 GB (200: the tutorial's", "pulumi config set tpu-grpo:bootDiskGb 200"),
+    (
+        "tpu-grpo:machineType",
+        "ct5lp-hightpu-8t",
+        "known TPU machine type",
+        "pulumi config set tpu-grpo:machineType ct6e-standard-8t",
+    ),
+    (
+        "tpu-grpo:bootDiskGb",
+        "100",
+        "from 200 to 65536 GB (200: the tutorial's",
+        "pulumi config set tpu-grpo:bootDiskGb 200",
+    ),
     ("tpu-grpo:bootDiskGb", "big", "is not a whole number", "pulumi config set tpu-grpo:bootDiskGb 200"),
     ("tpu-grpo:dataDiskGb", "50", "from 100 to 65536 GB", "pulumi config set tpu-grpo:dataDiskGb 500"),
-    ("tpu-grpo:sshSourceRanges", ["10.0.0.300/32"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
-    ("tpu-grpo:sshSourceRanges", ["203.0.113.7/24"], "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
-    ("tpu-grpo:sshSourceRanges", "office", "not a CIDR range", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    (
+        "tpu-grpo:sshSourceRanges",
+        ["10.0.0.300/32"],
+        "not a CIDR range",
+        "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
+    ),
+    (
+        "tpu-grpo:sshSourceRanges",
+        ["203.0.113.7/24"],
+        "not a CIDR range",
+        "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
+    ),
+    (
+        "tpu-grpo:sshSourceRanges",
+        "office",
+        "not a CIDR range",
+        "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
+    ),
     ("tpu-grpo:sshSourceRanges", [], "is empty", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
-    ("tpu-grpo:sshSourceRanges", ["YOUR_PUBLIC_IP/32"], "placeholder", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
+    (
+        "tpu-grpo:sshSourceRanges",
+        ["YOUR_PUBLIC_IP/32"],
+        "placeholder",
+        "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
+    ),
     ("tpu-grpo:sshUser", "Root User", "not a Linux user name", "pulumi config set tpu-grpo:sshUser"),
     ("tpu-grpo:labels", {"Team": "ML"}, "not a label", "pulumi config set --path 'tpu-grpo:labels.team'"),
-    ("tpu-grpo:model", "llama2-7b", "is not a model MaxText 0.2.3 post-trains here", "pulumi config set tpu-grpo:model llama3.1-8b-Instruct"),
+    (
+        "tpu-grpo:model",
+        "llama2-7b",
+        "is not a model MaxText 0.2.3 post-trains here",
+        "pulumi config set tpu-grpo:model llama3.1-8b-Instruct",
+    ),
     ("tpu-grpo:batches", "0", "from 1 to 100000", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:batches", "abc", "is not a whole number", "pulumi config set tpu-grpo:batches 50"),
     ("tpu-grpo:usePathways", "maybe", "is not true or false", "pulumi config set tpu-grpo:usePathways false"),
@@ -82,16 +125,26 @@ def key_file(tmp_path, stack_values):
         path = tmp_path / "key.pub"
         path.write_text(text)
         return with_value(stack_values, "tpu-grpo:sshPublicKeyPath", str(path))
+
     return write
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n", "is a private key"),
-    ("hello world\n", "not an OpenSSH public key"),
-    ("ssh-ed25519 not*base64 me@host\n", "not an OpenSSH public key"),
-    # a valid ed25519 blob labelled as RSA
-    ("ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl x\n", "not an OpenSSH public key"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n",
+            "is a private key",
+        ),
+        ("hello world\n", "not an OpenSSH public key"),
+        ("ssh-ed25519 not*base64 me@host\n", "not an OpenSSH public key"),
+        # a valid ed25519 blob labelled as RSA
+        (
+            "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl x\n",
+            "not an OpenSSH public key",
+        ),
+    ],
+)
 def test_public_key_file_must_be_a_public_key(key_file, text, problem):
     mocks = offline.RecordingMocks()
     with pytest.raises(SettingsError, match=problem) as raised:
@@ -123,8 +176,7 @@ def test_the_printed_ssh_keygen_makes_the_key_the_stack_names_when_pasted(stack_
 
 
 def test_lenient_parse_keeps_placeholders_and_missing_key_as_pending(stack_values, tmp_path):
-    values = {**stack_values, "gcp:project": "YOUR_PROJECT_ID",
-              "tpu-grpo:sshPublicKeyPath": str(tmp_path / "nope.pub")}
+    values = {**stack_values, "gcp:project": "YOUR_PROJECT_ID", "tpu-grpo:sshPublicKeyPath": str(tmp_path / "nope.pub")}
     settings = settings_module.parse(values, "dev", tmp_path, lenient=True)
     assert [error.key for error in settings.pending] == ["gcp:project", "tpu-grpo:sshPublicKeyPath"]
     assert settings.project == "YOUR_PROJECT_ID"
@@ -144,20 +196,33 @@ def test_invoke_side_reads_the_same_settings_as_the_pulumi_program(stack_dir, st
 
 def test_pulumi_cli_string_forms_are_understood(stack_values, tmp_path):
     """`pulumi config set` stores scalars as strings; a comma list is accepted for ranges."""
-    values = {**stack_values, "tpu-grpo:sshSourceRanges": "203.0.113.7/32, 198.51.100.0/24",
-              "tpu-grpo:usePathways": "true", "tpu-grpo:dataDiskGb": 1000}
+    values = {
+        **stack_values,
+        "tpu-grpo:sshSourceRanges": "203.0.113.7/32, 198.51.100.0/24",
+        "tpu-grpo:usePathways": "true",
+        "tpu-grpo:dataDiskGb": 1000,
+    }
     settings = settings_module.parse(values, "dev", tmp_path)
     assert settings.ssh_source_ranges == ("203.0.113.7/32", "198.51.100.0/24")
     assert settings.use_pathways is True and settings.data_disk_gb == 1000
 
 
-@pytest.mark.parametrize("key, fix", [
-    ("tpu-grpo:bootdiskGb", "did you mean bootDiskGb? pulumi config rm tpu-grpo:bootdiskGb, then "
-                            "pulumi config set tpu-grpo:bootDiskGb 200"),
-    ("tpu-grpo:machinetype", "did you mean machineType? pulumi config rm tpu-grpo:machinetype, then "
-                             "pulumi config set tpu-grpo:machineType ct6e-standard-8t"),
-    ("tpu-grpo:flavour", "pulumi config rm tpu-grpo:flavour (settings: `invoke settings`)"),
-])
+@pytest.mark.parametrize(
+    "key, fix",
+    [
+        (
+            "tpu-grpo:bootdiskGb",
+            "did you mean bootDiskGb? pulumi config rm tpu-grpo:bootdiskGb, then "
+            "pulumi config set tpu-grpo:bootDiskGb 200",
+        ),
+        (
+            "tpu-grpo:machinetype",
+            "did you mean machineType? pulumi config rm tpu-grpo:machinetype, then "
+            "pulumi config set tpu-grpo:machineType ct6e-standard-8t",
+        ),
+        ("tpu-grpo:flavour", "pulumi config rm tpu-grpo:flavour (settings: `invoke settings`)"),
+    ],
+)
 def test_unknown_key_in_the_stack_file_is_refused(stack_dir, key, fix):
     """A typo would otherwise be ignored by `pulumi up` and silently fall back to nothing."""
     text = (stack_dir / "Pulumi.dev.yaml").read_text()
@@ -173,11 +238,17 @@ def test_zone_pattern_is_anchored(stack_values, value):
         offline.run(with_value(stack_values, "gcp:zone", value), "dev")
 
 
-@pytest.mark.parametrize("key, good", [
-    ("gcp:project", "grpo-lab-123"), ("tpu-grpo:reservation", "v6e-8-calendar"), ("tpu-grpo:vmName", "tpu-grpo"),
-    ("tpu-grpo:network", "default"), ("tpu-grpo:sshUser", "ubuntu"),
-    ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com"),
-])
+@pytest.mark.parametrize(
+    "key, good",
+    [
+        ("gcp:project", "grpo-lab-123"),
+        ("tpu-grpo:reservation", "v6e-8-calendar"),
+        ("tpu-grpo:vmName", "tpu-grpo"),
+        ("tpu-grpo:network", "default"),
+        ("tpu-grpo:sshUser", "ubuntu"),
+        ("tpu-grpo:serviceAccount", "sa@grpo-lab-123.iam.gserviceaccount.com"),
+    ],
+)
 @pytest.mark.parametrize("garbage", ["x!", " ", "\n"])
 def test_every_pattern_checked_setting_refuses_trailing_garbage(stack_values, key, good, garbage):
     """Each pattern must match the whole value: `$` alone lets a trailing newline through."""
@@ -224,8 +295,10 @@ def test_pulumi_up_refuses_an_unknown_key_the_engine_passes(stack_values, monkey
     with pytest.raises(pulumi.RunError) as raised:
         run_entry_point({}, mocks)
     assert mocks.resources == []
-    assert str(raised.value).startswith("tpu-grpo:serviceAcount='sa@grpo-lab-123.iam.gserviceaccount.com' is not a "
-                                        "setting of this project; fix: did you mean serviceAccount?")
+    assert str(raised.value).startswith(
+        "tpu-grpo:serviceAcount='sa@grpo-lab-123.iam.gserviceaccount.com' is not a "
+        "setting of this project; fix: did you mean serviceAccount?"
+    )
 
 
 def test_missing_stack_file_says_how_to_make_it(stack_dir):
@@ -241,8 +314,11 @@ KINDS_REFUSED = [
     ("tpu-grpo:testBatches", "1_0", "digits 0-9"),
     ("tpu-grpo:serviceAccount", "`id`@a.com", "is not a service account email"),
     ("tpu-grpo:serviceAccount", "$(id)x@p.iam.gserviceaccount.com", "is not a service account email"),
-    *[(key, value, "is not a Hugging Face repository id") for key in ("tpu-grpo:tokenizer", "tpu-grpo:dataset")
-      for value in ("a--b/c", "a/b..c", "a/b.", "a/b-", "a/b.git", "a", "a/b/c")],
+    *[
+        (key, value, "is not a Hugging Face repository id")
+        for key in ("tpu-grpo:tokenizer", "tpu-grpo:dataset")
+        for value in ("a--b/c", "a/b..c", "a/b.", "a/b-", "a/b.git", "a", "a/b/c")
+    ],
     ("tpu-grpo:datasetConfig", "a b", "is not a name"),
     ("tpu-grpo:datasetConfig", "main\nx", "is not a name"),
     ("tpu-grpo:datasetConfig", "x" * 10_000, "is not a name"),
@@ -254,7 +330,9 @@ KINDS_REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("key, value, problem", KINDS_REFUSED, ids=[f"{k}={str(v)[:20]!r}" for k, v, _ in KINDS_REFUSED])
+@pytest.mark.parametrize(
+    "key, value, problem", KINDS_REFUSED, ids=[f"{k}={str(v)[:20]!r}" for k, v, _ in KINDS_REFUSED]
+)
 def test_each_kind_of_setting_is_refused_by_its_parser(stack_values, tmp_path, key, value, problem):
     with pytest.raises(SettingsError) as raised:
         settings_module.parse(with_value(stack_values, key, value), "dev", tmp_path)
@@ -264,8 +342,14 @@ def test_each_kind_of_setting_is_refused_by_its_parser(stack_values, tmp_path, k
 def test_what_cloud_storage_and_google_take_is_taken(stack_values, tmp_path):
     dotted = ".".join(["a" * 26, "b" * 26, "c" * 27])  # 81 characters: a valid dotted bucket name
     assert len(dotted) == 81
-    values = {**stack_values, "tpu-grpo:checkpointStore": f"gs://{dotted}/runs", "tpu-grpo:capacity": "flex-start",
-              "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24", "gcp:zone": "us-south1-ai1b"}
+    values = {
+        **stack_values,
+        "tpu-grpo:checkpointStore": f"gs://{dotted}/runs",
+        "tpu-grpo:capacity": "flex-start",
+        "tpu-grpo:reservation": None,
+        "tpu-grpo:maxRunHours": "24",
+        "gcp:zone": "us-south1-ai1b",
+    }
     chosen = settings_module.parse(values, "dev", tmp_path)
     assert chosen.checkpoint_store == f"gs://{dotted}/runs" and chosen.zone == "us-south1-ai1b"
     assert chosen.warnings == []  # the flex-start zone the warning names is one gcp:zone takes
@@ -330,14 +414,25 @@ def test_a_new_stack_names_only_what_is_its_own_and_the_rest_is_the_tutorials(st
     own = ("gcp:project", "gcp:zone", "tpu-grpo:reservation", "tpu-grpo:sshPublicKeyPath", "tpu-grpo:sshSourceRanges")
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {key: stack_values[key] for key in own}}))
     found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
-    tutorial = {"tpu-grpo:vmName": "tpu-grpo", "tpu-grpo:machineType": "ct6e-standard-8t", "tpu-grpo:dataDiskGb": 500,
-                "tpu-grpo:sshUser": "ubuntu", "tpu-grpo:model": "llama3.1-8b-Instruct", "tpu-grpo:batches": 50,
-                "tpu-grpo:testBatches": 10, "tpu-grpo:usePathways": False, "tpu-grpo:lazyLoadTensors": False}
-    assert {key: found[key] for key in tutorial} == {key: {"value": value, "default": "the tutorial's"}
-                                                     for key, value in tutorial.items()}
+    tutorial = {
+        "tpu-grpo:vmName": "tpu-grpo",
+        "tpu-grpo:machineType": "ct6e-standard-8t",
+        "tpu-grpo:dataDiskGb": 500,
+        "tpu-grpo:sshUser": "ubuntu",
+        "tpu-grpo:model": "llama3.1-8b-Instruct",
+        "tpu-grpo:batches": 50,
+        "tpu-grpo:testBatches": 10,
+        "tpu-grpo:usePathways": False,
+        "tpu-grpo:lazyLoadTensors": False,
+    }
+    assert {key: found[key] for key in tutorial} == {
+        key: {"value": value, "default": "the tutorial's"} for key, value in tutorial.items()
+    }
     assert {key.name for key in KEYS if key.required} | {"tpu-grpo:reservation"} == set(own)
     missing = invoke("settings", "--stack", "prod", cwd=stack_dir)
     assert missing.returncode == 2 and missing.stderr.strip().endswith(
-        "fix: pulumi stack init prod && " + " && ".join(KEY[key].set_command() for key in (*own[:2], *own[3:], own[2]))
+        "fix: pulumi stack init prod && "
+        + " && ".join(KEY[key].set_command() for key in (*own[:2], *own[3:], own[2]))
         + " (no reservation: pulumi config set tpu-grpo:capacity spot, flex-start or on-demand instead) "
-        "(or --stack dev)")
+        "(or --stack dev)"
+    )

@@ -34,9 +34,13 @@ def slice_stack(stack_dir, stack_values, bucket, storage_emulator, kube, home):
     """A slice stack whose cluster is the stand-in, whose store is an emulated bucket; the task environment."""
     values = {**stack_values, **SLICE, "tpu-grpo:checkpointStore": f"gs://{bucket}/runs"}
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    env = {**home, "TPU_GRPO_KUBECONFIG": str(kube.kubeconfig(stack_dir / "kubeconfig")),
-           "STORAGE_EMULATOR_HOST": storage_emulator, "HF_TOKEN": TEST_TOKEN,
-           "TPU_GRPO_STATE": str(stack_dir / "state")}
+    env = {
+        **home,
+        "TPU_GRPO_KUBECONFIG": str(kube.kubeconfig(stack_dir / "kubeconfig")),
+        "STORAGE_EMULATOR_HOST": storage_emulator,
+        "HF_TOKEN": TEST_TOKEN,
+        "TPU_GRPO_STATE": str(stack_dir / "state"),
+    }
     kube.configmaps["tpu-grpo-image"] = {"metadata": {"name": "tpu-grpo-image"}, "data": {"image": IMAGE}}
     return stack_dir, env, bucket
 
@@ -58,7 +62,7 @@ def test_train_runs_as_a_pathways_jobset_with_progress_and_its_exit_code(slice_s
     [head, worker] = created["spec"]["replicatedJobs"]
     assert worker["template"]["spec"]["parallelism"] == 4
     script = head["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert "num_batches=\"${NUM_BATCHES?}\"" in script and "export NUM_BATCHES=4" in script
+    assert 'num_batches="${NUM_BATCHES?}"' in script and "export NUM_BATCHES=4" in script
     assert f"job {name} created on slice v6e-16" in result.stdout
     assert "train finished" in result.stdout and "GRPO step 4/4" in result.stdout
     assert "Post RL Training" in result.stdout or "post eval" in result.stdout.lower()
@@ -71,9 +75,11 @@ def test_train_runs_as_a_pathways_jobset_with_progress_and_its_exit_code(slice_s
 
 
 def test_a_failed_training_exits_with_its_script_code_and_names_the_crashed_worker(slice_stack, kube):
-    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG[:40] + ["Traceback (most recent call last):",
-                                                           "RuntimeError: worker lost"],
-                                     exit_code=3, crash_worker=True)
+    kube.scenario = kubeapi.Scenario(
+        log=TRAIN_LOG[:40] + ["Traceback (most recent call last):", "RuntimeError: worker lost"],
+        exit_code=3,
+        crash_worker=True,
+    )
     result = run_task(slice_stack, "train", "--run-name", "gsm8k-2")
     assert result.returncode == 3, result.stdout + result.stderr
     assert "RuntimeError: worker lost" in result.stdout
@@ -86,13 +92,23 @@ def test_status_says_in_one_line_why_a_job_cannot_run_and_cancel_deletes_it(slic
     started = run_task(slice_stack, "train", "--run-name", "gsm8k-3", "--detach")
     assert started.returncode == 0, started.stderr
     status = json.loads(run_task(slice_stack, "status", "--json").stdout)
-    assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]  # the VM's shape too
+    assert list(status) == [
+        "where",
+        "jobs",
+        "progress",
+        "idle_stop",
+        "tpu",
+        "slice",
+        "compile_cache",
+    ]  # the VM's shape too
     assert (status["where"], status["slice"], status["tpu"]) == ("tpu-grpo", "v6e-16 x1", None)
     [job] = status["jobs"]
     assert (job["step"], job["run"], job["state"], job["exit_code"]) == ("train", "gsm8k-3", "pending", None)
-    assert job["problem"].endswith("cannot be scheduled: 0/3 nodes are available: 3 Insufficient google.com/tpu.; "
-                                   "fix: check the TPU node pool's capacity and quota (gcloud container node-pools "
-                                   "describe; the reservation, spot availability, TPU quota in the zone)")
+    assert job["problem"].endswith(
+        "cannot be scheduled: 0/3 nodes are available: 3 Insufficient google.com/tpu.; "
+        "fix: check the TPU node pool's capacity and quota (gcloud container node-pools "
+        "describe; the reservation, spot availability, TPU quota in the zone)"
+    )
     shown = run_task(slice_stack, "status")
     assert "cannot be scheduled" in shown.stdout and "pending" in shown.stdout
     cancelled = run_task(slice_stack, "cancel")
@@ -106,15 +122,24 @@ def test_an_image_that_cannot_be_pulled_points_at_invoke_image(slice_stack, kube
     assert run_task(slice_stack, "convert", "--detach").returncode == 0
     [job] = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
     assert job["step"] == "convert" and job["state"] == "pending"
-    assert "cannot pull us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3 " \
-           "(ImagePullBackOff: Back-off pulling image" in job["problem"]
+    assert (
+        "cannot pull us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3 "
+        "(ImagePullBackOff: Back-off pulling image" in job["problem"]
+    )
     assert job["problem"].endswith("; fix: uv run invoke image")
 
 
-@pytest.mark.parametrize("cause, fix", [
-    ("missing", "uv run invoke image"),
-    ("denied", "the nodes' service account may not read the image repository: it needs "
-               "roles/artifactregistry.reader on it, which `uv run invoke up` grants (see invoke plan)")])
+@pytest.mark.parametrize(
+    "cause, fix",
+    [
+        ("missing", "uv run invoke image"),
+        (
+            "denied",
+            "the nodes' service account may not read the image repository: it needs "
+            "roles/artifactregistry.reader on it, which `uv run invoke up` grants (see invoke plan)",
+        ),
+    ],
+)
 def test_a_pull_refused_to_the_nodes_is_told_from_a_missing_image(slice_stack, kube, cause, fix):
     """A 403 from the registry is the nodes' account lacking a role (no Editor is assumed for it), not an image
     to build."""
@@ -129,8 +154,9 @@ def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
     from google.cloud import storage
 
     for step in steps:
-        storage.Client().bucket(bucket).blob(f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}/"
-                                             "model_params/_METADATA").upload_from_string("{}")
+        storage.Client().bucket(bucket).blob(
+            f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}/model_params/_METADATA"
+        ).upload_from_string("{}")
 
 
 def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):
@@ -158,8 +184,9 @@ def test_a_slice_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_
     checkpoints_in_bucket(bucket, "gsm8k-7", 6)
     stack = folder / "Pulumi.dev.yaml"
     config = yaml.safe_load(stack.read_text())["config"]
-    stack.write_text(yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer",
-                                                "tpu-grpo:batches": "9"}}))
+    stack.write_text(
+        yaml.safe_dump({"config": {**config, "tpu-grpo:tokenizer": "someone/other-tokenizer", "tpu-grpo:batches": "9"}})
+    )
     result = run_task(slice_stack, "export")
     assert result.returncode == 0, result.stderr
     made = kube.jobsets[jobset.job_name("export", "gsm8k-7")]
@@ -191,16 +218,22 @@ def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(
 
     kube.scenario = kubeapi.Scenario()
     _, _, bucket = slice_stack
-    storage.Client().bucket(bucket).blob("runs/llama3.1-8b-Instruct/mt-format/0/items/_METADATA").upload_from_string("{}")
+    storage.Client().bucket(bucket).blob("runs/llama3.1-8b-Instruct/mt-format/0/items/_METADATA").upload_from_string(
+        "{}"
+    )
     result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-5", "--batches", "4", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "convert: skipped (gs://" in result.stderr and "run gsm8k-5 is complete" in result.stderr
     assert [j["metadata"]["labels"][jobset.STEP_LABEL] for j in kube.jobsets.values()] == ["train", "export"]
     assert json.loads(result.stdout) == {
-        "run": "gsm8k-5", "model": f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//gsm8k-5/hf-trained/",
-        "steps": [{"step": "convert", "state": "skipped", "job": None},
-                  {"step": "train", "state": "finished", "job": jobset.job_name("train", "gsm8k-5"), "exit_code": 0},
-                  {"step": "export", "state": "finished", "job": jobset.job_name("export", "gsm8k-5"), "exit_code": 0}]}
+        "run": "gsm8k-5",
+        "model": f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//gsm8k-5/hf-trained/",
+        "steps": [
+            {"step": "convert", "state": "skipped", "job": None},
+            {"step": "train", "state": "finished", "job": jobset.job_name("train", "gsm8k-5"), "exit_code": 0},
+            {"step": "export", "state": "finished", "job": jobset.job_name("export", "gsm8k-5"), "exit_code": 0},
+        ],
+    }
 
 
 def test_logs_prints_or_follows_a_slice_jobs_log(slice_stack, kube):
@@ -227,7 +260,7 @@ def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_
     assert printed["kind"] == "JobSet" and printed["metadata"]["name"] == jobset.job_name("train", "gsm8k-7")
     kube.validator.validate(printed)
     script = printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert "\n    num_batches=\"${NUM_BATCHES?}\" \\\n" in script  # a script, line for line
+    assert '\n    num_batches="${NUM_BATCHES?}" \\\n' in script  # a script, line for line
     assert "  - |\n" in dry.stdout  # shown as a block, as a person reads it
     text = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run").stdout
     documents = list(yaml.safe_load_all(text))
@@ -235,8 +268,12 @@ def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_
     assert not re.search(r"[&*]id\d+", text)  # plain YAML: a value that repeats is written where it stands
     as_json = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-7", "--dry-run", "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == {"run": "gsm8k-7", "steps": [
-        {"step": step, "jobset": document} for step, document in zip(("convert", "train", "export"), documents)]}
+    assert json.loads(as_json.stdout) == {
+        "run": "gsm8k-7",
+        "steps": [
+            {"step": step, "jobset": document} for step, document in zip(("convert", "train", "export"), documents)
+        ],
+    }
     assert len(kube.requests) == requests
 
 
@@ -302,7 +339,8 @@ def test_image_builds_pushes_and_records_the_image_that_jobs_then_run(slice_stac
     del kube.configmaps["tpu-grpo-image"]
     refused = run_task(slice_stack, "train", "--run-name", "gsm8k-9")
     assert refused.returncode == 2 and refused.stderr.strip() == (
-        f"error: the cluster has no record of {IMAGE} being pushed; fix: uv run invoke image")
+        f"error: the cluster has no record of {IMAGE} being pushed; fix: uv run invoke image"
+    )
     assert kube.jobsets == {}
     path, record = fake_docker(folder)
     built = run_task(slice_stack, "image", env=path)
@@ -310,7 +348,9 @@ def test_image_builds_pushes_and_records_the_image_that_jobs_then_run(slice_stac
     calls = [line for line in record.read_text().splitlines() if line != "info"]  # `docker info`: is a daemon up?
     assert calls == [f"build --platform=linux/amd64 -t {IMAGE} {calls[0].split()[-1]}", f"push {IMAGE}"]
     dockerfile = (folder / "Dockerfile.seen").read_text()
-    assert 'uv pip install "maxtext[tpu-post-train]==0.2.3" jax==0.10.1 jaxlib==0.10.1 --resolution=lowest' in dockerfile
+    assert (
+        'uv pip install "maxtext[tpu-post-train]==0.2.3" jax==0.10.1 jaxlib==0.10.1 --resolution=lowest' in dockerfile
+    )
     assert "RUN install_tpu_post_train_extra_deps" in dockerfile
     assert kube.configmaps["tpu-grpo-image"]["data"]["image"] == IMAGE
     kube.scenario = kubeapi.Scenario()
@@ -325,7 +365,8 @@ def test_a_failed_push_says_how_to_log_docker_in(slice_stack, kube):
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines()[-1] == (
         f"error: `docker push {IMAGE}` failed building {IMAGE}; fix: gcloud auth configure-docker "
-        "us-east5-docker.pkg.dev (then run this again)")
+        "us-east5-docker.pkg.dev (then run this again)"
+    )
     assert "tpu-grpo-image" not in kube.configmaps
 
 
@@ -334,7 +375,8 @@ def test_image_dry_run_and_its_refusals(slice_stack, stack_values, home):
     assert dry.returncode == 0
     assert dry.stdout.splitlines()[-1] == (
         f"$ gcloud builds submit --project=grpo-lab-123 --region=us-east5 --tag={IMAGE} "
-        "--machine-type=e2-highcpu-32 --timeout=3600s CONTEXT")
+        "--machine-type=e2-highcpu-32 --timeout=3600s CONTEXT"
+    )
     bad = run_task(slice_stack, "image", "--builder", "kaniko")
     assert bad.returncode == 2 and "--builder 'kaniko' is not a builder" in bad.stderr
     folder, _, _ = slice_stack
@@ -347,7 +389,8 @@ def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, ku
     result = run_task(slice_stack, "train", "--run-name", "gsm8k-11", env={"HF_TOKEN": ""})
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster has no Secret "
-        "tpu-grpo-hf-token; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+        "tpu-grpo-hf-token; fix: HF_TOKEN=hf_... uv run invoke pipeline"
+    )
     assert kube.jobsets == {} and kube.secrets == {}
 
 
@@ -358,12 +401,13 @@ def test_cloud_build_without_a_gcloud_login_is_refused_before_gcloud_runs(slice_
     tools = folder / "gcloud-bin"
     tools.mkdir()
     ran = folder / "gcloud-ran"
-    (tools / "gcloud").write_text(f"#!/bin/sh\necho \"$*\" >> {ran}\nexit 1\n")
+    (tools / "gcloud").write_text(f'#!/bin/sh\necho "$*" >> {ran}\nexit 1\n')
     (tools / "gcloud").chmod(0o755)
     refused = run_task(slice_stack, "image", env={"PATH": f"{tools}:/usr/bin:/bin"})
     assert refused.returncode == 2 and refused.stderr.strip() == (
         "error: Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its configuration folder); "
-        "fix: gcloud auth login (or start Docker: --builder docker)")
+        "fix: gcloud auth login (or start Docker: --builder docker)"
+    )
     assert not ran.exists() and not (Path(base["HOME"]) / ".config/gcloud").exists()
     config = folder / "gcloud-config"
     config.mkdir()
@@ -384,10 +428,16 @@ def test_a_failed_slice_job_that_left_no_exit_code_still_fails_and_stops_the_pip
 def test_status_and_cancel_on_a_slice_see_only_tpu_grpos_jobsets(slice_stack, kube):
     kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-16", "--detach").returncode == 0
-    kube.jobsets["someone-elses"] = {"apiVersion": jobset.API_VERSION, "kind": "JobSet",
-                                     "metadata": {"name": "someone-elses", "labels": {"team": "serving"},
-                                                  "creationTimestamp": "2026-12-04T10:00:00Z"},
-                                     "spec": {"replicatedJobs": []}}
+    kube.jobsets["someone-elses"] = {
+        "apiVersion": jobset.API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": "someone-elses",
+            "labels": {"team": "serving"},
+            "creationTimestamp": "2026-12-04T10:00:00Z",
+        },
+        "spec": {"replicatedJobs": []},
+    }
     found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
     assert [job["id"] for job in found] == [jobset.job_name("train", "gsm8k-16")]
     cancelled = run_task(slice_stack, "cancel")
@@ -404,15 +454,21 @@ def test_runs_on_a_slice_lists_each_run_of_the_clusters_jobsets(slice_stack, kub
     assert found["sources"] == {"cluster": "answered", "bucket": "answered", "laptop": "answered"}
     [row] = found["runs"]
     assert (row["run"], row["state"], row["model"], row["chips"], row["capacity"]) == (
-        "gsm8k-21", "training", "llama3.1-8b-Instruct", 16, "reservation")
+        "gsm8k-21",
+        "training",
+        "llama3.1-8b-Instruct",
+        16,
+        "reservation",
+    )
 
 
 def export_in_bucket(bucket: str, run: str) -> None:
     """What a slice's export writes into the run's folder (some of it, if the export has not ended well)."""
     from google.cloud import storage
 
-    storage.Client().bucket(bucket).blob(f"runs/llama3.1-8b-Instruct/post-train/{run}/hf-trained/config.json"
-                                         ).upload_from_string("{}")
+    storage.Client().bucket(bucket).blob(
+        f"runs/llama3.1-8b-Instruct/post-train/{run}/hf-trained/config.json"
+    ).upload_from_string("{}")
 
 
 def test_a_slice_run_is_exported_only_by_an_export_that_finished_well_and_runs_are_newest_first(slice_stack, kube):
@@ -420,8 +476,11 @@ def test_a_slice_run_is_exported_only_by_an_export_that_finished_well_and_runs_a
     that finished makes its run exported; the runs are listed newest first; its steps are its newest checkpoint as a
     number (10 after 2, though the bucket lists "10" first)."""
     bucket = slice_stack[2]
-    outcomes = {"ended-well": kubeapi.Scenario(), "failed": kubeapi.Scenario(exit_code=1),
-                "running": kubeapi.Scenario(unschedulable="0/1 nodes are available")}
+    outcomes = {
+        "ended-well": kubeapi.Scenario(),
+        "failed": kubeapi.Scenario(exit_code=1),
+        "running": kubeapi.Scenario(unschedulable="0/1 nodes are available"),
+    }
     for run, outcome in outcomes.items():
         kube.scenario = kubeapi.Scenario()
         assert run_task(slice_stack, "train", "--run-name", run, "--batches", "10").returncode == 0
@@ -431,7 +490,10 @@ def test_a_slice_run_is_exported_only_by_an_export_that_finished_well_and_runs_a
         run_task(slice_stack, "export", "--run-name", run, *(["--detach"] if run == "running" else []))
     found = json.loads(run_task(slice_stack, "runs", "--json").stdout)
     assert [(row["run"], row["state"], row["steps"]) for row in found["runs"]] == [
-        ("running", "trained", 10), ("failed", "trained", 10), ("ended-well", "exported", 10)]
+        ("running", "trained", 10),
+        ("failed", "trained", 10),
+        ("ended-well", "exported", 10),
+    ]
 
 
 def test_a_slice_fetch_brings_the_newest_exported_run_not_the_newest_trained(slice_stack, kube, tmp_path):
@@ -458,7 +520,8 @@ def test_a_slice_exports_dry_run_shows_the_export_of_the_run_it_names(slice_stac
     assert shown.returncode == 0, shown.stderr
     assert "export RUN_NAME=asked" in shown.stdout and "RUN_NAME=newer" not in shown.stdout
     assert jobset.job_name("export", "asked") in shown.stdout and not any(
-        name.startswith("export-") for name in kube.jobsets)  # shown, not created
+        name.startswith("export-") for name in kube.jobsets
+    )  # shown, not created
 
 
 def test_status_on_a_slice_says_whether_the_next_training_starts_warm_from_the_buckets_cache(slice_stack, kube):
@@ -475,12 +538,22 @@ def test_status_on_a_slice_says_whether_the_next_training_starts_warm_from_the_b
     chosen = settings.load("dev", folder, lenient=True)
     named = maxtext.compile_cache_name(maxtext.Run.of(chosen.training), "train", "v6e-16x1")
     versions = f"maxtext-{release.MAXTEXT_VERSION}_jax-{release.JAX_VERSION}_jaxlib-0.10.1_libtpu-0.0.52"
-    for name, size in (("jit_train_step-1a2b-cache", 3000), ("jit_train_step-1a2b-atime", 8),
-                       ("jit_logprobs-3c4d-cache", 1000)):
+    for name, size in (
+        ("jit_train_step-1a2b-cache", 3000),
+        ("jit_train_step-1a2b-atime", 8),
+        ("jit_logprobs-3c4d-cache", 1000),
+    ):
         storage.Client().bucket(bucket).blob(f"runs/compile-cache/{versions}/{named}/{name}").upload_from_string(
-            b"x" * size)
+            b"x" * size
+        )
     warm = json.loads(run_task(slice_stack, "status", "--json").stdout)["compile_cache"]
-    assert warm == {"warm": True, "entries": 2, "bytes": 4000,
-                    "folder": f"gs://{bucket}/runs/compile-cache/{versions}/{named}"}
+    assert warm == {
+        "warm": True,
+        "entries": 2,
+        "bytes": 4000,
+        "folder": f"gs://{bucket}/runs/compile-cache/{versions}/{named}",
+    }
     shown = " ".join(run_task(slice_stack, "status").stdout.split())
-    assert f"next training of the stack's settings: starts warm (2 compiled programs, 0.0 MB) from gs://{bucket}" in shown
+    assert (
+        f"next training of the stack's settings: starts warm (2 compiled programs, 0.0 MB) from gs://{bucket}" in shown
+    )

@@ -18,8 +18,12 @@ from tpu_grpo.config.accelerators import SLICES
 from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 from tpu_grpo.config.errors import SettingsError
 
-SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
-         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+SLICE = {
+    "tpu-grpo:slice": "v6e-16",
+    "tpu-grpo:usePathways": "true",
+    "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+    "tpu-grpo:bucket": "true",
+}
 CAPACITY_VALUES = {
     "reservation": {},
     "spot": {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None},
@@ -29,15 +33,29 @@ CAPACITY_VALUES = {
 LABELS = {"app": "tpu-grpo", "stack": "dev"}
 #: Each capacity's node pool inputs for a pool of `hosts` hosts, as xpk 1.16.0 makes it.
 CAPACITY_INPUTS = {
-    "reservation": lambda hosts: ({"nodeCount": hosts}, {"reservationAffinity": {
-        "consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
-        "values": ["v6e-8-calendar"]}}),
+    "reservation": lambda hosts: (
+        {"nodeCount": hosts},
+        {
+            "reservationAffinity": {
+                "consumeReservationType": "SPECIFIC_RESERVATION",
+                "key": "compute.googleapis.com/reservation-name",
+                "values": ["v6e-8-calendar"],
+            }
+        },
+    ),
     "spot": lambda hosts: ({"nodeCount": hosts}, {"spot": True}),
     "flex-start": lambda hosts: (
-        {"initialNodeCount": 0, "management": {"autoRepair": False},
-         "autoscaling": {"locationPolicy": "ANY", "minNodeCount": 0, "maxNodeCount": hosts}},
-        {"flexStart": True, "reservationAffinity": {"consumeReservationType": "NO_RESERVATION"},
-         "maxRunDuration": "86400s"}),
+        {
+            "initialNodeCount": 0,
+            "management": {"autoRepair": False},
+            "autoscaling": {"locationPolicy": "ANY", "minNodeCount": 0, "maxNodeCount": hosts},
+        },
+        {
+            "flexStart": True,
+            "reservationAffinity": {"consumeReservationType": "NO_RESERVATION"},
+            "maxRunDuration": "86400s",
+        },
+    ),
     "on-demand": lambda hosts: ({"nodeCount": hosts}, {}),
 }
 
@@ -58,55 +76,102 @@ def test_every_shape_and_capacity_declares_its_cluster_pools_and_jobset(stack_va
     hosts = SLICES[shape].hosts
     [cluster] = by_type["gcp:container/cluster:Cluster"]
     assert cluster.inputs == {
-        "name": "tpu-grpo", "location": "us-east5-b", "project": "grpo-lab-123",
-        "network": "(id of tpu-grpo-net)", "subnetwork": "(id of tpu-grpo-subnet)",
-        "ipAllocationPolicy": {"stackType": "IPV4"}, "datapathProvider": "ADVANCED_DATAPATH",
-        "enableMultiNetworking": True, "releaseChannel": {"channel": "RAPID"},
-        "removeDefaultNodePool": True, "initialNodeCount": 1, "deletionProtection": False,
+        "name": "tpu-grpo",
+        "location": "us-east5-b",
+        "project": "grpo-lab-123",
+        "network": "(id of tpu-grpo-net)",
+        "subnetwork": "(id of tpu-grpo-subnet)",
+        "ipAllocationPolicy": {"stackType": "IPV4"},
+        "datapathProvider": "ADVANCED_DATAPATH",
+        "enableMultiNetworking": True,
+        "releaseChannel": {"channel": "RAPID"},
+        "removeDefaultNodePool": True,
+        "initialNodeCount": 1,
+        "deletionProtection": False,
         "resourceLabels": LABELS,
     }
     cpu, tpu = sorted(by_type["gcp:container/nodePool:NodePool"], key=lambda r: r.name)
     assert cpu.name == "tpu-grpo-cpu-np" and cpu.inputs == {
-        "name": "cpu-np", "cluster": "tpu-grpo", "location": "us-east5-b", "project": "grpo-lab-123",
+        "name": "cpu-np",
+        "cluster": "tpu-grpo",
+        "location": "us-east5-b",
+        "project": "grpo-lab-123",
         "nodeCount": 1,
-        "nodeConfig": {"machineType": "n2-standard-64", "oauthScopes": list(SCOPES), "resourceLabels": LABELS,
-                       "diskSizeGb": 100},
+        "nodeConfig": {
+            "machineType": "n2-standard-64",
+            "oauthScopes": list(SCOPES),
+            "resourceLabels": LABELS,
+            "diskSizeGb": 100,
+        },
     }
     pool, node_config = CAPACITY_INPUTS[capacity](hosts)
     assert tpu.name == "tpu-grpo-np-0" and tpu.inputs == {
-        "name": "tpu-grpo-np-0", "cluster": "tpu-grpo", "location": "us-east5-b", "project": "grpo-lab-123",
+        "name": "tpu-grpo-np-0",
+        "cluster": "tpu-grpo",
+        "location": "us-east5-b",
+        "project": "grpo-lab-123",
         "placementPolicy": {"type": "COMPACT", "tpuTopology": SLICES[shape].topology},
-        "maxPodsPerNode": 15, "networkConfig": {"acceleratorNetworkProfile": "auto"},
-        "nodeConfig": {"machineType": "ct6e-standard-4t", "diskSizeGb": 200, "gvnic": {"enabled": True},
-                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true"},
-                       "hostMaintenancePolicy": {"maintenanceInterval": "AS_NEEDED"},
-                       "oauthScopes": list(SCOPES), "resourceLabels": LABELS, **node_config},
+        "maxPodsPerNode": 15,
+        "networkConfig": {"acceleratorNetworkProfile": "auto"},
+        "nodeConfig": {
+            "machineType": "ct6e-standard-4t",
+            "diskSizeGb": 200,
+            "gvnic": {"enabled": True},
+            "labels": {"cloud.google.com/gke-networking-dra-driver": "true"},
+            "hostMaintenancePolicy": {"maintenanceInterval": "AS_NEEDED"},
+            "oauthScopes": list(SCOPES),
+            "resourceLabels": LABELS,
+            **node_config,
+        },
         **pool,
     }
     [repository] = by_type["gcp:artifactregistry/repository:Repository"]
-    assert repository.inputs == {"repositoryId": "tpu-grpo", "location": "us-east5", "format": "DOCKER",
-                                 "project": "grpo-lab-123", "labels": LABELS,
-                                 "description": "tpu-grpo's MaxText post-training image (invoke image)"}
+    assert repository.inputs == {
+        "repositoryId": "tpu-grpo",
+        "location": "us-east5",
+        "format": "DOCKER",
+        "project": "grpo-lab-123",
+        "labels": LABELS,
+        "description": "tpu-grpo's MaxText post-training image (invoke image)",
+    }
     [release] = by_type["kubernetes:helm.sh/v3:Release"]
     assert {k: v for k, v in release.inputs.items() if k != "compat"} == {
-        "name": "jobset", "chart": "oci://registry.k8s.io/jobset/charts/jobset", "version": "0.10.1",
-        "namespace": "jobset-system", "createNamespace": True}
+        "name": "jobset",
+        "chart": "oci://registry.k8s.io/jobset/charts/jobset",
+        "version": "0.10.1",
+        "namespace": "jobset-system",
+        "createNamespace": True,
+    }
     [provider] = by_type["pulumi:providers:kubernetes"]
     assert "command: gke-gcloud-auth-plugin" in provider.inputs["kubeconfig"]
     [bucket] = by_type["gcp:storage/bucket:Bucket"]
     assert bucket.inputs["name"] == "grpo-lab-runs" and bucket.inputs["forceDestroy"] is False
-    assert not set(by_type) & {"gcp:compute/instance:Instance", "gcp:compute/disk:Disk",
-                               "gcp:compute/firewall:Firewall"}  # nothing of the one VM, no port 22
+    assert not set(by_type) & {
+        "gcp:compute/instance:Instance",
+        "gcp:compute/disk:Disk",
+        "gcp:compute/firewall:Firewall",
+    }  # nothing of the one VM, no port 22
     assert outputs == {
-        "name": "tpu-grpo", "zone": "us-east5-b", "project": "grpo-lab-123", "endpoint": offline.UNKNOWN,
-        "cluster_ca_certificate": offline.UNKNOWN, "slice": shape, "num_slices": 1,
-        "topology": SLICES[shape].topology, "hosts": hosts, "chips": SLICES[shape].chips,
-        "machine_type": "ct6e-standard-4t", "capacity": capacity, "checkpoint_store": "gs://grpo-lab-runs/runs",
+        "name": "tpu-grpo",
+        "zone": "us-east5-b",
+        "project": "grpo-lab-123",
+        "endpoint": offline.UNKNOWN,
+        "cluster_ca_certificate": offline.UNKNOWN,
+        "slice": shape,
+        "num_slices": 1,
+        "topology": SLICES[shape].topology,
+        "hosts": hosts,
+        "chips": SLICES[shape].chips,
+        "machine_type": "ct6e-standard-4t",
+        "capacity": capacity,
+        "checkpoint_store": "gs://grpo-lab-runs/runs",
         "image": "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3",
         "jobset_version": "0.10.1",
     }
-    assert settings.usd_per_hour == round(SLICES[shape].chips * CAPACITIES[capacity].usd_per_chip_hour
-                                          + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR, 2)
+    assert settings.usd_per_hour == round(
+        SLICES[shape].chips * CAPACITIES[capacity].usd_per_chip_hour + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR,
+        2,
+    )
 
 
 def test_each_slice_gets_its_own_node_pool(stack_values):
@@ -118,16 +183,26 @@ def test_each_slice_gets_its_own_node_pool(stack_values):
 
 
 def test_a_slice_needs_no_ssh_key_nor_vm_settings(stack_values, tmp_path):
-    values = {**stack_values, "tpu-grpo:sshPublicKeyPath": str(tmp_path / "missing.pub"),
-              "tpu-grpo:sshSourceRanges": ["YOUR_PUBLIC_IP/32"], "tpu-grpo:machineType": "ct6e-standard-8t"}
+    values = {
+        **stack_values,
+        "tpu-grpo:sshPublicKeyPath": str(tmp_path / "missing.pub"),
+        "tpu-grpo:sshSourceRanges": ["YOUR_PUBLIC_IP/32"],
+        "tpu-grpo:machineType": "ct6e-standard-8t",
+    }
     settings, _, _ = declared(values)
     assert settings.machine_type == "ct6e-standard-4t" and settings.pending == ()
 
 
 def test_a_slice_stack_needs_only_what_a_slice_uses(stack_values):
     """No boot disk size (default: the tutorial's 200 GB a host), data disk, SSH user, key or ranges."""
-    vm_only = ("tpu-grpo:bootDiskGb", "tpu-grpo:dataDiskGb", "tpu-grpo:sshUser", "tpu-grpo:sshPublicKeyPath",
-               "tpu-grpo:sshSourceRanges", "tpu-grpo:machineType")
+    vm_only = (
+        "tpu-grpo:bootDiskGb",
+        "tpu-grpo:dataDiskGb",
+        "tpu-grpo:sshUser",
+        "tpu-grpo:sshPublicKeyPath",
+        "tpu-grpo:sshSourceRanges",
+        "tpu-grpo:machineType",
+    )
     values = {key: value for key, value in stack_values.items() if key not in vm_only}
     settings, by_type, _ = declared(values)
     assert settings.boot_disk_gb == 200 and settings.pending == ()
@@ -143,18 +218,29 @@ def test_a_slices_own_service_account_can_pull_the_image_and_run_gke_nodes(stack
     member = f"serviceAccount:{account}"
     [reader] = by_type["gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"]
     assert reader.name == "images-reader" and reader.inputs == {
-        "repository": "tpu-grpo", "location": "us-east5", "project": "grpo-lab-123",
-        "role": "roles/artifactregistry.reader", "member": member}
+        "repository": "tpu-grpo",
+        "location": "us-east5",
+        "project": "grpo-lab-123",
+        "role": "roles/artifactregistry.reader",
+        "member": member,
+    }
     [node] = by_type["gcp:projects/iAMMember:IAMMember"]
     assert node.name == "tpu-grpo-node-role" and node.inputs == {
-        "project": "grpo-lab-123", "role": "roles/container.defaultNodeServiceAccount", "member": member}
+        "project": "grpo-lab-123",
+        "role": "roles/container.defaultNodeServiceAccount",
+        "member": member,
+    }
     stores = by_type["gcp:storage/bucketIAMMember:BucketIAMMember"]
-    assert sorted(store.inputs["role"] for store in stores) == ["roles/storage.legacyBucketReader",
-                                                                "roles/storage.objectAdmin"]
-    assert all(store.inputs == {"bucket": "grpo-lab-runs", "role": store.inputs["role"], "member": member}
-               for store in stores)
-    assert all(pool.inputs["nodeConfig"]["serviceAccount"] == account
-               for pool in by_type["gcp:container/nodePool:NodePool"])
+    assert sorted(store.inputs["role"] for store in stores) == [
+        "roles/storage.legacyBucketReader",
+        "roles/storage.objectAdmin",
+    ]
+    assert all(
+        store.inputs == {"bucket": "grpo-lab-runs", "role": store.inputs["role"], "member": member} for store in stores
+    )
+    assert all(
+        pool.inputs["nodeConfig"]["serviceAccount"] == account for pool in by_type["gcp:container/nodePool:NodePool"]
+    )
     _, default, _ = declared(stack_values)  # no Editor assumed: the default account gets the same roles
     default_member = "serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com"
     granted = [m for t, found in default.items() if "IAMMember" in t or "IamMember" in t for m in found]
@@ -162,42 +248,66 @@ def test_a_slices_own_service_account_can_pull_the_image_and_run_gke_nodes(stack
 
 
 @pytest.mark.parametrize("slice_values", [SLICE, {}], ids=["slice", "one-vm"])
-def test_plan_says_what_an_undeclared_bucket_must_grant_the_stacks_own_account(stack_dir, stack_values, home,
-                                                                               slice_values):
+def test_plan_says_what_an_undeclared_bucket_must_grant_the_stacks_own_account(
+    stack_dir, stack_values, home, slice_values
+):
     import yaml
 
     account = "trainer@grpo-lab-123.iam.gserviceaccount.com"
-    values = {**stack_values, **slice_values, "tpu-grpo:checkpointStore": "gs://shared-runs/grpo",
-              "tpu-grpo:serviceAccount": account}
+    values = {
+        **stack_values,
+        **slice_values,
+        "tpu-grpo:checkpointStore": "gs://shared-runs/grpo",
+        "tpu-grpo:serviceAccount": account,
+    }
     values.pop("tpu-grpo:bucket", None)
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)
     assert plan["access"] == [
         f"{account} needs {role} on gs://shared-runs, which this stack does not declare: gcloud "
         f"storage buckets add-iam-policy-binding gs://shared-runs --member=serviceAccount:{account} "
-        f"--role={role}" for role in ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")]
+        f"--role={role}"
+        for role in ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")
+    ]
     text = invoke("plan", cwd=stack_dir, env=home).stdout
     assert "access to grant: " in text and "gcloud storage buckets add-iam-policy-binding" in text
     values.pop("tpu-grpo:serviceAccount")  # the default compute account: named with the command for its number
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     default = json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)["access"][0]
-    assert default.startswith("PROJECT_NUMBER-compute@developer.gserviceaccount.com needs roles/storage.objectAdmin "
-                              "on gs://shared-runs, which this stack does not declare (PROJECT_NUMBER: gcloud projects "
-                              "describe grpo-lab-123 --format='value(projectNumber)'): ")
+    assert default.startswith(
+        "PROJECT_NUMBER-compute@developer.gserviceaccount.com needs roles/storage.objectAdmin "
+        "on gs://shared-runs, which this stack does not declare (PROJECT_NUMBER: gcloud projects "
+        "describe grpo-lab-123 --format='value(projectNumber)'): "
+    )
     values["tpu-grpo:bucket"] = "true"  # declared here: the stack grants it itself
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     assert json.loads(invoke("plan", "--json", cwd=stack_dir, env=home).stdout)["access"] == []
 
 
-@pytest.mark.parametrize("changes, key, problem", [
-    ({"tpu-grpo:slice": "v6e-12"}, "tpu-grpo:slice", "is not a slice (v6e-8, the one VM, or v6e-16, v6e-32, "),
-    ({"tpu-grpo:numSlices": "5"}, "tpu-grpo:numSlices", "from 1 to 4 slices"),
-    ({"tpu-grpo:slice": "v6e-8", "tpu-grpo:checkpointStore": "disk", "tpu-grpo:bucket": None,
-      "tpu-grpo:numSlices": "2"}, "tpu-grpo:numSlices", "is set, but slice v6e-8 is one VM"),
-    ({"tpu-grpo:usePathways": "false"}, "tpu-grpo:usePathways", "but slice v6e-16 has several hosts"),
-    ({"tpu-grpo:checkpointStore": "disk", "tpu-grpo:bucket": None}, "tpu-grpo:checkpointStore",
-     "is not a bucket, and the pods of slice v6e-16 share no disk"),
-], ids=["unknown-shape", "too-many-slices", "count-on-one-vm", "no-pathways", "no-bucket"])
+@pytest.mark.parametrize(
+    "changes, key, problem",
+    [
+        ({"tpu-grpo:slice": "v6e-12"}, "tpu-grpo:slice", "is not a slice (v6e-8, the one VM, or v6e-16, v6e-32, "),
+        ({"tpu-grpo:numSlices": "5"}, "tpu-grpo:numSlices", "from 1 to 4 slices"),
+        (
+            {
+                "tpu-grpo:slice": "v6e-8",
+                "tpu-grpo:checkpointStore": "disk",
+                "tpu-grpo:bucket": None,
+                "tpu-grpo:numSlices": "2",
+            },
+            "tpu-grpo:numSlices",
+            "is set, but slice v6e-8 is one VM",
+        ),
+        ({"tpu-grpo:usePathways": "false"}, "tpu-grpo:usePathways", "but slice v6e-16 has several hosts"),
+        (
+            {"tpu-grpo:checkpointStore": "disk", "tpu-grpo:bucket": None},
+            "tpu-grpo:checkpointStore",
+            "is not a bucket, and the pods of slice v6e-16 share no disk",
+        ),
+    ],
+    ids=["unknown-shape", "too-many-slices", "count-on-one-vm", "no-pathways", "no-bucket"],
+)
 def test_bad_slice_settings_are_refused_before_anything_is_declared(stack_values, changes, key, problem):
     with pytest.raises(SettingsError) as refused:
         declared(stack_values, **changes)
@@ -205,18 +315,35 @@ def test_bad_slice_settings_are_refused_before_anything_is_declared(stack_values
     assert "fix: " in str(refused.value)
 
 
-@pytest.mark.parametrize("capacity, flags", [
-    ("reservation", ["--reservation-affinity=specific", "--reservation=v6e-8-calendar", "--num-nodes=16"]),
-    ("spot", ["--spot", "--num-nodes=16"]),
-    ("flex-start", ["--flex-start", "--enable-autoscaling", "--location-policy=ANY", "--reservation-affinity=none",
-                    "--no-enable-autorepair", "--max-nodes=16", "--num-nodes=0", "--max-run-duration=86400s"]),
-    ("on-demand", ["--num-nodes=16"]),
-])
+@pytest.mark.parametrize(
+    "capacity, flags",
+    [
+        ("reservation", ["--reservation-affinity=specific", "--reservation=v6e-8-calendar", "--num-nodes=16"]),
+        ("spot", ["--spot", "--num-nodes=16"]),
+        (
+            "flex-start",
+            [
+                "--flex-start",
+                "--enable-autoscaling",
+                "--location-policy=ANY",
+                "--reservation-affinity=none",
+                "--no-enable-autorepair",
+                "--max-nodes=16",
+                "--num-nodes=0",
+                "--max-run-duration=86400s",
+            ],
+        ),
+        ("on-demand", ["--num-nodes=16"]),
+    ],
+)
 def test_plan_shows_the_node_pool_as_gcloud_and_the_slice_cost(stack_dir, stack_values, home, capacity, flags):
     import yaml
 
-    values = {k: v for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": "v6e-64",
-                                **CAPACITY_VALUES[capacity]}.items() if v is not None}
+    values = {
+        k: v
+        for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": "v6e-64", **CAPACITY_VALUES[capacity]}.items()
+        if v is not None
+    }
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     result = invoke("plan", "--json", cwd=stack_dir, env=home)
     assert result.returncode == 0, result.stderr
@@ -225,14 +352,15 @@ def test_plan_shows_the_node_pool_as_gcloud_and_the_slice_cost(stack_dir, stack_
     # --host-maintenance-interval and --accelerator-network-profile are flags of gcloud's beta track (xpk runs it too)
     assert command[:6] == ["gcloud", "beta", "container", "node-pools", "create", "tpu-grpo-np-0"]
     start = command.index("--host-maintenance-interval=AS_NEEDED") + 1
-    assert command[start:start + len(flags)] == flags
+    assert command[start : start + len(flags)] == flags
     assert command[-3:] == ["--placement-type=COMPACT", "--tpu-topology=8x8", "--max-pods-per-node=15"]
     assert plan["cost"]["chips"] == 64 and plan["cost"]["slice"] == "v6e-64"
     assert plan["cost"]["usd_per_hour"] == round(64 * CAPACITIES[capacity].usd_per_chip_hour + 3.21, 2)
     assert plan["provision"] == [] and plan["jobs"] == []
     bucket = values["tpu-grpo:checkpointStore"].rstrip("/")
-    assert plan["compile_cache"].startswith(f"compile cache: {bucket}/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/"
-                                            "v6e-64x1/llama3.1-8b-Instruct/train-")
+    assert plan["compile_cache"].startswith(
+        f"compile cache: {bucket}/compile-cache/MAXTEXT_JAX_LIBTPU_VERSIONS/v6e-64x1/llama3.1-8b-Instruct/train-"
+    )
 
 
 def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values, home):
@@ -244,17 +372,24 @@ def test_provisioning_refuses_a_slice_stack_in_one_line(stack_dir, stack_values,
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this task on a one-VM stack "
-        "(docs/slices.md)"]
+        "(docs/slices.md)"
+    ]
 
 
 def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, stack_values, tmp_path):
     import yaml
 
-    values = {k: v for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": "v6e-32", **CAPACITY_VALUES["spot"]}.items()
-              if v is not None}
+    values = {
+        k: v
+        for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": "v6e-32", **CAPACITY_VALUES["spot"]}.items()
+        if v is not None
+    }
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    cli = PulumiCli(tmp_path / "pulumi", {"slice": "v6e-16", "zone": "us-east5-b", "capacity": "reservation",
-                                        "machine_type": "ct6e-standard-4t"}, None)
+    cli = PulumiCli(
+        tmp_path / "pulumi",
+        {"slice": "v6e-16", "zone": "us-east5-b", "capacity": "reservation", "machine_type": "ct6e-standard-4t"},
+        None,
+    )
     cli.deployed({k: v for k, v in {**stack_values, **SLICE}.items() if v is not None})
     env = cli.env()
     system = tmp_path / "system"  # this machine's /usr/bin may hold the plugin: the stand-in pulumi needs only cat
@@ -263,11 +398,16 @@ def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, st
     env["PATH"] = ":".join([*env["PATH"].split(":")[:2], str(system)])
     [line] = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)["replaces"]
     assert line.startswith("NodePool tpu-grpo-np-0 (") and line.endswith(
-        "): new TPU hosts (a running job stops); the runs stay in the bucket")
+        "): new TPU hosts (a running job stops); the runs stay in the bucket"
+    )
     assert "placementPolicy.tpuTopology 4x4 -> 4x8" in line and "nodeConfig.spot (unset) -> True" in line
     refused = invoke("up", cwd=stack_dir, env=env)
-    assert refused.returncode == 2 and "  - GKE's credential plugin, with which Pulumi and the tasks reach the " \
-        "slice's cluster: gcloud components install gke-gcloud-auth-plugin" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "  - GKE's credential plugin, with which Pulumi and the tasks reach the "
+        "slice's cluster: gcloud components install gke-gcloud-auth-plugin"
+        in refused.stderr
+    )
     plugin = Path(env["PATH"].split(":")[0]) / "gke-gcloud-auth-plugin"
     plugin.write_text("#!/bin/sh\nexit 0\n")
     plugin.chmod(0o755)
@@ -275,18 +415,25 @@ def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, st
     assert up.returncode == 0 and f"replaces: {line}" in up.stdout
 
 
-@pytest.mark.parametrize("model, shape, disk_gb, lazy", [
-    ("llama3.1-8b-Instruct", "v6e-16", 100, False),  # 16 GB to download, 32 GB eagerly in memory
-    ("qwen3-30b-a3b", "v6e-32", 122, False),  # MaxText's "approximately 62 GB of free disk space", 122 GB in memory
-    ("llama3.1-70b", "v6e-64", 202, True)])  # 141 GB to download; 282 GB eagerly, more than the pod holds
+@pytest.mark.parametrize(
+    "model, shape, disk_gb, lazy",
+    [
+        ("llama3.1-8b-Instruct", "v6e-16", 100, False),  # 16 GB to download, 32 GB eagerly in memory
+        ("qwen3-30b-a3b", "v6e-32", 122, False),  # MaxText's "approximately 62 GB of free disk space", 122 GB in memory
+        ("llama3.1-70b", "v6e-64", 202, True),
+    ],
+)  # 141 GB to download; 282 GB eagerly, more than the pod holds
 def test_the_cpu_host_is_sized_for_the_models_conversion(stack_dir, stack_values, model, shape, disk_gb, lazy):
     """The conversion downloads the model's safetensors onto the CPU host's boot disk (GKE's default: 100 GB) and,
     loaded eagerly, holds them and their converted copy in its pod's memory: the disk grows with the model, and a
     model the pod cannot hold is loaded lazily."""
     import yaml
 
-    values = {k: v for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": shape, "tpu-grpo:model": model}.items()
-              if v is not None}
+    values = {
+        k: v
+        for k, v in {**stack_values, **SLICE, "tpu-grpo:slice": shape, "tpu-grpo:model": model}.items()
+        if v is not None
+    }
     settings, resources, _ = offline.run(values, "dev")
     [cpu] = [r for r in resources if r.type == "gcp:container/nodePool:NodePool" and r.name.endswith("cpu-np")]
     assert cpu.inputs["nodeConfig"]["diskSizeGb"] == disk_gb == settings.cpu_pool_disk_gb
@@ -312,8 +459,10 @@ def test_the_kubeconfig_of_a_slices_stack_reaches_the_gke_endpoint_over_https(tm
     from tpu_grpo.config.kubeconfig import AUTH_PLUGIN, kubeconfig
 
     plugin = tmp_path / AUTH_PLUGIN
-    plugin.write_text('#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": '
-                      '"ExecCredential", "status": {"token": "ya29.stand-in"}}\'\n')
+    plugin.write_text(
+        '#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": '
+        '"ExecCredential", "status": {"token": "ya29.stand-in"}}\'\n'
+    )
     plugin.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()

@@ -43,9 +43,16 @@ def fixture_lines(name: str) -> list[bytes]:
 
 
 def tutorial_env(home: Path) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
-            "PYTHONPATH": str(STANDIN), "HF_TOKEN": "hf_test_token", "TPU_TOPOLOGY": "2x4",
-            "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1"}
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(STANDIN),
+        "HF_TOKEN": "hf_test_token",
+        "TPU_TOPOLOGY": "2x4",
+        "TPU_WORKER_ID": "0",
+        "TPU_SKIP_MDS_QUERY": "1",
+    }
 
 
 @pytest.fixture
@@ -62,8 +69,15 @@ def control(home: Path, **values) -> None:
 
 
 def run(home: Path, module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], env=tutorial_env(home), cwd=home,
-                          capture_output=True, timeout=60, check=False, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=tutorial_env(home),
+        cwd=home,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        **kwargs,
+    )
 
 
 def records(home: Path) -> list[dict]:
@@ -98,9 +112,17 @@ def train_args(home: Path, num_batches: int, load: Path | None = None) -> list[s
     if load is None:
         load = home / "mt-format" / "0" / "items"
         load.mkdir(parents=True, exist_ok=True)
-    return ["model_name=llama3.1-8b-Instruct", f"load_parameters_path={load}", "run_name=smoke",
-            f"base_output_directory={home}/post-train/", "chips_per_vm=8", f"num_batches={num_batches}",
-            "num_test_batches=10", "rollout_data_parallelism=1", "rollout_tensor_parallelism=-1"]
+    return [
+        "model_name=llama3.1-8b-Instruct",
+        f"load_parameters_path={load}",
+        "run_name=smoke",
+        f"base_output_directory={home}/post-train/",
+        "chips_per_vm=8",
+        f"num_batches={num_batches}",
+        "num_test_batches=10",
+        "rollout_data_parallelism=1",
+        "rollout_tensor_parallelism=-1",
+    ]
 
 
 def test_step_mapping_rule():
@@ -113,25 +135,42 @@ def test_step_mapping_rule():
 
 
 def test_metadata_version_and_jax_devices(home):
-    code = ("import importlib.metadata as m, maxtext, jax; "
-            "print(m.version('maxtext'), maxtext.__version__, jax.__version__, m.version('jax'), "
-            "jax.device_count(), jax.local_device_count(), len(jax.devices()))")
-    out = subprocess.run([sys.executable, "-c", code], env=tutorial_env(home), capture_output=True,
-                         text=True, timeout=60, check=False)
+    code = (
+        "import importlib.metadata as m, maxtext, jax; "
+        "print(m.version('maxtext'), maxtext.__version__, jax.__version__, m.version('jax'), "
+        "jax.device_count(), jax.local_device_count(), len(jax.devices()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=tutorial_env(home), capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0.2.3", "0.2.3", "0.10.1", "0.10.1", "8", "8", "8"]
 
     control(home, device_count=4)
-    out = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
-                         env=tutorial_env(home), capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.device_count())"],
+        env=tutorial_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.stdout.strip() == "4"
 
 
 def test_to_maxtext_records_and_writes_the_checkpoint(home):
     base = f"{home}/llama3.1-8b-Instruct/mt-format//"
-    args = ["model_name=llama3.1-8b-Instruct", f"base_output_directory={base}", "scan_layers=True",
-            "use_multimodal=False", "hardware=cpu", "skip_jax_distributed_system=true",
-            "checkpoint_storage_use_zarr3=1", "checkpoint_storage_use_ocdbt=1", "--lazy_load_tensors=False"]
+    args = [
+        "model_name=llama3.1-8b-Instruct",
+        f"base_output_directory={base}",
+        "scan_layers=True",
+        "use_multimodal=False",
+        "hardware=cpu",
+        "skip_jax_distributed_system=true",
+        "checkpoint_storage_use_zarr3=1",
+        "checkpoint_storage_use_ocdbt=1",
+        "--lazy_load_tensors=False",
+    ]
     out = run(home, TO_MAXTEXT, *args)
     assert out.returncode == 0, out.stderr
     assert out.stdout == b""
@@ -169,7 +208,7 @@ def test_train_rl_replays_the_recording_with_mapped_steps(home):
             match = pattern.search(want)
             if match:
                 new = mapping[int(match.group(1))]
-                want = want[:match.start(1)] + str(new).encode() + want[match.end(1):]
+                want = want[: match.start(1)] + str(new).encode() + want[match.end(1) :]
                 if pattern is TRAIN_STEP:
                     train_steps.append(new)
                 break
@@ -194,20 +233,27 @@ def test_train_rl_default_four_steps_is_the_recording_itself(home):
     assert tree(home / "post-train" / "smoke") == expected_tree({1: 1, 2: 2, 4: 4})
 
 
-@pytest.mark.parametrize("num_batches, steps, evals, checkpoints", [
-    (1, [1], [1], {1: 4}),
-    (2, [1, 2], [1, 2], {1: 2, 2: 4}),
-    (3, [1, 2, 3], [2, 3], {1: 1, 3: 4}),
-])
+@pytest.mark.parametrize(
+    "num_batches, steps, evals, checkpoints",
+    [
+        (1, [1], [1], {1: 4}),
+        (2, [1, 2], [1, 2], {1: 2, 2: 4}),
+        (3, [1, 2, 3], [2, 3], {1: 1, 3: 4}),
+    ],
+)
 def test_train_rl_fewer_steps_drops_repeated_step_lines(home, num_batches, steps, evals, checkpoints):
     out = run(home, TRAIN_RL, *train_args(home, num_batches))
     assert out.returncode == 0, out.stderr
     assert [int(m) for m in TRAIN_STEP.findall(out.stderr)] == steps
     assert [int(m) for m in EVAL_STEP.findall(out.stderr)] == evals
-    others = [line for line in fixture_lines("train_rl.cpu-rehearsal.log")
-              if not TRAIN_STEP.search(line) and not EVAL_STEP.search(line)]
-    replayed = [line for line in out.stderr.split(b"\n")[:-1]
-                if not TRAIN_STEP.search(line) and not EVAL_STEP.search(line)]
+    others = [
+        line
+        for line in fixture_lines("train_rl.cpu-rehearsal.log")
+        if not TRAIN_STEP.search(line) and not EVAL_STEP.search(line)
+    ]
+    replayed = [
+        line for line in out.stderr.split(b"\n")[:-1] if not TRAIN_STEP.search(line) and not EVAL_STEP.search(line)
+    ]
     assert replayed == others
     assert tree(home / "post-train" / "smoke") == expected_tree(checkpoints)
 
@@ -223,8 +269,12 @@ def test_train_rl_fails_without_the_checkpoint_to_load(home):
 
 def test_train_rl_killed_mid_run_leaves_a_partial_tree(home):
     control(home, line_delay_s=0.001)
-    proc = subprocess.Popen([sys.executable, "-m", TRAIN_RL, *train_args(home, 50)],
-                            env=tutorial_env(home), cwd=home, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", TRAIN_RL, *train_args(home, 50)],
+        env=tutorial_env(home),
+        cwd=home,
+        stderr=subprocess.PIPE,
+    )
     try:
         for line in proc.stderr:
             if TRAIN_STEP.search(line):
@@ -256,8 +306,9 @@ def test_train_rl_restarted_resumes_after_its_newest_checkpoint(home):
     pre-training evaluation runs again, the steps done before do not."""
     control(home, line_delay_s=0.001)
     args = [*train_args(home, 8), "checkpoint_period=2", "max_num_checkpoints_to_keep=2"]
-    proc = subprocess.Popen([sys.executable, "-m", TRAIN_RL, *args], env=tutorial_env(home), cwd=home,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", TRAIN_RL, *args], env=tutorial_env(home), cwd=home, stderr=subprocess.PIPE
+    )
     try:
         for line in proc.stderr:
             if TRAIN_STEP.search(line) and steps_in(line) == [4]:
@@ -282,8 +333,14 @@ def test_to_huggingface_replays_and_exports_the_real_files(home):
     load = home / "post-train" / "smoke" / "checkpoints" / "actor" / "50" / "model_params"
     load.mkdir(parents=True)
     export = home / "hf-trained"
-    args = ["model_name=llama3.1-8b", f"load_parameters_path={load}", f"base_output_directory={export}/",
-            "scan_layers=True", "use_multimodal=False", "weight_dtype=bfloat16"]
+    args = [
+        "model_name=llama3.1-8b",
+        f"load_parameters_path={load}",
+        f"base_output_directory={export}/",
+        "scan_layers=True",
+        "use_multimodal=False",
+        "weight_dtype=bfloat16",
+    ]
     out = run(home, TO_HUGGINGFACE, *args)
     assert out.returncode == 0, out.stderr
     assert out.stderr == b"\n".join(fixture_lines("to_huggingface.cpu-rehearsal.log")) + b"\n"
@@ -296,8 +353,13 @@ def test_to_huggingface_replays_and_exports_the_real_files(home):
 
 
 def test_to_huggingface_fails_without_the_checkpoint_to_load(home):
-    out = run(home, TO_HUGGINGFACE, "model_name=llama3.1-8b", f"load_parameters_path={home}/none",
-              f"base_output_directory={home}/hf")
+    out = run(
+        home,
+        TO_HUGGINGFACE,
+        "model_name=llama3.1-8b",
+        f"load_parameters_path={home}/none",
+        f"base_output_directory={home}/hf",
+    )
     assert out.returncode == 1
     assert b"not found" in out.stderr
     assert not (home / "hf").exists()
@@ -312,8 +374,16 @@ def test_exit_codes_and_hold_come_from_the_control_file(home):
     load = home / "ckpt"
     load.mkdir()
     assert run(home, TRAIN_RL, *train_args(home, 2)).returncode == 4
-    assert run(home, TO_HUGGINGFACE, "model_name=llama3.1-8b", f"load_parameters_path={load}",
-               f"base_output_directory={home}/hf").returncode == 5
+    assert (
+        run(
+            home,
+            TO_HUGGINGFACE,
+            "model_name=llama3.1-8b",
+            f"load_parameters_path={load}",
+            f"base_output_directory={home}/hf",
+        ).returncode
+        == 5
+    )
     assert [r["module"] for r in records(home)] == [TO_MAXTEXT, TRAIN_RL, TO_HUGGINGFACE]
 
 
@@ -325,8 +395,13 @@ def test_fixtures_from_the_control_file_and_the_default(home, tmp_path):
     assert run(home, TRAIN_RL, *train_args(home, 50)).returncode == 0
 
     (home / ".standin.json").unlink()  # default: tests/data/maxtext-0.2.3
-    out = run(home, TO_HUGGINGFACE, "model_name=llama3.1-8b", f"load_parameters_path={home}",
-              f"base_output_directory={home}/hf")
+    out = run(
+        home,
+        TO_HUGGINGFACE,
+        "model_name=llama3.1-8b",
+        f"load_parameters_path={home}",
+        f"base_output_directory={home}/hf",
+    )
     assert out.returncode == 0, out.stderr
 
     control(home, fixtures=str(tmp_path / "absent"))
@@ -340,18 +415,28 @@ def test_bad_control_file_is_an_error(home):
     assert out.returncode == 2 and b"line_delay" in out.stderr
 
 
-@pytest.mark.parametrize("module, name, table", [
-    (TO_MAXTEXT, "llama3.1-70b-Instruct", None), (TRAIN_RL, "llama3.1-70b-Instruct", "HF_MODEL_CONFIGS"),
-    (TO_MAXTEXT, "qwen3-1.7b", "HF_IDS"), (TRAIN_RL, "llama9-70b", "ModelName"), (TO_HUGGINGFACE, "qwen3-8b", None),
-])
+@pytest.mark.parametrize(
+    "module, name, table",
+    [
+        (TO_MAXTEXT, "llama3.1-70b-Instruct", None),
+        (TRAIN_RL, "llama3.1-70b-Instruct", "HF_MODEL_CONFIGS"),
+        (TO_MAXTEXT, "qwen3-1.7b", "HF_IDS"),
+        (TRAIN_RL, "llama9-70b", "ModelName"),
+        (TO_HUGGINGFACE, "qwen3-8b", None),
+    ],
+)
 def test_a_model_name_maxtext_would_refuse_is_refused(home, module, name, table):
     """The stand-in takes what MaxText 0.2.3 takes: a ModelName, and for each module the tables it looks the name up
     in (tests/data/maxtext-0.2.3-models.json)."""
-    args = {TO_MAXTEXT: [f"base_output_directory={home}/mt"], TRAIN_RL: train_args(home, 2)[1:],
-            TO_HUGGINGFACE: [f"load_parameters_path={home}", f"base_output_directory={home}/hf"]}[module]
+    args = {
+        TO_MAXTEXT: [f"base_output_directory={home}/mt"],
+        TRAIN_RL: train_args(home, 2)[1:],
+        TO_HUGGINGFACE: [f"load_parameters_path={home}", f"base_output_directory={home}/hf"],
+    }[module]
     out = run(home, module, f"model_name={name}", *args)
     if table is None:
         assert out.returncode == 0, out.stderr
     else:
         assert out.returncode == 1 and out.stderr.decode().startswith(
-            f"stand-in: model_name={name} is not in MaxText 0.2.3's {table} (")
+            f"stand-in: model_name={name} is not in MaxText 0.2.3's {table} ("
+        )

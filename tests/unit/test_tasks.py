@@ -35,10 +35,20 @@ def test_tasks_keep_pythons_bytecode_setting_that_invoke_turns_off(tmp_path, pyt
     compiled from source on every run; tasks.py gives the choice back to Python (PYTHONDONTWRITEBYTECODE, -B)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(python_says, PYTHONPYCACHEPREFIX=str(tmp_path / "pyc"), COLUMNS="200")
-    result = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "settings", "--json"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), "settings", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    written = {path.name.split(".")[0] for path in (tmp_path / "pyc").rglob("*.pyc")} if (tmp_path / "pyc").exists() else set()
+    written = (
+        {path.name.split(".")[0] for path in (tmp_path / "pyc").rglob("*.pyc")}
+        if (tmp_path / "pyc").exists()
+        else set()
+    )
     if python_says:
         assert written == set()
     else:
@@ -47,7 +57,11 @@ def test_tasks_keep_pythons_bytecode_setting_that_invoke_turns_off(tmp_path, pyt
 
 def test_every_task_has_help():
     listing = invoke("--list", cwd=ROOT).stdout
-    tasks = [line.split()[0] for line in listing.splitlines()[2:] if line.strip() and line.startswith("  ") and not line.startswith("   ")]
+    tasks = [
+        line.split()[0]
+        for line in listing.splitlines()[2:]
+        if line.strip() and line.startswith("  ") and not line.startswith("   ")
+    ]
     assert {"plan", "settings", "up"} <= set(tasks)
     for name in tasks:
         result = invoke("--help", name, cwd=ROOT)
@@ -74,7 +88,12 @@ def test_plan_json_is_the_same_plan_as_data(stack_dir):
     plan = json.loads(result.stdout)
     assert plan["pending"] == []
     assert sorted(r["type"].split(":")[-1] for r in plan["resources"]) == [
-        "Disk", "Firewall", "Instance", "Network", "Subnetwork"]
+        "Disk",
+        "Firewall",
+        "Instance",
+        "Network",
+        "Subnetwork",
+    ]
     assert plan["gcloud"][:5] == ["gcloud", "compute", "instances", "create", "tpu-grpo"]
     assert plan["cost"]["usd_per_hour"] == 21.6
     assert plan["outputs"]["accelerator_type"] == "v6e-8"
@@ -96,7 +115,8 @@ def test_plan_with_a_bad_setting_is_one_line_and_nonzero(stack_dir):
     assert result.stderr == (
         "error: gcp:zone='us-east5' is not a zone of the form region-letter (us-east5-b; an AI zone: "
         "us-south1-ai1b); "
-        "fix: pulumi config set gcp:zone us-east5-b\n")
+        "fix: pulumi config set gcp:zone us-east5-b\n"
+    )
     assert result.stdout == ""
 
 
@@ -115,9 +135,11 @@ def test_up_counts_a_credentials_path_to_no_file_as_missing_credentials(stack_di
     cli, env = pulumi_cli
     result = invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent.json"})
     assert result.returncode == 2 and not [line for line in cli.calls() if line.startswith("up")]
-    assert ("  - Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names /nonexistent.json, which is no "
-            "readable file: point it at your key file, or unset it and run `gcloud auth application-default login`"
-            in result.stderr.splitlines())
+    assert (
+        "  - Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names /nonexistent.json, which is no "
+        "readable file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+        in result.stderr.splitlines()
+    )
     unreadable = tmp_path / "folder.json"
     unreadable.mkdir()
     assert invoke("up", cwd=stack_dir, env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(unreadable)}).returncode == 2
@@ -143,9 +165,14 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = cli.calls()
-    assert lines[:6] == ["whoami", "stack select --create dev", "refresh --yes --skip-preview --stack dev",
-                         "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
-                         "stack export --stack dev", "stack export --stack dev"]  # what it replaces; a stopped VM?
+    assert lines[:6] == [
+        "whoami",
+        "stack select --create dev",
+        "refresh --yes --skip-preview --stack dev",
+        "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
+        "stack export --stack dev",
+        "stack export --stack dev",
+    ]  # what it replaces; a stopped VM?
     assert lines[6].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
 
 
@@ -162,29 +189,45 @@ def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):
     cli, env = pulumi_cli
     refused = invoke("up", cwd=stack_dir, env=env)
     assert refused.returncode == 255
-    assert refused.stderr == ("error: --yes or --skip-preview must be passed in to proceed when running in "
-                              "non-interactive mode\n")
+    assert refused.stderr == (
+        "error: --yes or --skip-preview must be passed in to proceed when running in non-interactive mode\n"
+    )
     for answer, code in (("no", 255), ("yes", 0)):
         leader, follower = pty.openpty()
         os.write(leader, f"{answer}\n".encode())
-        done = subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), "up"], cwd=stack_dir, stdin=follower,
-                              env=task_environment({**env, "CI": ""}), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "invoke", "-r", str(ROOT), "up"],
+            cwd=stack_dir,
+            stdin=follower,
+            env=task_environment({**env, "CI": ""}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         os.close(leader), os.close(follower)
         assert done.returncode == code, done.stderr
         assert "Do you want to perform this update? yes/no" in done.stdout
-        assert [line for line in cli.calls() if line.startswith("up ")][-1].startswith("up --refresh --stack dev "
-                                                                                      "--event-log /")
+        assert [line for line in cli.calls() if line.startswith("up ")][-1].startswith(
+            "up --refresh --stack dev --event-log /"
+        )
 
 
 def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):
     cli, env = pulumi_cli
-    error = ("error: creating Instance: googleapi: Error 400: Reservation v6e-8-calendar does not have "
-             "sufficient capacity for the requested resources.")
-    cli.up_fails(255, [
-        json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": "warming up", "severity": "info"}}),
-        json.dumps({"sequence": 2, "timestamp": 2, "diagnosticEvent": {"message": error, "severity": "error"}}),
-        '{"sequence": 3, "timest',  # cut short, as when the CLI is killed
-    ])
+    error = (
+        "error: creating Instance: googleapi: Error 400: Reservation v6e-8-calendar does not have "
+        "sufficient capacity for the requested resources."
+    )
+    cli.up_fails(
+        255,
+        [
+            json.dumps(
+                {"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": "warming up", "severity": "info"}}
+            ),
+            json.dumps({"sequence": 2, "timestamp": 2, "diagnosticEvent": {"message": error, "severity": "error"}}),
+            '{"sequence": 3, "timest',  # cut short, as when the CLI is killed
+        ],
+    )
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 255
     assert result.stderr.startswith("what went wrong: the reservation has no free chips")
@@ -199,14 +242,20 @@ def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pul
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize("message, meaning", [
-    ("Error 400: Reservation r is incorrect for the requested resources", "another machine type or zone"),
-    ("Could not find the given reservation with the following name: r", "no reservation of that name"),
-    ("Invalid value: it requires reservation to be in READY state", "not active yet"),
-    ("The reservation must exist in the same project as the instance.", "another project"),
-    ("The zone 'projects/p/zones/us-east5-b' does not have enough resources (ZONE_RESOURCE_POOL_EXHAUSTED)", "no capacity outside reservations"),
-    ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
-])
+@pytest.mark.parametrize(
+    "message, meaning",
+    [
+        ("Error 400: Reservation r is incorrect for the requested resources", "another machine type or zone"),
+        ("Could not find the given reservation with the following name: r", "no reservation of that name"),
+        ("Invalid value: it requires reservation to be in READY state", "not active yet"),
+        ("The reservation must exist in the same project as the instance.", "another project"),
+        (
+            "The zone 'projects/p/zones/us-east5-b' does not have enough resources (ZONE_RESOURCE_POOL_EXHAUSTED)",
+            "no capacity outside reservations",
+        ),
+        ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
+    ],
+)
 def test_known_compute_engine_errors_are_explained(message, meaning):
     from tpu_grpo.cloud.stack import explain
 
@@ -219,7 +268,11 @@ def test_plan_lists_the_provisioning_steps(stack_dir):
     assert "`invoke provision`: playbooks/host.yml with its default variables" in text
     assert "uv python install 3.12" in text and "9. uv (pip): skipped (when: uv_source == pip)" in text
     steps = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["provision"]
-    assert [step["step"] for step in steps if step["runs"]][:3] == ["apt update and upgrade", "build tools", "data disk"]
+    assert [step["step"] for step in steps if step["runs"]][:3] == [
+        "apt update and upgrade",
+        "build tools",
+        "data disk",
+    ]
     token = next(step for step in steps if step["step"] == "Hugging Face token")
     assert token["command"] == "copy hf_token to ~/.cache/huggingface/token (mode 600, over SFTP)"
 
@@ -227,7 +280,9 @@ def test_plan_lists_the_provisioning_steps(stack_dir):
 def test_provision_without_host_or_pulumi_says_how_to_name_one(stack_dir, home):
     result = invoke("provision", cwd=stack_dir, env={**home, "HF_TOKEN": TEST_TOKEN})
     assert result.returncode == 2
-    assert result.stderr.startswith("error: no --host given and no pulumi CLI to read stack 'dev' outputs; fix: pass --host")
+    assert result.stderr.startswith(
+        "error: no --host given and no pulumi CLI to read stack 'dev' outputs; fix: pass --host"
+    )
 
 
 def test_provision_finds_the_vm_in_the_stack_outputs(stack_dir, pulumi_cli, tmp_path):
@@ -256,28 +311,42 @@ def test_a_stack_under_a_passphrase_is_told_to_export_it(stack_dir, pulumi_cli, 
     assert "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE" in up.stderr
     recover = invoke("pipeline", "--recover", "1", cwd=stack_dir, env=env)
     assert recover.returncode == 2 and recover.stderr.startswith(
-        "error: --recover 1 brings a lost VM back with nobody there, and stack 'dev' keeps its secrets")
+        "error: --recover 1 brings a lost VM back with nobody there, and stack 'dev' keeps its secrets"
+    )
     assert [call for call in cli.calls() if call.startswith(("up", "refresh"))] == []
     assert invoke("status", cwd=stack_dir, env=env).stderr.startswith("error: tpuuser@127.0.0.1: cannot connect")
     (cli.folder / "old-stack-output").touch()
     status = invoke("status", cwd=stack_dir, env=env)
     assert status.returncode == 2
-    assert status.stderr == ("error: the Pulumi CLI could not read stack 'dev': passphrase must be set with "
-                             "PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE environment variables; fix: "
-                             "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), "
-                             "or PULUMI_CONFIG_PASSPHRASE_FILE=FILE\n")
+    assert status.stderr == (
+        "error: the Pulumi CLI could not read stack 'dev': passphrase must be set with "
+        "PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE environment variables; fix: "
+        "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), "
+        "or PULUMI_CONFIG_PASSPHRASE_FILE=FILE\n"
+    )
     given = invoke("status", cwd=stack_dir, env={**env, "PULUMI_CONFIG_PASSPHRASE": "s3cret"})
     assert given.returncode == 1 and "tpuuser@127.0.0.1: cannot connect" in given.stderr
 
 
-@pytest.mark.parametrize("capacity, stopped", [
-    ("spot", "if the spot VM stopped itself after 60 idle minutes (tpu-grpo:idleStopMinutes), or was preempted "
-             "(and deleted), `uv run invoke up` creates it anew around the same data disk, then `uv run invoke "
-             "provision`; else check its firewall"),
-    ("reservation", "if the reservation VM was deleted at its reservation's end or a host maintenance event, "
-                    "`uv run invoke up` creates it anew")])
-def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(stack_dir, pulumi_cli, tmp_path, capacity,
-                                                                     stopped):
+@pytest.mark.parametrize(
+    "capacity, stopped",
+    [
+        (
+            "spot",
+            "if the spot VM stopped itself after 60 idle minutes (tpu-grpo:idleStopMinutes), or was preempted "
+            "(and deleted), `uv run invoke up` creates it anew around the same data disk, then `uv run invoke "
+            "provision`; else check its firewall",
+        ),
+        (
+            "reservation",
+            "if the reservation VM was deleted at its reservation's end or a host maintenance event, "
+            "`uv run invoke up` creates it anew",
+        ),
+    ],
+)
+def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(
+    stack_dir, pulumi_cli, tmp_path, capacity, stopped
+):
     """The stack's VM may have stopped (an idle stop, a preemption, its capacity's end): status, fetch and down say
     what brings it back, and down, which cannot know what only the VM's disk holds, refuses unless --force."""
     cli, env = pulumi_cli
@@ -295,22 +364,36 @@ def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(stack_dir, 
         assert stopped in result.stderr
     down = invoke("down", "--yes", cwd=stack_dir, env=env)
     assert down.returncode == 1
-    assert down.stderr.startswith("error: refusing to destroy stack 'dev': the VM does not answer, so what only its "
-                                  "data disk holds is unknown (tpuuser@127.0.0.1: cannot connect")
+    assert down.stderr.startswith(
+        "error: refusing to destroy stack 'dev': the VM does not answer, so what only its "
+        "data disk holds is unknown (tpuuser@127.0.0.1: cannot connect"
+    )
     assert down.stderr.endswith("or pass --force, which deletes the data disk and the models on it\n")
     assert [call for call in cli.calls() if call.startswith("destroy")] == []
     if capacity == "spot":  # docs/first-run.md quotes both lines, for its spot stack's VM
         page = (ROOT / "docs/first-run.md").read_text()
-        assert re.sub(r"^error: \S+ cannot connect \([^)]*\)", "error: ubuntu@203.0.113.7: cannot connect (timed out)",
-                      result.stderr.strip()) in page
+        assert (
+            re.sub(
+                r"^error: \S+ cannot connect \([^)]*\)",
+                "error: ubuntu@203.0.113.7: cannot connect (timed out)",
+                result.stderr.strip(),
+            )
+            in page
+        )
         assert re.sub(r"unknown \(.*\); or pass", "unknown (...); or pass", down.stderr.strip()) in page
     assert invoke("down", "--yes", "--force", cwd=stack_dir, env=env).returncode == 0
     assert [call for call in cli.calls() if call.startswith("destroy")] == ["destroy --stack dev --yes --skip-preview"]
 
 
-@pytest.mark.parametrize("capacity, meaning", [
-    ("reservation", "no capacity outside reservations"), ("spot", "spot capacity comes and goes"),
-    ("flex-start", "a zone that offers v6e flex-start"), ("on-demand", "a reservation is what guarantees capacity")])
+@pytest.mark.parametrize(
+    "capacity, meaning",
+    [
+        ("reservation", "no capacity outside reservations"),
+        ("spot", "spot capacity comes and goes"),
+        ("flex-start", "a zone that offers v6e flex-start"),
+        ("on-demand", "a reservation is what guarantees capacity"),
+    ],
+)
 def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
     from tpu_grpo.config.capacity import CAPACITIES
     from tpu_grpo.cloud.stack import explain
@@ -332,10 +415,15 @@ def test_a_tasks_flags_are_checked_once_before_any_task_runs(stack_dir, monkeypa
     assert len(built) == 2 and "export NUM_BATCHES=3" in result.stdout
 
 
-@pytest.mark.parametrize("flags, taken", [
-    (("train", "--batches", "100000", "--dry-run"), True), (("train", "--batches", "100001", "--dry-run"), False),
-    (("pipeline", "--recover", "100", "--dry-run"), True), (("pipeline", "--recover", "101", "--dry-run"), False),
-])
+@pytest.mark.parametrize(
+    "flags, taken",
+    [
+        (("train", "--batches", "100000", "--dry-run"), True),
+        (("train", "--batches", "100001", "--dry-run"), False),
+        (("pipeline", "--recover", "100", "--dry-run"), True),
+        (("pipeline", "--recover", "101", "--dry-run"), False),
+    ],
+)
 def test_the_documented_maxima_are_taken_and_one_more_is_refused(stack_dir, pulumi_cli, flags, taken):
     """docs: --batches up to 100,000, --recover up to 100."""
     _, env = pulumi_cli
@@ -346,25 +434,30 @@ def test_the_documented_maxima_are_taken_and_one_more_is_refused(stack_dir, pulu
     else:
         assert result.returncode == 2 and result.stderr == (
             f"error: {flags[1]} '{flags[2]}' is not a whole number from {0 if flags[1] == '--recover' else 1} to "
-            f"{flags[2][:-1]}0; fix: e.g. {flags[1]} {'3' if flags[1] == '--recover' else '50'}\n")
+            f"{flags[2][:-1]}0; fix: e.g. {flags[1]} {'3' if flags[1] == '--recover' else '50'}\n"
+        )
 
 
 @pytest.mark.parametrize("dataset", ["gsm8k", "openai/gsm8k/main", "openai/gsm8k "])
-def test_a_dataset_that_is_not_owner_slash_name_is_refused_before_pulumi_runs(stack_dir, stack_values, pulumi_cli,
-                                                                             dataset):
+def test_a_dataset_that_is_not_owner_slash_name_is_refused_before_pulumi_runs(
+    stack_dir, stack_values, pulumi_cli, dataset
+):
     """tpu-grpo:dataset names a Hub dataset as OWNER/NAME, like the tokenizer: a typo is one line, and `pulumi up`
     never starts."""
     cli, env = pulumi_cli
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**stack_values,
-                                                                          "tpu-grpo:dataset": dataset}}))
+    (stack_dir / "Pulumi.dev.yaml").write_text(
+        yaml.safe_dump({"config": {**stack_values, "tpu-grpo:dataset": dataset}})
+    )
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
-    assert result.returncode == 2 and result.stderr.startswith(f"error: tpu-grpo:dataset={dataset!r} is not a "
-                                                               "Hugging Face repository id")
+    assert result.returncode == 2 and result.stderr.startswith(
+        f"error: tpu-grpo:dataset={dataset!r} is not a Hugging Face repository id"
+    )
     assert len(result.stderr.splitlines()) == 1 and not any(call.startswith("up") for call in cli.calls())
 
 
-@pytest.mark.parametrize("argv", [["up", "--yes", "provision", "pipeline"], ["provision"],
-                                  ["pipeline", "--recover", "1"]])
+@pytest.mark.parametrize(
+    "argv", [["up", "--yes", "provision", "pipeline"], ["provision"], ["pipeline", "--recover", "1"]]
+)
 def test_a_gated_model_without_a_token_is_refused_before_anything_is_made(stack_dir, pulumi_cli, argv):
     """`env -u HF_TOKEN invoke up --yes provision pipeline` would make a paid VM whose model download then fails: the
     whole command line's check finds the token missing first (the committed stack trains Llama 3.1, which is gated),
@@ -374,8 +467,10 @@ def test_a_gated_model_without_a_token_is_refused_before_anything_is_made(stack_
     env = {key: value for key, value in env.items() if key != "HF_TOKEN"}
     result = invoke(*argv, cwd=stack_dir, env=env)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("error: tpu-grpo:model='llama3.1-8b-Instruct' is gated on the Hugging Face Hub "
-                                    "(meta-llama/Llama-3.1-8B-Instruct), and this laptop has no token for it")
+    assert result.stderr.startswith(
+        "error: tpu-grpo:model='llama3.1-8b-Instruct' is gated on the Hugging Face Hub "
+        "(meta-llama/Llama-3.1-8B-Instruct), and this laptop has no token for it"
+    )
     assert "export HF_TOKEN=hf_..." in result.stderr
     assert not [call for call in cli.calls() if call.startswith(("up", "refresh", "destroy", "stack select"))]
 
@@ -387,21 +482,29 @@ def test_an_ungated_model_or_steps_without_the_token_need_none(stack_dir, stack_
     env = {key: value for key, value in env.items() if key != "HF_TOKEN"}
     tagged = invoke("provision", "--tags", "idle", "--host", "tpuuser@127.0.0.1:1", cwd=stack_dir, env=env)
     assert tagged.returncode == 1 and "gated" not in tagged.stderr, tagged.stderr
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {
-        **stack_values, "tpu-grpo:model": "qwen3-0.6b", "tpu-grpo:machineType": "ct6e-standard-1t"}}))
+    (stack_dir / "Pulumi.dev.yaml").write_text(
+        yaml.safe_dump(
+            {"config": {**stack_values, "tpu-grpo:model": "qwen3-0.6b", "tpu-grpo:machineType": "ct6e-standard-1t"}}
+        )
+    )
     qwen = invoke("provision", "--host", "tpuuser@127.0.0.1:1", cwd=stack_dir, env=env)
     assert qwen.returncode == 1 and "gated" not in qwen.stderr, qwen.stderr
 
 
-@pytest.mark.parametrize("error", [
-    # terraform-plugin-sdk's helper/retry TimeoutError, as the provider's ComputeOperationWaitTime returns it
-    "error: creating Instance: timeout while waiting for state to become 'DONE' (last state: 'RUNNING', timeout: "
-    "2h20m0s)",
-    # the Compute API's answer to an insert of a name that exists (a VM the last timed-out request made)
-    "error: creating Instance: googleapi: Error 409: The resource 'projects/grpo-lab-123/zones/us-east5-a/instances/"
-    "tpu-grpo' already exists, alreadyExists"])
-def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(stack_dir, stack_values, pulumi_cli,
-                                                                              tmp_path, error):
+@pytest.mark.parametrize(
+    "error",
+    [
+        # terraform-plugin-sdk's helper/retry TimeoutError, as the provider's ComputeOperationWaitTime returns it
+        "error: creating Instance: timeout while waiting for state to become 'DONE' (last state: 'RUNNING', timeout: "
+        "2h20m0s)",
+        # the Compute API's answer to an insert of a name that exists (a VM the last timed-out request made)
+        "error: creating Instance: googleapi: Error 409: The resource 'projects/grpo-lab-123/zones/us-east5-a/instances/"
+        "tpu-grpo' already exists, alreadyExists",
+    ],
+)
+def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(
+    stack_dir, stack_values, pulumi_cli, tmp_path, error
+):
     """A flex-start request that outlives the create timeout goes on in Compute Engine while the provider forgets the
     VM (resource_compute_instance.go: d.SetId("") on a wait error): `up` says so and prints the delete command,
     which runs as printed (here against a gcloud that records its argv)."""
@@ -409,17 +512,26 @@ def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(s
     values = {**stack_values, "tpu-grpo:capacity": "flex-start", "tpu-grpo:maxRunHours": "4", "gcp:zone": "us-east5-a"}
     del values["tpu-grpo:reservation"]
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    cli.up_fails(255, [json.dumps({"sequence": 1, "timestamp": 1,
-                                   "diagnosticEvent": {"message": error, "severity": "error"}})])
+    cli.up_fails(
+        255, [json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": error, "severity": "error"}})]
+    )
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 255
     [said] = [line for line in result.stderr.splitlines() if "outside Pulumi's state" in line]
     command = said.split("delete it with `", 1)[1].split("`", 1)[0]
     tools = tmp_path / "tools"
     tools.mkdir()
-    (tools / "gcloud").write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    (tools / "gcloud").write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     (tools / "gcloud").chmod(0o755)
-    pasted = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                            env={"PATH": f"{tools}:/usr/bin:/bin"})
-    assert json.loads(pasted.stdout) == ["compute", "instances", "delete", "tpu-grpo", "--zone=us-east5-a",
-                                         "--project=grpo-lab-123", "--quiet"]
+    pasted = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, env={"PATH": f"{tools}:/usr/bin:/bin"}
+    )
+    assert json.loads(pasted.stdout) == [
+        "compute",
+        "instances",
+        "delete",
+        "tpu-grpo",
+        "--zone=us-east5-a",
+        "--project=grpo-lab-123",
+        "--quiet",
+    ]

@@ -15,12 +15,20 @@ def test_paths_run_on_their_tiers_workers_and_options_alone_run_every_tier():
 
 def test_the_slowest_tests_of_all_tiers_come_first_with_their_tier(tmp_path):
     reports = {}
-    for tier, cases in (("unit", [("tests.unit.test_a", "test_one", 0.5), ("tests.unit.test_a", "test_two[x]", 9.0)]),
-                        ("host", [("tests.host.test_b", "test_three", 4.0)])):
+    for tier, cases in (
+        ("unit", [("tests.unit.test_a", "test_one", 0.5), ("tests.unit.test_a", "test_two[x]", 9.0)]),
+        ("host", [("tests.host.test_b", "test_three", 4.0)]),
+    ):
         reports[tier] = tmp_path / f"{tier}.xml"
-        reports[tier].write_text("<testsuites><testsuite>" + "".join(
-            f'<testcase classname="{module}" name="{name}" time="{seconds}"/>' for module, name, seconds in cases)
-            + "</testsuite></testsuites>")
+        reports[tier].write_text(
+            "<testsuites><testsuite>"
+            + "".join(
+                f'<testcase classname="{module}" name="{name}" time="{seconds}"/>' for module, name, seconds in cases
+            )
+            + "</testsuite></testsuites>"
+        )
     reports["maxtext"] = tmp_path / "not-run.xml"  # a tier that did not get as far as its report
-    assert tiers.slowest(reports, 2) == [(9.0, "unit", "tests/unit/test_a.py::test_two[x]"),
-                                         (4.0, "host", "tests/host/test_b.py::test_three")]
+    assert tiers.slowest(reports, 2) == [
+        (9.0, "unit", "tests/unit/test_a.py::test_two[x]"),
+        (4.0, "host", "tests/host/test_b.py::test_three"),
+    ]

@@ -21,21 +21,30 @@ def test_a_training_splits_into_start_up_step_ranges_and_evaluations_by_its_logs
     started, log_end, ended = _at("14:22:40"), _at("14:23:22.246774"), _at("14:23:23")
     phases = timeline.training_phases("smoke", started, ended, log_end, LOG)
     assert [(phase.kind, phase.label) for phase in phases] == [
-        ("startup", "smoke: start"), ("startup", "smoke: weights"), ("startup", "smoke: vLLM start and compile"),
+        ("startup", "smoke: start"),
+        ("startup", "smoke: weights"),
+        ("startup", "smoke: vLLM start and compile"),
         ("eval", "smoke: evaluation before training"),
-        ("train", "smoke: GRPO steps 1-2"), ("eval", "smoke: evaluation at step 2"),
-        ("train", "smoke: GRPO steps 3-4"), ("eval", "smoke: evaluation at step 4"),
-        ("eval", "smoke: evaluation after training")]
+        ("train", "smoke: GRPO steps 1-2"),
+        ("eval", "smoke: evaluation at step 2"),
+        ("train", "smoke: GRPO steps 3-4"),
+        ("eval", "smoke: evaluation at step 4"),
+        ("eval", "smoke: evaluation after training"),
+    ]
     starts = {phase.label: (round(phase.start - started, 3), round(phase.seconds, 3)) for phase in phases}
     # from the log's own times: MaxText's start-up lines (the reference model at 14:22:51.400, the RL cluster at
     # 14:23:03.846, the trainer at 06.554), Starting RL training at 07.531, step 2 at 21.594, eval 2 at 21.663, ...
     assert starts["smoke: start"] == (0.0, round(_at("14:22:51.400292") - started, 3))
     assert starts["smoke: weights"][1] == round(_at("14:23:03.845697") - _at("14:22:51.400292"), 3)
     assert starts["smoke: vLLM start and compile"][1] == round(_at("14:23:06.553774") - _at("14:23:03.845697"), 3)
-    assert starts["smoke: evaluation before training"] == (round(_at("14:23:06.553774") - started, 3),
-                                                          round(_at("14:23:07.531409") - _at("14:23:06.553774"), 3))
-    assert starts["smoke: GRPO steps 1-2"] == (round(_at("14:23:07.531409") - started, 3),
-                                               round(_at("14:23:21.594429") - _at("14:23:07.531409"), 3))
+    assert starts["smoke: evaluation before training"] == (
+        round(_at("14:23:06.553774") - started, 3),
+        round(_at("14:23:07.531409") - _at("14:23:06.553774"), 3),
+    )
+    assert starts["smoke: GRPO steps 1-2"] == (
+        round(_at("14:23:07.531409") - started, 3),
+        round(_at("14:23:21.594429") - _at("14:23:07.531409"), 3),
+    )
     assert starts["smoke: evaluation at step 2"][1] == round(_at("14:23:21.662907") - _at("14:23:21.594429"), 3)
     assert starts["smoke: GRPO steps 3-4"][1] == round(_at("14:23:22.069841") - _at("14:23:21.662907"), 3)
     assert all(started <= phase.start <= phase.end <= ended for phase in phases)
@@ -53,10 +62,16 @@ def test_the_log_is_placed_by_its_last_line_and_kept_within_the_job():
 def test_idle_gaps_and_the_share_of_the_paid_time_that_trained():
     booted = 1_000_000.0
     job = vm_jobs.Job("20261204-000000.000-train", "train", "r", "finished", 0, booted + 600, booted + 3600, 10, {})
-    found = {"boot": booted, "sshd": booted + 30, "now": booted + 7200, "provisioning": [
-        {"steps": [{"step": "MaxText", "status": "changed", "started": booted + 60, "seconds": 240}]}],
+    found = {
+        "boot": booted,
+        "sshd": booted + 30,
+        "now": booted + 7200,
+        "provisioning": [{"steps": [{"step": "MaxText", "status": "changed", "started": booted + 60, "seconds": 240}]}],
         "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 400}],
-        "saves": [], "jobs": [job], "logs": {}}
+        "saves": [],
+        "jobs": [job],
+        "logs": {},
+    }
     built = timeline.build("u@vm", found, [{"run": "r", "started": booted + 5000, "finished": booted + 5100}])
     kinds = [(phase.kind, phase.start - booted, phase.end - booted) for phase in built.phases]
     assert ("idle", 400, 600) in kinds and ("idle", 3600, 5000) in kinds and ("idle", 5100, 7200) in kinds
@@ -69,11 +84,23 @@ def test_idle_is_only_where_nothing_ran_when_phases_overlap():
     it still runs, only after it (and before the training)."""
     booted = 2_000_000.0
     job = vm_jobs.Job("20261204-010000.000-train", "train", "r", "finished", 0, booted + 2500, booted + 3000, 10, {})
-    found = {"boot": booted, "sshd": booted + 30, "now": booted + 3000, "provisioning": [
-        {"steps": [{"step": "uv", "status": "changed", "started": booted + 60, "seconds": 20},
-                   {"step": "MaxText", "status": "changed", "started": booted + 100, "seconds": 200}]}],
+    found = {
+        "boot": booted,
+        "sshd": booted + 30,
+        "now": booted + 3000,
+        "provisioning": [
+            {
+                "steps": [
+                    {"step": "uv", "status": "changed", "started": booted + 60, "seconds": 20},
+                    {"step": "MaxText", "status": "changed", "started": booted + 100, "seconds": 200},
+                ]
+            }
+        ],
         "downloads": [{"model": "meta-llama/Llama-3.1-8B-Instruct", "started": booted + 70, "finished": booted + 2000}],
-        "saves": [], "jobs": [job], "logs": {}}
+        "saves": [],
+        "jobs": [job],
+        "logs": {},
+    }
     built = timeline.build("u@vm", found, [])
     idle = [(phase.start - booted, phase.end - booted) for phase in built.phases if phase.kind == "idle"]
     assert idle == [(2000, 2500)]
@@ -87,16 +114,35 @@ def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
     booted = 1796000000.0
     meta = {"capacity": "flex-start", "inputs": {"machine": "ct6e-standard-4t"}}
     job = vm_jobs.Job("20261204-000000.000-convert", "convert", "r", "finished", 0, booted + 60, booted + 600, 10, meta)
-    found = {"boot": booted, "now": booted + 2 * 3600, "provisioning": [], "downloads": [], "saves": [], "logs": {},
-             "jobs": [job]}
+    found = {
+        "boot": booted,
+        "now": booted + 2 * 3600,
+        "provisioning": [],
+        "downloads": [],
+        "saves": [],
+        "logs": {},
+        "jobs": [job],
+    }
     built = timeline.build("u@vm", found, [])
     assert (built.chips, built.capacity, built.chip_hours) == (4, "flex-start", 8.0)
-    assert built.cost == (round(8 * CAPACITIES["flex-start"].usd_per_chip_hour, 2), CAPACITIES["flex-start"].price_source)
+    assert built.cost == (
+        round(8 * CAPACITIES["flex-start"].usd_per_chip_hour, 2),
+        CAPACITIES["flex-start"].price_source,
+    )
     data = built.to_json()
     assert (data["chip_hours"], data["cost_usd"], data["price_source"]) == (8.0, built.cost[0], built.cost[1])
     assert timeline.build("u@vm", {**found, "jobs": []}, []).cost is None
     # a VM made anew on other capacity and machine since an older job: the newest job's say what is paid now
-    older = vm_jobs.Job("20261203-000000.000-train", "train", "r", "finished", 0, booted - 9000, booted - 8000, 10,
-                        {"capacity": "reservation", "inputs": {"machine": "ct6e-standard-8t"}})
+    older = vm_jobs.Job(
+        "20261203-000000.000-train",
+        "train",
+        "r",
+        "finished",
+        0,
+        booted - 9000,
+        booted - 8000,
+        10,
+        {"capacity": "reservation", "inputs": {"machine": "ct6e-standard-8t"}},
+    )
     both = timeline.build("u@vm", {**found, "jobs": [older, job]}, [])
     assert (both.chips, both.capacity, both.chip_hours) == (4, "flex-start", 8.0)

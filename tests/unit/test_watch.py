@@ -39,7 +39,7 @@ def state(tmp_path, monkeypatch):
 def test_one_byte_at_a_time_is_every_split_at_once():
     whole = followed([LOG])
     assert len(whole[0]) > 8 and whole[1] == LOG.count(b"\n") + (not LOG.endswith(b"\n"))
-    assert followed(LOG[i:i + 1] for i in range(len(LOG))) == whole
+    assert followed(LOG[i : i + 1] for i in range(len(LOG))) == whole
 
 
 def test_random_splits_and_reconnect_points_change_nothing():
@@ -70,7 +70,9 @@ def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
     shown = " ".join(console.file.getvalue().split())
     billing = "the reservation is still billed" if capacity == "reservation" else "the chips are no longer billed"
     assert f"at the earliest; then {billing}" in shown
-    assert "the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM is never started" in shown
+    assert (
+        "the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM is never started" in shown
+    )
 
 
 @pytest.mark.parametrize("warm", [True, False])
@@ -79,16 +81,34 @@ def test_status_says_whether_the_stacks_next_training_starts_warm_and_how_the_la
 
     console = Console(file=io.StringIO(), force_terminal=False, width=400)
     cache = {"warm": warm, "entries": 40 if warm else 0, "bytes": 1_234_567_890 if warm else 0, "folder": "/c/f"}
-    started = {"phases": {"weights": 75.0, "rollout": 610.0}, "vllm_compile": 580.0, "to_first_step": 700.0,
-               "cache": {**cache, "warm": False}}
-    job = JobRecord(id="20261205-100000.000-train", step="train", run="r", state="running", exit_code=None,
-                    started="2026-12-05T10:00:00Z", finished=None, total_steps=50, problem=None)
+    started = {
+        "phases": {"weights": 75.0, "rollout": 610.0},
+        "vllm_compile": 580.0,
+        "to_first_step": 700.0,
+        "cache": {**cache, "warm": False},
+    }
+    job = JobRecord(
+        id="20261205-100000.000-train",
+        step="train",
+        run="r",
+        state="running",
+        exit_code=None,
+        started="2026-12-05T10:00:00Z",
+        finished=None,
+        total_steps=50,
+        problem=None,
+    )
     print_status(console, "vm", [job], {"run": "r", "step": 3, "total_steps": 50, "startup": started}, None, cache)
     shown = " ".join(console.file.getvalue().split())
-    assert ("next training of the stack's settings: starts warm (40 compiled programs, 1,234.6 MB) from /c/f" in shown
-            if warm else "starts cold (its compile cache /c/f is empty: this start compiles" in shown)
-    assert ("start-up: to first step 11m40s: weights 1m15s, vLLM start and compile 10m10s, of which vLLM compiled "
-            "9m40s (compile cache cold)") in shown
+    assert (
+        "next training of the stack's settings: starts warm (40 compiled programs, 1,234.6 MB) from /c/f" in shown
+        if warm
+        else "starts cold (its compile cache /c/f is empty: this start compiles" in shown
+    )
+    assert (
+        "start-up: to first step 11m40s: weights 1m15s, vLLM start and compile 10m10s, of which vLLM compiled "
+        "9m40s (compile cache cold)"
+    ) in shown
 
 
 def test_a_job_table_reads_hours_and_a_job_that_ended_unseen_shows_no_growing_duration(monkeypatch):
@@ -99,15 +119,29 @@ def test_a_job_table_reads_hours_and_a_job_that_ended_unseen_shows_no_growing_du
     monkeypatch.setattr(job_records.time, "time", lambda: job_records.seconds("2026-12-05T12:00:00Z"))
 
     def record(name: str, state: str, started: str, finished: str | None) -> JobRecord:
-        return JobRecord(id=name, step="train", run="r", state=state, exit_code=None, started=started,
-                         finished=finished, total_steps=None, problem=None)
+        return JobRecord(
+            id=name,
+            step="train",
+            run="r",
+            state=state,
+            exit_code=None,
+            started=started,
+            finished=finished,
+            total_steps=None,
+            problem=None,
+        )
 
     console = Console(file=io.StringIO(), force_terminal=False, width=200)
-    job_records.show(console, "vm", [
-        record("done", "finished", "2026-12-05T08:00:00Z", "2026-12-05T09:00:05Z"),
-        record("going", "running", "2026-12-05T10:54:55Z", None),
-        record("gone", "lost", "2026-12-01T08:00:00Z", None),
-        record("jobset", "finished", "2026-12-01T08:00:00Z", None)])
+    job_records.show(
+        console,
+        "vm",
+        [
+            record("done", "finished", "2026-12-05T08:00:00Z", "2026-12-05T09:00:05Z"),
+            record("going", "running", "2026-12-05T10:54:55Z", None),
+            record("gone", "lost", "2026-12-01T08:00:00Z", None),
+            record("jobset", "finished", "2026-12-01T08:00:00Z", None),
+        ],
+    )
     cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in console.file.getvalue().splitlines()]
     took = {row[0]: row[-1] for row in cells if row and row[0] in ("done", "going", "gone", "jobset")}
     assert took == {"done": "1h00m", "going": "1h05m", "gone": "", "jobset": ""}

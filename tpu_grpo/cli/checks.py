@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from tpu_grpo.cli.targets import Where
 
 
-def check_hosts(host=None, identity=None, stack=None, wait=None, with_stack=False, one_host=True, needs_vm=False,
-                **_) -> Where:
+def check_hosts(
+    host=None, identity=None, stack=None, wait=None, with_stack=False, one_host=True, needs_vm=False, **_
+) -> Where:
     """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags (one
     host, but for provisioning), and the stack's settings when the host is the stack's VM or cluster (or
     `with_stack`: the task needs them anyway); `needs_vm`: the task logs into a VM, which a slice's stack has not."""
@@ -67,9 +68,12 @@ def require_token(book, steps, chosen: settings_module.Settings, task: str) -> N
     row = chosen.model_row
     if row.gated and any(step.secret and secrets.get(step.secret["source"]) is None for step in steps):
         raise SettingsError(
-            f"{PROJECT}:model", chosen.model, f"is gated on the Hugging Face Hub ({row.hf_id}), and "
+            f"{PROJECT}:model",
+            chosen.model,
+            f"is gated on the Hugging Face Hub ({row.hf_id}), and "
             "this laptop has no token for it (HF_TOKEN is unset and no token file)",
-            f"export HF_TOKEN=hf_... (a read token whose account accepted the licence), or `hf auth login`, then {task}")
+            f"export HF_TOKEN=hf_... (a read token whose account accepted the licence), or `hf auth login`, then {task}",
+        )
 
 
 def check_freeze(var=None, playbook=None, lock=None, **flags):
@@ -91,19 +95,20 @@ def check_job(job=None, **flags) -> Where:
     return check_hosts(**flags)
 
 
-def step_run(step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None,
-              wait=None, **_):
+def step_run(
+    step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None, wait=None, **_
+):
     """One step's run from the stack and the flags, all checked before anything connects."""
     from tpu_grpo.jobs import pipeline
 
     where = check_hosts(host=host, identity=identity, stack=stack, wait=wait, with_stack=True)
-    run = pipeline.build_run(where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step,
-                             step=export_step)
+    run = pipeline.build_run(
+        where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step, step=export_step
+    )
     return run, where
 
 
-def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None,
-                    **flags):
+def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None, **flags):
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
     from tpu_grpo.cli import targets
@@ -119,17 +124,21 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
     if recoveries:
         targets.pick(where).check_recovery()
     if var and not recoveries:
-        raise maxtext.CommandError(f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
-                                   "--recover N, or provision with uv run invoke provision --var ...")
+        raise maxtext.CommandError(
+            f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
+            "--recover N, or provision with uv run invoke provision --var ..."
+        )
     options = targets.PipelineOptions(need, recover=recoveries)
     if recoveries:
         book = playbook.load()
         require_token(book, book.steps, chosen, f"uv run invoke pipeline --recover {recover}")
         options = replace(options, provisioning=playbook.resolve(book, var, None, playbook.stack_values(chosen)))
         if not shutil.which("pulumi"):
-            raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
-                                       "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
-                                       "--recover")
+            raise maxtext.CommandError(
+                f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
+                "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
+                "--recover"
+            )
         if passphrase := stack_module.passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
     return run, where, options
@@ -176,8 +185,10 @@ def check_image(stack=None, builder="auto", **_):
 
     chosen = settings_module.load(stack, lenient=True)
     if not chosen.tpu_slice:
-        raise image_build.UserError(f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
-                                    "fix: pulumi config set tpu-grpo:slice v6e-16 for a multi-host slice")
+        raise image_build.UserError(
+            f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
+            "fix: pulumi config set tpu-grpo:slice v6e-16 for a multi-host slice"
+        )
     image_build.check_builder(builder)
     return chosen
 

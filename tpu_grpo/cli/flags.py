@@ -171,14 +171,14 @@ def exit_on_failure(code: int) -> None:
 HELP = {
     "host": "USER@ADDRESS[:PORT], repeatable: a host to act on (default: the stack's VM from `invoke up`)",
     "identity": "private key for the host (default: your SSH agent and ~/.ssh keys; for the stack's VM, "
-                "the private half of sshPublicKeyPath)",
+    "the private half of sshPublicKeyPath)",
     "stack": STACK_HELP,
     "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
     "var": "KEY=VALUE, repeatable: overrides a playbook variable (playbooks/host.yml's vars, docs/provisioning.md)",
     "playbook": "playbook to apply (default: playbooks/host.yml)",
     "json": "print the result as JSON (progress goes to stderr)",
     "set": "KEY=VALUE, repeatable: adds or overrides a key on the MaxText command line "
-           "(in pipeline STEP:KEY=VALUE, STEP one of convert, train, export; default train)",
+    "(in pipeline STEP:KEY=VALUE, STEP one of convert, train, export; default train)",
     "dry_run": "print the exact remote script and exit, without connecting",
     "detach": "start the job and return at once (follow it later with `invoke logs --follow`)",
     "verbose": "show every log line, not only progress, evals and errors",

@@ -11,13 +11,34 @@ from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, 
 from tpu_grpo.config.printing import terminal
 
 
-@task(iterable=["host", "var", "tags"], check=check_provision, help=flag_help(
-    *HOST_FLAGS, "var", "playbook", "json", check="report what would change (and drift from the lock), change nothing",
-    tags="TAG[,TAG], repeatable: run only the steps with these tags",
-    locked="install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
-    lock="the lock file (default: playbooks/host.lock.txt)"))
-def provision(c, host=None, identity=None, stack=None, var=None, tags=None, check=False, locked=False,
-              lock=None, playbook=None, wait=None, json_=False):
+@task(
+    iterable=["host", "var", "tags"],
+    check=check_provision,
+    help=flag_help(
+        *HOST_FLAGS,
+        "var",
+        "playbook",
+        "json",
+        check="report what would change (and drift from the lock), change nothing",
+        tags="TAG[,TAG], repeatable: run only the steps with these tags",
+        locked="install exactly the lock (written by `invoke freeze`) with `uv pip sync`",
+        lock="the lock file (default: playbooks/host.lock.txt)",
+    ),
+)
+def provision(
+    c,
+    host=None,
+    identity=None,
+    stack=None,
+    var=None,
+    tags=None,
+    check=False,
+    locked=False,
+    lock=None,
+    playbook=None,
+    wait=None,
+    json_=False,
+):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
     from tpu_grpo.provision import engine
     from tpu_grpo.provision import report as report_module
@@ -32,18 +53,23 @@ def provision(c, host=None, identity=None, stack=None, var=None, tags=None, chec
     else:
         console = terminal()
         verb = "checking" if check else "provisioning"
-        console.print(f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}"
-                      + (" (locked)" if locked else ""))
+        console.print(
+            f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}" + (" (locked)" if locked else "")
+        )
         with report_module.LiveView(console, check) as view:
-            report = engine.apply(book, values, targets, check_mode=check, tags=chosen_tags, on_event=view,
-                                  wait_s=wait_s)
+            report = engine.apply(
+                book, values, targets, check_mode=check, tags=chosen_tags, on_event=view, wait_s=wait_s
+            )
         report_module.print_summary(report, console)
     if report.failed:
         raise Exit(code=1)
 
 
-@task(iterable=["host", "var"], check=check_freeze, help=flag_help(
-    *HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"))
+@task(
+    iterable=["host", "var"],
+    check=check_freeze,
+    help=flag_help(*HOST_FLAGS, "var", "playbook", lock="where to write the lock (default: playbooks/host.lock.txt)"),
+)
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
     from tpu_grpo.host import hosts
@@ -64,8 +90,11 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
     print(f"wrote {path}: {packages} packages from {targets[0].name}")
 
 
-@task(iterable=["host"], check=check_vm, help=flag_help(
-    *HOST_FLAGS, command="a command to run on the VM instead of a login shell, e.g. 'df -h ~/tpu-grpo'"))
+@task(
+    iterable=["host"],
+    check=check_vm,
+    help=flag_help(*HOST_FLAGS, command="a command to run on the VM instead of a login shell, e.g. 'df -h ~/tpu-grpo'"),
+)
 def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
     """A shell on the VM, or one command, with OpenSSH: the stack's user and key, the host key tpu-grpo recorded.
 
@@ -88,4 +117,3 @@ def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
     for notice in notices:
         print(f"note: {notice}", flush=True)
     os.execv(client, hosts.openssh(client, target, command))
-

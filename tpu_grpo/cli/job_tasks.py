@@ -34,33 +34,90 @@ def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, d
     _launch("convert", dry_run, detach, verbose)
 
 
-@task(iterable=["host", "set_"], help=flag_help(*STEP_FLAGS, "batches", "run_name"),
-      check=lambda **flags: step_run("train", **flags))
-def train(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
-          detach=False, verbose=False, wait=None):
+@task(
+    iterable=["host", "set_"],
+    help=flag_help(*STEP_FLAGS, "batches", "run_name"),
+    check=lambda **flags: step_run("train", **flags),
+)
+def train(
+    c,
+    batches=None,
+    run_name=None,
+    host=None,
+    identity=None,
+    stack=None,
+    set_=None,
+    dry_run=False,
+    detach=False,
+    verbose=False,
+    wait=None,
+):
     """Run GRPO training (the tutorial's section 5) as a detached job and follow its progress."""
     _launch("train", dry_run, detach, verbose)
 
 
-@task(iterable=["host", "set_"], help=flag_help(*STEP_FLAGS, run_name="the trained run to export (default: the newest)",
-                                            step="checkpoint step to export (default: the run's last, num_batches)"),
-      check=lambda step=None, **flags: step_run("export", export_step=step, **flags))
-def export(c, run_name=None, step=None, host=None, identity=None, stack=None, set_=None, dry_run=False,
-           detach=False, verbose=False, wait=None):
+@task(
+    iterable=["host", "set_"],
+    help=flag_help(
+        *STEP_FLAGS,
+        run_name="the trained run to export (default: the newest)",
+        step="checkpoint step to export (default: the run's last, num_batches)",
+    ),
+    check=lambda step=None, **flags: step_run("export", export_step=step, **flags),
+)
+def export(
+    c,
+    run_name=None,
+    step=None,
+    host=None,
+    identity=None,
+    stack=None,
+    set_=None,
+    dry_run=False,
+    detach=False,
+    verbose=False,
+    wait=None,
+):
     """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
     _launch("export", dry_run, detach, verbose)
 
 
-@task(iterable=["host", "set_", "var"], check=check_pipeline, help=flag_help(
-    *HOST_FLAGS, "set", "dry_run", "verbose", "batches", "run_name", "json",
-    recover="N: bring a lost VM back (invoke up, provision) and go on, up to N times; with the disk store, "
-            "training resumes after its newest checkpoint (needs the Pulumi CLI)",
-    var="KEY=VALUE, repeatable: a playbook variable for the provisioning --recover runs (as invoke provision's)",
-    need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
-            "needs with the stack's checkpointStore, 120,36 with shm)",
-    keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)"))
-def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=None, set_=None, need_gb=None,
-             dry_run=False, verbose=False, wait=None, json_=False, keep_checkpoint=False, recover=None, var=None):
+@task(
+    iterable=["host", "set_", "var"],
+    check=check_pipeline,
+    help=flag_help(
+        *HOST_FLAGS,
+        "set",
+        "dry_run",
+        "verbose",
+        "batches",
+        "run_name",
+        "json",
+        recover="N: bring a lost VM back (invoke up, provision) and go on, up to N times; with the disk store, "
+        "training resumes after its newest checkpoint (needs the Pulumi CLI)",
+        var="KEY=VALUE, repeatable: a playbook variable for the provisioning --recover runs (as invoke provision's)",
+        need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
+        "needs with the stack's checkpointStore, 120,36 with shm)",
+        keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)",
+    ),
+)
+def pipeline(
+    c,
+    batches=None,
+    run_name=None,
+    host=None,
+    identity=None,
+    stack=None,
+    set_=None,
+    need_gb=None,
+    dry_run=False,
+    verbose=False,
+    wait=None,
+    json_=False,
+    keep_checkpoint=False,
+    recover=None,
+    var=None,
+):
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
     from tpu_grpo.cli import targets
 
@@ -71,16 +128,28 @@ def pipeline(c, batches=None, run_name=None, host=None, identity=None, stack=Non
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
             print(json.dumps(data, indent=2) if json_ else text, end="\n" if json_ else "")
             return
-        code, outcome = target.pipeline(run, terminal(stderr=json_), replace(
-            options, keep_checkpoint=keep_checkpoint, verbose=verbose, pulumi_out=sys.stderr if json_ else None))
+        code, outcome = target.pipeline(
+            run,
+            terminal(stderr=json_),
+            replace(
+                options, keep_checkpoint=keep_checkpoint, verbose=verbose, pulumi_out=sys.stderr if json_ else None
+            ),
+        )
     if json_:
         print(json.dumps(outcome, indent=2))
     exit_on_failure(code)
 
 
-@task(iterable=["host"], check=check_job, help=flag_help(
-    *HOST_FLAGS, "verbose", job="job id (default: the running job, else the newest)",
-    follow="keep streaming until the job ends (resumes after a dropped link)"))
+@task(
+    iterable=["host"],
+    check=check_job,
+    help=flag_help(
+        *HOST_FLAGS,
+        "verbose",
+        job="job id (default: the running job, else the newest)",
+        follow="keep streaming until the job ends (resumes after a dropped link)",
+    ),
+)
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
     from tpu_grpo.cli import targets

@@ -18,8 +18,14 @@ from rich.text import Text
 
 from tpu_grpo.config import keys, settings as settings_module, stack_file
 from tpu_grpo.config.printing import styled
-from tpu_grpo.config.capacity import (CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR, HOURS_PER_MONTH,
-                               HYPERDISK_PRICE_SOURCE, HYPERDISK_USD_PER_GIB_MONTH, PRICES_READ)
+from tpu_grpo.config.capacity import (
+    CPU_HOST_USD_PER_HOUR,
+    GKE_CLUSTER_USD_PER_HOUR,
+    HOURS_PER_MONTH,
+    HYPERDISK_PRICE_SOURCE,
+    HYPERDISK_USD_PER_GIB_MONTH,
+    PRICES_READ,
+)
 from tpu_grpo.config.accelerators import SLICES
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
@@ -85,8 +91,11 @@ def build(stack: str | None = None) -> Plan:
         replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
         kept=stack_module.kept(resources),
         access=access_to_grant(settings),
-        resources=[asdict(r) for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
-                   if not r.type.startswith(keys.PROJECT)],
+        resources=[
+            asdict(r)
+            for r in sorted(resources, key=lambda r: (r.type, r.name))  # the engine's order varies
+            if not r.type.startswith(keys.PROJECT)
+        ],
         outputs=outputs,
         gcloud=gcloud_node_pool_command(settings) if multi_host else gcloud_create_command(settings),
         cost=Cost(
@@ -117,11 +126,15 @@ def compile_cache_note(settings) -> str:
     run = pipeline.build_run(settings)
     shape = slice_jobs.slice_shape(settings) if settings.tpu_slice else ""
     where = "the store's bucket" if shape else "the data disk"
-    folder = (f"{maxtext.compile_cache_root(run, in_slice=bool(shape))}/MAXTEXT_JAX_LIBTPU_VERSIONS/"
-              f"{maxtext.compile_cache_name(run, 'train', shape)}")
-    return (f"compile cache: {folder}, on {where}. The first training of these settings compiles (a cold start); "
-            "the next ones, a resumed run, a recovery and a VM created anew start warm, until a --set that changes "
-            "what is compiled or another MaxText, JAX or libtpu; `invoke status` says which the next start is")
+    folder = (
+        f"{maxtext.compile_cache_root(run, in_slice=bool(shape))}/MAXTEXT_JAX_LIBTPU_VERSIONS/"
+        f"{maxtext.compile_cache_name(run, 'train', shape)}"
+    )
+    return (
+        f"compile cache: {folder}, on {where}. The first training of these settings compiles (a cold start); "
+        "the next ones, a resumed run, a recovery and a VM created anew start warm, until a --set that changes "
+        "what is compiled or another MaxText, JAX or libtpu; `invoke status` says which the next start is"
+    )
 
 
 def disks(settings) -> list[dict[str, Any]]:
@@ -131,28 +144,46 @@ def disks(settings) -> list[dict[str, Any]]:
         hosts = settings.tpu_slice.hosts * settings.num_slices
         found = [(f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "")]
     else:
-        found = [("boot disk", settings.boot_disk_gb, ""),
-                 ("data disk", settings.data_disk_gb, f"{settings.data_disk_iops} IOPS, "
-                                                      f"{settings.data_disk_throughput_mibps} MiB/s provisioned")]
-    return [{"disk": name, "gb": gb, "performance": performance,
-             "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4)}
-            for name, gb, performance in found]
+        found = [
+            ("boot disk", settings.boot_disk_gb, ""),
+            (
+                "data disk",
+                settings.data_disk_gb,
+                f"{settings.data_disk_iops} IOPS, {settings.data_disk_throughput_mibps} MiB/s provisioned",
+            ),
+        ]
+    return [
+        {
+            "disk": name,
+            "gb": gb,
+            "performance": performance,
+            "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4),
+        }
+        for name, gb, performance in found
+    ]
 
 
 def cost_note(settings) -> str:
     """When the chips cost money, for this capacity."""
     if settings.tpu_slice:
-        return (f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host "
-                f"(${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h).")
+        return (
+            f"Billed while {settings.obtained.slice_billing}; the price includes the CPU host "
+            f"(${CPU_HOST_USD_PER_HOUR:.2f}/h) and GKE's cluster fee (${GKE_CLUSTER_USD_PER_HOUR:.2f}/h)."
+        )
     obtained = settings.obtained
     if obtained.billed_when_stopped:
-        when = ("A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
-                "whether or not the VM runs, until the reservation ends")
+        when = (
+            "A reservation-bound VM is billed through its reservation: the reserved chips cost the same "
+            "whether or not the VM runs, until the reservation ends"
+        )
     else:
         when = "Billed while the VM runs, training or not"
-    idle = (f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH "
-            "login) session (tpu-grpo:idleStopMinutes)" if settings.idle_stop_minutes else
-            "tpu-grpo:idleStopMinutes is 0, so it never powers itself off")
+    idle = (
+        f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH "
+        "login) session (tpu-grpo:idleStopMinutes)"
+        if settings.idle_stop_minutes
+        else "tpu-grpo:idleStopMinutes is 0, so it never powers itself off"
+    )
     waits = f" {obtained.waits}" if obtained.waits else ""
     return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
 
@@ -172,15 +203,24 @@ def provision_steps(settings) -> list[dict[str, Any]]:
 
     book = playbook.load()
     values = playbook.resolve(book, stack=playbook.stack_values(settings))
+
     def command(step: playbook.Step) -> str:
         if step.run:
             return playbook.render(step.run, values).strip()
         assert step.secret, "a step without run is a secret's copy"
         return f"copy {step.secret['source']} to ~/{step.secret['dest']} (mode 600, over SFTP)"
 
-    return [{"step": step.name, "runs": playbook.applies(step, values), "when": list(step.when),
-             "as": "root" if step.become else "ssh user", "tags": list(step.tags), "command": command(step)}
-            for step in book.steps]
+    return [
+        {
+            "step": step.name,
+            "runs": playbook.applies(step, values),
+            "when": list(step.when),
+            "as": "root" if step.become else "ssh user",
+            "tags": list(step.tags),
+            "command": command(step),
+        }
+        for step in book.steps
+    ]
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -211,18 +251,25 @@ def render(plan: Plan, console: Console) -> None:
     for line in plan.access:
         console.print(styled("[bold yellow]access to grant:[/] {}", line))
     if plan.pending:
-        console.print(Panel(
-            Text("\n").join(styled("[red]✗[/] {}", line) for line in plan.pending),
-            title=f"Still to set before `pulumi up` ({len(plan.pending)})", border_style="red",
-        ))
-    table = Table(title=f"`pulumi up` would create {len(plan.resources)} resources",
-                  show_lines=True, title_justify="left")
+        console.print(
+            Panel(
+                Text("\n").join(styled("[red]✗[/] {}", line) for line in plan.pending),
+                title=f"Still to set before `pulumi up` ({len(plan.pending)})",
+                border_style="red",
+            )
+        )
+    table = Table(
+        title=f"`pulumi up` would create {len(plan.resources)} resources", show_lines=True, title_justify="left"
+    )
     table.add_column("resource", style="cyan", no_wrap=True)
     table.add_column("inputs")
     for resource in plan.resources:
         kind = resource["type"].split(":")[-1]
-        inputs = [f"{k} = {_short(v)}" for k, v in sorted(_flatten(resource["inputs"]))
-                  if k.split(".")[0] not in HIDDEN_INPUTS]
+        inputs = [
+            f"{k} = {_short(v)}"
+            for k, v in sorted(_flatten(resource["inputs"]))
+            if k.split(".")[0] not in HIDDEN_INPUTS
+        ]
         table.add_row(f"{kind}\n{resource['name']}", "\n".join(inputs))
     console.print(table)
     outputs = Table(title="Stack outputs", title_justify="left", show_header=False)
@@ -237,8 +284,9 @@ def render(plan: Plan, console: Console) -> None:
         console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
     for number, step in enumerate(plan.provision, 1):
         if not step["runs"]:
-            console.print(styled("[dim]{}. {}: skipped (when: {})[/]", f"{number:2}", step["step"],
-                                 ", ".join(step["when"])))
+            console.print(
+                styled("[dim]{}. {}: skipped (when: {})[/]", f"{number:2}", step["step"], ", ".join(step["when"]))
+            )
             continue
         console.print(styled("[bold]{}. {}[/] [dim](as {})[/]", f"{number:2}", step["step"], step["as"]))
         console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
@@ -250,16 +298,34 @@ def render(plan: Plan, console: Console) -> None:
     cost = plan.cost
     extra = " + CPU host and GKE fee" if multi_host else ""
     what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type
-    console.print(Panel(Group(
-        styled("{}, capacity {}: {} v6e chips × ${} per chip-hour{} = [bold]${} per hour[/]", what, cost.capacity,
-               cost.chips, f"{cost.usd_per_chip_hour:.2f}", extra, f"{cost.usd_per_hour:.2f}"),
-        f"the tutorial's run (Llama 3.1 8B on a v6e-8: ≈{TUTORIAL_RUN_MINUTES} min of conversion and training; "
-        f"another model or machine takes another time) at this price ≈ ${cost.usd_per_tutorial_run:.2f}",
-        cost.note,
-        styled("disks: {} ≈ [bold]${} per hour[/] while they exist, running or not", ", ".join(
-            f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"] else "")
-            for disk in cost.disks), f"{cost.disks_usd_per_hour:.3f}"),
-        f"quota: {cost.quota}",
-        styled("[dim]price: {}[/]", cost.price_source),
-        styled("[dim]disks' price: {}[/]", cost.disks_price_source),
-    ), title="Cost", title_align="left"))
+    console.print(
+        Panel(
+            Group(
+                styled(
+                    "{}, capacity {}: {} v6e chips × ${} per chip-hour{} = [bold]${} per hour[/]",
+                    what,
+                    cost.capacity,
+                    cost.chips,
+                    f"{cost.usd_per_chip_hour:.2f}",
+                    extra,
+                    f"{cost.usd_per_hour:.2f}",
+                ),
+                f"the tutorial's run (Llama 3.1 8B on a v6e-8: ≈{TUTORIAL_RUN_MINUTES} min of conversion and training; "
+                f"another model or machine takes another time) at this price ≈ ${cost.usd_per_tutorial_run:.2f}",
+                cost.note,
+                styled(
+                    "disks: {} ≈ [bold]${} per hour[/] while they exist, running or not",
+                    ", ".join(
+                        f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"] else "")
+                        for disk in cost.disks
+                    ),
+                    f"{cost.disks_usd_per_hour:.3f}",
+                ),
+                f"quota: {cost.quota}",
+                styled("[dim]price: {}[/]", cost.price_source),
+                styled("[dim]disks' price: {}[/]", cost.disks_price_source),
+            ),
+            title="Cost",
+            title_align="left",
+        )
+    )

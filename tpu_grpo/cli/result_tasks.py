@@ -6,8 +6,7 @@ import json
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import (check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard,
-                                 check_vm)
+from tpu_grpo.cli.checks import check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard, check_vm
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
@@ -30,9 +29,16 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     runs_module.show(terminal(), found, sources)
 
 
-@task(iterable=["host"], check=check_fetch, help=flag_help(
-    *HOST_FLAGS, "json", run="the run whose saved model to fetch (default: the newest saved)",
-    to="local folder (default: models/RUN)"))
+@task(
+    iterable=["host"],
+    check=check_fetch,
+    help=flag_help(
+        *HOST_FLAGS,
+        "json",
+        run="the run whose saved model to fetch (default: the newest saved)",
+        to="local folder (default: models/RUN)",
+    ),
+)
 def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
     from tpu_grpo.cli import targets
@@ -44,12 +50,21 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
         print(json.dumps(result.to_json(), indent=2))
 
 
-@task(iterable=["host"], check=check_publish, help=flag_help(
-    *HOST_FLAGS, "json", "verbose", repo="OWNER/NAME: the Hugging Face model repository (created if missing)",
-    run="the run whose saved model to publish (default: the newest saved)",
-    public="make a new repository public (default: private)"))
-def publish(c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False,
-            verbose=False):
+@task(
+    iterable=["host"],
+    check=check_publish,
+    help=flag_help(
+        *HOST_FLAGS,
+        "json",
+        "verbose",
+        repo="OWNER/NAME: the Hugging Face model repository (created if missing)",
+        run="the run whose saved model to publish (default: the newest saved)",
+        public="make a new repository public (default: private)",
+    ),
+)
+def publish(
+    c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False, verbose=False
+):
     """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
     from tpu_grpo.jobs import vm_jobs
     from tpu_grpo.results import publish as publish_module
@@ -66,21 +81,50 @@ def publish(c, repo=None, run=None, public=False, host=None, identity=None, stac
     if json_:
         print(json.dumps(outcome.to_json(), indent=2))
         return
-    sent = (f"{len(outcome.uploaded)} files ({outcome.bytes_uploaded} bytes) uploaded in commit {outcome.commit}"
-            if outcome.uploaded else "nothing uploaded: the Hub already holds every file")
-    console.print(styled("[green]published[/] run {} at {}: {}; {} already there; card: {}", outcome.run, outcome.url,
-                         sent, outcome.already_there, outcome.card))
+    sent = (
+        f"{len(outcome.uploaded)} files ({outcome.bytes_uploaded} bytes) uploaded in commit {outcome.commit}"
+        if outcome.uploaded
+        else "nothing uploaded: the Hub already holds every file"
+    )
+    console.print(
+        styled(
+            "[green]published[/] run {} at {}: {}; {} already there; card: {}",
+            outcome.run,
+            outcome.url,
+            sent,
+            outcome.already_there,
+            outcome.card,
+        )
+    )
 
 
-@task(iterable=["host", "compare"], check=check_metrics, help=flag_help(
-    *HOST_FLAGS, "json", run="run name (default: the newest trained run)",
-    compare="RUN, repeatable: overlay two or more runs' reward, KL, completion length and eval accuracy in one PNG "
-            "(default --out .tpu-grpo/compare.png), the legend naming the inputs in which they differ",
-    out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
-    force="let --out overwrite any existing file",
-    events="read a local folder of TensorBoard events instead of the host's"))
-def metrics(c, run=None, out=None, events=None, force=False, host=None, identity=None, stack=None, wait=None,
-            json_=False, compare=None):
+@task(
+    iterable=["host", "compare"],
+    check=check_metrics,
+    help=flag_help(
+        *HOST_FLAGS,
+        "json",
+        run="run name (default: the newest trained run)",
+        compare="RUN, repeatable: overlay two or more runs' reward, KL, completion length and eval accuracy in one PNG "
+        "(default --out .tpu-grpo/compare.png), the legend naming the inputs in which they differ",
+        out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
+        force="let --out overwrite any existing file",
+        events="read a local folder of TensorBoard events instead of the host's",
+    ),
+)
+def metrics(
+    c,
+    run=None,
+    out=None,
+    events=None,
+    force=False,
+    host=None,
+    identity=None,
+    stack=None,
+    wait=None,
+    json_=False,
+    compare=None,
+):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo.cli import targets
     from tpu_grpo.results import metrics as metrics_module
@@ -106,13 +150,21 @@ def metrics(c, run=None, out=None, events=None, force=False, host=None, identity
     console.print(f"plot: {path}")
 
 
-@task(iterable=["host"], check=check_tensorboard, help=flag_help(
-    *HOST_FLAGS, "json", run="one run to show (default: every run trained on the host, side by side)",
-    port="the port TensorBoard listens on, on 127.0.0.1 (default 6006)",
-    every="seconds between syncs of the events from the host (default 5)",
-    once="sync the events once and exit, without serving"))
-def tensorboard(c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None,
-                json_=False):
+@task(
+    iterable=["host"],
+    check=check_tensorboard,
+    help=flag_help(
+        *HOST_FLAGS,
+        "json",
+        run="one run to show (default: every run trained on the host, side by side)",
+        port="the port TensorBoard listens on, on 127.0.0.1 (default 6006)",
+        every="seconds between syncs of the events from the host (default 5)",
+        once="sync the events once and exit, without serving",
+    ),
+)
+def tensorboard(
+    c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None, json_=False
+):
     """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
     from tpu_grpo.host import hosts
     from tpu_grpo.jobs import vm_jobs
@@ -131,8 +183,17 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
             console.print(f"the host does not answer ({error}); serving the events already here")
     if once:
         if json_:
-            print(json.dumps({"runs": {name: {"bytes_copied": count, "events": str(laptop_paths.events(name))}
-                                       for name, count in copied.items()}}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "runs": {
+                            name: {"bytes_copied": count, "events": str(laptop_paths.events(name))}
+                            for name, count in copied.items()
+                        }
+                    },
+                    indent=2,
+                )
+            )
         for name, count in copied.items():
             console.print(f"{name}: {count} new bytes of events in {laptop_paths.events(name)}")
         return
@@ -140,8 +201,11 @@ def tensorboard(c, run=None, port=None, every=None, once=False, host=None, ident
         url = tensorboard_sync.serve(sorted(copied), port_number)
     except Exception as error:  # noqa: BLE001 - TensorBoard's own errors (a port in use): one line
         raise Exit(f"error: TensorBoard did not start ({error}); fix: --port another port", code=1) from None
-    console.print(f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
-                  f"Ctrl-C stops it, the events stay in {laptop_paths.runs()}", soft_wrap=True)
+    console.print(
+        f"TensorBoard: {url} (runs: {', '.join(sorted(copied))}); syncing every {every_s:g} s; "
+        f"Ctrl-C stops it, the events stay in {laptop_paths.runs()}",
+        soft_wrap=True,
+    )
     try:
         tensorboard_sync.keep_in_sync(session, run, every_s, console.print)
     except KeyboardInterrupt:

@@ -32,6 +32,7 @@ def settings(c, stack=None, json_=False):
     with one_line_errors():
         values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
     if json_:  # each key: what it comes to, and whence when the stack file does not set it (null: it does)
+
         def shown(key: keys.Key) -> dict:
             if values.get(key.name) is not None:
                 return {"value": values[key.name], "default": None}
@@ -55,8 +56,7 @@ def settings(c, stack=None, json_=False):
         console.print(f"warning: {warning}")
 
 
-@task(help=flag_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"),
-      check=check_settings)
+@task(help=flag_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"), check=check_settings)
 def up(c, stack=None, yes=False):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
@@ -81,34 +81,48 @@ def up(c, stack=None, yes=False):
     for change in changes:
         console.print(f"replaces: {stack_module.describe(change)}", soft_wrap=True)
     if stack_module.strips_a_grant(changes):
-        raise Exit(f"error: refusing to update stack '{chosen.stack}': it would delete a grant it declares under "
-                   "another name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which "
-                   "adopts the renamed resources), then change it again", code=1)
+        raise Exit(
+            f"error: refusing to update stack '{chosen.stack}': it would delete a grant it declares under "
+            "another name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which "
+            "adopts the renamed resources), then change it again",
+            code=1,
+        )
     if stack_module.data_disk_lost(changes):
         from tpu_grpo.host.hosts import ConnectError
 
         try:
             unsaved = targets.pick(check_hosts(stack=stack)).unsaved()
         except ConnectError as error:
-            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
-                       f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
-                       "to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then change "
-                       "it again", code=1) from None
+            raise Exit(
+                f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
+                "to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then change "
+                "it again",
+                code=1,
+            ) from None
         if unsaved:
             lines = "\n".join(f"  - {line}" for line in unsaved)
-            raise Exit(f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
-                       f"these results exist only there:\n{lines}\nfetch them first, or undo the change to the "
-                       "stack file", code=1)
+            raise Exit(
+                f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
+                f"these results exist only there:\n{lines}\nfetch them first, or undo the change to the "
+                "stack file",
+                code=1,
+            )
     code, explanations = stack_module.up(chosen, yes=yes, say=console.print)
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     exit_on_failure(code)
 
 
-@task(check=check_image, help=flag_help(
-    "stack", builder="docker (a local Docker), cloud-build (gcloud builds submit) or auto (default: Docker when "
-                     "its daemon answers, else Cloud Build)",
-    dry_run="print the Dockerfile and the commands, and exit"))
+@task(
+    check=check_image,
+    help=flag_help(
+        "stack",
+        builder="docker (a local Docker), cloud-build (gcloud builds submit) or auto (default: Docker when "
+        "its daemon answers, else Cloud Build)",
+        dry_run="print the Dockerfile and the commands, and exit",
+    ),
+)
 def image(c, stack=None, builder="auto", dry_run=False):
     """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
     from tpu_grpo.cli import targets
@@ -126,9 +140,15 @@ def image(c, stack=None, builder="auto", dry_run=False):
     print(f"pushed {pushed}; the slice's jobs run it")
 
 
-@task(iterable=["host"], check=check_down, help=flag_help(
-    *HOST_FLAGS, force="destroy even if a trained model exists only on the VM: the data disk goes with it",
-    yes="go ahead without Pulumi's preview and question (for scripts)"))
+@task(
+    iterable=["host"],
+    check=check_down,
+    help=flag_help(
+        *HOST_FLAGS,
+        force="destroy even if a trained model exists only on the VM: the data disk goes with it",
+        yes="go ahead without Pulumi's preview and question (for scripts)",
+    ),
+)
 def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=False):
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
@@ -143,12 +163,18 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
         try:
             unsaved = [] if force else targets.pick(where).unsaved()
         except ConnectError as error:
-            raise Exit(f"error: refusing to destroy stack '{chosen.stack}': the VM does not answer, so what only its "
-                       f"data disk holds is unknown ({error}); or pass --force, which deletes the data disk and the "
-                       "models on it", code=1) from None
+            raise Exit(
+                f"error: refusing to destroy stack '{chosen.stack}': the VM does not answer, so what only its "
+                f"data disk holds is unknown ({error}); or pass --force, which deletes the data disk and the "
+                "models on it",
+                code=1,
+            ) from None
     if unsaved:
         lines = "\n".join(f"  - {line}" for line in unsaved)
-        raise Exit(f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
-                   f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force, which deletes "
-                   "them with the VM's disks", code=1)
+        raise Exit(
+            f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
+            f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force, which deletes "
+            "them with the VM's disks",
+            code=1,
+        )
     exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))

@@ -29,6 +29,7 @@ from tpu_grpo.config.printing import styled
 class Where:
     """Where a task's jobs run, from its host flags, checked once before anything connects: --host's VM, else the
     stack's VM or slice, whose settings are read once here (none with --host, unless the task needs the stack)."""
+
     flags: HostFlags
     settings: settings_module.Settings | None = None
 
@@ -37,6 +38,7 @@ class Where:
 class PipelineOptions:
     """What `invoke pipeline` asks of a target beyond the run: each target takes what applies to it (a slice's JobSets
     restart their own pods, keep their runs in the bucket and need no space check on a VM's disks)."""
+
     need_gb: dict
     keep_checkpoint: bool = False
     verbose: bool = False
@@ -47,6 +49,7 @@ class PipelineOptions:
 
 class Target(Protocol):
     """What a task asks of where its jobs run; VmTarget and SliceTarget implement it, and a task never asks which."""
+
     where: str
 
     def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]: ...
@@ -91,12 +94,16 @@ class VmTarget:
         from tpu_grpo.jobs import maxtext, pipeline
 
         run = run.named(maxtext.timestamp_run_name())
-        save = (f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.name)} on the data disk, "
-                f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
-                f"{pipeline.run_archive(run.name)}")
+        save = (
+            f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.name)} on the data disk, "
+            f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
+            f"{pipeline.run_archive(run.name)}"
+        )
         scripts = [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
-        return ({"run": run.name, "steps": [*scripts, {"step": "save", "description": save}]},
-                "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n")
+        return (
+            {"run": run.name, "steps": [*scripts, {"step": "save", "description": save}]},
+            "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n",
+        )
 
     def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> tuple[int, dict]:
         """Preflight, then convert -> train -> export -> save (steps done are skipped), following each job. With
@@ -129,20 +136,43 @@ class VmTarget:
                     raise errors.Detached()
                 return code
 
-            return pipeline.run_pipeline(session, run, need_gb=options.need_gb,
-                                         follow=follow, on_step=report, keep_checkpoint=options.keep_checkpoint)
+            return pipeline.run_pipeline(
+                session,
+                run,
+                need_gb=options.need_gb,
+                follow=follow,
+                on_step=report,
+                keep_checkpoint=options.keep_checkpoint,
+            )
 
         def bring_back():
             assert chosen, "recovery is of the stack's VM"
-            recovery.bring_back(chosen, lambda: self.flags.hosts(chosen), options.provisioning, console.print,
-                                stdout=options.pulumi_out)
+            recovery.bring_back(
+                chosen, lambda: self.flags.hosts(chosen), options.provisioning, console.print, stdout=options.pulumi_out
+            )
             return recovery.where_training_stands(self.fresh_session().connection, run.named(new_name))
 
-        outcome = (attempt() if chosen is None else
-                   recovery.keep_going(attempt, chosen, bring_back, options.recover,
-                                       lambda: recovery.RecoveryLog.of(run.run_name or new_name), console.print))
-        console.print(styled("[green]run {} is complete[/]: model saved in {} on {}; get it with: uv run invoke fetch "
-                             "--run {}", outcome.run, outcome.saved or "an earlier run", outcome.host, outcome.run))
+        outcome = (
+            attempt()
+            if chosen is None
+            else recovery.keep_going(
+                attempt,
+                chosen,
+                bring_back,
+                options.recover,
+                lambda: recovery.RecoveryLog.of(run.run_name or new_name),
+                console.print,
+            )
+        )
+        console.print(
+            styled(
+                "[green]run {} is complete[/]: model saved in {} on {}; get it with: uv run invoke fetch --run {}",
+                outcome.run,
+                outcome.saved or "an earlier run",
+                outcome.host,
+                outcome.run,
+            )
+        )
         return 0, outcome.to_json()
 
     def script(self, run: Run, step: str) -> str:
@@ -203,9 +233,14 @@ class VmTarget:
         found = vm_jobs.list_jobs(connection)
         after_stop = self.settings.obtained.after_stop if self.settings else None  # unknown for a VM of no stack
         chosen = self.stack_settings()
-        return status(self.session.host.name, [job.record() for job in found], progress=watch.progress_of(
-            connection, found), idle_stop=watch.idle_stop(connection, after_stop), tpu=chips.CHIPS.read(connection),
-            compile_cache=watch.next_start(connection, Run.of(chosen.training)))
+        return status(
+            self.session.host.name,
+            [job.record() for job in found],
+            progress=watch.progress_of(connection, found),
+            idle_stop=watch.idle_stop(connection, after_stop),
+            tpu=chips.CHIPS.read(connection),
+            compile_cache=watch.next_start(connection, Run.of(chosen.training)),
+        )
 
     def check_recovery(self) -> None:
         """--recover brings this VM back when it is lost."""
@@ -241,8 +276,14 @@ class VmTarget:
         from tpu_grpo.host import chips
         from tpu_grpo.jobs import watch
 
-        watch.print_status(console, status["where"], [JobRecord(**job) for job in status["jobs"]],
-                           status["progress"], status["idle_stop"], status["compile_cache"])
+        watch.print_status(
+            console,
+            status["where"],
+            [JobRecord(**job) for job in status["jobs"]],
+            status["progress"],
+            status["idle_stop"],
+            status["compile_cache"],
+        )
         chips.show(console, status["tpu"])
 
 
@@ -267,9 +308,13 @@ class SliceTarget:
 
         run = run.named(maxtext.timestamp_run_name())  # a slice's pipeline not named is a new run
         manifests = [slice_jobs.manifest(self.settings, run, step) for step in maxtext.STEPS]
-        return ({"run": run.name, "steps": [{"step": step, "jobset": manifest}
-                                            for step, manifest in zip(maxtext.STEPS, manifests)]},
-                jobset.to_yaml(manifests))
+        return (
+            {
+                "run": run.name,
+                "steps": [{"step": step, "jobset": manifest} for step, manifest in zip(maxtext.STEPS, manifests)],
+            },
+            jobset.to_yaml(manifests),
+        )
 
     def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> tuple[int, dict]:
         """convert -> train -> export as JobSets (a step whose output is in the bucket is skipped), each followed;
@@ -277,8 +322,9 @@ class SliceTarget:
         (the bucket holds the runs, the CPU pool's disk is sized from the model)."""
         from tpu_grpo.jobs import maxtext, slice_jobs
 
-        return slice_jobs.pipeline(self.cluster, self.settings, run.named(maxtext.timestamp_run_name()), console,
-                                   options.verbose)
+        return slice_jobs.pipeline(
+            self.cluster, self.settings, run.named(maxtext.timestamp_run_name()), console, options.verbose
+        )
 
     def script(self, run: Run, step: str) -> str:
         """The step's JobSet, as kubectl takes it."""
@@ -309,22 +355,29 @@ class SliceTarget:
         from tpu_grpo.jobs import slice_jobs
 
         found = self._job(job)
-        return slice_jobs.follow(self.cluster, found.name, found.step, console, self.settings.capacity,
-                                 found.total_steps, verbose)
+        return slice_jobs.follow(
+            self.cluster, found.name, found.step, console, self.settings.capacity, found.total_steps, verbose
+        )
 
     def cancel(self, job: str | None) -> str:
         from tpu_grpo.jobs import slice_jobs
 
         gone = slice_jobs.cancel(self.cluster, job, self.settings.capacity)
-        return (f"cancelled {', '.join(gone)}: deleted with their pods" if gone
-                else "no job is pending or running; nothing to cancel")
+        return (
+            f"cancelled {', '.join(gone)}: deleted with their pods"
+            if gone
+            else "no job is pending or running; nothing to cancel"
+        )
 
     def status(self) -> dict:
         from tpu_grpo.jobs import slice_jobs
 
-        return status(self.settings.vm_name, slice_jobs.status(self.cluster, self.settings.capacity),
-                      slice=f"{self.settings.slice} x{self.settings.num_slices}",
-                      compile_cache=slice_jobs.next_start(self.settings))
+        return status(
+            self.settings.vm_name,
+            slice_jobs.status(self.cluster, self.settings.capacity),
+            slice=f"{self.settings.slice} x{self.settings.num_slices}",
+            compile_cache=slice_jobs.next_start(self.settings),
+        )
 
     def _newest(self, run: str | None, step: str) -> str:
         """The run named, else the run of the newest finished `step` on the cluster."""
@@ -339,8 +392,10 @@ class SliceTarget:
         return maxtext.paths(pipeline.build_run(self.settings, run_name=run))
 
     def check_recovery(self) -> None:
-        raise UserError("--recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure policy); "
-                        "fix: run without --recover")
+        raise UserError(
+            "--recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure policy); "
+            "fix: run without --recover"
+        )
 
     def unsaved(self) -> list[str]:
         """None: a slice's runs are in its bucket, which the destroy keeps."""
@@ -369,16 +424,22 @@ class SliceTarget:
 
         rows: dict = {}
         # a run's steps in their order, so that its export's state is said after its training's
-        records = sorted(slice_jobs.status(self.cluster, self.settings.capacity),
-                         key=lambda record: maxtext.STEPS.index(record.step))
+        records = sorted(
+            slice_jobs.status(self.cluster, self.settings.capacity), key=lambda record: maxtext.STEPS.index(record.step)
+        )
         for record in records:
-            row = rows.setdefault(record.run, runs.RunRow(record.run, model=self.settings.model,
-                                                          chips=self.settings.chips, capacity=self.settings.capacity))
+            row = rows.setdefault(
+                record.run,
+                runs.RunRow(
+                    record.run, model=self.settings.model, chips=self.settings.chips, capacity=self.settings.capacity
+                ),
+            )
             if record.started:
                 row.started = min(row.started or math.inf, job_records.seconds(record.started))
             if record.step == "train":
-                row.state = {"finished": "trained", "pending": "training", "running": "training"}.get(record.state,
-                                                                                                    record.state)
+                row.state = {"finished": "trained", "pending": "training", "running": "training"}.get(
+                    record.state, record.state
+                )
             elif record.step == "export" and record.state == "finished":
                 row.state, row.where = "exported", [f"bucket: {self._paths(record.run)['run_export']}"]
         sources = {"cluster": "answered"}
@@ -394,17 +455,35 @@ class SliceTarget:
 
         settings = self.settings
         watch.show_next_start(console, status["compile_cache"])
-        job_records.show(console, f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, "
-                                  f"{settings.capacity})", [JobRecord(**job) for job in status["jobs"]])
+        job_records.show(
+            console,
+            f"cluster {settings.vm_name} (slice {settings.slice} x{settings.num_slices}, {settings.capacity})",
+            [JobRecord(**job) for job in status["jobs"]],
+        )
 
 
-def status(where: str, records: list[JobRecord], *, progress: dict | None = None, idle_stop: dict | None = None,
-           tpu: dict | None = None, slice: str | None = None, compile_cache: dict | None = None) -> dict:
+def status(
+    where: str,
+    records: list[JobRecord],
+    *,
+    progress: dict | None = None,
+    idle_stop: dict | None = None,
+    tpu: dict | None = None,
+    slice: str | None = None,
+    compile_cache: dict | None = None,
+) -> dict:
     """`status --json`, one shape on both targets: where (the VM or the cluster), its jobs, and what is known of
     the training's progress and start-up, the idle stop, the TPU chips (the VM's), the slice (the cluster's) and
     the compile cache the stack's next training would start with (the VM's); null if not."""
-    return {"where": where, "jobs": [record.to_json() for record in records], "progress": progress,
-            "idle_stop": idle_stop, "tpu": tpu, "slice": slice, "compile_cache": compile_cache}
+    return {
+        "where": where,
+        "jobs": [record.to_json() for record in records],
+        "progress": progress,
+        "idle_stop": idle_stop,
+        "tpu": tpu,
+        "slice": slice,
+        "compile_cache": compile_cache,
+    }
 
 
 def pick(where: Where) -> Target:

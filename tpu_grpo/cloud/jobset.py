@@ -36,13 +36,16 @@ def _field(path: str) -> dict:
 
 
 def _env(**values) -> list[dict]:
-    return [{"name": name, **(value if isinstance(value, dict) else {"value": value})}
-            for name, value in values.items()]
+    return [
+        {"name": name, **(value if isinstance(value, dict) else {"value": value})} for name, value in values.items()
+    ]
 
 
 TOKEN_ENV = {"valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": TOKEN_KEY}}}
-_SHARED_TMP = ({"name": "shared-tmp", "mountPath": "/tmp"},
-               {"name": "shared-tmp", "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}})
+_SHARED_TMP = (
+    {"name": "shared-tmp", "mountPath": "/tmp"},
+    {"name": "shared-tmp", "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}},
+)
 
 
 def _metadata(name: str, step: str, run_name: str) -> dict:
@@ -50,13 +53,20 @@ def _metadata(name: str, step: str, run_name: str) -> dict:
 
 
 def _user_container(image: str, script: str, env: list[dict], limits: dict) -> dict:
-    return {"name": CONTAINER, "image": image, "imagePullPolicy": "Always", "env": env,
-            "command": ["bash", "-c", script], "resources": {"limits": limits},
-            "volumeMounts": [dict(_SHARED_TMP[0])]}
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "Always",
+        "env": env,
+        "command": ["bash", "-c", script],
+        "resources": {"limits": limits},
+        "volumeMounts": [dict(_SHARED_TMP[0])],
+    }
 
 
-def pathways(name: str, step: str, run_name: str, image: str, script: str, shape: Accelerator, num_slices: int,
-             scratch: str) -> dict:
+def pathways(
+    name: str, step: str, run_name: str, image: str, script: str, shape: Accelerator, num_slices: int, scratch: str
+) -> dict:
     """A Pathways JobSet as xpk 1.16.0 renders `workload create-pathways` (v6e, not headless): a head on the
     CPU pool running Pathways' proxy and resource manager beside `script`, and one worker job per slice,
     one pod per host. Differences from xpk's: pinned Pathways images; Pathways' scratch in the stack's
@@ -65,78 +75,137 @@ def pathways(name: str, step: str, run_name: str, image: str, script: str, shape
     ENABLE_PATHWAYS_PERSISTENCE=1 (MaxText's multi-host tutorial) in the user container's environment;
     tpu-grpo's labels; and `script` as the command, without xpk's wrapper around it (the script passes a
     SIGTERM on to MaxText itself, as the wrapper does, and exits with MaxText's exit code: tpu_grpo/jobs/maxtext.py)."""
-    head_env = _env(PATHWAYS_HEAD=_field(COORDINATOR), JAX_PLATFORMS="proxy", XCLOUD_ENVIRONMENT="GCP",
-                    JAX_BACKEND_TARGET=f"grpc://$(PATHWAYS_HEAD):{PROXY_PORT}", ENABLE_PATHWAYS_PERSISTENCE="1",
-                    HF_TOKEN=TOKEN_ENV)
+    head_env = _env(
+        PATHWAYS_HEAD=_field(COORDINATOR),
+        JAX_PLATFORMS="proxy",
+        XCLOUD_ENVIRONMENT="GCP",
+        JAX_BACKEND_TARGET=f"grpc://$(PATHWAYS_HEAD):{PROXY_PORT}",
+        ENABLE_PATHWAYS_PERSISTENCE="1",
+        HF_TOKEN=TOKEN_ENV,
+    )
     scratch_arg = f"--gcs_scratch_location={scratch}"
     proxy = {
-        "name": "pathways-proxy", "image": images.PATHWAYS_PROXY, "imagePullPolicy": "Always",
-        "args": [f"--server_port={PROXY_PORT}",
-                 f"--resource_manager_address=$(PATHWAYS_HEAD):{RESOURCE_MANAGER_PORT}", scratch_arg],
+        "name": "pathways-proxy",
+        "image": images.PATHWAYS_PROXY,
+        "imagePullPolicy": "Always",
+        "args": [
+            f"--server_port={PROXY_PORT}",
+            f"--resource_manager_address=$(PATHWAYS_HEAD):{RESOURCE_MANAGER_PORT}",
+            scratch_arg,
+        ],
         "env": _env(PATHWAYS_HEAD=_field(COORDINATOR)),
         "ports": [{"containerPort": PROXY_PORT, "protocol": "TCP"}],
-        "resources": {"limits": {"cpu": "16", "memory": "100G"}}, "restartPolicy": "Always",
+        "resources": {"limits": {"cpu": "16", "memory": "100G"}},
+        "restartPolicy": "Always",
     }
     resource_manager = {
-        "name": "pathways-rm", "image": images.PATHWAYS_SERVER, "imagePullPolicy": "Always",
-        "args": [f"--server_port={RESOURCE_MANAGER_PORT}", scratch_arg, "--node_type=resource_manager",
-                 f"--instance_count={num_slices}", f"--instance_type={shape.pathways_instance_type}"],
-        "env": _env(REPLICATED_JOB_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"),
-                    JOBSET_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
-                    HOST_ADDRESS=_field(COORDINATOR), TPU_SKIP_MDS_QUERY="true"),
-        "ports": [{"containerPort": RESOURCE_MANAGER_PORT, "protocol": "TCP"},
-                  {"containerPort": RESOURCE_MANAGER_PORT + 1, "protocol": "TCP"}],
-        "resources": {"limits": {"cpu": "8", "memory": "32G"}}, "restartPolicy": "Always",
+        "name": "pathways-rm",
+        "image": images.PATHWAYS_SERVER,
+        "imagePullPolicy": "Always",
+        "args": [
+            f"--server_port={RESOURCE_MANAGER_PORT}",
+            scratch_arg,
+            "--node_type=resource_manager",
+            f"--instance_count={num_slices}",
+            f"--instance_type={shape.pathways_instance_type}",
+        ],
+        "env": _env(
+            REPLICATED_JOB_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"),
+            JOBSET_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
+            HOST_ADDRESS=_field(COORDINATOR),
+            TPU_SKIP_MDS_QUERY="true",
+        ),
+        "ports": [
+            {"containerPort": RESOURCE_MANAGER_PORT, "protocol": "TCP"},
+            {"containerPort": RESOURCE_MANAGER_PORT + 1, "protocol": "TCP"},
+        ],
+        "resources": {"limits": {"cpu": "8", "memory": "32G"}},
+        "restartPolicy": "Always",
     }
     head = {
-        "name": "pathways-head", "replicas": 1,
+        "name": "pathways-head",
+        "replicas": 1,
         "template": {
             "metadata": {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "kubernetes.io/hostname"}},
-            "spec": {"backoffLimit": 0, "completionMode": "Indexed", "completions": 1, "parallelism": 1,
-                     "template": {"spec": {
-                         "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
-                         "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                         "initContainers": [proxy, resource_manager],
-                         "containers": [_user_container(image, script, head_env, {"cpu": "24", "memory": "100G"})],
-                         "restartPolicy": "Never", "volumes": [dict(_SHARED_TMP[1])],
-                     }}},
+            "spec": {
+                "backoffLimit": 0,
+                "completionMode": "Indexed",
+                "completions": 1,
+                "parallelism": 1,
+                "template": {
+                    "spec": {
+                        "hostNetwork": True,
+                        "dnsPolicy": "ClusterFirstWithHostNet",
+                        "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
+                        "initContainers": [proxy, resource_manager],
+                        "containers": [_user_container(image, script, head_env, {"cpu": "24", "memory": "100G"})],
+                        "restartPolicy": "Never",
+                        "volumes": [dict(_SHARED_TMP[1])],
+                    }
+                },
+            },
         },
     }
     worker_container = {
-        "name": "pathways-worker", "image": images.PATHWAYS_SERVER, "imagePullPolicy": "Always",
-        "args": [f"--server_port={WORKER_PORT}",
-                 f"--resource_manager_address=$(PATHWAYS_HEAD):{RESOURCE_MANAGER_PORT}", scratch_arg],
-        "env": _env(TPU_MIN_LOG_LEVEL="0", TF_CPP_MIN_LOG_LEVEL="0", XCLOUD_ENVIRONMENT="GCP",
-                    MEGASCALE_GRPC_ENABLE_XOR_TRACER="false",
-                    MEGASCALE_NUM_SLICES=_field("metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"),
-                    JOBSET_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
-                    REPLICATED_JOB_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"),
-                    MEGASCALE_SLICE_ID=_field("metadata.labels['jobset.sigs.k8s.io/job-index']"),
-                    PATHWAYS_HEAD=_field(COORDINATOR), MEGASCALE_COORDINATOR_ADDRESS=_field(COORDINATOR)),
+        "name": "pathways-worker",
+        "image": images.PATHWAYS_SERVER,
+        "imagePullPolicy": "Always",
+        "args": [
+            f"--server_port={WORKER_PORT}",
+            f"--resource_manager_address=$(PATHWAYS_HEAD):{RESOURCE_MANAGER_PORT}",
+            scratch_arg,
+        ],
+        "env": _env(
+            TPU_MIN_LOG_LEVEL="0",
+            TF_CPP_MIN_LOG_LEVEL="0",
+            XCLOUD_ENVIRONMENT="GCP",
+            MEGASCALE_GRPC_ENABLE_XOR_TRACER="false",
+            MEGASCALE_NUM_SLICES=_field("metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"),
+            JOBSET_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
+            REPLICATED_JOB_NAME=_field("metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"),
+            MEGASCALE_SLICE_ID=_field("metadata.labels['jobset.sigs.k8s.io/job-index']"),
+            PATHWAYS_HEAD=_field(COORDINATOR),
+            MEGASCALE_COORDINATOR_ADDRESS=_field(COORDINATOR),
+        ),
         "ports": [{"containerPort": port, "protocol": "TCP"} for port in (WORKER_PORT, WORKER_PORT + 1, 8471, 8080)],
         "resources": {"limits": {"google.com/tpu": str(CHIPS_PER_HOST)}},
         "volumeMounts": [dict(_SHARED_TMP[0])],
     }
     worker = {
-        "name": "worker", "replicas": num_slices,
+        "name": "worker",
+        "replicas": num_slices,
         "template": {
-            "metadata": {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology":
-                                         "cloud.google.com/gke-nodepool"}},
-            "spec": {"backoffLimit": shape.hosts * 4, "completionMode": "Indexed", "completions": shape.hosts,
-                     "parallelism": shape.hosts,
-                     "template": {"metadata": {"labels": {RUN_LABEL: run_name}}, "spec": {
-                         "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
-                         "terminationGracePeriodSeconds": 30,
-                         "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
-                                          "cloud.google.com/gke-tpu-topology": shape.topology},
-                         "containers": [worker_container], "restartPolicy": "OnFailure",
-                         "tolerations": [{"operator": "Exists", "key": "google.com/tpu"}],
-                         "volumes": [dict(_SHARED_TMP[1])],
-                     }}},
+            "metadata": {
+                "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+            },
+            "spec": {
+                "backoffLimit": shape.hosts * 4,
+                "completionMode": "Indexed",
+                "completions": shape.hosts,
+                "parallelism": shape.hosts,
+                "template": {
+                    "metadata": {"labels": {RUN_LABEL: run_name}},
+                    "spec": {
+                        "hostNetwork": True,
+                        "dnsPolicy": "ClusterFirstWithHostNet",
+                        "terminationGracePeriodSeconds": 30,
+                        "nodeSelector": {
+                            "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
+                            "cloud.google.com/gke-tpu-topology": shape.topology,
+                        },
+                        "containers": [worker_container],
+                        "restartPolicy": "OnFailure",
+                        "tolerations": [{"operator": "Exists", "key": "google.com/tpu"}],
+                        "volumes": [dict(_SHARED_TMP[1])],
+                    },
+                },
+            },
         },
     }
     return {
-        "apiVersion": API_VERSION, "kind": "JobSet", "metadata": _metadata(name, step, run_name),
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": _metadata(name, step, run_name),
         "spec": {
             "coordinator": {"replicatedJob": "pathways-head"},
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
@@ -154,17 +223,36 @@ def cpu(name: str, step: str, run_name: str, image: str, script: str) -> dict:
     (`hardware=cpu` for the conversion), so they hold no TPU host."""
     env = _env(JAX_PLATFORMS="cpu", HF_TOKEN=TOKEN_ENV)
     return {
-        "apiVersion": API_VERSION, "kind": "JobSet", "metadata": _metadata(name, step, run_name),
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": _metadata(name, step, run_name),
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
-            "replicatedJobs": [{"name": "main", "replicas": 1, "template": {"spec": {
-                "backoffLimit": 0, "completions": 1, "parallelism": 1,
-                "template": {"spec": {
-                    "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                    "containers": [_user_container(image, script, env,
-                                                   {"cpu": "48", "memory": f"{CPU_POD_MEMORY_GB}G"})],
-                    "restartPolicy": "Never", "volumes": [dict(_SHARED_TMP[1])],
-                }}}}}],
+            "replicatedJobs": [
+                {
+                    "name": "main",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": 1,
+                            "parallelism": 1,
+                            "template": {
+                                "spec": {
+                                    "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
+                                    "containers": [
+                                        _user_container(
+                                            image, script, env, {"cpu": "48", "memory": f"{CPU_POD_MEMORY_GB}G"}
+                                        )
+                                    ],
+                                    "restartPolicy": "Never",
+                                    "volumes": [dict(_SHARED_TMP[1])],
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
             "suspend": False,
         },
     }

@@ -65,9 +65,16 @@ class Cluster:
             return cls(yaml.safe_load(Path(path).read_text()))
         return cls(_stack_kubeconfig(stack))
 
-    def _request(self, method, *args, what: str | None = None, absent: tuple[int, ...] = (404,),
-                 refused: dict[int, str] | None = None, fix: str = "check the cluster (kubectl get jobsets, pods)",
-                 **kwargs):
+    def _request(
+        self,
+        method,
+        *args,
+        what: str | None = None,
+        absent: tuple[int, ...] = (404,),
+        refused: dict[int, str] | None = None,
+        fix: str = "check the cluster (kubectl get jobsets, pods)",
+        **kwargs,
+    ):
         """One API call's raw response; None when its status is in `absent`; else a ClusterError: the line
         `refused` has for the status, or one naming `what` (default: the call) and `fix`."""
         from kubernetes.client.exceptions import ApiException
@@ -78,12 +85,18 @@ class Cluster:
         except ApiException as error:
             if error.status in absent:
                 return None
-            raise ClusterError((refused or {}).get(error.status) or (
-                f"the cluster at {self.server} refused {what or method.__name__} ({error.status} "
-                f"{_reason(error.body)}); fix: {fix}")) from None
+            raise ClusterError(
+                (refused or {}).get(error.status)
+                or (
+                    f"the cluster at {self.server} refused {what or method.__name__} ({error.status} "
+                    f"{_reason(error.body)}); fix: {fix}"
+                )
+            ) from None
         except HTTPError as error:
-            raise ClusterError(f"the cluster at {self.server} cannot be reached ({type(error).__name__}); fix: "
-                               "check that the stack is up (uv run invoke up) and your network") from None
+            raise ClusterError(
+                f"the cluster at {self.server} cannot be reached ({type(error).__name__}); fix: "
+                "check that the stack is up (uv run invoke up) and your network"
+            ) from None
 
     def _call(self, method, *args, **kwargs):
         """One API call, its JSON body as a dict, or None (see _request)."""
@@ -93,45 +106,78 @@ class Cluster:
     # -- JobSets
     def create(self, manifest: dict) -> dict:
         name = manifest["metadata"]["name"]
-        return self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                          manifest, what=f"job {name}", absent=(),
-                          refused={409: f"job {name} exists already on the cluster; fix: wait for it (uv run invoke "
-                                        f"status) or cancel it (uv run invoke cancel {name})"},
-                          fix=f"check JobSet {VERSION} is installed (uv run invoke up)")
+        return self._call(
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            manifest,
+            what=f"job {name}",
+            absent=(),
+            refused={
+                409: f"job {name} exists already on the cluster; fix: wait for it (uv run invoke "
+                f"status) or cancel it (uv run invoke cancel {name})"
+            },
+            fix=f"check JobSet {VERSION} is installed (uv run invoke up)",
+        )
 
     def jobset(self, name: str) -> dict | None:
         return self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
 
     def jobsets(self) -> list[dict]:
-        listed = self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                            label_selector=RUN_LABEL)
+        listed = self._call(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, label_selector=RUN_LABEL
+        )
         return sorted((listed or {}).get("items", []), key=lambda item: item["metadata"].get("creationTimestamp", ""))
 
     def delete(self, name: str) -> bool:
         """Delete a JobSet and (in the foreground) its jobs and pods; False when there was none."""
-        return self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name,
-                          propagation_policy="Foreground") is not None
+        return (
+            self._call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                propagation_policy="Foreground",
+            )
+            is not None
+        )
 
     # -- pods and logs
     def pods(self, jobset_name: str) -> list[dict]:
-        listed = self._call(self.core.list_namespaced_pod, self.namespace,
-                            label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset_name}")
+        listed = self._call(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset_name}",
+        )
         return (listed or {}).get("items", [])
 
     def log(self, pod: str, container: str, follow: bool = False) -> Iterator[bytes]:
         """A container's log, as the kubelet hands it over (followed to the container's end)."""
         from urllib3.exceptions import HTTPError
 
-        response = self._request(self.core.read_namespaced_pod_log, pod, self.namespace, container=container,
-                                 follow=follow, what=f"the log of {pod}", absent=(400, 404),  # not started, or gone
-                                 fix="uv run invoke status")
+        response = self._request(
+            self.core.read_namespaced_pod_log,
+            pod,
+            self.namespace,
+            container=container,
+            follow=follow,
+            what=f"the log of {pod}",
+            absent=(400, 404),  # not started, or gone
+            fix="uv run invoke status",
+        )
         if response is None:
             return
         try:
             yield from response.stream(64 * 1024)
         except HTTPError as error:
-            raise ClusterError(f"the log of {pod} broke off ({type(error).__name__}); fix: uv run invoke logs "
-                               "--follow (the job goes on)") from None
+            raise ClusterError(
+                f"the log of {pod} broke off ({type(error).__name__}); fix: uv run invoke logs "
+                "--follow (the job goes on)"
+            ) from None
         finally:
             response.release_conn()
 
@@ -141,8 +187,12 @@ class Cluster:
         return (found or {}).get("data", {})
 
     def record_image(self, image: str) -> None:
-        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": IMAGE_RECORD, "labels": {"app": "tpu-grpo"}},
-                "data": {"image": image, "pushed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": IMAGE_RECORD, "labels": {"app": "tpu-grpo"}},
+            "data": {"image": image, "pushed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        }
         if self.image_record():
             self._call(self.core.replace_namespaced_config_map, IMAGE_RECORD, self.namespace, body)
         else:
@@ -154,9 +204,13 @@ class Cluster:
 
     def put_token(self, token: str) -> None:
         """The token as a Secret the pods read as HF_TOKEN: sent in a request body, never on a command line."""
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": TOKEN_SECRET, "labels": {"app": "tpu-grpo"}},
-                "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": TOKEN_SECRET, "labels": {"app": "tpu-grpo"}},
+            "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        }
         if self.has_token():
             self._call(self.core.replace_namespaced_secret, TOKEN_SECRET, self.namespace, body)
         else:

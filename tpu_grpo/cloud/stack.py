@@ -30,7 +30,7 @@ STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
 REPLACING = {
     replacements.INSTANCE: "a new VM and boot disk (provisioning again, /dev/shm emptied)",
     replacements.DISK: "the data disk is DELETED with all it holds (saved models, checkpoints, the kept conversion, "
-                       "the caches) and a new, empty one is made",
+    "the caches) and a new, empty one is made",
     replacements.NODE_POOL: "new TPU hosts (a running job stops); the runs stay in the bucket",
     replacements.CLUSTER: "a new cluster (every job stops); the runs stay in the bucket",
     replacements.BUCKET: "a new bucket; the old one and what it holds are kept (retained on delete)",
@@ -40,7 +40,7 @@ REPLACING = {
 KEPT = {
     replacements.BUCKET: "the checkpoint bucket and what it holds",
     replacements.PROJECT_IAM_MEMBER: "a project-wide role of the nodes' account: other clusters of the project, or "
-                                     "another stack, may rely on it",
+    "another stack, may rely on it",
 }
 #: Compute Engine made a VM of the stack's name that Pulumi's state does not hold: the instance's create outlived its
 #: timeout (terraform-plugin-sdk's helper/retry: "timeout while waiting for state to become 'DONE'"; the provider then
@@ -54,24 +54,35 @@ EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
 
 #: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
 KNOWN_ERRORS = (
-    ("does not have sufficient capacity",
-     "the reservation has no free chips: another VM already uses them, or it reserves fewer "
-     "than this machine type has (gcloud compute reservations describe RESERVATION --zone ZONE)"),
-    ("is incorrect for the requested resources",
-     "the reservation is for another machine type or zone: match tpu-grpo:machineType and gcp:zone to it"),
-    ("Could not find the given reservation",
-     "no reservation of that name in this project and zone: check tpu-grpo:reservation and gcp:zone "
-     "(gcloud compute reservations list)"),
-    ("requires reservation to be in READY state",
-     "the reservation is not active yet (a calendar-mode reservation starts at its start time): "
-     "run `invoke up` again once it is READY"),
-    ("must exist in the same project as the instance",
-     "the reservation belongs to another project: set gcp:project to the reservation's project"),
-    ("specificReservationRequired",
-     "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
-     "only such a reservation can be named by a VM; create it so, or ask its owner to"),
-    ("Quota",
-     "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
+    (
+        "does not have sufficient capacity",
+        "the reservation has no free chips: another VM already uses them, or it reserves fewer "
+        "than this machine type has (gcloud compute reservations describe RESERVATION --zone ZONE)",
+    ),
+    (
+        "is incorrect for the requested resources",
+        "the reservation is for another machine type or zone: match tpu-grpo:machineType and gcp:zone to it",
+    ),
+    (
+        "Could not find the given reservation",
+        "no reservation of that name in this project and zone: check tpu-grpo:reservation and gcp:zone "
+        "(gcloud compute reservations list)",
+    ),
+    (
+        "requires reservation to be in READY state",
+        "the reservation is not active yet (a calendar-mode reservation starts at its start time): "
+        "run `invoke up` again once it is READY",
+    ),
+    (
+        "must exist in the same project as the instance",
+        "the reservation belongs to another project: set gcp:project to the reservation's project",
+    ),
+    (
+        "specificReservationRequired",
+        "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
+        "only such a reservation can be named by a VM; create it so, or ask its owner to",
+    ),
+    ("Quota", "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
 )
 
 
@@ -80,12 +91,24 @@ def outside_state(settings: Settings, messages: list[str]) -> list[str]:
     message says so."""
     if settings.tpu_slice or not any(marker in message for message in messages for marker in OUTSIDE_STATE):
         return []
-    delete = shlex.join(["gcloud", "compute", "instances", "delete", settings.vm_name, f"--zone={settings.zone}",
-                         f"--project={settings.project}", "--quiet"])
-    return [f"Compute Engine may have made VM {settings.vm_name} outside Pulumi's state (a request that outlived "
-            "its create timeout goes on, and the VM is billed once it runs); Pulumi cannot manage it, and a new one "
-            f"cannot take its name or data disk: delete it with `{delete}` (the data disk stays: tpu-grpo attaches "
-            "it with auto-delete off), then run `uv run invoke up` again"]
+    delete = shlex.join(
+        [
+            "gcloud",
+            "compute",
+            "instances",
+            "delete",
+            settings.vm_name,
+            f"--zone={settings.zone}",
+            f"--project={settings.project}",
+            "--quiet",
+        ]
+    )
+    return [
+        f"Compute Engine may have made VM {settings.vm_name} outside Pulumi's state (a request that outlived "
+        "its create timeout goes on, and the VM is billed once it runs); Pulumi cannot manage it, and a new one "
+        f"cannot take its name or data disk: delete it with `{delete}` (the data disk stays: tpu-grpo attaches "
+        "it with auto-delete off), then run `uv run invoke up` again"
+    ]
 
 
 def google_credentials() -> str | None:
@@ -115,12 +138,17 @@ def missing_for_up(settings: Settings) -> list[str]:
         missing.append(f"the stack's passphrase: {passphrase}")
     if not google_credentials():
         named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-        missing.append(f"Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names {named}, which is no readable "
-                       "file: point it at your key file, or unset it and run `gcloud auth application-default login`"
-                       if named else "Google Cloud credentials: run `gcloud auth application-default login`")
+        missing.append(
+            f"Google Cloud credentials: $GOOGLE_APPLICATION_CREDENTIALS names {named}, which is no readable "
+            "file: point it at your key file, or unset it and run `gcloud auth application-default login`"
+            if named
+            else "Google Cloud credentials: run `gcloud auth application-default login`"
+        )
     if settings.tpu_slice and not shutil.which(AUTH_PLUGIN):
-        missing.append(f"GKE's credential plugin, with which Pulumi and the tasks reach the slice's cluster: "
-                       f"gcloud components install {AUTH_PLUGIN} (or apt-get install google-cloud-cli-{AUTH_PLUGIN})")
+        missing.append(
+            f"GKE's credential plugin, with which Pulumi and the tasks reach the slice's cluster: "
+            f"gcloud components install {AUTH_PLUGIN} (or apt-get install google-cloud-cli-{AUTH_PLUGIN})"
+        )
     return missing
 
 
@@ -162,9 +190,11 @@ def passphrase_missing(stack: str) -> str | None:
     cannot."""
     if not salted(stack, project_root()) or any(os.environ.get(name) is not None for name in PASSPHRASE_ENV):
         return None
-    return (f"stack '{stack}' keeps its secrets under the passphrase `pulumi stack init` asked for, which the "
-            "tasks cannot type: export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE="
-            "FILE) before `uv run invoke`")
+    return (
+        f"stack '{stack}' keeps its secrets under the passphrase `pulumi stack init` asked for, which the "
+        "tasks cannot type: export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE="
+        "FILE) before `uv run invoke`"
+    )
 
 
 def _pulumi_json(*args: str):
@@ -177,9 +207,11 @@ def _pulumi_json(*args: str):
     done = subprocess.run([pulumi, *args], capture_output=True, text=True, cwd=project_root())
     if done.returncode and PASSPHRASE_ENV[0] in done.stderr:
         said = done.stderr.strip().splitlines()[-1].removeprefix("error: ")
-        raise UserError(f"the Pulumi CLI could not read stack '{args[args.index('--stack') + 1]}': {said}; fix: "
-                        "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), or "
-                        "PULUMI_CONFIG_PASSPHRASE_FILE=FILE")
+        raise UserError(
+            f"the Pulumi CLI could not read stack '{args[args.index('--stack') + 1]}': {said}; fix: "
+            "export PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (the one `pulumi stack init` asked for), or "
+            "PULUMI_CONFIG_PASSPHRASE_FILE=FILE"
+        )
     try:
         return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
     except json.JSONDecodeError:
@@ -220,17 +252,20 @@ def describe(change) -> str:
     """One line for a replacement or deletion: what, why, and what it means."""
     kind = change.type.rsplit(":", 1)[-1]
     if change.action == "delete":
-        meaning = ("the data disk is DELETED with all it holds" if change.type == replacements.DISK
-                   else "it is deleted")
+        meaning = "the data disk is DELETED with all it holds" if change.type == replacements.DISK else "it is deleted"
         return f"{kind} {change.name} is no longer declared: {meaning}"
     if change.action == "strip":
-        return (f"{kind} {change.name} is no longer declared, and deleting it removes the very grant the update "
-                "declares under another name (an IAM member's delete removes its binding): refused")
+        return (
+            f"{kind} {change.name} is no longer declared, and deleting it removes the very grant the update "
+            "declares under another name (an IAM member's delete removes its binding): refused"
+        )
     if change.action == "forget":
         return f"{kind} {change.name} is no longer declared: it leaves the stack and stays in the project (retained)"
     if change.action == "recreate nodes":
-        return (f"{kind} {change.name} ({change.because()}): updated in place, and GKE makes its nodes anew to apply "
-                "it (a job running on them stops; the runs stay in the bucket)")
+        return (
+            f"{kind} {change.name} ({change.because()}): updated in place, and GKE makes its nodes anew to apply "
+            "it (a job running on them stops; the runs stay in the bucket)"
+        )
     return f"{kind} {change.name} ({change.because()}): {REPLACING.get(change.type, 'a new one is made')}"
 
 
@@ -269,15 +304,19 @@ def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, l
     replace: list[str] = []
     found = None if settings.tpu_slice else instance_state(stack)
     if found and found[1] in STOPPED:
-        say(f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
-            "started again: creating it anew around the same data disk")
+        say(
+            f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
+            "started again: creating it anew around the same data disk"
+        )
         replace = ["--replace", found[0]]
     agreed = ["--yes", "--skip-preview"] if yes else []
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"
-        code = subprocess.run(["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed,
-                               "--event-log", str(event_log)], stdout=stdout,
-                              env={**os.environ, **EVENT_LOG_ENV}).returncode
+        code = subprocess.run(
+            ["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed, "--event-log", str(event_log)],
+            stdout=stdout,
+            env={**os.environ, **EVENT_LOG_ENV},
+        ).returncode
         messages = error_messages(event_log)
         return code, [*explain(messages, settings.obtained), *outside_state(settings, messages)] if code else []
 
@@ -289,8 +328,11 @@ def require_cli() -> None:
 
 def kept(declared: list) -> list[str]:
     """What `pulumi destroy` leaves of what the program declares (retained on delete), a line each."""
-    return [f"{r.type.rsplit(':', 1)[-1]} {r.name}: {KEPT.get(r.type, 'kept')}" for r in declared
-            if r.options.retain_on_delete]
+    return [
+        f"{r.type.rsplit(':', 1)[-1]} {r.name}: {KEPT.get(r.type, 'kept')}"
+        for r in declared
+        if r.options.retain_on_delete
+    ]
 
 
 def unmarked_retained(resources: list[dict]) -> list[str]:
@@ -314,5 +356,9 @@ def forget_unmarked(stack: str, stdout=None) -> int:
 def destroy(stack: str, yes: bool = False) -> int:
     """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`. What
     tpu-grpo keeps and the state does not mark so is forgotten first (`forget_unmarked`), so that it stays."""
-    return forget_unmarked(stack) or subprocess.run(
-        ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]).returncode
+    return (
+        forget_unmarked(stack)
+        or subprocess.run(
+            ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
+        ).returncode
+    )

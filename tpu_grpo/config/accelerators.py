@@ -63,16 +63,19 @@ class Accelerator:
         return f"tpuv6e:{self.topology}"
 
 
-ACCELERATORS: dict[str, Accelerator] = {row.name: row for row in (
-    Accelerator("v6e-1", "1x1", "ct6e-standard-1t", 1),
-    Accelerator("v6e-4", "2x2", "ct6e-standard-4t", 4),
-    Accelerator("v6e-8", "2x4", "ct6e-standard-8t", 8),
-    Accelerator("v6e-16", "4x4", "ct6e-standard-4t", 4),
-    Accelerator("v6e-32", "4x8", "ct6e-standard-4t", 4),
-    Accelerator("v6e-64", "8x8", "ct6e-standard-4t", 4),
-    Accelerator("v6e-128", "8x16", "ct6e-standard-4t", 4),
-    Accelerator("v6e-256", "16x16", "ct6e-standard-4t", 4),
-)}
+ACCELERATORS: dict[str, Accelerator] = {
+    row.name: row
+    for row in (
+        Accelerator("v6e-1", "1x1", "ct6e-standard-1t", 1),
+        Accelerator("v6e-4", "2x2", "ct6e-standard-4t", 4),
+        Accelerator("v6e-8", "2x4", "ct6e-standard-8t", 8),
+        Accelerator("v6e-16", "4x4", "ct6e-standard-4t", 4),
+        Accelerator("v6e-32", "4x8", "ct6e-standard-4t", 4),
+        Accelerator("v6e-64", "8x8", "ct6e-standard-4t", 4),
+        Accelerator("v6e-128", "8x16", "ct6e-standard-4t", 4),
+        Accelerator("v6e-256", "16x16", "ct6e-standard-4t", 4),
+    )
+}
 #: The one VM's machine types (`tpu-grpo:machineType`) and the multi-host slices (`tpu-grpo:slice`).
 MACHINES: dict[str, Accelerator] = {row.machine_type: row for row in ACCELERATORS.values() if row.hosts == 1}
 SLICES: dict[str, Accelerator] = {row.name: row for row in ACCELERATORS.values() if row.hosts > 1}

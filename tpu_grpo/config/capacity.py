@@ -27,10 +27,14 @@ GKE_FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a", "us-east5-b")
 #: "Cloud TPU consumption options": "If you use TPUs with GKE, you use Compute Engine API quota, a different
 #: quota"); the Cloud TPU API's default of 64 preemptible v6e cores does not apply. Spot and flex-start draw on its
 #: preemptible TPU quota, on-demand VMs and reservations on the other.
-PREEMPTIBLE_QUOTA = ("Compute Engine's preemptible TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
-                     "compute.googleapis.com; not the Cloud TPU API's)")
-ON_DEMAND_QUOTA = ("Compute Engine's TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
-                   "compute.googleapis.com; not the Cloud TPU API's)")
+PREEMPTIBLE_QUOTA = (
+    "Compute Engine's preemptible TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
+    "compute.googleapis.com; not the Cloud TPU API's)"
+)
+ON_DEMAND_QUOTA = (
+    "Compute Engine's TPU v6e quota in gcp:zone's region (IAM & Admin > Quotas, service "
+    "compute.googleapis.com; not the Cloud TPU API's)"
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,10 @@ class Capacity:
     #: How a VM of this capacity ends or stops besides an idle stop (its scheduling above says so).
     ends: str = "stopped at a host maintenance event"
     #: What Compute Engine's RESOURCE_POOL_EXHAUSTED means for this capacity, and what to do.
-    no_capacity: str = ("no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
-                        "another zone with v6e (a reservation is what guarantees capacity)")
+    no_capacity: str = (
+        "no on-demand v6e capacity in gcp:zone right now: run `invoke up` again later, or use "
+        "another zone with v6e (a reservation is what guarantees capacity)"
+    )
 
     def cost_usd(self, chip_hours: float) -> float:
         """What these chip-hours cost at this capacity's price (its `price_source` says whence)."""
@@ -91,9 +97,11 @@ class Capacity:
         if not zones or zone in zones:
             return None
         whence = "GKE's flex-start page" if gke else "Google's Flex-start page and SkyPilot"
-        return (f"gcp:zone {zone} is not among the zones known to offer v6e {self.name}{' on GKE' if gke else ''} "
-                f"({', '.join(zones)}: {whence}, read {PRICES_READ}); `pulumi up` may fail there with no capacity; "
-                "fix: pulumi config set gcp:zone ZONE, one of those")
+        return (
+            f"gcp:zone {zone} is not among the zones known to offer v6e {self.name}{' on GKE' if gke else ''} "
+            f"({', '.join(zones)}: {whence}, read {PRICES_READ}); `pulumi up` may fail there with no capacity; "
+            "fix: pulumi config set gcp:zone ZONE, one of those"
+        )
 
     @property
     def after_stop(self) -> str:
@@ -101,19 +109,29 @@ class Capacity:
         whatever its capacity: SkyPilot refuses to stop Compute Engine TPU VMs ("TPU VMs cannot be stopped.
         Delete them instead", sky/clouds/gcp.py), after Google's "Manage TPUs on Compute Engine"; the next
         `invoke up` creates it anew around the same data disk."""
-        billing = ("the reservation is still billed, powered off or not" if self.billed_when_stopped
-                   else "the chips are no longer billed (the disks are, until `invoke down`)")
-        return (f"{billing}; the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM "
-                "is never started again), and `invoke provision` finds the caches, packages and kept conversion "
-                "there")
+        billing = (
+            "the reservation is still billed, powered off or not"
+            if self.billed_when_stopped
+            else "the chips are no longer billed (the disks are, until `invoke down`)"
+        )
+        return (
+            f"{billing}; the next `invoke up` creates the VM anew around the same data disk (a stopped TPU VM "
+            "is never started again), and `invoke provision` finds the caches, packages and kept conversion "
+            "there"
+        )
 
     def unreachable_fix(self, idle_stop_minutes: int) -> str:
         """What to do when the stack's VM does not answer: it may have stopped, and is then brought back, not
         started (`after_stop`); said where a task fails to connect, instead of a generic "is it running?"."""
-        idle = f"stopped itself after {idle_stop_minutes} idle minutes (tpu-grpo:idleStopMinutes), or " \
-            if idle_stop_minutes else ""
-        return (f"if the {self.name} VM {idle}was {self.ends}, `uv run invoke up` creates it anew around the same "
-                "data disk, then `uv run invoke provision`")
+        idle = (
+            f"stopped itself after {idle_stop_minutes} idle minutes (tpu-grpo:idleStopMinutes), or "
+            if idle_stop_minutes
+            else ""
+        )
+        return (
+            f"if the {self.name} VM {idle}was {self.ends}, `uv run invoke up` creates it anew around the same "
+            "data disk, then `uv run invoke provision`"
+        )
 
     def gcloud_flags(self, reservation: str | None, max_run_hours: int | None) -> list[str]:
         """This capacity's `gcloud compute instances create` flags, in the tutorial's order."""
@@ -143,9 +161,15 @@ class Capacity:
             node_config["reservation_affinity"].update(key=RESERVATION_KEY, values=[reservation])
         if max_run_hours is not None:
             node_config["max_run_duration"] = f"{max_run_hours * 3600}s"
-        pool: dict = ({"initial_node_count": 0, "management": {"auto_repair": False},
-                       "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts}}
-                      if self.scales_to_zero else {"node_count": hosts})
+        pool: dict = (
+            {
+                "initial_node_count": 0,
+                "management": {"auto_repair": False},
+                "autoscaling": {"location_policy": "ANY", "min_node_count": 0, "max_node_count": hosts},
+            }
+            if self.scales_to_zero
+            else {"node_count": hosts}
+        )
         return pool, node_config
 
     def gke_flags(self, reservation: str | None, max_run_hours: int | None, hosts: int) -> list[str]:
@@ -157,8 +181,11 @@ class Capacity:
             flags += ["--reservation-affinity=specific", f"--reservation={reservation}"]
         elif self.affinity == "NO_RESERVATION":
             flags.append("--reservation-affinity=none")
-        flags += (["--no-enable-autorepair", f"--max-nodes={hosts}", "--num-nodes=0"] if self.scales_to_zero
-                  else [f"--num-nodes={hosts}"])
+        flags += (
+            ["--no-enable-autorepair", f"--max-nodes={hosts}", "--num-nodes=0"]
+            if self.scales_to_zero
+            else [f"--num-nodes={hosts}"]
+        )
         if max_run_hours is not None:
             flags.append(f"--max-run-duration={max_run_hours * 3600}s")
         return flags
@@ -166,14 +193,18 @@ class Capacity:
     @property
     def slice_billing(self) -> str:
         """When a slice's TPU hosts are billed."""
-        return ("a flex-start pool has hosts only while a job wants them (GKE's autoscaler gives them back)"
-                if self.scales_to_zero else "its TPU node pools hold their hosts, training or not, until `invoke down`")
+        return (
+            "a flex-start pool has hosts only while a job wants them (GKE's autoscaler gives them back)"
+            if self.scales_to_zero
+            else "its TPU node pools hold their hosts, training or not, until `invoke down`"
+        )
 
     @property
     def unschedulable_note(self) -> str:
         """What a pod that cannot be scheduled yet means for this capacity, said after the fact."""
-        return (f" ({self.name}: GKE is asking for the whole slice; this can take a while)" if self.scales_to_zero
-                else "")
+        return (
+            f" ({self.name}: GKE is asking for the whole slice; this can take a while)" if self.scales_to_zero else ""
+        )
 
 
 #: A multi-host slice's other hourly costs (tpu_grpo/config/accelerators.py): its CPU host, an n2-standard-64 on demand (64
@@ -184,63 +215,99 @@ CPU_HOST_USD_PER_HOUR = 3.11
 #: us-central1 list price of its capacity SKU as a public cost note quotes it; performance above what a volume
 #: includes is billed on top (Google's "About Hyperdisk Balanced"). Billed while the disk exists, VM or not.
 HYPERDISK_USD_PER_GIB_MONTH = 0.08
-HYPERDISK_PRICE_SOURCE = ("Hyperdisk Balanced capacity $0.08 per GiB-month, us-central1 list price (as quoted "
-                          f"publicly, read {PRICES_READ}); provisioned IOPS above 3,000 and throughput above 140 MiB/s "
-                          "are billed on top (Google's \"About Hyperdisk Balanced\"), not counted here")
+HYPERDISK_PRICE_SOURCE = (
+    "Hyperdisk Balanced capacity $0.08 per GiB-month, us-central1 list price (as quoted "
+    f"publicly, read {PRICES_READ}); provisioned IOPS above 3,000 and throughput above 140 MiB/s "
+    'are billed on top (Google\'s "About Hyperdisk Balanced"), not counted here'
+)
 HOURS_PER_MONTH = 730
 GKE_CLUSTER_USD_PER_HOUR = 0.10
 
-ON_DEMAND_SOURCE = ("on-demand v6e list price, $2.70 per chip-hour in us-east5 (Google's Cloud TPU pricing, "
-                    "as reported by secondary sources)")
+ON_DEMAND_SOURCE = (
+    "on-demand v6e list price, $2.70 per chip-hour in us-east5 (Google's Cloud TPU pricing, "
+    "as reported by secondary sources)"
+)
 
-CAPACITIES: dict[str, Capacity] = {c.name: c for c in (
-    # The tutorial's: a VM bound to a (calendar-mode) reservation, deleted when it ends.
-    Capacity("reservation", "RESERVATION_BOUND",
-             {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
-             affinity="SPECIFIC_RESERVATION", idle_stop_minutes=0,
-             ends="deleted at its reservation's end or a host maintenance event",
-             no_capacity="the zone has no capacity outside reservations: a reservation-bound VM must land in its "
-                         "reservation, so check that the reservation is active and in gcp:zone",
-             usd_per_chip_hour=2.70, billed_when_stopped=True,
-             price_source=f"{ON_DEMAND_SOURCE}; a reservation is billed at its own (committed-use) rate, "
-                          "at most this, whether the VM runs or not"),
-    # "Request TPU Spot VMs": a TPU Spot VM cannot be restarted after it stops; delete and create it.
-    Capacity("spot", "SPOT",
-             {"preemptible": True, "automatic_restart": False, "on_host_maintenance": "TERMINATE",
-              "instance_termination_action": "DELETE"},
-             usd_per_chip_hour=1.08, checkpoint_store="disk", gke_switch="spot", ends="preempted (and deleted)",
-             no_capacity="no spot v6e capacity in gcp:zone right now (spot capacity comes and goes): run `invoke up` "
-                         "again later, or use another zone with v6e",
-             shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
-             quota=PREEMPTIBLE_QUOTA,
-             price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
-                          "documentation); 60% off the on-demand $2.70; the real price varies by region and day"),
-    # Dynamic Workload Scheduler: runs at most max_run_duration, then is deleted.
-    Capacity("flex-start", "FLEX_START",
-             {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
-             affinity="NO_RESERVATION", usd_per_chip_hour=1.35, checkpoint_store="disk",
-             ends="deleted at tpu-grpo:maxRunHours",
-             shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
-                                 "whole run",
-             quota=PREEMPTIBLE_QUOTA, zones=FLEX_START_ZONES, gke_zones=GKE_FLEX_START_ZONES, run_limited=True, gke_switch="flex_start",
-             # Compute Engine's "About Flex-start VMs" and the Flex-start VMs launch post: a request waits in a queue
-             # up to its valid-for duration (at most two hours), then fails if no capacity came.
-             waits="A flex-start request waits for capacity up to its valid-for duration (Google: at most two hours; "
-                   "pulumi-gcp's Instance has no field for it, so Compute Engine's default applies): `invoke up` "
-                   "shows Pulumi creating the VM all that time (its create timeout is set to outlast the wait), "
-                   "then the VM, or a failure to run `invoke up` again later. Interrupting it does not cancel the "
-                   "request: a VM that comes later is outside Pulumi's state, and the next `invoke up` says so. "
-                   "Unconfirmed: no Google page says how a single ct6e VM's flex-start request is made; tpu-grpo "
-                   "inserts the instance with provisioningModel FLEX_START, SkyPilot uses a managed instance group "
-                   "(docs/capacity.md).",
-             wait_minutes=120,
-             scales_to_zero=True,
-             no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
-                         f"offers v6e flex-start ({', '.join(FLEX_START_ZONES)})",
-             price_source=f"estimate: half the on-demand price, as SkyPilot prices Compute Engine TPU flex-start "
-                          f"(`_COMPUTE_TPU_FLEX_START_PRICE_FACTOR` 0.5, after Google's published Dynamic Workload "
-                          f"Scheduler price); {ON_DEMAND_SOURCE}"),
-    Capacity("on-demand", "STANDARD", {"on_host_maintenance": "TERMINATE"}, usd_per_chip_hour=2.70,
-             price_source=ON_DEMAND_SOURCE),
-)}
+CAPACITIES: dict[str, Capacity] = {
+    c.name: c
+    for c in (
+        # The tutorial's: a VM bound to a (calendar-mode) reservation, deleted when it ends.
+        Capacity(
+            "reservation",
+            "RESERVATION_BOUND",
+            {"on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
+            affinity="SPECIFIC_RESERVATION",
+            idle_stop_minutes=0,
+            ends="deleted at its reservation's end or a host maintenance event",
+            no_capacity="the zone has no capacity outside reservations: a reservation-bound VM must land in its "
+            "reservation, so check that the reservation is active and in gcp:zone",
+            usd_per_chip_hour=2.70,
+            billed_when_stopped=True,
+            price_source=f"{ON_DEMAND_SOURCE}; a reservation is billed at its own (committed-use) rate, "
+            "at most this, whether the VM runs or not",
+        ),
+        # "Request TPU Spot VMs": a TPU Spot VM cannot be restarted after it stops; delete and create it.
+        Capacity(
+            "spot",
+            "SPOT",
+            {
+                "preemptible": True,
+                "automatic_restart": False,
+                "on_host_maintenance": "TERMINATE",
+                "instance_termination_action": "DELETE",
+            },
+            usd_per_chip_hour=1.08,
+            checkpoint_store="disk",
+            gke_switch="spot",
+            ends="preempted (and deleted)",
+            no_capacity="no spot v6e capacity in gcp:zone right now (spot capacity comes and goes): run `invoke up` "
+            "again later, or use another zone with v6e",
+            shm_refused_because="a preempted spot VM is deleted, and its /dev/shm with the whole run",
+            quota=PREEMPTIBLE_QUOTA,
+            price_source="upper bound: Compute Engine Spot VMs are 60-91% below on-demand (Google's Spot VM "
+            "documentation); 60% off the on-demand $2.70; the real price varies by region and day",
+        ),
+        # Dynamic Workload Scheduler: runs at most max_run_duration, then is deleted.
+        Capacity(
+            "flex-start",
+            "FLEX_START",
+            {"automatic_restart": False, "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"},
+            affinity="NO_RESERVATION",
+            usd_per_chip_hour=1.35,
+            checkpoint_store="disk",
+            ends="deleted at tpu-grpo:maxRunHours",
+            shm_refused_because="a flex-start VM is deleted at its maximum run time, and its /dev/shm with the "
+            "whole run",
+            quota=PREEMPTIBLE_QUOTA,
+            zones=FLEX_START_ZONES,
+            gke_zones=GKE_FLEX_START_ZONES,
+            run_limited=True,
+            gke_switch="flex_start",
+            # Compute Engine's "About Flex-start VMs" and the Flex-start VMs launch post: a request waits in a queue
+            # up to its valid-for duration (at most two hours), then fails if no capacity came.
+            waits="A flex-start request waits for capacity up to its valid-for duration (Google: at most two hours; "
+            "pulumi-gcp's Instance has no field for it, so Compute Engine's default applies): `invoke up` "
+            "shows Pulumi creating the VM all that time (its create timeout is set to outlast the wait), "
+            "then the VM, or a failure to run `invoke up` again later. Interrupting it does not cancel the "
+            "request: a VM that comes later is outside Pulumi's state, and the next `invoke up` says so. "
+            "Unconfirmed: no Google page says how a single ct6e VM's flex-start request is made; tpu-grpo "
+            "inserts the instance with provisioningModel FLEX_START, SkyPilot uses a managed instance group "
+            "(docs/capacity.md).",
+            wait_minutes=120,
+            scales_to_zero=True,
+            no_capacity="no flex-start capacity in gcp:zone right now: run `invoke up` again later, in a zone that "
+            f"offers v6e flex-start ({', '.join(FLEX_START_ZONES)})",
+            price_source=f"estimate: half the on-demand price, as SkyPilot prices Compute Engine TPU flex-start "
+            f"(`_COMPUTE_TPU_FLEX_START_PRICE_FACTOR` 0.5, after Google's published Dynamic Workload "
+            f"Scheduler price); {ON_DEMAND_SOURCE}",
+        ),
+        Capacity(
+            "on-demand",
+            "STANDARD",
+            {"on_host_maintenance": "TERMINATE"},
+            usd_per_chip_hour=2.70,
+            price_source=ON_DEMAND_SOURCE,
+        ),
+    )
+}
 DEFAULT = "reservation"

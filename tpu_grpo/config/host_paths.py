@@ -5,7 +5,9 @@ VENV = "~/maxtext_venv"  # the tutorial's
 TOKEN_FILE = "~/.cache/huggingface/token"  # where huggingface_hub looks for the token
 ROOT = "~/tpu-grpo"  # jobs, step records, runs and saved models; a link to the data disk
 BASE_MODELS = f"{ROOT}/base-models"  # the Hub's models the conversion reads, downloaded by provisioning
-COMPILE_CACHES = f"{ROOT}/compile-cache"  # JAX's and vLLM's compiled programs, kept for the next start (jobs/maxtext.py)
+COMPILE_CACHES = (
+    f"{ROOT}/compile-cache"  # JAX's and vLLM's compiled programs, kept for the next start (jobs/maxtext.py)
+)
 PROVISIONING = f"{ROOT}/provisioning"  # a record of each provisioning run that changed something
 TPU_LOCK = f"{ROOT}/tpu.lock"  # held by a running job's processes: one TPU job at a time
 #: Leases of work that holds no TPU lock and no terminal, yet must keep the VM up: a fetch, a provisioning run and its
@@ -18,6 +20,12 @@ IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # the idle-stop timer's settings (playboo
 
 def playbook_values() -> dict[str, str]:
     """The paths as playbook values; the home-relative ones without their `~/`."""
-    return {"venv": VENV, "token_file": TOKEN_FILE.removeprefix("~/"), "jobs_root": ROOT.removeprefix("~/"),
-            "tpu_lock": TPU_LOCK.removeprefix("~/"), "busy": BUSY.removeprefix("~/"), "idle_conf": IDLE_CONF,
-            "base_models": BASE_MODELS.removeprefix("~/")}
+    return {
+        "venv": VENV,
+        "token_file": TOKEN_FILE.removeprefix("~/"),
+        "jobs_root": ROOT.removeprefix("~/"),
+        "tpu_lock": TPU_LOCK.removeprefix("~/"),
+        "busy": BUSY.removeprefix("~/"),
+        "idle_conf": IDLE_CONF,
+        "base_models": BASE_MODELS.removeprefix("~/"),
+    }

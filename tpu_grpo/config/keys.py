@@ -141,7 +141,7 @@ def _mapping(value: Any) -> dict:
     return _json_or(value, dict, lambda text: dict(part.split("=", 1) for part in text.split(",") if "=" in part))
 
 
-KINDS: dict[type, Parser] = {str: _text, int: whole(-2**63, 2**63 - 1), bool: _boolean, list: _list, dict: _mapping}
+KINDS: dict[type, Parser] = {str: _text, int: whole(-(2**63), 2**63 - 1), bool: _boolean, list: _list, dict: _mapping}
 
 
 def _one_of(choices, problem: str) -> Parser:
@@ -149,6 +149,7 @@ def _one_of(choices, problem: str) -> Parser:
         if _text(value) not in choices:
             raise Refused(problem)
         return value
+
     return parse
 
 
@@ -157,6 +158,7 @@ def _form(pattern: re.Pattern, problem: str) -> Parser:
         if not pattern.fullmatch(_text(value)):
             raise Refused(problem)
         return value
+
     return parse
 
 
@@ -220,100 +222,320 @@ def _by_capacity(value) -> str:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("gcp:project", str, "Google Cloud project that holds the reservation", "<your-project-id>",
-        rule=_form(_PROJECT_ID, "is not a Google Cloud project id")),
-    Key("gcp:zone", str, "zone of the reservation (region-letter)", "us-east5-b",
-        rule=_form(_ZONE, "is not a zone of the form region-letter (us-east5-b; an AI zone: us-south1-ai1b)")),
-    Key(f"{PROJECT}:capacity", str, "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
-        "spot", required=False, rule=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")")),
-    Key(f"{PROJECT}:reservation", str, "the v6e reservation the VM is bound to (capacity "
+    Key(
+        "gcp:project",
+        str,
+        "Google Cloud project that holds the reservation",
+        "<your-project-id>",
+        rule=_form(_PROJECT_ID, "is not a Google Cloud project id"),
+    ),
+    Key(
+        "gcp:zone",
+        str,
+        "zone of the reservation (region-letter)",
+        "us-east5-b",
+        rule=_form(_ZONE, "is not a zone of the form region-letter (us-east5-b; an AI zone: us-south1-ai1b)"),
+    ),
+    Key(
+        f"{PROJECT}:capacity",
+        str,
+        "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
+        "spot",
+        required=False,
+        rule=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")"),
+    ),
+    Key(
+        f"{PROJECT}:reservation",
+        str,
+        "the v6e reservation the VM is bound to (capacity "
         f"{_capacities(lambda row: row.needs_reservation)}): NAME, or "
-        "projects/PROJECT/reservations/NAME for another project's shared one", "<your-reservation-name>",
-        required=False, rule=_form(_RESERVATION, "is not a reservation name (NAME, or projects/PROJECT/reservations/"
-                                                  "NAME; lowercase letters, digits, '-')")),
-    Key(f"{PROJECT}:maxRunHours", int, f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
+        "projects/PROJECT/reservations/NAME for another project's shared one",
+        "<your-reservation-name>",
+        required=False,
+        rule=_form(
+            _RESERVATION,
+            "is not a reservation name (NAME, or projects/PROJECT/reservations/NAME; lowercase letters, digits, '-')",
+        ),
+    ),
+    Key(
+        f"{PROJECT}:maxRunHours",
+        int,
+        f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
         f"deleted ({MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]}; capacity {_capacities(lambda row: row.run_limited)} "
-        "only)", "24", required=False, rule=whole(*MAX_RUN_HOURS, " hours: a flex-start VM runs at most 7 days")),
-    Key(f"{PROJECT}:idleStopMinutes", int, "minutes without a tpu-grpo job or terminal (SSH login) session before the "
-        f"VM powers itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})", "60", required=False,
-        rule=whole(0, 7 * 24 * 60, " minutes; 0: never")),
-    Key(f"{PROJECT}:slice", str, f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
-        "on GKE with Pathways: " + ", ".join(SLICES), "v6e-16", required=False,
-        rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")")),
-    Key(f"{PROJECT}:numSlices", int, f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; "
-        "default 1)", "2", required=False, rule=whole(1, MAX_SLICES, " slices")),
-    Key(f"{PROJECT}:vmName", str, "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
-        "tpu-grpo", required=False, default="tpu-grpo", rule=_GCE_NAMED),
-    Key(f"{PROJECT}:machineType", str, "TPU machine type of the one VM: " + ", ".join(MACHINES), "ct6e-standard-8t",
-        vm_only=True, required=False, default="ct6e-standard-8t",
-        rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")")),
-    Key(f"{PROJECT}:checkpointStore", str, "where checkpoints and runs live: " + ", ".join(STORES) + " or "
+        "only)",
+        "24",
+        required=False,
+        rule=whole(*MAX_RUN_HOURS, " hours: a flex-start VM runs at most 7 days"),
+    ),
+    Key(
+        f"{PROJECT}:idleStopMinutes",
+        int,
+        "minutes without a tpu-grpo job or terminal (SSH login) session before the "
+        f"VM powers itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})",
+        "60",
+        required=False,
+        rule=whole(0, 7 * 24 * 60, " minutes; 0: never"),
+    ),
+    Key(
+        f"{PROJECT}:slice",
+        str,
+        f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
+        "on GKE with Pathways: " + ", ".join(SLICES),
+        "v6e-16",
+        required=False,
+        rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")"),
+    ),
+    Key(
+        f"{PROJECT}:numSlices",
+        int,
+        f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; default 1)",
+        "2",
+        required=False,
+        rule=whole(1, MAX_SLICES, " slices"),
+    ),
+    Key(
+        f"{PROJECT}:vmName",
+        str,
+        "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
+        "tpu-grpo",
+        required=False,
+        default="tpu-grpo",
+        rule=_GCE_NAMED,
+    ),
+    Key(
+        f"{PROJECT}:machineType",
+        str,
+        "TPU machine type of the one VM: " + ", ".join(MACHINES),
+        "ct6e-standard-8t",
+        vm_only=True,
+        required=False,
+        default="ct6e-standard-8t",
+        rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"),
+    ),
+    Key(
+        f"{PROJECT}:checkpointStore",
+        str,
+        "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
-        "disk", required=False, rule=_store),
-    Key(f"{PROJECT}:bucket", bool, "declare checkpointStore's bucket in this stack (default: it exists already)",
-        "true", required=False),
-    Key(f"{PROJECT}:checkpointPeriod", int, "training steps between checkpoints, MaxText's checkpoint_period "
-        "(default 50 on shm, 10 on disk)", "10", required=False, rule=whole(1, MAX_STEPS, " steps")),
-    Key(f"{PROJECT}:checkpointsToKeep", int, "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 "
-        "on shm, 2 on disk)", "2", required=False, rule=whole(1, 1000)),
-    Key(f"{PROJECT}:bootDiskGb", int, f"boot disk size in GB of the VM, or of each slice host (at least and by "
-        f"default {MIN_BOOT_DISK_GB}, the tutorial's)", "200", required=False,
-        rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)")),
-    Key(f"{PROJECT}:dataDiskGb", int, f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})", "500",
-        vm_only=True, required=False, default="500",
-        rule=whole(MIN_DATA_DISK_GB, MAX_DISK_GB, " GB: one GRPO checkpoint of an 8B model with its optimizer state is "
-                   "tens of GB")),
-    Key(f"{PROJECT}:dataDiskIops", int, f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
+        "disk",
+        required=False,
+        rule=_store,
+    ),
+    Key(
+        f"{PROJECT}:bucket",
+        bool,
+        "declare checkpointStore's bucket in this stack (default: it exists already)",
+        "true",
+        required=False,
+    ),
+    Key(
+        f"{PROJECT}:checkpointPeriod",
+        int,
+        "training steps between checkpoints, MaxText's checkpoint_period (default 50 on shm, 10 on disk)",
+        "10",
+        required=False,
+        rule=whole(1, MAX_STEPS, " steps"),
+    ),
+    Key(
+        f"{PROJECT}:checkpointsToKeep",
+        int,
+        "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 on shm, 2 on disk)",
+        "2",
+        required=False,
+        rule=whole(1, 1000),
+    ),
+    Key(
+        f"{PROJECT}:bootDiskGb",
+        int,
+        f"boot disk size in GB of the VM, or of each slice host (at least and by "
+        f"default {MIN_BOOT_DISK_GB}, the tutorial's)",
+        "200",
+        required=False,
+        rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)"),
+    ),
+    Key(
+        f"{PROJECT}:dataDiskGb",
+        int,
+        f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})",
+        "500",
+        vm_only=True,
+        required=False,
+        default="500",
+        rule=whole(
+            MIN_DATA_DISK_GB,
+            MAX_DISK_GB,
+            " GB: one GRPO checkpoint of an 8B model with its optimizer state is tens of GB",
+        ),
+    ),
+    Key(
+        f"{PROJECT}:dataDiskIops",
+        int,
+        f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
-        f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)", str(STORES["disk"].disk_iops),
-        required=False, rule=whole(*DATA_DISK_IOPS, " IOPS, Hyperdisk Balanced's")),
-    Key(f"{PROJECT}:dataDiskThroughputMibps", int, f"provisioned throughput of the data disk in MiB/s "
+        f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)",
+        str(STORES["disk"].disk_iops),
+        required=False,
+        rule=whole(*DATA_DISK_IOPS, " IOPS, Hyperdisk Balanced's"),
+    ),
+    Key(
+        f"{PROJECT}:dataDiskThroughputMibps",
+        int,
+        f"provisioned throughput of the data disk in MiB/s "
         f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default: "
         f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, "
-        f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)", str(STORES["disk"].disk_throughput_mibps),
-        required=False, rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's")),
-    Key(f"{PROJECT}:sshUser", str, "user created on the VM for your SSH key", "ubuntu", vm_only=True, required=False,
+        f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)",
+        str(STORES["disk"].disk_throughput_mibps),
+        required=False,
+        rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's"),
+    ),
+    Key(
+        f"{PROJECT}:sshUser",
+        str,
+        "user created on the VM for your SSH key",
+        "ubuntu",
+        vm_only=True,
+        required=False,
         default="ubuntu",
-        rule=_form(_UNIX_USER, "is not a Linux user name")),
-    Key(f"{PROJECT}:sshPublicKeyPath", str, "your SSH public key (.pub) put in the VM's metadata", "~/.ssh/id_ed25519.pub",
-        vm_only=True),
-    Key(f"{PROJECT}:sshSourceRanges", list, "CIDR ranges allowed to reach port 22", "<your-public-ip>/32",
-        vm_only=True, rule=_ranges),
-    Key(f"{PROJECT}:allowSshFromAnywhere", bool, "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to "
-        "the whole internet)", "true", required=False),
-    Key(f"{PROJECT}:network", str, "existing VPC network to use (default: the stack makes its own)", "default", required=False,
-        rule=_GCE_NAMED),
-    Key(f"{PROJECT}:subnetwork", str, "subnetwork of that existing network (default: its auto subnet)", "default", required=False,
-        rule=_GCE_NAMED),
-    Key(f"{PROJECT}:serviceAccount", str, "service account email for the VM (default: the compute default)", "sa@project.iam.gserviceaccount.com", required=False,
-        rule=_form(_SERVICE_ACCOUNT, "is not a service account email (NAME@PROJECT.iam.gserviceaccount.com, or a "
-                                                           "Google-managed one: lowercase letters, digits, '.', '-')")),
-    Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False,
-        rule=_labels),
-    Key(f"{PROJECT}:model", str, "MaxText model to train (docs/models.md): " + ", ".join(MODELS), DEFAULT_MODEL,
-        required=False, default=DEFAULT_MODEL,
-        rule=_one_of(MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)")),
-    Key(f"{PROJECT}:exportModel", str, "MaxText model name for the conversion back to Hugging Face: the model's own, "
-        "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)", "llama3.1-8b",
-        required=False),
-    Key(f"{PROJECT}:tokenizer", str, "Hugging Face tokenizer to train and export with (default: the model table's, "
-        "an Instruct model's for a base model)", "meta-llama/Llama-3.1-8B-Instruct", required=False,
-        rule=_HUB_ID),
-    Key(f"{PROJECT}:dataset", str, f"Hugging Face dataset to train on, with a question column (problem, prompt, "
+        rule=_form(_UNIX_USER, "is not a Linux user name"),
+    ),
+    Key(
+        f"{PROJECT}:sshPublicKeyPath",
+        str,
+        "your SSH public key (.pub) put in the VM's metadata",
+        "~/.ssh/id_ed25519.pub",
+        vm_only=True,
+    ),
+    Key(
+        f"{PROJECT}:sshSourceRanges",
+        list,
+        "CIDR ranges allowed to reach port 22",
+        "<your-public-ip>/32",
+        vm_only=True,
+        rule=_ranges,
+    ),
+    Key(
+        f"{PROJECT}:allowSshFromAnywhere",
+        bool,
+        "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to the whole internet)",
+        "true",
+        required=False,
+    ),
+    Key(
+        f"{PROJECT}:network",
+        str,
+        "existing VPC network to use (default: the stack makes its own)",
+        "default",
+        required=False,
+        rule=_GCE_NAMED,
+    ),
+    Key(
+        f"{PROJECT}:subnetwork",
+        str,
+        "subnetwork of that existing network (default: its auto subnet)",
+        "default",
+        required=False,
+        rule=_GCE_NAMED,
+    ),
+    Key(
+        f"{PROJECT}:serviceAccount",
+        str,
+        "service account email for the VM (default: the compute default)",
+        "sa@project.iam.gserviceaccount.com",
+        required=False,
+        rule=_form(
+            _SERVICE_ACCOUNT,
+            "is not a service account email (NAME@PROJECT.iam.gserviceaccount.com, or a "
+            "Google-managed one: lowercase letters, digits, '.', '-')",
+        ),
+    ),
+    Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False, rule=_labels),
+    Key(
+        f"{PROJECT}:model",
+        str,
+        "MaxText model to train (docs/models.md): " + ", ".join(MODELS),
+        DEFAULT_MODEL,
+        required=False,
+        default=DEFAULT_MODEL,
+        rule=_one_of(
+            MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)"
+        ),
+    ),
+    Key(
+        f"{PROJECT}:exportModel",
+        str,
+        "MaxText model name for the conversion back to Hugging Face: the model's own, "
+        "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)",
+        "llama3.1-8b",
+        required=False,
+    ),
+    Key(
+        f"{PROJECT}:tokenizer",
+        str,
+        "Hugging Face tokenizer to train and export with (default: the model table's, "
+        "an Instruct model's for a base model)",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        required=False,
+        rule=_HUB_ID,
+    ),
+    Key(
+        f"{PROJECT}:dataset",
+        str,
+        f"Hugging Face dataset to train on, with a question column (problem, prompt, "
         f"question) and an answer column (answer, solution, expected_answer) (default: {DEFAULT_DATASET})",
-        "nvidia/OpenMathInstruct-2", required=False, rule=_HUB_ID),
-    Key(f"{PROJECT}:datasetConfig", str, f"the dataset's subset, MaxText's hf_name (default: {DEFAULT_DATASET_CONFIG} "
-        "for GSM8K, the dataset's default for another)", "main", required=False, rule=_text_by(name)),
-    Key(f"{PROJECT}:lossAlgo", str, "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default "
-        "grpo)", "gspo-token", required=False,
-        rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")")),
-    Key(f"{PROJECT}:batches", int, "GRPO batches per run (num_batches)", "50", required=False, default="50",
-        rule=whole(1, MAX_BATCHES)),
-    Key(f"{PROJECT}:testBatches", int, "evaluation batches (num_test_batches)", "10", required=False, default="10",
-        rule=whole(1, MAX_BATCHES)),
-    Key(f"{PROJECT}:usePathways", bool, "run with Pathways (true) or McJAX (false)", "false", required=False,
-        default="false"),
-    Key(f"{PROJECT}:lazyLoadTensors", bool, "lazy tensor loading in the Hugging Face conversion", "false",
-        required=False, default="false"),
+        "nvidia/OpenMathInstruct-2",
+        required=False,
+        rule=_HUB_ID,
+    ),
+    Key(
+        f"{PROJECT}:datasetConfig",
+        str,
+        f"the dataset's subset, MaxText's hf_name (default: {DEFAULT_DATASET_CONFIG} "
+        "for GSM8K, the dataset's default for another)",
+        "main",
+        required=False,
+        rule=_text_by(name),
+    ),
+    Key(
+        f"{PROJECT}:lossAlgo",
+        str,
+        "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default grpo)",
+        "gspo-token",
+        required=False,
+        rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")"),
+    ),
+    Key(
+        f"{PROJECT}:batches",
+        int,
+        "GRPO batches per run (num_batches)",
+        "50",
+        required=False,
+        default="50",
+        rule=whole(1, MAX_BATCHES),
+    ),
+    Key(
+        f"{PROJECT}:testBatches",
+        int,
+        "evaluation batches (num_test_batches)",
+        "10",
+        required=False,
+        default="10",
+        rule=whole(1, MAX_BATCHES),
+    ),
+    Key(
+        f"{PROJECT}:usePathways",
+        bool,
+        "run with Pathways (true) or McJAX (false)",
+        "false",
+        required=False,
+        default="false",
+    ),
+    Key(
+        f"{PROJECT}:lazyLoadTensors",
+        bool,
+        "lazy tensor loading in the Hugging Face conversion",
+        "false",
+        required=False,
+        default="false",
+    ),
 )
 KEY = {key.name: key for key in KEYS}

@@ -24,8 +24,10 @@ def writable_state() -> Path:
         return values.new_folder(str(folder))
     except values.Refused as problem:
         said = f"{STATE_ENV}={str(folder)!r}" if os.environ.get(STATE_ENV) else f"the state folder {str(folder)!r}"
-        raise UserError(f"{said} {problem}; fix: {STATE_ENV}=FOLDER, a folder you can write (tpu-grpo keeps host "
-                        "keys, logs and plots there)") from None
+        raise UserError(
+            f"{said} {problem}; fix: {STATE_ENV}=FOLDER, a folder you can write (tpu-grpo keeps host "
+            "keys, logs and plots there)"
+        ) from None
 
 
 def known_hosts() -> Path:
@@ -85,5 +87,9 @@ def job_log(job_id: str) -> Path:
     return state() / "logs" / f"{job_id}.log"
 
 
-COMPARE_PLOT, TIMELINE_PLOT, METRICS_PLOT, RECOVERY_TIMELINE = "compare.png", "timeline.png", "metrics.png", \
-    "timeline.jsonl"
+COMPARE_PLOT, TIMELINE_PLOT, METRICS_PLOT, RECOVERY_TIMELINE = (
+    "compare.png",
+    "timeline.png",
+    "metrics.png",
+    "timeline.jsonl",
+)

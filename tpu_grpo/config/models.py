@@ -101,8 +101,9 @@ class Model:
         MaxText's Gemma 3 RL test passes them."""
         if self.native_rollout:
             return {}
-        config = json.dumps({"maxtext_config": {"model_name": self.name, "log_config": "false",
-                                                **dict(self.maxtext_in_vllm)}})
+        config = json.dumps(
+            {"maxtext_config": {"model_name": self.name, "log_config": "false", **dict(self.maxtext_in_vllm)}}
+        )
         return {"vllm_hf_overrides": '{architectures: ["MaxTextForCausalLM"]}', "vllm_additional_config": config}
 
     def rollout_parallelism(self) -> dict[str, str]:
@@ -118,12 +119,24 @@ class Model:
         hbm = shape.hbm_gb * num_slices
         if shape.hosts == 1:
             need, there = (TRAINER_BYTES + ROLLOUT_BYTES) * self.params_b, HBM_UTILIZATION_VLLM * hbm
-            return need, there, (f"({TRAINER_BYTES} training + {ROLLOUT_BYTES} rollout bytes) x {self.params_b:g}B "
-                                 f"parameters = {need:.0f} GB, within {HBM_UTILIZATION_VLLM:.0%} (vLLM's "
-                                 f"hbm_utilization) of {hbm} GB of HBM = {there:.0f} GB")
+            return (
+                need,
+                there,
+                (
+                    f"({TRAINER_BYTES} training + {ROLLOUT_BYTES} rollout bytes) x {self.params_b:g}B "
+                    f"parameters = {need:.0f} GB, within {HBM_UTILIZATION_VLLM:.0%} (vLLM's "
+                    f"hbm_utilization) of {hbm} GB of HBM = {there:.0f} GB"
+                ),
+            )
         need, there = TRAINER_BYTES * self.params_b, TRAINER_FRACTION * hbm
-        return need, there, (f"{TRAINER_BYTES} training bytes x {self.params_b:g}B parameters = {need:.0f} GB, "
-                             f"within the trainer's half of {hbm} GB of HBM = {there:.0f} GB")
+        return (
+            need,
+            there,
+            (
+                f"{TRAINER_BYTES} training bytes x {self.params_b:g}B parameters = {need:.0f} GB, "
+                f"within the trainer's half of {hbm} GB of HBM = {there:.0f} GB"
+            ),
+        )
 
     def fits(self, shape: Accelerator, num_slices: int = 1) -> bool:
         need, there, _ = self.need_gb(shape, num_slices)
@@ -137,33 +150,68 @@ class Model:
         return next(shape for shape in ACCELERATORS.values() if self.fits(shape))
 
 
-MODELS: dict[str, Model] = {row.name: row for row in (
-    # a base model trains with its Instruct tokenizer, as rl.yml's comments have it
-    Model("llama3.1-8b", "meta-llama/Llama-3.1-8B", 8.03, True, "llama3.1",
-          tokenizer="meta-llama/Llama-3.1-8B-Instruct", original_copy=True),
-    Model("llama3.1-8b-Instruct", "meta-llama/Llama-3.1-8B-Instruct", 8.03, True, "llama3.1",
-          export_name="llama3.1-8b", original_copy=True),  # the tutorial's export
-    # rl_on_multi_host.md's 70B commands: rollout_tensor_parallelism=8
-    Model("llama3.1-70b", "meta-llama/Llama-3.1-70B", 70.55, True, "llama3.1",
-          tokenizer="meta-llama/Llama-3.1-70B-Instruct", rollout_tensor_parallelism=8, original_copy=True),
-    Model("qwen3-0.6b", "Qwen/Qwen3-0.6B", 0.6, True, "apache-2.0"),
-    Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02, True, "apache-2.0"),
-    Model("qwen3-8b", "Qwen/Qwen3-8B", 8.19, True, "apache-2.0"),
-    Model("qwen3-14b", "Qwen/Qwen3-14B", 14.77, True, "apache-2.0"),
-    Model("qwen3-32b", "Qwen/Qwen3-32B", 32.76, True, "apache-2.0"),
-    Model("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", 1.54, True, "apache-2.0"),
-    Model("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7.62, True, "apache-2.0"),
-    Model("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 14.77, True, "apache-2.0"),
-    Model("gemma3-4b", "google/gemma-3-4b-it", 3.88, False, "gemma", eager_load_method="transformers"),
-    Model("gemma3-12b", "google/gemma-3-12b-it", 11.77, False, "gemma", eager_load_method="transformers"),
-    Model("gemma3-27b", "google/gemma-3-27b-it", 27.01, False, "gemma", eager_load_method="transformers"),
-    # scripts/run_qwen3_30b_rl.sh: rollout_tensor_parallelism=4 (data 16 on its slice) and these for MaxText in vLLM
-    Model("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Thinking-2507", 30.53, False, "apache-2.0",
-          rollout_tensor_parallelism=4,
-          maxtext_in_vllm=(("model_call_mode", "inference"), ("enable_dp_attention", False),
-                           ("allow_split_physical_axes", True), ("weight_dtype", "bfloat16"),
-                           ("prefuse_moe_weights", True))),
-)}
+MODELS: dict[str, Model] = {
+    row.name: row
+    for row in (
+        # a base model trains with its Instruct tokenizer, as rl.yml's comments have it
+        Model(
+            "llama3.1-8b",
+            "meta-llama/Llama-3.1-8B",
+            8.03,
+            True,
+            "llama3.1",
+            tokenizer="meta-llama/Llama-3.1-8B-Instruct",
+            original_copy=True,
+        ),
+        Model(
+            "llama3.1-8b-Instruct",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            8.03,
+            True,
+            "llama3.1",
+            export_name="llama3.1-8b",
+            original_copy=True,
+        ),  # the tutorial's export
+        # rl_on_multi_host.md's 70B commands: rollout_tensor_parallelism=8
+        Model(
+            "llama3.1-70b",
+            "meta-llama/Llama-3.1-70B",
+            70.55,
+            True,
+            "llama3.1",
+            tokenizer="meta-llama/Llama-3.1-70B-Instruct",
+            rollout_tensor_parallelism=8,
+            original_copy=True,
+        ),
+        Model("qwen3-0.6b", "Qwen/Qwen3-0.6B", 0.6, True, "apache-2.0"),
+        Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02, True, "apache-2.0"),
+        Model("qwen3-8b", "Qwen/Qwen3-8B", 8.19, True, "apache-2.0"),
+        Model("qwen3-14b", "Qwen/Qwen3-14B", 14.77, True, "apache-2.0"),
+        Model("qwen3-32b", "Qwen/Qwen3-32B", 32.76, True, "apache-2.0"),
+        Model("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", 1.54, True, "apache-2.0"),
+        Model("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7.62, True, "apache-2.0"),
+        Model("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 14.77, True, "apache-2.0"),
+        Model("gemma3-4b", "google/gemma-3-4b-it", 3.88, False, "gemma", eager_load_method="transformers"),
+        Model("gemma3-12b", "google/gemma-3-12b-it", 11.77, False, "gemma", eager_load_method="transformers"),
+        Model("gemma3-27b", "google/gemma-3-27b-it", 27.01, False, "gemma", eager_load_method="transformers"),
+        # scripts/run_qwen3_30b_rl.sh: rollout_tensor_parallelism=4 (data 16 on its slice) and these for MaxText in vLLM
+        Model(
+            "qwen3-30b-a3b",
+            "Qwen/Qwen3-30B-A3B-Thinking-2507",
+            30.53,
+            False,
+            "apache-2.0",
+            rollout_tensor_parallelism=4,
+            maxtext_in_vllm=(
+                ("model_call_mode", "inference"),
+                ("enable_dp_attention", False),
+                ("allow_split_physical_axes", True),
+                ("weight_dtype", "bfloat16"),
+                ("prefuse_moe_weights", True),
+            ),
+        ),
+    )
+}
 DEFAULT_MODEL = "llama3.1-8b-Instruct"  # the tutorial's
 #: What MaxText 0.2.3's RL trains on by default (rl.yml: dataset_name, hf_name), and its losses (configs/types.py,
 #: rl.loss_algo).

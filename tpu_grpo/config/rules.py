@@ -13,6 +13,7 @@ from tpu_grpo.config.keys import KEY, PROJECT
 from tpu_grpo.config.models import MODELS
 from tpu_grpo.config.stores import store_for
 
+
 def check_capacity(values: dict[str, Any]) -> None:
     """The settings that only some capacities take; fills in the capacity's defaults."""
     capacity = values["capacity"] = values["capacity"] or DEFAULT_CAPACITY
@@ -21,19 +22,30 @@ def check_capacity(values: dict[str, Any]) -> None:
     booking = next(name for name, other in CAPACITIES.items() if other.needs_reservation)
     limited = ", ".join(name for name, other in CAPACITIES.items() if other.run_limited)
     if row.needs_reservation and not values["reservation"]:
-        raise SettingsError(reservation.name, None, f"is not set, and capacity {capacity} needs it",
-                            f"{reservation.set_command()} (or another capacity: "
-                            f"pulumi config set {PROJECT}:capacity spot)")
+        raise SettingsError(
+            reservation.name,
+            None,
+            f"is not set, and capacity {capacity} needs it",
+            f"{reservation.set_command()} (or another capacity: pulumi config set {PROJECT}:capacity spot)",
+        )
     if not row.needs_reservation and values["reservation"]:
-        raise SettingsError(reservation.name, values["reservation"], f"is set, but capacity {capacity} uses no "
-                            "reservation", f"pulumi config rm {reservation.name} (or pulumi config set "
-                            f"{PROJECT}:capacity {booking})")
+        raise SettingsError(
+            reservation.name,
+            values["reservation"],
+            f"is set, but capacity {capacity} uses no reservation",
+            f"pulumi config rm {reservation.name} (or pulumi config set {PROJECT}:capacity {booking})",
+        )
     if row.run_limited and values["maxRunHours"] is None:
-        raise SettingsError(hours.name, None, f"is not set, and a {capacity} VM needs its maximum run time",
-                            hours.set_command())
+        raise SettingsError(
+            hours.name, None, f"is not set, and a {capacity} VM needs its maximum run time", hours.set_command()
+        )
     if not row.run_limited and values["maxRunHours"] is not None:
-        raise SettingsError(hours.name, values["maxRunHours"], f"is set, but only {limited} VMs have a maximum "
-                            f"run time (capacity is {capacity})", f"pulumi config rm {hours.name}")
+        raise SettingsError(
+            hours.name,
+            values["maxRunHours"],
+            f"is set, but only {limited} VMs have a maximum run time (capacity is {capacity})",
+            f"pulumi config rm {hours.name}",
+        )
     if values["idleStopMinutes"] is None:
         values["idleStopMinutes"] = row.idle_stop_minutes
     check_store(values, row)
@@ -45,14 +57,22 @@ def check_store(values: dict[str, Any], capacity: Capacity) -> None:
     store = KEY[f"{PROJECT}:checkpointStore"]
     values["checkpointStore"] = values["checkpointStore"] or capacity.checkpoint_store
     if values["checkpointStore"] == "shm" and capacity.shm_refused_because:
-        raise SettingsError(store.name, "shm", f"loses the run with capacity {capacity.name}: "
-                            f"{capacity.shm_refused_because}", f"{store.set_command('disk')} (or pulumi config rm "
-                            f"{store.name}: {capacity.checkpoint_store} is this capacity's default)")
+        raise SettingsError(
+            store.name,
+            "shm",
+            f"loses the run with capacity {capacity.name}: {capacity.shm_refused_because}",
+            f"{store.set_command('disk')} (or pulumi config rm "
+            f"{store.name}: {capacity.checkpoint_store} is this capacity's default)",
+        )
     chosen = store_for(values["checkpointStore"])
     if values["bucket"] and chosen.name != "gs":
         bucket = KEY[f"{PROJECT}:bucket"]
-        raise SettingsError(bucket.name, True, f"asks for a bucket, but checkpointStore is {chosen.name}",
-                            f"{store.set_command('gs://BUCKET/runs')} (or pulumi config rm {bucket.name})")
+        raise SettingsError(
+            bucket.name,
+            True,
+            f"asks for a bucket, but checkpointStore is {chosen.name}",
+            f"{store.set_command('gs://BUCKET/runs')} (or pulumi config rm {bucket.name})",
+        )
     if values["checkpointPeriod"] is None:
         values["checkpointPeriod"] = chosen.checkpoint_period
     if values["checkpointsToKeep"] is None:
@@ -67,26 +87,42 @@ def check_model(values: dict[str, Any]) -> None:
     row = MODELS.get(values["model"])
     if row is not None and row.eager_load_method and values["lazyLoadTensors"]:
         lazy = KEY[f"{PROJECT}:lazyLoadTensors"]
-        raise SettingsError(lazy.name, True, f"cannot convert {row.name}: MaxText's to_maxtext converts it only with "
-                            f"the {row.eager_load_method} eager loader", f"pulumi config set {lazy.name} false")
+        raise SettingsError(
+            lazy.name,
+            True,
+            f"cannot convert {row.name}: MaxText's to_maxtext converts it only with "
+            f"the {row.eager_load_method} eager loader",
+            f"pulumi config set {lazy.name} false",
+        )
     shape = SLICES.get(values["slice"]) or MACHINES.get(values["machineType"])  # both filled in by check_slice
     if row is None or shape is None:  # a placeholder, still to set (settings.pending)
         return
     export = KEY[f"{PROJECT}:exportModel"]
     values["exportModel"] = values["exportModel"] or row.export_model
     if values["exportModel"] not in {row.name, row.export_model}:
-        raise SettingsError(export.name, values["exportModel"], f"is not a name of model {row.name} for "
-                            f"to_huggingface ({' or '.join(sorted({row.name, row.export_model}))})",
-                            f"pulumi config rm {export.name} (the model table's: {row.export_model})")
+        raise SettingsError(
+            export.name,
+            values["exportModel"],
+            f"is not a name of model {row.name} for "
+            f"to_huggingface ({' or '.join(sorted({row.name, row.export_model}))})",
+            f"pulumi config rm {export.name} (the model table's: {row.export_model})",
+        )
     slices = values["numSlices"]  # 1 for the one VM (check_slice)
     if not row.fits(shape, slices):
         _, _, arithmetic = row.need_gb(shape, slices)
         smallest = row.smallest
-        fix = (f"pulumi config set {PROJECT}:machineType {smallest.machine_type}" if smallest.hosts == 1 else
-               f"pulumi config set {PROJECT}:slice {smallest.name} (docs/slices.md)")
+        fix = (
+            f"pulumi config set {PROJECT}:machineType {smallest.machine_type}"
+            if smallest.hosts == 1
+            else f"pulumi config set {PROJECT}:slice {smallest.name} (docs/slices.md)"
+        )
         name = f"{shape.name} x{slices}" if slices > 1 else shape.name
-        raise SettingsError(KEY[f"{PROJECT}:model"].name, row.name, f"does not fit a {name}: {arithmetic}; the "
-                            f"smallest v6e that holds it is a {smallest.name}", fix)
+        raise SettingsError(
+            KEY[f"{PROJECT}:model"].name,
+            row.name,
+            f"does not fit a {name}: {arithmetic}; the smallest v6e that holds it is a {smallest.name}",
+            fix,
+        )
 
 
 def check_slice(values: dict[str, Any]) -> None:
@@ -96,28 +132,42 @@ def check_slice(values: dict[str, Any]) -> None:
     count = KEY[f"{PROJECT}:numSlices"]
     machine = MACHINES.get(values["machineType"])
     if named == ONE_VM and machine and machine.name != ONE_VM:
-        raise SettingsError(KEY[f"{PROJECT}:slice"].name, shape, f"is the one VM of 8 chips, but machineType "
-                            f"{values['machineType']} is a {machine.name}", f"pulumi config rm {PROJECT}:slice (the "
-                            f"one VM of machineType), or pulumi config set {PROJECT}:machineType "
-                            f"{next(m for m, row in MACHINES.items() if row.name == ONE_VM)}")
+        raise SettingsError(
+            KEY[f"{PROJECT}:slice"].name,
+            shape,
+            f"is the one VM of 8 chips, but machineType {values['machineType']} is a {machine.name}",
+            f"pulumi config rm {PROJECT}:slice (the "
+            f"one VM of machineType), or pulumi config set {PROJECT}:machineType "
+            f"{next(m for m, row in MACHINES.items() if row.name == ONE_VM)}",
+        )
     if shape == ONE_VM:
         if values["numSlices"] is not None:
-            raise SettingsError(count.name, values["numSlices"], f"is set, but slice {ONE_VM} is one VM",
-                                f"pulumi config rm {count.name} (or pulumi config set {PROJECT}:slice v6e-16)")
+            raise SettingsError(
+                count.name,
+                values["numSlices"],
+                f"is set, but slice {ONE_VM} is one VM",
+                f"pulumi config rm {count.name} (or pulumi config set {PROJECT}:slice v6e-16)",
+            )
         values["numSlices"] = 1
         return
     values["numSlices"] = values["numSlices"] or 1
     values["machineType"] = HOST_MACHINE_TYPE
     if not values["usePathways"]:
         pathways = KEY[f"{PROJECT}:usePathways"]
-        raise SettingsError(pathways.name, False, f"but slice {shape} has several hosts, and MaxText 0.2.3 runs RL on "
-                            "several hosts only under Pathways", pathways.set_command("true"))
+        raise SettingsError(
+            pathways.name,
+            False,
+            f"but slice {shape} has several hosts, and MaxText 0.2.3 runs RL on several hosts only under Pathways",
+            pathways.set_command("true"),
+        )
     if store_for(values["checkpointStore"]).name != "gs":
         store = KEY[f"{PROJECT}:checkpointStore"]
-        raise SettingsError(store.name, values["checkpointStore"], f"is not a bucket, and the pods of slice {shape} "
-                            "share no disk (and are gone when their job ends)",
-                            f"{store.set_command('gs://BUCKET/runs')} (and pulumi config set {PROJECT}:bucket true "
-                            "to declare it here)")
+        raise SettingsError(
+            store.name,
+            values["checkpointStore"],
+            f"is not a bucket, and the pods of slice {shape} share no disk (and are gone when their job ends)",
+            f"{store.set_command('gs://BUCKET/runs')} (and pulumi config set {PROJECT}:bucket true to declare it here)",
+        )
 
 
 def open_to_everyone(ranges: list) -> list[str]:

@@ -19,10 +19,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from tpu_grpo.config.accelerators import (CPU_POD_MEMORY_GB, CPU_POOL_MIN_DISK_GB, CPU_POOL_SYSTEM_GB, MACHINES, SLICES,
-                                          Accelerator)
-from tpu_grpo.config.capacity import (CAPACITIES, CPU_HOST_USD_PER_HOUR, DEFAULT as DEFAULT_CAPACITY,
-                                      GKE_CLUSTER_USD_PER_HOUR, Capacity)
+from tpu_grpo.config.accelerators import (
+    CPU_POD_MEMORY_GB,
+    CPU_POOL_MIN_DISK_GB,
+    CPU_POOL_SYSTEM_GB,
+    MACHINES,
+    SLICES,
+    Accelerator,
+)
+from tpu_grpo.config.capacity import (
+    CAPACITIES,
+    CPU_HOST_USD_PER_HOUR,
+    DEFAULT as DEFAULT_CAPACITY,
+    GKE_CLUSTER_USD_PER_HOUR,
+    Capacity,
+)
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, MODELS, Model
@@ -30,6 +41,7 @@ from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.values import Refused, existing_file
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
+
 
 @dataclass(frozen=True)
 class Training:
@@ -135,8 +147,9 @@ class Settings:
     def lazy_conversion(self) -> bool:
         """Load the Hugging Face tensors lazily in the conversion: when the stack asks, or on a slice, whose
         conversion pod cannot hold the model's weights and their converted copy together (Llama 3.1 70B)."""
-        return self.lazy_load_tensors or (bool(self.tpu_slice)
-                                          and self.model_row.eager_conversion_gb > CPU_POD_MEMORY_GB)
+        return self.lazy_load_tensors or (
+            bool(self.tpu_slice) and self.model_row.eager_conversion_gb > CPU_POD_MEMORY_GB
+        )
 
     @property
     def model_row(self) -> Model:
@@ -152,8 +165,11 @@ class Settings:
         None when nothing stands in for it (`invoke settings`)."""
         if key.vm_only and self.tpu_slice:
             return None
-        maxtext_defaults = {"dataset": DEFAULT_DATASET, "lossAlgo": "grpo",
-                            "datasetConfig": DEFAULT_DATASET_CONFIG if self.dataset in (None, DEFAULT_DATASET) else ""}
+        maxtext_defaults = {
+            "dataset": DEFAULT_DATASET,
+            "lossAlgo": "grpo",
+            "datasetConfig": DEFAULT_DATASET_CONFIG if self.dataset in (None, DEFAULT_DATASET) else "",
+        }
         if key.short in maxtext_defaults:
             return maxtext_defaults[key.short], "MaxText's default"
         if key.short == "tokenizer":
@@ -166,9 +182,14 @@ class Settings:
         if key.default is not None:
             return value, "the tutorial's"
         store = f"the {self.store.name} store's default"
-        whence = {"idleStopMinutes": f"capacity {self.capacity}'s default", "checkpointStore":
-                  f"capacity {self.capacity}'s default", "checkpointPeriod": store, "checkpointsToKeep": store,
-                  "dataDiskIops": store, "dataDiskThroughputMibps": store}.get(key.short, "default")
+        whence = {
+            "idleStopMinutes": f"capacity {self.capacity}'s default",
+            "checkpointStore": f"capacity {self.capacity}'s default",
+            "checkpointPeriod": store,
+            "checkpointsToKeep": store,
+            "dataDiskIops": store,
+            "dataDiskThroughputMibps": store,
+        }.get(key.short, "default")
         return value, whence
 
     def default_shown(self, key: Key) -> str:
@@ -210,9 +231,11 @@ def read_public_key(path: str, root: Path) -> str:
     try:
         file = existing_file(where)
     except Refused as problem:
-        fix = {"is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
-               "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', where.removesuffix('.pub')])}, or "
-                                f"{key.set_command('PATH.pub')}"}.get(str(problem), key.set_command("PATH.pub"))
+        fix = {
+            "is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
+            "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', where.removesuffix('.pub')])}, or "
+            f"{key.set_command('PATH.pub')}",
+        }.get(str(problem), key.set_command("PATH.pub"))
         raise SettingsError(key.name, path, str(problem), fix) from None
     text = file.read_text(errors="replace").strip()
     if "PRIVATE KEY" in text:
@@ -244,9 +267,12 @@ def unknown_key(name: str, value: Any) -> SettingsError:
     close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
     close = close or [known for known in names if known.split(":")[1] == name.lower().split(":", 1)[1]]
     meant = names[close[0]] if close else ""
-    fix = (f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? pulumi config rm {shlex.quote(name)}, then "
-           f"{KEY[names[close[0]]].set_command()}" if close else f"pulumi config rm {shlex.quote(name)} (settings: "
-           "`invoke settings`)")
+    fix = (
+        f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? pulumi config rm {shlex.quote(name)}, then "
+        f"{KEY[names[close[0]]].set_command()}"
+        if close
+        else f"pulumi config rm {shlex.quote(name)} (settings: `invoke settings`)"
+    )
     return SettingsError(name, value, "is not a setting of this project", fix)
 
 
@@ -275,8 +301,12 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
             values[key.short] = {dict: {}, bool: False}.get(key.kind)  # an unset int or str: None
             continue
         if isinstance(value, dict) and set(value) == {"secure"}:
-            raise SettingsError(key.name, "(a secret)", "is a Pulumi secret (`--secret`), and tpu-grpo reads every "
-                                "setting in plain text", f"pulumi config rm {key.name}, then {key.set_command()}")
+            raise SettingsError(
+                key.name,
+                "(a secret)",
+                "is a Pulumi secret (`--secret`), and tpu-grpo reads every setting in plain text",
+                f"pulumi config rm {key.name}, then {key.set_command()}",
+            )
         if _placeholders(value):
             error = SettingsError(key.name, value, "is still a placeholder", key.set_command())
             if not lenient:
@@ -290,19 +320,26 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
             raise SettingsError(key.name, value, str(problem), key.set_command()) from None
     anywhere = open_to_everyone(values["sshSourceRanges"]) if isinstance(values["sshSourceRanges"], list) else []
     if anywhere and not values["allowSshFromAnywhere"]:
-        raise SettingsError(KEY[f"{PROJECT}:sshSourceRanges"].name, values["sshSourceRanges"],
-                            f"holds {anywhere[0]}, which opens port 22 of the VM (and its Hugging Face token and "
-                            "reserved chips) to every address on the internet",
-                            "your own address, e.g. pulumi config set --path 'tpu-grpo:sshSourceRanges[0]' "
-                            "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)")
+        raise SettingsError(
+            KEY[f"{PROJECT}:sshSourceRanges"].name,
+            values["sshSourceRanges"],
+            f"holds {anywhere[0]}, which opens port 22 of the VM (and its Hugging Face token and "
+            "reserved chips) to every address on the internet",
+            "your own address, e.g. pulumi config set --path 'tpu-grpo:sshSourceRanges[0]' "
+            "203.0.113.7/32 (to open it anyway: pulumi config set tpu-grpo:allowSshFromAnywhere true)",
+        )
     check_capacity(values)
     check_slice(values)
     check_model(values)
     if values["bootDiskGb"] is None:
         values["bootDiskGb"] = MIN_BOOT_DISK_GB
     if values["subnetwork"] and not values["network"]:
-        raise SettingsError(f"{PROJECT}:network", None, "must name the network of the subnetwork",
-                            KEY[f"{PROJECT}:network"].set_command())
+        raise SettingsError(
+            f"{PROJECT}:network",
+            None,
+            "must name the network of the subnetwork",
+            KEY[f"{PROJECT}:network"].set_command(),
+        )
     try:
         public_key = read_public_key(values["sshPublicKeyPath"], root) if not multi_host else ""
     except SettingsError as error:

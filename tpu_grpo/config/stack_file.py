@@ -37,7 +37,9 @@ def hub_endpoint() -> str | None:
     if value is None:
         return None
     if not _HUB_URL.fullmatch(value):
-        raise SettingsError(HUB_ENV, value, "is not an http(s) URL", f"unset it, or e.g. {HUB_ENV}=https://huggingface.co")
+        raise SettingsError(
+            HUB_ENV, value, "is not an http(s) URL", f"unset it, or e.g. {HUB_ENV}=https://huggingface.co"
+        )
     return value.rstrip("/")
 
 
@@ -64,8 +66,10 @@ def new_stack(stack: str) -> str:
     from tpu_grpo.config.keys import KEY, KEYS, PROJECT
 
     needed = [key.set_command() for key in KEYS if key.required] + [KEY[f"{PROJECT}:reservation"].set_command()]
-    return (" && ".join([f"pulumi stack init {stack}", *needed])
-            + f" (no reservation: pulumi config set {PROJECT}:capacity spot, flex-start or on-demand instead)")
+    return (
+        " && ".join([f"pulumi stack init {stack}", *needed])
+        + f" (no reservation: pulumi config set {PROJECT}:capacity spot, flex-start or on-demand instead)"
+    )
 
 
 def stack_path(stack: str, root: Path) -> Path:
@@ -77,37 +81,49 @@ def salted(stack: str, root: Path) -> bool:
     """Whether the stack's secrets are under a passphrase: `pulumi stack init` on a `pulumi login --local` backend
     writes its `encryptionsalt:` into the stack file."""
     path = stack_path(stack, root)
-    return path.is_file() and any(line.startswith("encryptionsalt:")
-                                  for line in path.read_text(encoding="utf-8").splitlines())
+    return path.is_file() and any(
+        line.startswith("encryptionsalt:") for line in path.read_text(encoding="utf-8").splitlines()
+    )
 
 
 def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
     """The `config:` mapping of `Pulumi.<stack>.yaml`, as the Pulumi CLI would pass it on."""
     path = stack_path(stack, root)
     if not path.is_file():
-        raise SettingsError(STACK_ENV, stack, f"has no stack file {path.name}",
-                            f"{new_stack(stack)} (or {STACK_ENV}={DEFAULT_STACK})")
+        raise SettingsError(
+            STACK_ENV, stack, f"has no stack file {path.name}", f"{new_stack(stack)} (or {STACK_ENV}={DEFAULT_STACK})"
+        )
     try:
         document = yaml.load(path.read_text(encoding="utf-8"), Loader=StackFileLoader) or {}
     except UnicodeDecodeError as error:
-        raise SettingsError(path.name, stack, f"is not UTF-8 text (byte {error.start})",
-                            f"save {path.name} as UTF-8") from None
+        raise SettingsError(
+            path.name, stack, f"is not UTF-8 text (byte {error.start})", f"save {path.name} as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(error, "problem", None) or "unreadable"
-        raise SettingsError(path.name, stack, f"is not valid YAML ({problem} at {where})",
-                            f"fix {path.name} at {where}") from None
+        raise SettingsError(
+            path.name, stack, f"is not valid YAML ({problem} at {where})", f"fix {path.name} at {where}"
+        ) from None
     if not isinstance(document, dict):
-        raise SettingsError(path.name, stack, "is not a mapping with a `config:` key",
-                            f"fix {path.name} (e.g. `pulumi config set gcp:zone us-east5-b` writes one)")
+        raise SettingsError(
+            path.name,
+            stack,
+            "is not a mapping with a `config:` key",
+            f"fix {path.name} (e.g. `pulumi config set gcp:zone us-east5-b` writes one)",
+        )
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")
     for name in config:
         if not _CONFIG_KEY.fullmatch(name):
-            raise SettingsError(f"{path.name} config", name, "is not a setting's name (NAMESPACE:NAME, as the "
-                                "Pulumi CLI wants it)", f"remove it from {path.name}, or name it e.g. gcp:zone")
+            raise SettingsError(
+                f"{path.name} config",
+                name,
+                "is not a setting's name (NAMESPACE:NAME, as the Pulumi CLI wants it)",
+                f"remove it from {path.name}, or name it e.g. gcp:zone",
+            )
     return config
 
 
@@ -115,13 +131,17 @@ def chosen_stack(flag: str | None, root: Path) -> str:
     """The stack a task acts on: --stack, else $TPU_GRPO_STACK, else dev; a bad name or a missing stack file is
     blamed on whichever of them named it."""
     env = os.environ.get(STACK_ENV)
-    stack, said = ((flag, "--stack") if flag is not None else (env, STACK_ENV) if env else
-                   (DEFAULT_STACK, "the default stack"))
+    stack, said = (
+        (flag, "--stack") if flag is not None else (env, STACK_ENV) if env else (DEFAULT_STACK, "the default stack")
+    )
     other = f"--stack {DEFAULT_STACK}" if said == "--stack" else f"unset {STACK_ENV}, or --stack NAME"
     if not _STACK_NAME.fullmatch(stack):
-        raise SettingsError(said, stack, "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
-                            f"e.g. {other} (pulumi stack ls lists them)")
+        raise SettingsError(
+            said,
+            stack,
+            "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
+            f"e.g. {other} (pulumi stack ls lists them)",
+        )
     if not stack_path(stack, root).is_file():
-        raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml",
-                            f"{new_stack(stack)} (or {other})")
+        raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml", f"{new_stack(stack)} (or {other})")
     return stack

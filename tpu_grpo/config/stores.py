@@ -44,15 +44,30 @@ class Store:
     disk_throughput_mibps: int = INCLUDED_THROUGHPUT_MIBPS
 
 
-STORES: dict[str, Store] = {store.name: store for store in (
-    # The tutorial's: RAM, the fastest to write; a reboot, a preemption or the VM's deletion empties it.
-    Store("shm", "/dev/shm", "nothing: a reboot, a preemption or the VM's end empties /dev/shm",
-          MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP),
-    # ~/tpu-grpo is the data disk's (playbooks/host.yml, "caches on the data disk"), which outlives the
-    # VM and is attached to the next one.
-    Store("disk", "~/tpu-grpo/maxtext", "a reboot, a preemption and the VM's deletion: the data disk stays",
-          10, 2, disk_iops=10_000, disk_throughput_mibps=2400),
-)}
+STORES: dict[str, Store] = {
+    store.name: store
+    for store in (
+        # The tutorial's: RAM, the fastest to write; a reboot, a preemption or the VM's deletion empties it.
+        Store(
+            "shm",
+            "/dev/shm",
+            "nothing: a reboot, a preemption or the VM's end empties /dev/shm",
+            MAXTEXT_CHECKPOINT_PERIOD,
+            MAXTEXT_CHECKPOINTS_TO_KEEP,
+        ),
+        # ~/tpu-grpo is the data disk's (playbooks/host.yml, "caches on the data disk"), which outlives the
+        # VM and is attached to the next one.
+        Store(
+            "disk",
+            "~/tpu-grpo/maxtext",
+            "a reboot, a preemption and the VM's deletion: the data disk stays",
+            10,
+            2,
+            disk_iops=10_000,
+            disk_throughput_mibps=2400,
+        ),
+    )
+}
 
 
 def store_for(value: str) -> Store:
@@ -61,8 +76,13 @@ def store_for(value: str) -> Store:
         return STORES[value]
     # A bucket outlives the VM, its disks and the stack's teardown; Orbax and MaxText write gs:// paths
     # as they write local ones. tpu-grpo itself reads it from the laptop (tpu_grpo/host/gcs.py).
-    return Store("gs", value.rstrip("/"), "everything: a bucket outlives the VM, its disks and the stack",
-                 STORES["disk"].checkpoint_period, STORES["disk"].checkpoints_to_keep)
+    return Store(
+        "gs",
+        value.rstrip("/"),
+        "everything: a bucket outlives the VM, its disks and the stack",
+        STORES["disk"].checkpoint_period,
+        STORES["disk"].checkpoints_to_keep,
+    )
 
 
 def bucket_of(store: Store) -> str | None:

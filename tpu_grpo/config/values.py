@@ -48,8 +48,15 @@ def flag(name: str, text: Any, parse: Parser[T], example: str, fix: str | None =
         raise UserError(f"{name} {text!r} {problem}; fix: {fix or f'e.g. {name} {example}'}") from None
 
 
-def _ranged(form: re.Pattern, convert: Callable[[str], Any], kinds: tuple[type, ...], low: Any, high: Any,
-            bounds: str, characters: str) -> Parser:
+def _ranged(
+    form: re.Pattern,
+    convert: Callable[[str], Any],
+    kinds: tuple[type, ...],
+    low: Any,
+    high: Any,
+    bounds: str,
+    characters: str,
+) -> Parser:
     """Numbers written in `form` (ASCII only: `int()` and `float()` read `١٢٠` and `1_20`), from `low` to `high`,
     the range said in every refusal."""
 
@@ -74,8 +81,7 @@ def whole(low: int, high: int, unit: str = "") -> Parser[int]:
 
 def decimal(low: float, high: float, unit: str = "") -> Parser[float]:
     """Decimal numbers (`12`, `0.5`) from `low` to `high`: one '.', no sign, exponent or '_'."""
-    return _ranged(_DECIMAL, float, (str,), low, high, f"a number from {low:g} to {high:g}{unit}",
-                   "digits 0-9 and '.'")
+    return _ranged(_DECIMAL, float, (str,), low, high, f"a number from {low:g} to {high:g}{unit}", "digits 0-9 and '.'")
 
 
 def name(value: Any) -> str:
@@ -88,10 +94,17 @@ def name(value: Any) -> str:
 def hub_id(value: Any) -> str:
     """A Hugging Face repository id, OWNER/NAME, by huggingface_hub's validate_repo_id rules."""
     parts = value.split("/") if isinstance(value, str) else []
-    if (len(parts) != 2 or not all(_HUB_PART.fullmatch(part) for part in parts) or "--" in value or ".." in value
-            or value.endswith(".git")):
-        raise Refused("is not a Hugging Face repository id (OWNER/NAME: letters, digits, '-', '_', '.', not first "
-                      "or last; no '--' or '..'; not ending in .git; at most 96 each)")
+    if (
+        len(parts) != 2
+        or not all(_HUB_PART.fullmatch(part) for part in parts)
+        or "--" in value
+        or ".." in value
+        or value.endswith(".git")
+    ):
+        raise Refused(
+            "is not a Hugging Face repository id (OWNER/NAME: letters, digits, '-', '_', '.', not first "
+            "or last; no '--' or '..'; not ending in .git; at most 96 each)"
+        )
     return value
 
 
@@ -121,13 +134,17 @@ def bucket(value: str) -> str:
     address, "goog" first, "google" or a close misspelling ("g00gle") in it."""
     parts = value.split(".")
     if not (3 <= len(value) <= (222 if len(parts) > 1 else 63) and all(_BUCKET_PART.fullmatch(p) for p in parts)):
-        raise Refused("is not a bucket name (lowercase letters, digits, '-', '_', '.'; a letter or digit first and "
-                      "last; 3 to 63 characters, or up to 222 with dots, 63 between them)")
+        raise Refused(
+            "is not a bucket name (lowercase letters, digits, '-', '_', '.'; a letter or digit first and "
+            "last; 3 to 63 characters, or up to 222 with dots, 63 between them)"
+        )
     if re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3}){3}", value):
         raise Refused("names a bucket in the form of an IP address, which Cloud Storage refuses")
     if value.startswith("goog") or "google" in value.translate(str.maketrans("01", "ol")):
-        raise Refused("names a bucket beginning with \"goog\" or holding \"google\" (or a look-alike such as "
-                      "\"g00gle\"), which Cloud Storage refuses")
+        raise Refused(
+            'names a bucket beginning with "goog" or holding "google" (or a look-alike such as '
+            '"g00gle"), which Cloud Storage refuses'
+        )
     return value
 
 

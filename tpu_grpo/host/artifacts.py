@@ -32,8 +32,10 @@ STREAMS = 4
 
 #: Hashes every regular file below the current folder except SHA256SUMS, a file per core at once,
 #: and lists them sorted by path.
-_HASH_ALL = (f"find . -type f ! -path ./{SUMS} -printf '%P\\0' | xargs -0 -r -P \"$(nproc)\" -n 1 sha256sum -- "
-             "| LC_ALL=C sort -k 2")
+_HASH_ALL = (
+    f"find . -type f ! -path ./{SUMS} -printf '%P\\0' | xargs -0 -r -P \"$(nproc)\" -n 1 sha256sum -- "
+    "| LC_ALL=C sort -k 2"
+)
 #: `sha256sum -c --quiet SHA256SUMS` in folder $1, the files shared among the cores.
 _CHECK_SUMS = f"""check_sums() {{
   local cores i failed=0 pids=()
@@ -66,8 +68,13 @@ class FetchResult:
     skipped: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"local_dir": str(self.local_dir), "files": self.files, "bytes_total": self.bytes_total,
-                "bytes_transferred": self.bytes_transferred, "skipped": self.skipped}
+        return {
+            "local_dir": str(self.local_dir),
+            "files": self.files,
+            "bytes_total": self.bytes_total,
+            "bytes_transferred": self.bytes_transferred,
+            "skipped": self.skipped,
+        }
 
 
 def shell_path(path: str) -> str:
@@ -88,7 +95,7 @@ def save_script(source: str, dest: str, replace: bool = False) -> str:
 src={shell_path(source)}
 dest={shell_path(dest)}
 part="$dest.partial"
-if {'false' if replace else 'true'} && [ -f "$dest/{SUMS}" ] && check_sums "$dest"; then
+if {"false" if replace else "true"} && [ -f "$dest/{SUMS}" ] && check_sums "$dest"; then
   echo "already saved: $dest (checksums verified)"; exit 0
 fi
 if [ ! -d "$src" ] || [ -z "$(find "$src/" -type f -print -quit)" ]; then
@@ -131,8 +138,9 @@ def parse_sums(text: str, origin: str) -> dict[str, str]:
     for line in text.splitlines():
         digest, name = line[:64], line[66:]
         if len(line) < 67 or line[64:66] not in ("  ", " *") or not all(c in "0123456789abcdef" for c in digest):
-            raise ArtifactError(f"{origin} has a line that is not `SHA256  PATH`: {line[:100]!r}; "
-                                "fix: save the model again")
+            raise ArtifactError(
+                f"{origin} has a line that is not `SHA256  PATH`: {line[:100]!r}; fix: save the model again"
+            )
         sums[_relative(name, origin)] = digest
     return sums
 
@@ -149,11 +157,14 @@ find . -type f ! -path ./{SUMS} -printf '%s %P\\n'
     where = f"{_where(connection)}:{folder}"
     result = hosts.run_script(connection, script)
     if result.exited == MISSING_EXIT:
-        raise ArtifactError(f"{where} is missing or has no files; fix: save the model there first "
-                            "(or name the right folder)")
+        raise ArtifactError(
+            f"{where} is missing or has no files; fix: save the model there first (or name the right folder)"
+        )
     if result.exited != 0:
-        raise ArtifactError(f"{where}: listing the files failed ({result.stderr.strip()[-300:]}); "
-                            "fix: check the folder on the host is readable")
+        raise ArtifactError(
+            f"{where}: listing the files failed ({result.stderr.strip()[-300:]}); "
+            "fix: check the folder on the host is readable"
+        )
     absolute, _, rest = result.stdout.partition("\n")
     sums_text, _, sizes_text = rest.partition("--sizes\n")
     sizes = {name: int(size) for size, _, name in (line.partition(" ") for line in sizes_text.splitlines())}
@@ -179,16 +190,19 @@ def check_destination(to: str | Path) -> Path:
     try:
         return values.new_folder(str(to))
     except values.Refused as problem:
-        raise ArtifactError(f"--to {str(to)!r} {problem}; fix: --to somewhere you can write, e.g. --to models/gsm8k "
-                            "(or leave it out: models/RUN)") from None
+        raise ArtifactError(
+            f"--to {str(to)!r} {problem}; fix: --to somewhere you can write, e.g. --to models/gsm8k "
+            "(or leave it out: models/RUN)"
+        ) from None
 
 
 def _make_folder(local_dir: Path) -> None:
     try:
         local_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ArtifactError(f"--to {str(local_dir)!r}: cannot create it ({error.strerror or error}); "
-                            "fix: --to somewhere you can write") from None
+        raise ArtifactError(
+            f"--to {str(local_dir)!r}: cannot create it ({error.strerror or error}); fix: --to somewhere you can write"
+        ) from None
 
 
 def sha256_file(path: Path) -> str:
@@ -238,6 +252,7 @@ def _over_sftp(connection) -> Callable:
             source.seek(have)
             source.prefetch(size)
             return _receive(source, part, have, size, digest, progress), digest.hexdigest()
+
     return download
 
 
@@ -252,8 +267,7 @@ def _over_openssh(host: hosts.Host) -> Callable | None:
         digest = hashlib.sha256()
         have = _resume_point(part, size, digest)
         argv = hosts.openssh(ssh, host, f"tail -c +{have + 1} -- {shlex.quote(remote)}")
-        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) as client:
+        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as client:
             assert client.stdout and client.stderr, "both piped"
             read = _receive(client.stdout, part, have, size, digest, progress)
             client.stdout.close()
@@ -264,15 +278,18 @@ def _over_openssh(host: hosts.Host) -> Callable | None:
                 raise hosts.ConnectError(
                     f"{host.name}: OpenSSH refuses the host's key: it is not the one recorded in "
                     f"{hosts.known_hosts_path()}; if the VM was really rebuilt, forget the old key: "
-                    f"{hosts.forget_key_command(host)}")
+                    f"{hosts.forget_key_command(host)}"
+                )
             why = f": {said[-1]}" if said else ""
             raise OSError(f"ssh ended after {have + read} of {size} bytes (exit {code}{why})")
         return read, digest.hexdigest()
+
     return download
 
 
-def _fetch_file(where: str, download: Callable, remote: str, target: Path, digest: str, size: int,
-                progress: Callable[[int], None]) -> int:
+def _fetch_file(
+    where: str, download: Callable, remote: str, target: Path, digest: str, size: int, progress: Callable[[int], None]
+) -> int:
     """Download one file via its `.part`, verify it and move it into place; returns the bytes read."""
     import paramiko
 
@@ -283,24 +300,32 @@ def _fetch_file(where: str, download: Callable, remote: str, target: Path, diges
         try:
             count, got = download(remote, part, size, progress)
         except (OSError, EOFError, paramiko.SSHException) as error:
-            raise ArtifactError(f"{where}:{remote}: download stopped ({error}); "
-                                "fix: run the same fetch again, it resumes") from None
+            raise ArtifactError(
+                f"{where}:{remote}: download stopped ({error}); fix: run the same fetch again, it resumes"
+            ) from None
         read += count
         if got == digest:
             os.replace(part, target)
             return read
         part.unlink()
-    raise ArtifactError(f"{where}:{remote}: sha256 {got} after downloading twice, {SUMS} says "
-                        f"{digest}; fix: check the host copy with sha256sum -c {SUMS} in its folder, "
-                        "save it again, then fetch")
+    raise ArtifactError(
+        f"{where}:{remote}: sha256 {got} after downloading twice, {SUMS} says "
+        f"{digest}; fix: check the host copy with sha256sum -c {SUMS} in its folder, "
+        "save it again, then fetch"
+    )
 
 
 def _silent(done: int, total: int, name: str) -> None:
     pass
 
 
-def fetch(connection, remote_dir: str, local_dir: Path,
-          on_progress: Callable[[int, int, str], None] | None = None, host: hosts.Host | None = None) -> FetchResult:
+def fetch(
+    connection,
+    remote_dir: str,
+    local_dir: Path,
+    on_progress: Callable[[int, int, str], None] | None = None,
+    host: hosts.Host | None = None,
+) -> FetchResult:
     """Download every file of the host's `remote_dir` into `local_dir`, checked against its sums.
 
     A file already here with the right sum is skipped; an interrupted one resumes from its
@@ -333,8 +358,15 @@ def fetch(connection, remote_dir: str, local_dir: Path,
 
     def one(name: str) -> int:
         size, digest = manifest[name]
-        read = _fetch_file(_where(connection), download, f"{absolute}/{name}", local_dir / name, digest, size,
-                           lambda position: moved(name, position))
+        read = _fetch_file(
+            _where(connection),
+            download,
+            f"{absolute}/{name}",
+            local_dir / name,
+            digest,
+            size,
+            lambda position: moved(name, position),
+        )
         moved(name, size)
         return read
 

@@ -33,8 +33,11 @@ def summary(found: dict) -> str:
         return f"TPU: {found['error']}"
     if not found.get("chips"):
         return "TPU: tpu-info sees no TPU chips on this host"
-    held = (f"held by pid {', '.join(map(str, found['owners']))}" if found["owners"]
-            else "idle (no process holds them; runtime metrics exist only while a workload runs)")
+    held = (
+        f"held by pid {', '.join(map(str, found['owners']))}"
+        if found["owners"]
+        else "idle (no process holds them; runtime metrics exist only while a workload runs)"
+    )
     return f"TPU: {found['chips']} {found['chip']} chips, {held}"
 
 
@@ -52,6 +55,11 @@ def show(console, found: dict) -> None:
         table.add_column(column, justify="right")
     for chip in found["usage"]:
         share = 100 * chip["hbm_used"] / chip["hbm_total"] if chip["hbm_total"] else 0
-        table.add_row(str(chip["device"]), f"{chip['hbm_used'] / GIB:.2f} GiB", f"{chip['hbm_total'] / GIB:.2f} GiB",
-                      f"{share:.0f}%", f"{chip['duty_cycle_pct']:.1f}%")
+        table.add_row(
+            str(chip["device"]),
+            f"{chip['hbm_used'] / GIB:.2f} GiB",
+            f"{chip['hbm_total'] / GIB:.2f} GiB",
+            f"{share:.0f}%",
+            f"{chip['duty_cycle_pct']:.1f}%",
+        )
     console.print(table)

@@ -13,6 +13,7 @@ from tpu_grpo.host import hosts
 @dataclass(frozen=True)
 class Answer:
     """What the host printed for a fact's script, and its exit code."""
+
     stdout: str
     stderr: str = ""
     exited: int = 0

@@ -41,20 +41,22 @@ def _listing(url: str, **options) -> tuple[list, list[str], str]:
         blobs = _client().list_blobs(bucket, prefix=prefix, **options)
         return list(blobs), sorted(blobs.prefixes), prefix
     except Exception as error:  # noqa: BLE001 - whatever the library raises: one line
-        raise StoreError(f"cannot list {url} ({error}); fix: gcloud auth application-default login, and check "
-                         "that tpu-grpo:checkpointStore names a bucket you can read") from None
+        raise StoreError(
+            f"cannot list {url} ({error}); fix: gcloud auth application-default login, and check "
+            "that tpu-grpo:checkpointStore names a bucket you can read"
+        ) from None
 
 
 def children(url: str) -> list[str]:
     """The names of the folders right under the URL (`checkpoints/actor` -> its steps)."""
     _, folders, prefix = _listing(url, delimiter="/")
-    return sorted(name[len(prefix):].rstrip("/") for name in folders)
+    return sorted(name[len(prefix) :].rstrip("/") for name in folders)
 
 
 def sizes(url: str) -> dict[str, int]:
     """Every object under the URL, by its name below it, with its bytes (one listing, its pages read whole)."""
     blobs, _, prefix = _listing(url)
-    return {blob.name[len(prefix):]: blob.size or 0 for blob in blobs}
+    return {blob.name[len(prefix) :]: blob.size or 0 for blob in blobs}
 
 
 def names(url: str) -> list[str]:
@@ -73,7 +75,7 @@ def download(url: str, folder: Path) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     names = []
     for blob in blobs:
-        name = blob.name[len(prefix):]
+        name = blob.name[len(prefix) :]
         if name:
             blob.download_to_filename(str(folder / name))
             names.append(name)
@@ -90,11 +92,11 @@ def fetch_folder(url: str, local_dir: Path, on_progress: Callable[[int, int, str
 
     local_dir = check_destination(local_dir)
     blobs, _, prefix = _listing(url, delimiter="/")
-    blobs = [blob for blob in blobs if blob.name[len(prefix):]]
+    blobs = [blob for blob in blobs if blob.name[len(prefix) :]]
     if not blobs:
         raise StoreError(f"nothing in {url}; fix: export the run first (uv run invoke export --run-name RUN)")
     local_dir.mkdir(parents=True, exist_ok=True)
-    names = {blob.name[len(prefix):]: blob for blob in blobs}
+    names = {blob.name[len(prefix) :]: blob for blob in blobs}
     result = FetchResult(local_dir, sorted(names), sum(blob.size or 0 for blob in blobs))
     done = 0
     for name in result.files:

@@ -31,7 +31,9 @@ CONNECT_TIMEOUT_S = 5
 KEEPALIVE_S = 2
 TCP_USER_TIMEOUT_MS = 5000
 RETRY_CONNECT_S = 2
-_HOST_SPEC = re.compile(r"(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{1,5}))?")
+_HOST_SPEC = re.compile(
+    r"(?P<user>[a-z_][a-z0-9_.-]*)@(?P<address>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{1,5}))?"
+)
 
 
 class HostError(UserError):
@@ -70,7 +72,9 @@ def identity_file(identity: str | None) -> Path | None:
     try:
         return values.existing_file(identity)
     except values.Refused as problem:
-        raise HostError(f"--identity {identity!r} {problem}; fix: give the private key whose .pub is on the VM") from None
+        raise HostError(
+            f"--identity {identity!r} {problem}; fix: give the private key whose .pub is on the VM"
+        ) from None
 
 
 def parse(spec: str, identity: Path | None = None) -> Host:
@@ -89,6 +93,7 @@ def parse(spec: str, identity: Path | None = None) -> Host:
 class HostFlags:
     """The host flags, checked once before anything connects (or before `invoke up` has made the VM): --host's
     hosts (none: the stack's VM), --identity's key, --wait's seconds, the stack."""
+
     given: tuple[Host, ...] = ()
     identity: Path | None = None
     wait_s: float = 0.0
@@ -100,8 +105,9 @@ class HostFlags:
         return list(self.given) or from_stack(chosen or settings.load(self.stack, lenient=True), self.identity)
 
 
-def check_flags(specs: list[str] | None, identity: str | None, wait: str | None,
-                stack: str | None = None, one: bool = True) -> HostFlags:
+def check_flags(
+    specs: list[str] | None, identity: str | None, wait: str | None, stack: str | None = None, one: bool = True
+) -> HostFlags:
     """The host flags checked; `one`: the task acts on one host (all but provisioning, which takes several)."""
     key = identity_file(identity)
     given = tuple(parse(spec, key) for spec in specs or [])
@@ -116,16 +122,20 @@ def only(hosts: list[Host]) -> list[Host]:
     """The hosts, refused when they are several: MaxText's jobs, a run's files and a VM's record are one VM's (a
     multi-host slice's jobs would need all its workers at once: docs/slices.md)."""
     if len(hosts) > 1:
-        raise HostError(f"this task acts on one host, got {len(hosts)} ({', '.join(host.name for host in hosts)}); "
-                        "fix: pass one --host")
+        raise HostError(
+            f"this task acts on one host, got {len(hosts)} ({', '.join(host.name for host in hosts)}); "
+            "fix: pass one --host"
+        )
     return hosts
 
 
 def require_vm(chosen: settings.Settings) -> None:
     """A task that logs into the stack's VM refuses a slice's stack, which has none."""
     if chosen.tpu_slice:
-        raise HostError(f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
-                        "fix: run this task on a one-VM stack (docs/slices.md)")
+        raise HostError(
+            f"stack '{chosen.stack}' is slice {chosen.slice} on GKE, which has no VM to log into; "
+            "fix: run this task on a one-VM stack (docs/slices.md)"
+        )
 
 
 def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[Host]:
@@ -134,15 +144,26 @@ def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[
 
     require_vm(chosen)
     if shutil.which("pulumi") is None:
-        raise HostError(f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
-                        "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`")
+        raise HostError(
+            f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
+            "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`"
+        )
     outputs = stack_module.outputs(chosen.stack)
     if not outputs.get("external_ip"):
-        raise HostError(f"stack '{chosen.stack}' has no VM (no external_ip output); "
-                        "fix: run `uv run invoke up`, or pass --host USER@ADDRESS")
+        raise HostError(
+            f"stack '{chosen.stack}' has no VM (no external_ip output); "
+            "fix: run `uv run invoke up`, or pass --host USER@ADDRESS"
+        )
     key = identity or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
-    return [Host(outputs.get("ssh_user") or chosen.ssh_user, outputs["external_ip"], 22,
-                 key if key.is_file() else None, chosen.obtained.unreachable_fix(chosen.idle_stop_minutes))]
+    return [
+        Host(
+            outputs.get("ssh_user") or chosen.ssh_user,
+            outputs["external_ip"],
+            22,
+            key if key.is_file() else None,
+            chosen.obtained.unreachable_fix(chosen.idle_stop_minutes),
+        )
+    ]
 
 
 def wait_seconds(text: str | None) -> float:
@@ -165,10 +186,29 @@ def openssh(ssh: str, host: Host, remote_command: str | None = None) -> list[str
     """OpenSSH's client (`ssh`, its path) on the host, the host key checked against the one tpu-grpo recorded
     (never accepted anew) and the user's own ssh config left out, as paramiko does: running `remote_command`
     without a terminal, or (None) a person's login shell on one."""
-    argv = [ssh, "-F", "/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
-            f"UserKnownHostsFile={known_hosts_path()}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-            "-o", "LogLevel=ERROR", "-p", str(host.port), "-l", host.user]
+    argv = [
+        ssh,
+        "-F",
+        "/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts_path()}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=15",
+        "-o",
+        "ServerAliveInterval=5",
+        "-o",
+        "ServerAliveCountMax=3",
+        "-o",
+        "LogLevel=ERROR",
+        "-p",
+        str(host.port),
+        "-l",
+        host.user,
+    ]
     if host.identity:
         argv += ["-i", str(host.identity), "-o", "IdentitiesOnly=yes"]
     if remote_command is None:
@@ -206,8 +246,9 @@ class _RecordNewKey:
             with self.path.open("a") as known:
                 known.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.notices.append(f"{hostname}: first contact, recorded host key {key.get_name()} "
-                            f"{fingerprint(key)} in {self.path}")
+        self.notices.append(
+            f"{hostname}: first contact, recorded host key {key.get_name()} {fingerprint(key)} in {self.path}"
+        )
 
 
 def connect(host: Host, notices: list[str] | None = None, wait_s: float = 0):
@@ -263,8 +304,9 @@ def _open(host: Host, sock: socket.socket, notices: list[str]):
         connect_kwargs = {"sock": sock, "banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": 15}
         if host.identity:
             connect_kwargs.update(key_filename=str(host.identity), look_for_keys=False, allow_agent=False)
-        connection = fabric.Connection(host.address, user=host.user, port=host.port, config=config,
-                                       connect_kwargs=connect_kwargs)
+        connection = fabric.Connection(
+            host.address, user=host.user, port=host.port, config=config, connect_kwargs=connect_kwargs
+        )
         connection.client.get_host_keys().clear()
         if known_hosts.is_file():
             connection.client.load_host_keys(str(known_hosts))
@@ -291,14 +333,17 @@ def run(connection, command: str, **kwargs):
     ConnectionLost instead of passing for exit code -1, and is never reopened silently by Fabric
     (without keepalive) on the next call."""
     if not connection.is_connected:
-        raise ConnectionLost(f"{connection.user}@{connection.host}: the connection had dropped; fix: run the "
-                             "same command again")
+        raise ConnectionLost(
+            f"{connection.user}@{connection.host}: the connection had dropped; fix: run the same command again"
+        )
     result = connection.run(command, **kwargs)
     if result.exited == -1:  # no exit status: the transport died, or a signal killed the command
         connection.transport.join(1)  # the transport thread drops its channels just before it ends
         if not connection.is_connected:
-            raise ConnectionLost(f"{connection.user}@{connection.host}: the connection dropped while a command "
-                                 "ran; fix: run the same command again")
+            raise ConnectionLost(
+                f"{connection.user}@{connection.host}: the connection dropped while a command "
+                "ran; fix: run the same command again"
+            )
     return result
 
 
@@ -342,8 +387,9 @@ def busy(connection, what: str):
 def write_text(connection, path: str, text: str) -> None:
     """Write a small file on the host whole or not at all (a temporary file, then a rename)."""
     encoded = base64.b64encode(text.encode()).decode()
-    run_script(connection, f'mkdir -p "$(dirname {path})" && echo {encoded} | base64 -d > {path}.tmp '
-                           f'&& mv {path}.tmp {path}')
+    run_script(
+        connection, f'mkdir -p "$(dirname {path})" && echo {encoded} | base64 -d > {path}.tmp && mv {path}.tmp {path}'
+    )
 
 
 def _explained(host: Host, error: Exception) -> HostError:
@@ -353,10 +399,15 @@ def _explained(host: Host, error: Exception) -> HostError:
         return ConnectError(
             f"{host.name}: host key changed (recorded {fingerprint(error.expected_key)}, offered "
             f"{fingerprint(error.key)}); refusing to connect. If the VM was rebuilt, forget the old key: "
-            f"{forget_key_command(host)}")
+            f"{forget_key_command(host)}"
+        )
     if isinstance(error, paramiko.AuthenticationException):
-        return ConnectError(f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
-                         "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted")
+        return ConnectError(
+            f"{host.name}: the key was refused; fix: pass --identity with the private key whose "
+            "public key the VM has (sshPublicKeyPath), or --wait 120 if the VM has just booted"
+        )
     stopped = f"{host.unreachable_fix}; else " if host.unreachable_fix else "check the VM is running, "
-    return ConnectError(f"{host.name}: cannot connect ({error or type(error).__name__}); fix: {stopped}check its "
-                        "firewall admits your address, or --wait 120 if it has just booted")
+    return ConnectError(
+        f"{host.name}: cannot connect ({error or type(error).__name__}); fix: {stopped}check its "
+        "firewall admits your address, or --wait 120 if it has just booted"
+    )

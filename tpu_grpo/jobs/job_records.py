@@ -16,8 +16,14 @@ from tpu_grpo.jobs.progress import duration
 #: pending (a slice's pods wait for nodes), running, finished (exit 0), failed, cancelled (the VM's), lost (a VM
 #: job whose processes are gone without an exit code).
 STATES = ("pending", "running", "finished", "failed", "cancelled", "lost")
-COLOURS = {"pending": "yellow", "running": "yellow", "finished": "green", "failed": "red", "cancelled": "magenta",
-           "lost": "red"}
+COLOURS = {
+    "pending": "yellow",
+    "running": "yellow",
+    "finished": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "lost": "red",
+}
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,20 @@ def show(console: Console, where: str, records: list[JobRecord]) -> None:
     for column in ("job", "step", "run", "state", "exit", "started (UTC)", "took"):
         table.add_column(column)
     for record in records:
-        took = (duration((seconds(record.finished) if record.finished else time.time()) - seconds(record.started))
-                if record.started and (record.finished or record.state == "running") else "")
-        table.add_row(record.id, record.step, record.run, f"[{COLOURS[record.state]}]{record.state}[/]",
-                      "" if record.exit_code is None else str(record.exit_code), record.started.replace("T", " ")[:19],
-                      took)
+        took = (
+            duration((seconds(record.finished) if record.finished else time.time()) - seconds(record.started))
+            if record.started and (record.finished or record.state == "running")
+            else ""
+        )
+        table.add_row(
+            record.id,
+            record.step,
+            record.run,
+            f"[{COLOURS[record.state]}]{record.state}[/]",
+            "" if record.exit_code is None else str(record.exit_code),
+            record.started.replace("T", " ")[:19],
+            took,
+        )
     console.print(table)
     for record in records:
         if record.problem:

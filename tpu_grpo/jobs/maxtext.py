@@ -42,20 +42,33 @@ MODULES = {
     "export": "maxtext.checkpoint_conversion.to_huggingface",
 }
 #: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
-OWNED_KEYS = {"num_batches": "--batches", "run_name": "--run-name", "model_name": "tpu-grpo:model / exportModel",
-              "tokenizer_path": "tpu-grpo:tokenizer", "dataset_name": "tpu-grpo:dataset",
-              "hf_name": "tpu-grpo:datasetConfig", "rl.loss_algo": "tpu-grpo:lossAlgo",
-              "hf_access_token": "the host's token file (invoke provision --tags token)",
-              "load_parameters_path": "--step (export) or the converted checkpoint (train)",
-              "base_output_directory": "tpu-grpo:checkpointStore",
-              "checkpoint_period": "tpu-grpo:checkpointPeriod",
-              "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
-              "num_test_batches": "tpu-grpo:testBatches", "eval_dataset_name": "tpu-grpo:dataset",
-              "chips_per_vm": "tpu-grpo:machineType (or slice)",
-              "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)"}
+OWNED_KEYS = {
+    "num_batches": "--batches",
+    "run_name": "--run-name",
+    "model_name": "tpu-grpo:model / exportModel",
+    "tokenizer_path": "tpu-grpo:tokenizer",
+    "dataset_name": "tpu-grpo:dataset",
+    "hf_name": "tpu-grpo:datasetConfig",
+    "rl.loss_algo": "tpu-grpo:lossAlgo",
+    "hf_access_token": "the host's token file (invoke provision --tags token)",
+    "load_parameters_path": "--step (export) or the converted checkpoint (train)",
+    "base_output_directory": "tpu-grpo:checkpointStore",
+    "checkpoint_period": "tpu-grpo:checkpointPeriod",
+    "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
+    "num_test_batches": "tpu-grpo:testBatches",
+    "eval_dataset_name": "tpu-grpo:dataset",
+    "chips_per_vm": "tpu-grpo:machineType (or slice)",
+    "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)",
+}
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
-GRPO_DEFAULTS = {"rl.num_generations": "2", "learning_rate": "3e-6", "rl.grpo_beta": "0.08",
-                 "rl.grpo_epsilon": "0.2", "batch_size": "1", "rl.num_iterations": "1"}
+GRPO_DEFAULTS = {
+    "rl.num_generations": "2",
+    "learning_rate": "3e-6",
+    "rl.grpo_beta": "0.08",
+    "rl.grpo_epsilon": "0.2",
+    "batch_size": "1",
+    "rl.num_iterations": "1",
+}
 #: A folder being written is NAME.partial until it is complete (tpu_grpo.host.artifacts.save_script).
 RESERVED_SUFFIX = ".partial"
 #: A MaxText config key: names joined by single dots (`rl.num_generations`), as its pyconfig reads them.
@@ -72,19 +85,33 @@ RUNS_FOLDER, EXPORT_FOLDER = "post-train", "hf-trained"
 SLICE_EXPORT = f"$BASE_OUTPUT_DIRECTORY$RUN_NAME/{EXPORT_FOLDER}/"
 #: The tutorial's exports that describe one VM's own chips to libtpu. A slice's trainer runs under Pathways
 #: (JAX_PLATFORMS=proxy) on a CPU host, and its TPU hosts get their topology from GKE.
-ONE_VM_ONLY = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_NAME", "TPU_SKIP_MDS_QUERY", "TPU_WORKER_HOSTNAMES",
-               "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+ONE_VM_ONLY = (
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_WORKER_ID",
+    "TPU_NAME",
+    "TPU_SKIP_MDS_QUERY",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_TOPOLOGY",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TPU_HOST_BOUNDS",
+)
 #: A slice's script is PID 1 of its container, which ignores a SIGTERM it has no handler for: a cancel, a
 #: preemption or a node drain would wait out the grace period, then SIGKILL MaxText. So it traps SIGTERM and
 #: passes it on to MaxText, run in the background, as xpk's wrapper does (`exec` would not help: MaxText as PID
 #: 1 ignores it just the same).
-FORWARD_TERM = "trap 'kill -TERM \"$child\" 2>/dev/null' TERM  # PID 1 of its pod: a cancel or preemption reaches MaxText"
-WAIT_CHILD = ['child=$!',
-              'while code=0; wait "$child" || code=$?; kill -0 "$child" 2>/dev/null; do :; done  # a TERM ends wait early',
-              '[ "$code" = 0 ] || exit "$code"']
+FORWARD_TERM = (
+    "trap 'kill -TERM \"$child\" 2>/dev/null' TERM  # PID 1 of its pod: a cancel or preemption reaches MaxText"
+)
+WAIT_CHILD = [
+    "child=$!",
+    'while code=0; wait "$child" || code=$?; kill -0 "$child" 2>/dev/null; do :; done  # a TERM ends wait early',
+    '[ "$code" = 0 ] || exit "$code"',
+]
 #: In a slice's pod the token comes from a Kubernetes Secret as HF_TOKEN (tpu_grpo/cloud/jobset.py).
-POD_TOKEN_CHECK = ('[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
-                   'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }')
+POD_TOKEN_CHECK = (
+    '[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
+    'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }'
+)
 
 
 class CommandError(UserError, ValueError):
@@ -150,9 +177,12 @@ class Run(Training):
 
     def to_record(self) -> dict:
         """Every input of the run, as a job's record keeps it (JSON); `Run.from_record` makes the same Run again."""
-        return {**{each.name: getattr(self, each.name) for each in fields(self)},
-                "machine": self.machine.machine_type, "sets": {step: dict(sets) for step, sets in self.sets.items()},
-                "store": self.store.root if self.store.name == "gs" else self.store.name}  # a checkpointStore value
+        return {
+            **{each.name: getattr(self, each.name) for each in fields(self)},
+            "machine": self.machine.machine_type,
+            "sets": {step: dict(sets) for step, sets in self.sets.items()},
+            "store": self.store.root if self.store.name == "gs" else self.store.name,
+        }  # a checkpointStore value
 
     @classmethod
     def from_record(cls, record: dict) -> Run:
@@ -165,17 +195,31 @@ class Run(Training):
 
     def inputs(self, step: str) -> dict:
         """What a step's result depends on: equal inputs mean a done step can be reused."""
-        common = {"model": self.model, "use_pathways": self.use_pathways, "store": self.store.name,
-                  "convert_set": dict(self.sets.get("convert", {}))}
+        common = {
+            "model": self.model,
+            "use_pathways": self.use_pathways,
+            "store": self.store.name,
+            "convert_set": dict(self.sets.get("convert", {})),
+        }
         if step == "convert":
             return {**common, "lazy_load_tensors": self.lazy_load_tensors}
-        trained = {**common, "run_name": self.run_name, "batches": self.batches, "test_batches": self.test_batches,
-                   "machine": self.machine.machine_type, "train_set": dict(self.sets.get("train", {})),
-                   **({"data": self.data_overrides()} if self.data_overrides() else {})}
+        trained = {
+            **common,
+            "run_name": self.run_name,
+            "batches": self.batches,
+            "test_batches": self.test_batches,
+            "machine": self.machine.machine_type,
+            "train_set": dict(self.sets.get("train", {})),
+            **({"data": self.data_overrides()} if self.data_overrides() else {}),
+        }
         if step == "train":
             return trained
-        return {**trained, "export_model": self.export_model, "step": self.export_step,
-                "export_set": dict(self.sets.get("export", {}))}
+        return {
+            **trained,
+            "export_model": self.export_model,
+            "step": self.export_step,
+            "export_set": dict(self.sets.get("export", {})),
+        }
 
 
 def trained_on(inputs: dict) -> dict[str, str]:
@@ -184,9 +228,13 @@ def trained_on(inputs: dict) -> dict[str, str]:
     data = inputs.get("data", {})
     model = inputs.get("model", DEFAULT_MODEL)
     dataset = data.get("dataset_name", DEFAULT_DATASET)
-    return {"model": model, "dataset": dataset,
-            "dataset_config": data.get("hf_name", DEFAULT_DATASET_CONFIG if dataset == DEFAULT_DATASET else ""),
-            "loss": data.get("rl.loss_algo", "grpo"), "tokenizer": data.get("tokenizer_path", MODELS[model].hf_id)}
+    return {
+        "model": model,
+        "dataset": dataset,
+        "dataset_config": data.get("hf_name", DEFAULT_DATASET_CONFIG if dataset == DEFAULT_DATASET else ""),
+        "loss": data.get("rl.loss_algo", "grpo"),
+        "tokenizer": data.get("tokenizer_path", MODELS[model].hf_id),
+    }
 
 
 def timestamp_run_name(now: float | None = None) -> str:
@@ -197,8 +245,10 @@ def timestamp_run_name(now: float | None = None) -> str:
 def check_run_name(name: str, flag: str = "--run-name") -> str:
     values.flag(flag, name, values.name, "gsm8k-50")
     if name.endswith(RESERVED_SUFFIX):
-        raise CommandError(f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
-                           f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2")
+        raise CommandError(
+            f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
+            f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2"
+        )
     return name
 
 
@@ -220,14 +270,19 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
         if not colon:
             step, key = default_step or "train", head
         if step not in STEPS:
-            raise CommandError(f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, "
-                               "e.g. --set train:learning_rate=1e-6")
+            raise CommandError(
+                f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, "
+                "e.g. --set train:learning_rate=1e-6"
+            )
         if default_step and step != default_step:
-            raise CommandError(f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
-                               f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=...")
+            raise CommandError(
+                f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
+                f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=..."
+            )
         if not equals or not _SET_KEY.fullmatch(key) or not value:
-            raise CommandError(f"--set {item!r} is not KEY=VALUE (a MaxText key, a value); fix: e.g. "
-                               "--set rl.num_generations=4")
+            raise CommandError(
+                f"--set {item!r} is not KEY=VALUE (a MaxText key, a value); fix: e.g. --set rl.num_generations=4"
+            )
         if key in OWNED_KEYS:
             raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
         if key in COUNT_KEYS:
@@ -340,9 +395,11 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
 
 def token_lines() -> list[str]:
     """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line."""
-    return [f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
-            "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
-            f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"]
+    return [
+        f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
+        "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
+        f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN",
+    ]
 
 
 #: Converted checkpoints kept on the data disk, one per model: /dev/shm loses them at every reboot.
@@ -384,7 +441,7 @@ def _restore_or_keep(run: Run) -> tuple[list[str], list[str]]:
         "fi",
     ]
     after = [
-        f'rm -rf {KEPT}/{run.model}-* && mkdir -p {KEPT}',
+        f"rm -rf {KEPT}/{run.model}-* && mkdir -p {KEPT}",
         "if bash <<'TPU_GRPO_KEEP'",
         save_script(f"{run.store.root}/{run.model}/mt-format", kept).rstrip("\n"),
         "TPU_GRPO_KEEP",
@@ -436,9 +493,12 @@ def compile_cache_lines(run: Run, step: str, in_slice: bool = False, slice_shape
 
     named = compile_cache_name(run, step, slice_shape)
     make = remote.run("compile_cache", compile_cache_root(run, in_slice), _q(named), "make")
-    lines = [f"COMPILE_CACHE=$({make}\n) || {{ COMPILE_CACHE=$HOME/jax_cache; "
-             f"echo '{LINE} unavailable: this start compiles everything' >&2; }}",
-             "export COMPILE_CACHE", PATH_FREE_KEYS]
+    lines = [
+        f"COMPILE_CACHE=$({make}\n) || {{ COMPILE_CACHE=$HOME/jax_cache; "
+        f"echo '{LINE} unavailable: this start compiles everything' >&2; }}",
+        "export COMPILE_CACHE",
+        PATH_FREE_KEYS,
+    ]
     if step == "train":
         lines.append('export VLLM_XLA_CACHE_PATH="$COMPILE_CACHE"  # tpu-inference sets JAX\'s cache to it')
     return lines if in_slice else [*lines, KEEP_EVERY_COMPILATION]
@@ -462,9 +522,13 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
             continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
-        folder, newest = '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"', " | grep -E '^[0-9]+$' | sort -n | tail -1"
-        listing = (remote.run("folder_children", folder, then=newest) if run.store.name == "gs"
-                   else f"ls -1 {folder}{newest}")  # a bucket's steps: with its client, which `ls` is not
+        folder, newest = (
+            '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"',
+            " | grep -E '^[0-9]+$' | sort -n | tail -1",
+        )
+        listing = (
+            remote.run("folder_children", folder, then=newest) if run.store.name == "gs" else f"ls -1 {folder}{newest}"
+        )  # a bucket's steps: with its client, which `ls` is not
         lines.append(f"newest=$( ({listing}\n) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
@@ -472,8 +536,11 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         after = trained_tokenizer(run)
     arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
     if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
-        before = [f"hf_model_path={downloaded_model(run)}",
-                  '[ -f "$hf_model_path.complete" ] || hf_model_path=', *before]
+        before = [
+            f"hf_model_path={downloaded_model(run)}",
+            '[ -f "$hf_model_path.complete" ] || hf_model_path=',
+            *before,
+        ]
         arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
     call = " \\\n".join([MODULES[step], *arguments])
     background = " &" if in_slice else ""
@@ -490,8 +557,10 @@ def trained_tokenizer(run: Run) -> list[str]:
     (its chat template) in its place, where the two differ (the tutorial's: the base model's, then the Instruct's)."""
     if run.training_tokenizer == MODELS[run.export_model].hf_id:
         return []
-    return [f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
-            remote.run("save_tokenizer", _q(run.training_tokenizer), '"$HF_EXPORT"')]
+    return [
+        f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
+        remote.run("save_tokenizer", _q(run.training_tokenizer), '"$HF_EXPORT"'),
+    ]
 
 
 def paths(run: Run) -> dict[str, str]:
@@ -501,9 +570,15 @@ def paths(run: Run) -> dict[str, str]:
         if not value.startswith("$("):
             values[name] = string.Template(shlex.split(value)[0] if value.startswith("'") else value).substitute(values)
     folder = f"{values['BASE_OUTPUT_DIRECTORY']}/{run.name}"
-    return {"checkpoint": values["MAXTEXT_CKPT_PATH"], "run": folder, "checkpoints": f"{folder}/checkpoints/actor",
-            "post_train": values["POST_TRAIN_PATH"], "hf_export": values["HF_EXPORT"],
-            "run_export": f"{folder}/{EXPORT_FOLDER}", "shm_model": f"/dev/shm/{run.model}"}
+    return {
+        "checkpoint": values["MAXTEXT_CKPT_PATH"],
+        "run": folder,
+        "checkpoints": f"{folder}/checkpoints/actor",
+        "post_train": values["POST_TRAIN_PATH"],
+        "hf_export": values["HF_EXPORT"],
+        "run_export": f"{folder}/{EXPORT_FOLDER}",
+        "shm_model": f"/dev/shm/{run.model}",
+    }
 
 
 def runs_folder(store: Store, model: str) -> str:

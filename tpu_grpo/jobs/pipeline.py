@@ -39,6 +39,7 @@ class RunNameTaken(UserError):
 @dataclass
 class StepOutcome:
     """What became of one pipeline step (a playbook's step is provision.playbook.Step)."""
+
     name: str
     state: str  # done | skipped | ran | failed
     job: str | None = None
@@ -98,11 +99,16 @@ def name_taken(run: maxtext.Run, what: str, found: str, wanted: str) -> RunNameT
     except ValueError:
         earlier = {}
     now = json.loads(wanted)
-    differences = [f"{key}={earlier.get(key)!r} (this command: {now.get(key)!r})"
-                   for key in sorted(set(earlier) | set(now)) if earlier.get(key) != now.get(key)]
-    return RunNameTaken(f"run {run.name!r} was {what} with {', '.join(differences) or found}; a run name names "
-                        f"one training; fix: pick a new run name (e.g. --run-name {run.name}-2), or give the "
-                        "earlier flags to continue that run")
+    differences = [
+        f"{key}={earlier.get(key)!r} (this command: {now.get(key)!r})"
+        for key in sorted(set(earlier) | set(now))
+        if earlier.get(key) != now.get(key)
+    ]
+    return RunNameTaken(
+        f"run {run.name!r} was {what} with {', '.join(differences) or found}; a run name names "
+        f"one training; fix: pick a new run name (e.g. --run-name {run.name}-2), or give the "
+        "earlier flags to continue that run"
+    )
 
 
 def output_test(run: maxtext.Run, step: str) -> str:
@@ -113,11 +119,15 @@ def output_test(run: maxtext.Run, step: str) -> str:
         folder = paths["checkpoint"] if step == "convert" else paths["post_train"]
         return f"[ -f {record} ]" + ("" if in_bucket(run) else f" && [ -d {folder} ]")
     if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
-        return (f"[ -f {record} ] && [ \"$(ls -t {vm_jobs.DONE}/export-* | head -1)\" = {record} ] "
-                f"&& [ -f {paths['hf_export']}config.json ]")
+        return (
+            f'[ -f {record} ] && [ "$(ls -t {vm_jobs.DONE}/export-* | head -1)" = {record} ] '
+            f"&& [ -f {paths['hf_export']}config.json ]"
+        )
     wanted = base64.b64encode(identity(run, "export").encode()).decode()
-    return (f"[ -f {saved_dir(run.name)}/SHA256SUMS ] "
-            f"&& [ \"$(base64 -w0 {saved_record(run.name)} 2>/dev/null)\" = {wanted} ]")
+    return (
+        f"[ -f {saved_dir(run.name)}/SHA256SUMS ] "
+        f'&& [ "$(base64 -w0 {saved_record(run.name)} 2>/dev/null)" = {wanted} ]'
+    )
 
 
 def in_bucket(run: maxtext.Run) -> bool:
@@ -137,8 +147,11 @@ def _steps(names: list[str]) -> list[int]:
 
 
 #: The checkpoints in a folder of the host's disk (or /dev/shm), by step.
-CHECKPOINTS = facts.Fact("checkpoints", lambda folder: f"ls -1 {folder} 2>/dev/null; true",
-                         lambda answer, folder: _steps(answer.stdout.split()))
+CHECKPOINTS = facts.Fact(
+    "checkpoints",
+    lambda folder: f"ls -1 {folder} 2>/dev/null; true",
+    lambda answer, folder: _steps(answer.stdout.split()),
+)
 
 
 def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
@@ -199,8 +212,9 @@ def parse_probe(answer: facts.Answer) -> Probed:
 
 #: Which steps of a run are done on the host, what its name was trained and saved with, the pipelines run before
 #: (its argument: the run's record, maxtext.Run.to_record).
-PROBE = facts.Fact("probe", lambda record: probe_script(maxtext.Run.from_record(record)),
-                   lambda answer, record: parse_probe(answer))
+PROBE = facts.Fact(
+    "probe", lambda record: probe_script(maxtext.Run.from_record(record)), lambda answer, record: parse_probe(answer)
+)
 
 
 def probe(connection, run: maxtext.Run) -> Probed:
@@ -219,19 +233,26 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
     shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
     # Without provisioning's download of the model, the conversion downloads it itself, into the data disk's cache.
     download_kb = int(need_gb.get("download", 0) * 1024 * 1024)
-    unless_downloaded = (f"\n[ -f {maxtext.downloaded_model(run)}.complete ] || need=$((need + {download_kb}))"
-                         if download_kb else "")
-    tpu = (f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
-           f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
-           f'has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), '
-           f'or check the machine type"') if check_tpu else ""
+    unless_downloaded = (
+        f"\n[ -f {maxtext.downloaded_model(run)}.complete ] || need=$((need + {download_kb}))" if download_kb else ""
+    )
+    tpu = (
+        (
+            f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
+            f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
+            f"has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), "
+            f'or check the machine type"'
+        )
+        if check_tpu
+        else ""
+    )
     return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
 version=$({remote.run("maxtext_version", python=f"{venv}/bin/python")}
 ) 2>/dev/null || version=none
 [ "$version" = {release.MAXTEXT_VERSION} ] || echo "fail: MaxText in {venv} is $version, not {release.MAXTEXT_VERSION}; fix: uv run invoke provision"
 [ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
 free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
-[ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb['shm']:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
+[ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb["shm"]:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
 mkdir -p {vm_jobs.ROOT}
 free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}') need={data_kb}{unless_downloaded}
 [ "$free" -ge "$need" ] || echo "fail: the data disk ({vm_jobs.ROOT}) has $((free / 1048576)) GB free, a run needs $((need / 1048576)); fix: remove old models in {MODELS} or grow dataDiskGb"
@@ -242,8 +263,12 @@ free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}') need={data_kb}{unless_
 #: What keeps the host from running a run now, a `what; fix: how` each (its arguments: the run's record, the GB it
 #: needs, whether to count the TPU's chips).
 PREFLIGHT = facts.Fact(
-    "preflight", lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu),
-    lambda answer, *_: [line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")])
+    "preflight",
+    lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu),
+    lambda answer, *_: [
+        line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")
+    ],
+)
 
 
 def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
@@ -256,8 +281,10 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
     """`--need-gb SHM,DATA` -> {"shm": .., "data": ..}; by default what the run's store needs, and ("download") what
     the conversion downloads itself onto the data disk when provisioning's download of the model is not complete."""
     if text is None:
-        return {**stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb),
-                "download": round(run.row.conversion_download_gb(run.lazy_load_tensors), 1)}
+        return {
+            **stores.need_gb(run.store, run.checkpoints_to_keep, run.row.weights_gb, run.row.checkpoint_gb),
+            "download": round(run.row.conversion_download_gb(run.lazy_load_tensors), 1),
+        }
     gigabytes = values.decimal(0, 100_000, " GB")
     parts = str(text).split(",")
     try:
@@ -270,9 +297,15 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
 
 
 def job_meta(run: maxtext.Run, step: str) -> dict:
-    meta: dict[str, object] = {"step": step, "run": run.name, "key": record_key(run, step),
-                               "inputs": run.inputs(step), "record": run.to_record(), "paths": maxtext.paths(run),
-                               "capacity": run.capacity}
+    meta: dict[str, object] = {
+        "step": step,
+        "run": run.name,
+        "key": record_key(run, step),
+        "inputs": run.inputs(step),
+        "record": run.to_record(),
+        "paths": maxtext.paths(run),
+        "capacity": run.capacity,
+    }
     if step == "train":
         meta["total_steps"] = run.train_steps
     return meta
@@ -294,15 +327,20 @@ def start_step(connection, run: maxtext.Run, step: str) -> str:
 def running_jobs(connection, run: maxtext.Run) -> dict[str, vm_jobs.Job]:
     """This run's steps that have a job running now (a pipeline re-run attaches to them)."""
     keys = {record_key(run, step): step for step in maxtext.STEPS}
-    return {keys[job.meta.get("key", "")]: job for job in vm_jobs.list_jobs(connection)
-            if job.state == "running" and job.meta.get("key") in keys}
+    return {
+        keys[job.meta.get("key", "")]: job
+        for job in vm_jobs.list_jobs(connection)
+        if job.state == "running" and job.meta.get("key") in keys
+    }
 
 
 def failure(connection, job_id: str, step: str, code: int) -> PipelineError:
     tail = vm_jobs.read_log(connection, job_id).decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-    return PipelineError(f"{step} failed (job {job_id}, exit {code}); last lines of its log:\n"
-                         + "\n".join(f"  {line}" for line in tail)
-                         + "\nfix the cause, then run the same command again: finished steps are skipped")
+    return PipelineError(
+        f"{step} failed (job {job_id}, exit {code}); last lines of its log:\n"
+        + "\n".join(f"  {line}" for line in tail)
+        + "\nfix the cause, then run the same command again: finished steps are skipped"
+    )
 
 
 def _copy(connection, source: str, destination: str, replace: bool = False) -> None:
@@ -324,18 +362,25 @@ def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: b
     if not in_bucket(run):  # a bucket keeps the run's events and checkpoints itself
         _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.name)}/tensorboard", replace)
     if keep_checkpoint and not in_bucket(run):
-        _copy(connection, f"{paths['checkpoints']}/{run.export_step}",
-              f"{run_archive(run.name)}/checkpoints/actor/{run.export_step}")
+        _copy(
+            connection,
+            f"{paths['checkpoints']}/{run.export_step}",
+            f"{run_archive(run.name)}/checkpoints/actor/{run.export_step}",
+        )
     hosts.write_text(connection, saved_record(run.name), identity(run, "export"))
-    hosts.write_text(connection, f"{run_archive(run.name)}/saved-at.json",
-                     json.dumps({"run": run.name, "started": started, "finished": time.time()}))
+    hosts.write_text(
+        connection,
+        f"{run_archive(run.name)}/saved-at.json",
+        json.dumps({"run": run.name, "started": started, "finished": time.time()}),
+    )
     return destination
 
 
 def write_record(connection, run: maxtext.Run) -> None:
     """Note that this run was started with these inputs: a re-run without --run-name continues it."""
-    hosts.write_text(connection, f"{PIPELINES}/{run.name}.json",
-                     json.dumps({"run": run.name, "inputs": pipeline_inputs(run)}))
+    hosts.write_text(
+        connection, f"{PIPELINES}/{run.name}.json", json.dumps({"run": run.name, "inputs": pipeline_inputs(run)})
+    )
 
 
 def resumable_run(pipelines: list[dict], run: maxtext.Run) -> str | None:
@@ -355,9 +400,15 @@ def named_pipeline(connection, run: maxtext.Run, new_name: str) -> maxtext.Run:
     return run.named(resumable_run(probe(connection, run.named(new_name)).pipelines, run.named(new_name)) or new_name)
 
 
-def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, need_gb: dict[str, float],
-                 follow: Callable[[str, str], int], on_step: Callable[[StepOutcome], None] = lambda step: None,
-                 keep_checkpoint: bool = False) -> Outcome:
+def run_pipeline(
+    session: vm_jobs.Session,
+    run: maxtext.Run,
+    *,
+    need_gb: dict[str, float],
+    follow: Callable[[str, str], int],
+    on_step: Callable[[StepOutcome], None] = lambda step: None,
+    keep_checkpoint: bool = False,
+) -> Outcome:
     """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
     A run name that was trained or saved with other inputs is refused before anything starts. The run is named
     (named_pipeline)."""
@@ -375,8 +426,13 @@ def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, need_gb: dict[st
     write_record(session.connection, run)
     for number, step in enumerate(PIPELINE):
         if number <= last_done:
-            outcome.steps.append(StepOutcome(step, "done" if step in done else "skipped",
-                                      detail="done before" if step in done else "a later step is done"))
+            outcome.steps.append(
+                StepOutcome(
+                    step,
+                    "done" if step in done else "skipped",
+                    detail="done before" if step in done else "a later step is done",
+                )
+            )
         elif step == "save":
             outcome.saved = save(session.connection, run, keep_checkpoint, replace=not saved_before)
             outcome.steps.append(StepOutcome(step, "ran", detail=outcome.saved))
@@ -384,8 +440,11 @@ def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, need_gb: dict[st
             job = attach.get(step)
             job_id = job.id if job else start_step(session.connection, run, step)
             code = follow(job_id, step)
-            outcome.steps.append(StepOutcome(step, "ran" if code == 0 else "failed", job_id, code,
-                                      "attached to the running job" if job else ""))
+            outcome.steps.append(
+                StepOutcome(
+                    step, "ran" if code == 0 else "failed", job_id, code, "attached to the running job" if job else ""
+                )
+            )
             if code != 0:
                 on_step(outcome.steps[-1])
                 raise failure(session.connection, job_id, step, code)
@@ -393,18 +452,32 @@ def run_pipeline(session: vm_jobs.Session, run: maxtext.Run, *, need_gb: dict[st
     return outcome
 
 
-def build_run(chosen: settings.Settings, *, batches=None, run_name: str | None = None,
-              sets: list[str] | None = None, default_step: str | None = None, step=None) -> maxtext.Run:
+def build_run(
+    chosen: settings.Settings,
+    *,
+    batches=None,
+    run_name: str | None = None,
+    sets: list[str] | None = None,
+    default_step: str | None = None,
+    step=None,
+) -> maxtext.Run:
     """A Run from the stack's settings and the task's flags, every flag validated before any connection.
     `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline. A run not
     named is named by its start time for a conversion or a training; an export's or a pipeline's is resolved where
     it runs (Run.run_name)."""
     return maxtext.Run.of(
-        chosen.training, batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
-        run_name=(maxtext.check_run_name(run_name) if run_name is not None
-                  else maxtext.timestamp_run_name() if default_step in ("convert", "train") else None),
+        chosen.training,
+        batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
+        run_name=(
+            maxtext.check_run_name(run_name)
+            if run_name is not None
+            else maxtext.timestamp_run_name()
+            if default_step in ("convert", "train")
+            else None
+        ),
         sets=maxtext.parse_sets(sets, default_step),
-        step=maxtext.check_count("--step", step) if step is not None else None)
+        step=maxtext.check_count("--step", step) if step is not None else None,
+    )
 
 
 def trained_runs(connection) -> list[dict]:
@@ -419,11 +492,19 @@ def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
         return maxtext.Run.from_record(meta["record"])
     inputs = meta["inputs"]
     said = maxtext.trained_on(inputs)
-    return replace(asked, run_name=meta["run"], model=said["model"], tokenizer=said["tokenizer"],
-                   dataset=said["dataset"], dataset_config=said["dataset_config"], loss_algo=said["loss"],
-                   batches=inputs["batches"], test_batches=inputs["test_batches"],
-                   sets={**asked.sets, "train": inputs.get("train_set", {})},
-                   store=stores.STORES.get(inputs.get("store", "shm"), asked.store))
+    return replace(
+        asked,
+        run_name=meta["run"],
+        model=said["model"],
+        tokenizer=said["tokenizer"],
+        dataset=said["dataset"],
+        dataset_config=said["dataset_config"],
+        loss_algo=said["loss"],
+        batches=inputs["batches"],
+        test_batches=inputs["test_batches"],
+        sets={**asked.sets, "train": inputs.get("train_set", {})},
+        store=stores.STORES.get(inputs.get("store", "shm"), asked.store),
+    )
 
 
 def for_export(connection, run: maxtext.Run) -> maxtext.Run:
@@ -431,22 +512,28 @@ def for_export(connection, run: maxtext.Run) -> maxtext.Run:
     trained = [meta for meta in trained_runs(connection) if run.run_name in (None, meta["run"])]
     if not trained:
         which = "any run" if run.run_name is None else f"run {run.run_name!r}"
-        raise PipelineError(f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
-                            "(or name a trained run: uv run invoke status)")
+        raise PipelineError(
+            f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
+            "(or name a trained run: uv run invoke status)"
+        )
     run = run.export_of(_trained_as(trained[-1], run))
     steps = checkpoint_steps(connection, run)
     if run.export_step not in steps:
-        raise PipelineError(f"run {run.name} has no checkpoint at step {run.export_step}; it has: "
-                            f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
-                            f"fix: --step {steps[-1] if steps else 'N'}")
+        raise PipelineError(
+            f"run {run.name} has no checkpoint at step {run.export_step}; it has: "
+            f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
+            f"fix: --step {steps[-1] if steps else 'N'}"
+        )
     return run
 
 
 def require_converted(connection, run: maxtext.Run) -> None:
     checkpoint = maxtext.paths(run)["checkpoint"]
     if not present(connection, run, checkpoint):
-        raise PipelineError(f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
-                            "(or uv run invoke pipeline, which converts first)")
+        raise PipelineError(
+            f"no converted checkpoint at {checkpoint}; fix: uv run invoke convert "
+            "(or uv run invoke pipeline, which converts first)"
+        )
 
 
 def start_checked(connection, run: maxtext.Run, step: str) -> str:

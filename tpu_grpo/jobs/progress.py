@@ -83,7 +83,7 @@ def message(line: str) -> str:
     """The message part of a log line: what follows the absl prefix, or the line itself."""
     line = line.rstrip("\r\n")
     if found := ABSL_PREFIX.search(line):
-        return line[found.end():].strip()
+        return line[found.end() :].strip()
     return line.rsplit("\r", 1)[-1].strip()
 
 
@@ -134,8 +134,7 @@ def parse_lines(lines: Iterable[str]) -> list[Event]:
     return [event for line in lines if (event := parse_line(line)) is not None]
 
 
-def total_steps(num_batches: int, num_iterations: int = 1, train_fraction: float = 1.0,
-                num_epochs: int = 1) -> int:
+def total_steps(num_batches: int, num_iterations: int = 1, train_fraction: float = 1.0, num_epochs: int = 1) -> int:
     """Train steps of a run, as train_rl.py works them out (`max_train_steps`, truncated)."""
     return int(num_batches * num_iterations * train_fraction * num_epochs)
 
@@ -185,8 +184,12 @@ class Tracker:
 
     def seconds_per_step(self) -> float | None:
         """Mean time between the train steps seen so far (the first one's compile excluded)."""
-        if (self.first_step is None or self.first_step_at is None or self.last_step_at is None
-                or self.step <= self.first_step):
+        if (
+            self.first_step is None
+            or self.first_step_at is None
+            or self.last_step_at is None
+            or self.step <= self.first_step
+        ):
             return None
         return (self.last_step_at - self.first_step_at) / (self.step - self.first_step)
 
@@ -233,21 +236,40 @@ ABSL_TIME = re.compile(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
 
 #: The start of a training, phase by phase, each from its line to the next's: MaxText 0.2.3's own lines
 #: (model_creation_utils.create_models_and_meshes, train_rl.py), the first train step ending the last.
-STARTUP_PHASES = (("boot", "System Information: Jax Version"), ("weights", "Creating reference model"),
-                  ("rollout", "Creating RL cluster"), ("eval", "Setting up RL trainer"), ("first_step", STARTED))
+STARTUP_PHASES = (
+    ("boot", "System Information: Jax Version"),
+    ("weights", "Creating reference model"),
+    ("rollout", "Creating RL cluster"),
+    ("eval", "Setting up RL trainer"),
+    ("first_step", STARTED),
+)
 #: What each phase is, for a person: imports and config, both models' weights, vLLM's start and its precompilation
 #: (tpu-inference's), the trainer's set-up and the evaluation before training, the first step's compilation.
-STARTUP_LABELS = {"boot": "start", "weights": "weights", "rollout": "vLLM start and compile",
-                  "eval": "evaluation before training", "first_step": "first step"}
+STARTUP_LABELS = {
+    "boot": "start",
+    "weights": "weights",
+    "rollout": "vLLM start and compile",
+    "eval": "evaluation before training",
+    "first_step": "first step",
+}
 #: tpu-inference's CompilationManager: `Compilation finished in 12.34 [secs].` after each precompiled function
 #: (`Compilation of NAME finished in` in some releases), in vLLM's own format (`INFO 08-16 20:24:55 [file:line]`).
 VLLM_COMPILED = re.compile(r"Compilation (?:of .*? )?finished in (?P<seconds>[0-9.]+) \[secs\]")
 #: tpu_grpo/host/remote/compile_cache.py's line, before MaxText starts.
-CACHE_LINE = re.compile(r"tpu-grpo: compile cache (?P<state>warm|cold): (?P<entries>\d+) entries, "
-                        r"(?P<bytes>\d+) bytes, in (?P<folder>\S+)")
+CACHE_LINE = re.compile(
+    r"tpu-grpo: compile cache (?P<state>warm|cold): (?P<entries>\d+) entries, "
+    r"(?P<bytes>\d+) bytes, in (?P<folder>\S+)"
+)
 #: What a log's start-up is read from (a fact's grep), with the first train step that ends it.
-STARTUP_LINES = "|".join([*(mark for _, mark in STARTUP_PHASES[:-1]), "Starting RL training", "Train step",
-                          "Compilation .*finished in", "tpu-grpo: compile cache"])
+STARTUP_LINES = "|".join(
+    [
+        *(mark for _, mark in STARTUP_PHASES[:-1]),
+        "Starting RL training",
+        "Train step",
+        "Compilation .*finished in",
+        "tpu-grpo: compile cache",
+    ]
+)
 
 
 def compile_cache(line: str) -> dict | None:
@@ -255,8 +277,12 @@ def compile_cache(line: str) -> dict | None:
     found = CACHE_LINE.search(line)
     if found is None:
         return None
-    return {"warm": found["state"] == "warm", "entries": int(found["entries"]), "bytes": int(found["bytes"]),
-            "folder": found["folder"]}
+    return {
+        "warm": found["state"] == "warm",
+        "entries": int(found["entries"]),
+        "bytes": int(found["bytes"]),
+        "folder": found["folder"],
+    }
 
 
 def startup(lines: Iterable[str], year: int) -> dict[str, Any]:
@@ -278,10 +304,17 @@ def startup(lines: Iterable[str], year: int) -> dict[str, Any]:
                 if text.startswith(mark) and phase not in marks:
                     marks[phase] = at
     ends = [*(marks.get(phase) for phase, _ in STARTUP_PHASES[1:]), first_step]
-    phases = {phase: round(end - marks[phase], 3) for (phase, _), end in zip(STARTUP_PHASES, ends)
-              if phase in marks and end is not None}
-    found: dict[str, Any] = {"phases": phases, "vllm_compile": round(compiled, 3) if compiled else None,
-                             "to_first_step": None, "cache": cache}
+    phases = {
+        phase: round(end - marks[phase], 3)
+        for (phase, _), end in zip(STARTUP_PHASES, ends)
+        if phase in marks and end is not None
+    }
+    found: dict[str, Any] = {
+        "phases": phases,
+        "vllm_compile": round(compiled, 3) if compiled else None,
+        "to_first_step": None,
+        "cache": cache,
+    }
     if first_step is not None and marks:
         found["to_first_step"] = round(first_step - min(marks.values()), 3)
     return found

@@ -41,8 +41,11 @@ class RecoveryError(UserError):
 
 def vm_state(chosen: settings_module.Settings) -> str:
     """What Compute Engine says of the stack's VM after a refresh: RUNNING, TERMINATED, ... or DELETED."""
-    subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", chosen.stack], capture_output=True,
-                   cwd=stack_file.project_root())
+    subprocess.run(
+        ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", chosen.stack],
+        capture_output=True,
+        cwd=stack_file.project_root(),
+    )
     found = stack.instance_state(chosen.stack)
     return found[1] if found else "DELETED"
 
@@ -56,6 +59,7 @@ def gone(chosen: settings_module.Settings) -> str | None:
 @dataclass
 class RecoveryLog:
     """The run's record of losses and resumes, one JSON object a line."""
+
     path: Path
 
     @classmethod
@@ -71,11 +75,15 @@ class RecoveryLog:
 
 
 #: The last step the run's newest training printed, or None.
-LAST_STEP_PRINTED = facts.Fact("last_step_printed", lambda run_name: (
-    f"for dir in $(ls -1d {vm_jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
-    f"grep -q '\"run\": \"{run_name}\"' $dir/job.json && "
-    "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true"),
-    lambda answer, run_name: int(answer.stdout.split()[-1]) if answer.stdout.split() else None)
+LAST_STEP_PRINTED = facts.Fact(
+    "last_step_printed",
+    lambda run_name: (
+        f"for dir in $(ls -1d {vm_jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
+        f'grep -q \'"run": "{run_name}"\' $dir/job.json && '
+        "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true"
+    ),
+    lambda answer, run_name: int(answer.stdout.split()[-1]) if answer.stdout.split() else None,
+)
 
 
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
@@ -84,9 +92,14 @@ def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int
     return (steps[-1] if steps else None), LAST_STEP_PRINTED.read(connection, run.name)
 
 
-def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
-               bring_back: Callable[[], tuple[int | None, int | None]], recover: int, log: Callable[[], RecoveryLog],
-               say: Callable[[str], None]):
+def keep_going(
+    attempt: Callable[[], object],
+    chosen: settings_module.Settings,
+    bring_back: Callable[[], tuple[int | None, int | None]],
+    recover: int,
+    log: Callable[[], RecoveryLog],
+    say: Callable[[str], None],
+):
     """Run `attempt` (the pipeline) until it finishes, bringing the VM back up to `recover` times
     after it was lost. Anything else (a failed step, bad input, a VM that runs but does not answer)
     ends it as without --recover. `bring_back()` returns where the training stands."""
@@ -103,18 +116,32 @@ def keep_going(attempt: Callable[[], object], chosen: settings_module.Settings,
             losses += 1
             lost_at = time.time()
             log().add("lost", state=state, error=str(error))  # the run's, named by then (its first attempt asks)
-            say(f"the VM is lost ({state}); bringing it back ({losses} of {recover}): invoke up, provision, then "
-                "the same pipeline")
+            say(
+                f"the VM is lost ({state}); bringing it back ({losses} of {recover}): invoke up, provision, then "
+                "the same pipeline"
+            )
             newest, printed = bring_back()
             redone = printed - newest if newest is not None and printed is not None and printed > newest else 0
-            entry = log().add("resumed", gone_s=round(time.time() - lost_at, 1), from_checkpoint=newest,
-                                 last_step_before=printed, steps_redone=redone)
-            say(f"the VM is back after {entry['gone_s']:g} s; training resumes after "
-                + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)"))
+            entry = log().add(
+                "resumed",
+                gone_s=round(time.time() - lost_at, 1),
+                from_checkpoint=newest,
+                last_step_before=printed,
+                steps_redone=redone,
+            )
+            say(
+                f"the VM is back after {entry['gone_s']:g} s; training resumes after "
+                + (f"checkpoint {newest} ({redone} steps to redo)" if newest else "no checkpoint (from the start)")
+            )
 
 
-def bring_back(chosen: settings_module.Settings, targets: Callable[[], list[hosts.Host]], provisioning: dict,
-               say: Callable[[str], None], stdout=None) -> None:
+def bring_back(
+    chosen: settings_module.Settings,
+    targets: Callable[[], list[hosts.Host]],
+    provisioning: dict,
+    say: Callable[[str], None],
+    stdout=None,
+) -> None:
     """`invoke up`, then provisioning with the `provisioning` values. The VM is always new (deleted, or stopped
     and replaced), with a new host key, so the old one of each of its `targets` (resolved once the VM is up) is
     forgotten first (the next connection records the new one and says so). Nobody is there to answer Pulumi's
@@ -123,14 +150,19 @@ def bring_back(chosen: settings_module.Settings, targets: Callable[[], list[host
     code, meanings = stack.select_and_refresh(chosen, stdout=stdout), list[str]()
     if code == 0:
         if stack.data_disk_lost(stack.preview(chosen)):
-            raise RecoveryError("the stack file now deletes the data disk (gcp:zone or vmName changed since the run "
-                                "began), which a recovery never does; fix: undo that change, or run uv run invoke "
-                                "up yourself, then the same pipeline again")
+            raise RecoveryError(
+                "the stack file now deletes the data disk (gcp:zone or vmName changed since the run "
+                "began), which a recovery never does; fix: undo that change, or run uv run invoke "
+                "up yourself, then the same pipeline again"
+            )
         code, meanings = stack.up(chosen, yes=True, say=lambda line: None, stdout=stdout)
     if code != 0:
-        raise RecoveryError(f"pulumi up failed (exit {code}) while bringing the VM back"
-                            + "".join(f"; {meaning}" for meaning in meanings) + "; fix: uv run invoke up, then "
-                            "run the same pipeline again")
+        raise RecoveryError(
+            f"pulumi up failed (exit {code}) while bringing the VM back"
+            + "".join(f"; {meaning}" for meaning in meanings)
+            + "; fix: uv run invoke up, then "
+            "run the same pipeline again"
+        )
     found = targets()
     for target in found:
         hosts.forget_host_key(target)
@@ -145,7 +177,10 @@ def provision_again(values: dict, targets: list[hosts.Host], say: Callable[[str]
     counts = report.hosts[0].counts()
     say(f"provisioned {targets[0].name}: {counts['changed']} changed, {counts['ok']} ok")
     if report.failed:
-        problem = report.hosts[0].error or next(f"'{r.step}' failed: {r.output[-300:]}" for r in report.hosts[0].steps
-                                                if r.status == "failed")
-        raise RecoveryError(f"provisioning the VM brought back failed ({problem}); fix: uv run invoke provision, "
-                            "then run the same pipeline again")
+        problem = report.hosts[0].error or next(
+            f"'{r.step}' failed: {r.output[-300:]}" for r in report.hosts[0].steps if r.status == "failed"
+        )
+        raise RecoveryError(
+            f"provisioning the VM brought back failed ({problem}); fix: uv run invoke provision, "
+            "then run the same pipeline again"
+        )

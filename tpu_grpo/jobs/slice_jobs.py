@@ -48,8 +48,17 @@ class SliceJob:
     trained: dict | None = None  # a training's run record (maxtext.Run.to_record)
 
     def record(self) -> JobRecord:
-        return JobRecord(self.name, self.step, self.run, self.state, self.exit_code, self.created, None,
-                         self.total_steps, self.problem)
+        return JobRecord(
+            self.name,
+            self.step,
+            self.run,
+            self.state,
+            self.exit_code,
+            self.created,
+            None,
+            self.total_steps,
+            self.problem,
+        )
 
 
 def slice_shape(settings: Settings) -> str:
@@ -60,19 +69,31 @@ def slice_shape(settings: Settings) -> str:
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
     if not _LABEL_VALUE.fullmatch(run.name):
-        raise maxtext.CommandError(f"--run-name {run.name!r} cannot label a slice's jobs (Kubernetes labels: at most "
-                                   "63 characters, starting and ending with a letter or digit); fix: e.g. "
-                                   "--run-name gsm8k-1")
+        raise maxtext.CommandError(
+            f"--run-name {run.name!r} cannot label a slice's jobs (Kubernetes labels: at most "
+            "63 characters, starting and ending with a letter or digit); fix: e.g. "
+            "--run-name gsm8k-1"
+        )
     name = jobset.job_name(step, run.name)
     image = images.post_training_image(settings.project, settings.region)
     assert settings.tpu_slice, "a slice's stack"
     script = maxtext.script(run, step, in_slice=True, slice_shape=slice_shape(settings))
     if step != "train":
         return jobset.cpu(name, step, run.name, image, script)
-    made = jobset.pathways(name, step, run.name, image, script, settings.tpu_slice, settings.num_slices,
-                           f"{settings.store.root}/pathways-scratch")
-    made["metadata"]["annotations"] = {TOTAL_STEPS: str(run.train_steps),  # for a later `logs --follow`
-                                       RUN_RECORD: json.dumps(run.to_record())}
+    made = jobset.pathways(
+        name,
+        step,
+        run.name,
+        image,
+        script,
+        settings.tpu_slice,
+        settings.num_slices,
+        f"{settings.store.root}/pathways-scratch",
+    )
+    made["metadata"]["annotations"] = {
+        TOTAL_STEPS: str(run.train_steps),  # for a later `logs --follow`
+        RUN_RECORD: json.dumps(run.to_record()),
+    }
     return made
 
 
@@ -85,8 +106,10 @@ def pull_fix(message: str, image: str) -> str:
     """What to do about an image the nodes cannot pull: a registry that refuses the nodes' account (403, denied) is
     a missing role, not a missing image; kubelet's back-off message names no cause."""
     if PULL_DENIED.search(message):
-        return ("the nodes' service account may not read the image repository: it needs roles/artifactregistry.reader "
-                "on it, which `uv run invoke up` grants (see invoke plan)")
+        return (
+            "the nodes' service account may not read the image repository: it needs roles/artifactregistry.reader "
+            "on it, which `uv run invoke up` grants (see invoke plan)"
+        )
     if image.endswith(f":{release.MAXTEXT_VERSION}"):
         return "uv run invoke image"
     return "check the image's tag and the nodes' access to its registry"
@@ -100,18 +123,24 @@ def trouble(pods: list[dict], capacity: str) -> str | None:
             waiting = container.get("state", {}).get("waiting") or {}
             if waiting.get("reason") in PULL_ERRORS:
                 fix = pull_fix(waiting.get("message", ""), container.get("image", ""))
-                return (f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
-                        f"{waiting.get('message', '').strip()}); fix: {fix}")
+                return (
+                    f"{name} cannot pull {container.get('image')} ({waiting['reason']}: "
+                    f"{waiting.get('message', '').strip()}); fix: {fix}"
+                )
             ended = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
             if container["name"] == "pathways-worker" and ended and ended.get("exitCode"):
-                return (f"worker {name} crashed (exit {ended['exitCode']}, {ended.get('reason', 'Error')}); fix: read "
-                        f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it")
+                return (
+                    f"worker {name} crashed (exit {ended['exitCode']}, {ended.get('reason', 'Error')}); fix: read "
+                    f"its log (kubectl logs {name} -c pathways-worker --previous); Kubernetes restarts it"
+                )
         for condition in pod.get("status", {}).get("conditions", []):
             if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return (f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: "
-                        f"{condition.get('message', '').strip()}; fix: check the TPU node pool's capacity and quota "
-                        "(gcloud container node-pools describe; the reservation, spot availability, TPU quota in the "
-                        "zone)")
+                return (
+                    f"{name} cannot be scheduled{CAPACITIES[capacity].unschedulable_note}: "
+                    f"{condition.get('message', '').strip()}; fix: check the TPU node pool's capacity and quota "
+                    "(gcloud container node-pools describe; the reservation, spot availability, TPU quota in the "
+                    "zone)"
+                )
     return None
 
 
@@ -130,20 +159,35 @@ def _state(found: dict, pods: list[dict], capacity: str) -> SliceJob:
     elif "Failed" in conditions:
         state, exit_code = "failed", _script_exit_code(pods) or 1
         problem = trouble(pods, capacity) or next(
-            (c.get("message") for c in status.get("conditions", []) if c["type"] == "Failed"), None)
+            (c.get("message") for c in status.get("conditions", []) if c["type"] == "Failed"), None
+        )
     else:
         running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
         state, problem = ("running" if running else "pending"), trouble(pods, capacity)
     labels, annotations = meta.get("labels", {}), meta.get("annotations", {})
     total, record = annotations.get(TOTAL_STEPS, ""), annotations.get(RUN_RECORD)
-    return SliceJob(meta["name"], labels.get(jobset.STEP_LABEL, "?"), labels.get(jobset.RUN_LABEL, "?"), state,
-                    exit_code, meta.get("creationTimestamp", ""), problem,
-                    int(total) if re.fullmatch(r"[0-9]+", total) else None, json.loads(record) if record else None)
+    return SliceJob(
+        meta["name"],
+        labels.get(jobset.STEP_LABEL, "?"),
+        labels.get(jobset.RUN_LABEL, "?"),
+        state,
+        exit_code,
+        meta.get("creationTimestamp", ""),
+        problem,
+        int(total) if re.fullmatch(r"[0-9]+", total) else None,
+        json.loads(record) if record else None,
+    )
 
 
 def _script_pod(pods: list[dict]) -> dict | None:
-    return next((pod for pod in pods if pod["metadata"].get("labels", {}).get(
-        "jobset.sigs.k8s.io/replicatedjob-name") in SCRIPT_JOBS), None)
+    return next(
+        (
+            pod
+            for pod in pods
+            if pod["metadata"].get("labels", {}).get("jobset.sigs.k8s.io/replicatedjob-name") in SCRIPT_JOBS
+        ),
+        None,
+    )
 
 
 def _script_exit_code(pods: list[dict]) -> int | None:
@@ -163,12 +207,21 @@ def put_token(cluster: Cluster) -> None:
     if token:
         cluster.put_token(token)
     elif not cluster.has_token():
-        raise maxtext.CommandError("no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
-                                   f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline")
+        raise maxtext.CommandError(
+            "no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
+            f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline"
+        )
 
 
-def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console,
-           detach: bool = False, verbose: bool = False) -> int:
+def launch(
+    cluster: Cluster,
+    settings: Settings,
+    run: maxtext.Run,
+    step: str,
+    console: Console,
+    detach: bool = False,
+    verbose: bool = False,
+) -> int:
     """Create the step's JobSet and, unless detached, follow it to its end; returns its exit code."""
     wanted = manifest(settings, run, step)
     image = images.post_training_image(settings.project, settings.region)
@@ -179,9 +232,11 @@ def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, co
     before = cluster.jobset(name)
     if before is not None:
         if describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
-            raise maxtext.CommandError(f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
-                                       f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
-                                       f"(uv run invoke cancel --job {name})")
+            raise maxtext.CommandError(
+                f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
+                f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
+                f"(uv run invoke cancel --job {name})"
+            )
         _replace_ended(cluster, name)
     cluster.create(wanted)
     where = f"slice {settings.slice}" if step == "train" else "the slice's CPU host"
@@ -189,8 +244,9 @@ def launch(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, co
     if detach:
         console.print(f"detached: follow it with uv run invoke logs --job {name}")
         return 0
-    return follow(cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None,
-                  verbose)
+    return follow(
+        cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None, verbose
+    )
 
 
 def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> None:
@@ -203,8 +259,9 @@ def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> Non
         time.sleep(POLL_SECONDS)
 
 
-def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console,
-             verbose: bool = False) -> tuple[int, dict]:
+def pipeline(
+    cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console, verbose: bool = False
+) -> tuple[int, dict]:
     """convert -> train -> export on the slice, each a JobSet followed to its end; a step whose output is in
     the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped.
     Returns the exit code and what happened, step by step."""
@@ -221,30 +278,52 @@ def pipeline(cluster: Cluster, settings: Settings, run: maxtext.Run, console: Co
             outcome["steps"].append({"step": step, "state": "skipped", "job": None})
             continue
         code = launch(cluster, settings, run, step, console, verbose=verbose)
-        outcome["steps"].append({"step": step, "state": "finished" if code == 0 else "failed",
-                                 "job": jobset.job_name(step, run.name), "exit_code": code})
+        outcome["steps"].append(
+            {
+                "step": step,
+                "state": "finished" if code == 0 else "failed",
+                "job": jobset.job_name(step, run.name),
+                "exit_code": code,
+            }
+        )
         if code:
             return code, outcome
     outcome["model"] = model
-    console.print(styled("[green]run {} is complete[/]: the model is in {}; get it with: uv run invoke fetch --run {}",
-                         run.name, model, run.name))
+    console.print(
+        styled(
+            "[green]run {} is complete[/]: the model is in {}; get it with: uv run invoke fetch --run {}",
+            run.name,
+            model,
+            run.name,
+        )
+    )
     return 0, outcome
 
 
-def follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str,
-           total_steps: int | None = None, verbose: bool = False) -> int:
+def follow(
+    cluster: Cluster,
+    name: str,
+    step: str,
+    console: Console,
+    capacity: str,
+    total_steps: int | None = None,
+    verbose: bool = False,
+) -> int:
     """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
     each; the exit code is the JobSet's verdict."""
     try:
         return _follow(cluster, name, step, console, capacity, total_steps, verbose)
     except KeyboardInterrupt:
-        console.print(f"\ndetached: job {name} keeps running on the cluster; reattach: uv run invoke logs --job {name} "
-                      f"--follow; stop it: uv run invoke cancel --job {name}")
+        console.print(
+            f"\ndetached: job {name} keeps running on the cluster; reattach: uv run invoke logs --job {name} "
+            f"--follow; stop it: uv run invoke cancel --job {name}"
+        )
         return INTERRUPTED
 
 
-def _follow(cluster: Cluster, name: str, step: str, console: Console, capacity: str, total_steps: int | None,
-            verbose: bool) -> int:
+def _follow(
+    cluster: Cluster, name: str, step: str, console: Console, capacity: str, total_steps: int | None, verbose: bool
+) -> int:
     said: set[str] = set()
     streamed = False
     with watch.JobView(console, name, step, total_steps, verbose) as view:
@@ -295,8 +374,9 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
     if name:
         ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
         if name not in ours or not cluster.delete(name):
-            raise maxtext.CommandError(f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke "
-                                       "status")
+            raise maxtext.CommandError(
+                f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke status"
+            )
         return [name]
     running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running")]
     for job in running:
@@ -328,21 +408,30 @@ def for_export(cluster: Cluster, run: maxtext.Run, capacity: str) -> maxtext.Run
     asked for (default: its newest), checked to be in the bucket."""
     from tpu_grpo.jobs import pipeline
 
-    trained = [job for job in jobs_on(cluster, capacity)
-               if job.step == "train" and job.state == "finished"
-               and run.run_name in (None, job.run)]
+    trained = [
+        job
+        for job in jobs_on(cluster, capacity)
+        if job.step == "train" and job.state == "finished" and run.run_name in (None, job.run)
+    ]
     if not trained:
         which = "any run" if run.run_name is None else f"run {run.run_name!r}"
-        raise maxtext.CommandError(f"no finished training for {which} on the cluster; fix: uv run invoke train "
-                                   "--batches 50 (or name a trained run: uv run invoke status)")
+        raise maxtext.CommandError(
+            f"no finished training for {which} on the cluster; fix: uv run invoke train "
+            "--batches 50 (or name a trained run: uv run invoke status)"
+        )
     record = trained[-1].trained
-    run = (run.export_of(maxtext.Run.from_record(record)) if record  # a JobSet made before records: its name only
-           else dataclasses.replace(run, run_name=trained[-1].run))
+    run = (
+        run.export_of(maxtext.Run.from_record(record))
+        if record  # a JobSet made before records: its name only
+        else dataclasses.replace(run, run_name=trained[-1].run)
+    )
     steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
     if not steps or (run.step is not None and run.step not in steps):
-        raise maxtext.CommandError(f"run {run.name} has no checkpoint at step {run.step or 'any'} in "
-                                   f"{maxtext.paths(run)['checkpoints']}; it has: "
-                                   f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}")
+        raise maxtext.CommandError(
+            f"run {run.name} has no checkpoint at step {run.step or 'any'} in "
+            f"{maxtext.paths(run)['checkpoints']}; it has: "
+            f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}"
+        )
     return dataclasses.replace(run, step=run.step or steps[-1])
 
 
@@ -350,8 +439,10 @@ def newest_run(cluster: Cluster, step: str, capacity: str) -> str:
     """The run of the newest job of `step` that finished on the cluster."""
     done = [job for job in jobs_on(cluster, capacity) if job.step == step and job.state == "finished"]
     if not done:
-        raise maxtext.CommandError(f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
-                                   f"it: uv run invoke pipeline --batches 50")
+        raise maxtext.CommandError(
+            f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
+            f"it: uv run invoke pipeline --batches 50"
+        )
     return done[-1].run
 
 
@@ -386,6 +477,9 @@ def next_start(settings: Settings) -> dict | None:
             folders.setdefault(versions, []).append(size)
     versions = max(folders, key=lambda each: len(folders[each]), default="VERSIONS")
     entries = folders.get(versions, [])
-    return {"warm": bool(entries), "entries": len(entries), "bytes": sum(entries),
-            "folder": f"{root}/{versions}/{named}"}
-
+    return {
+        "warm": bool(entries),
+        "entries": len(entries),
+        "bytes": sum(entries),
+        "folder": f"{root}/{versions}/{named}",
+    }

@@ -20,6 +20,7 @@ from tpu_grpo.host import facts, hosts
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.jobs.job_records import JobRecord, utc
 from tpu_grpo.config.host_paths import ROOT, TPU_LOCK
+
 JOBS = f"{ROOT}/jobs"
 DONE = f"{ROOT}/done"
 BUSY_EXIT = 75
@@ -80,9 +81,17 @@ class Job:
 
     def record(self) -> JobRecord:
         failed = self.state == "finished" and self.exit_code != 0
-        return JobRecord(self.id, self.step, self.run, "failed" if failed else self.state, self.exit_code,
-                         utc(self.started), utc(self.finished) if self.finished else None,
-                         self.meta.get("total_steps"), None)
+        return JobRecord(
+            self.id,
+            self.step,
+            self.run,
+            "failed" if failed else self.state,
+            self.exit_code,
+            utc(self.started),
+            utc(self.finished) if self.finished else None,
+            self.meta.get("total_steps"),
+            None,
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,8 +123,9 @@ fi
 """
 
 
-def start(connection, job_id: str, command: str, meta: dict, record: str = "",
-          claim: tuple[str, str] | None = None) -> int:
+def start(
+    connection, job_id: str, command: str, meta: dict, record: str = "", claim: tuple[str, str] | None = None
+) -> int:
     """Start `command` detached as job `job_id`; returns its process group. Refuses when a job runs,
     and when `claim` = (path, text) names a file that holds other text (written if it is missing),
     both under the TPU's lock."""
@@ -136,8 +146,10 @@ cat "$dir/pid"
     result = hosts.run_script(connection, script)
     if result.exited == BUSY_EXIT:
         running = result.stdout.split()[1] if len(result.stdout.split()) > 1 else "another job"
-        raise JobBusy(f"the TPU is busy with job {running}; fix: wait for it (uv run invoke logs --follow) "
-                      "or stop it (uv run invoke cancel)")
+        raise JobBusy(
+            f"the TPU is busy with job {running}; fix: wait for it (uv run invoke logs --follow) "
+            "or stop it (uv run invoke cancel)"
+        )
     if result.exited == CLAIMED_EXIT and claim:
         raise ClaimTaken(claim[0], base64.b64decode(result.stdout.split()[-1]).decode())
     if result.exited != 0:
@@ -171,9 +183,19 @@ def parse_jobs(answer: facts.Answer) -> list[Job]:
             continue
         job_id, state, code, started, finished, size, meta = parts
         info = json.loads(base64.b64decode(meta))
-        jobs.append(Job(job_id, info.get("step", "?"), info.get("run", ""), state,
-                        int(code) if code else (LOST if state == "lost" else None), float(started),
-                        float(finished) if finished else None, int(size), info))
+        jobs.append(
+            Job(
+                job_id,
+                info.get("step", "?"),
+                info.get("run", ""),
+                state,
+                int(code) if code else (LOST if state == "lost" else None),
+                float(started),
+                float(finished) if finished else None,
+                int(size),
+                info,
+            )
+        )
     return jobs
 
 
@@ -193,16 +215,24 @@ def find(jobs: list[Job], job_id: str | None) -> Job:
         for job in jobs:
             if job.id == job_id:
                 return job
-        raise JobError(f"no job {job_id!r} on this host; fix: pick one of {', '.join(j.id for j in jobs[-5:])} "
-                       "(uv run invoke status)")
+        raise JobError(
+            f"no job {job_id!r} on this host; fix: pick one of {', '.join(j.id for j in jobs[-5:])} "
+            "(uv run invoke status)"
+        )
     running = [job for job in jobs if job.state == "running"]
     return running[-1] if running else jobs[-1]
 
 
 def read_log(connection, job_id: str, offset: int = 0) -> bytes:
     """The job's log from byte `offset` on."""
-    result = hosts.run(connection, f"tail -c +{offset + 1} {JOBS}/{job_id}/log", hide=True, warn=True,
-                       in_stream=False, encoding="latin-1")
+    result = hosts.run(
+        connection,
+        f"tail -c +{offset + 1} {JOBS}/{job_id}/log",
+        hide=True,
+        warn=True,
+        in_stream=False,
+        encoding="latin-1",
+    )
     return result.stdout.encode("latin-1")
 
 
@@ -231,6 +261,7 @@ sudo rm -f /tmp/libtpu_lockfile
 @dataclass
 class Follow:
     """Where a follow stands: bytes received so far (its resume point) and reconnections made."""
+
     offset: int = 0
     reconnects: int = 0
 
@@ -266,8 +297,14 @@ class Session:
             self._connection = None
 
 
-def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], position: Follow | None = None,
-           on_reconnect: Callable[[str], None] | None = None, reconnect_s: float = RECONNECT_S) -> int:
+def follow(
+    session: Session,
+    job_id: str,
+    on_bytes: Callable[[bytes], None],
+    position: Follow | None = None,
+    on_reconnect: Callable[[str], None] | None = None,
+    reconnect_s: float = RECONNECT_S,
+) -> int:
     """Stream the job's log until it ends and return its exit code; a lost link is reopened and
     the stream resumes at the byte it had, so no line is missed or repeated."""
     import paramiko
@@ -277,8 +314,10 @@ def follow(session: Session, job_id: str, on_bytes: Callable[[bytes], None], pos
         try:
             connection = session.connection
         except hosts.HostError as error:
-            raise hosts.ConnectError(f"lost the host while following job {job_id} ({error}); the job goes on on the "
-                           f"host: uv run invoke logs --job {job_id} --follow") from None
+            raise hosts.ConnectError(
+                f"lost the host while following job {job_id} ({error}); the job goes on on the "
+                f"host: uv run invoke logs --job {job_id} --follow"
+            ) from None
         try:
             if _stream(connection, job_id, position, on_bytes):
                 on_bytes(_rest(connection, job_id, position))

@@ -17,8 +17,20 @@ from tpu_grpo.host import facts, remote
 from tpu_grpo.jobs import job_records, maxtext, vm_jobs
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
-from tpu_grpo.jobs.progress import (RESUMES, STARTUP_LINES, Completed, Eval, Resumed, Started, Tracker, TrainStep,
-                                    absl_seconds, compile_cache, startup, startup_text)
+from tpu_grpo.jobs.progress import (
+    RESUMES,
+    STARTUP_LINES,
+    Completed,
+    Eval,
+    Resumed,
+    Started,
+    Tracker,
+    TrainStep,
+    absl_seconds,
+    compile_cache,
+    startup,
+    startup_text,
+)
 from tpu_grpo.config.printing import styled
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
@@ -80,9 +92,19 @@ class JobView(LogView):
         self.job_id, self.step, self.verbose = job_id, step, verbose
         self.tracker = Tracker(total_steps or 0)
         self.lines = 0
-        super().__init__(console, job_id, Progress(
-            TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"), console=console, transient=False))
+        super().__init__(
+            console,
+            job_id,
+            Progress(
+                TextColumn("{task.description}", markup=False),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[eta]}  {task.fields[accuracy]}"),
+                console=console,
+                transient=False,
+            ),
+        )
         self.task = self.progress.add_task(f"{step} {job_id}", total=total_steps or None, eta="", accuracy="")
 
     def _line(self, line: str) -> None:
@@ -93,17 +115,22 @@ class JobView(LogView):
             eta = _eta(self.tracker.eta_seconds(now))
             self.progress.update(self.task, completed=event.step, eta=eta)
             if not self.console.is_terminal:
-                self.console.print(f"{self.step}: GRPO step {event.step}/{self.tracker.total_steps} "
-                                   f"loss {event.loss:g} {eta}")
+                self.console.print(
+                    f"{self.step}: GRPO step {event.step}/{self.tracker.total_steps} loss {event.loss:g} {eta}"
+                )
         elif isinstance(event, Resumed):
             self.progress.update(self.task, completed=event.step)
-            self.progress.console.print(f"{self.step}: resumes after checkpoint {event.step} of "
-                                        f"{self.tracker.total_steps} (MaxText restores it)")
+            self.progress.console.print(
+                f"{self.step}: resumes after checkpoint {event.step} of "
+                f"{self.tracker.total_steps} (MaxText restores it)"
+            )
         elif isinstance(event, Eval):
             where = f" (step {event.step})" if event.step is not None else ""
             self.progress.update(self.task, accuracy=f"eval {event.accuracy:g}%")
-            self.progress.console.print(f"{self.step}: {event.stage} eval{where}: accuracy {event.accuracy:g}% "
-                                        f"({event.correct}/{event.total}), format {event.format_accuracy:g}%")
+            self.progress.console.print(
+                f"{self.step}: {event.stage} eval{where}: accuracy {event.accuracy:g}% "
+                f"({event.correct}/{event.total}), format {event.format_accuracy:g}%"
+            )
         elif isinstance(event, (Started, Completed)):
             self.progress.console.print(f"{self.step}: {line.split('] ', 1)[-1].strip()}")
         elif line.startswith("tpu-grpo: "):
@@ -112,24 +139,31 @@ class JobView(LogView):
             self.progress.console.print(line, markup=False, highlight=False)
 
 
-def follow(session: vm_jobs.Session, job: str, step: str, console: Console, total_steps: int | None = None,
-           verbose: bool = False) -> int:
+def follow(
+    session: vm_jobs.Session,
+    job: str,
+    step: str,
+    console: Console,
+    total_steps: int | None = None,
+    verbose: bool = False,
+) -> int:
     """Follow the job to its end with a progress view; returns its exit code. Ctrl-C detaches (the job goes on)
     and says how to come back."""
     try:
         with JobView(console, job, step, total_steps, verbose) as view:
             code = vm_jobs.follow(session, job, view.feed, on_reconnect=view.note)
     except KeyboardInterrupt:
-        console.print(f"\ndetached: job {job} keeps running on {session.host.name}; reattach: uv run invoke logs "
-                      f"--job {job} --follow; stop it: uv run invoke cancel --job {job}")
+        console.print(
+            f"\ndetached: job {job} keeps running on {session.host.name}; reattach: uv run invoke logs "
+            f"--job {job} --follow; stop it: uv run invoke cancel --job {job}"
+        )
         return INTERRUPTED
     verdict = "[green]finished[/]" if code == 0 else f"[red]failed (exit {code})[/]"
     console.print(styled("{} " + verdict + ": job {}, {} log lines (saved in {})", step, job, view.lines, view.path))
     return code
 
 
-PROGRESS_LINES = ("Pre RL Training|Intermediate Eval|Post RL Training|Completed Successfully|"
-                  f"{RESUMES}|{STARTUP_LINES}")
+PROGRESS_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|Completed Successfully|{RESUMES}|{STARTUP_LINES}"
 
 
 def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
@@ -144,8 +178,9 @@ def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
 
 
 #: Where a training job stands (job id, its total steps), from its log's progress lines.
-PROGRESS = facts.Fact("progress", lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {vm_jobs.JOBS}/{job_id}/log",
-                      _progress)
+PROGRESS = facts.Fact(
+    "progress", lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {vm_jobs.JOBS}/{job_id}/log", _progress
+)
 
 
 def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
@@ -160,9 +195,13 @@ def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
 #: The compile cache a training of these settings would start with now (the caches' root, the folder its settings
 #: name): the venv's versions are the host's to say.
 NEXT_START = facts.Fact(
-    "next_start", lambda root, named: f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
-                                      f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}",
-    lambda answer, root, named: next(filter(None, map(compile_cache, answer.stdout.splitlines())), None))
+    "next_start",
+    lambda root, named: (
+        f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
+        f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}"
+    ),
+    lambda answer, root, named: next(filter(None, map(compile_cache, answer.stdout.splitlines())), None),
+)
 
 
 def next_start(connection, run: maxtext.Run) -> dict | None:
@@ -194,19 +233,32 @@ def show_next_start(console: Console, next_cache: dict | None) -> None:
     if next_cache is None:
         return
     size = f"{next_cache['entries']} compiled programs, {next_cache['bytes'] / 1e6:,.1f} MB"
-    console.print(styled("next training of the stack's settings: starts warm ({}) from {}", size, next_cache["folder"])
-                  if next_cache["warm"] else
-                  styled("next training of the stack's settings: starts cold (its compile cache {} is empty: this "
-                         "start compiles, the next ones reuse it)", next_cache["folder"]))
+    console.print(
+        styled("next training of the stack's settings: starts warm ({}) from {}", size, next_cache["folder"])
+        if next_cache["warm"]
+        else styled(
+            "next training of the stack's settings: starts cold (its compile cache {} is empty: this "
+            "start compiles, the next ones reuse it)",
+            next_cache["folder"],
+        )
+    )
 
 
-def print_status(console: Console, host: str, found: list[JobRecord], progress: dict | None,
-                 idle: dict | None = None, next_cache: dict | None = None) -> None:
+def print_status(
+    console: Console,
+    host: str,
+    found: list[JobRecord],
+    progress: dict | None,
+    idle: dict | None = None,
+    next_cache: dict | None = None,
+) -> None:
     if idle:
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(idle["stops_at_earliest"]))
-        console.print(f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
-                      f"and its last terminal session closes: at {at} UTC at the earliest"
-                      + (f"; then {idle['after_stop']}" if idle.get("after_stop") else ""))
+        console.print(
+            f"idle stop: {host} powers itself off {idle['idle_minutes']} minutes after its last job ends "
+            f"and its last terminal session closes: at {at} UTC at the earliest"
+            + (f"; then {idle['after_stop']}" if idle.get("after_stop") else "")
+        )
     else:
         console.print(f"idle stop: off, {host} runs until stopped (tpu-grpo:idleStopMinutes)")
     show_next_start(console, next_cache)
@@ -216,8 +268,10 @@ def print_status(console: Console, host: str, found: list[JobRecord], progress: 
     if progress:
         evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
         resumed = progress.get("resumed_from")
-        console.print(f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
-                      + (f" (resumed after checkpoint {resumed})" if resumed else "")
-                      + (f"; eval accuracy: {evals}" if evals else ""))
+        console.print(
+            f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
+            + (f" (resumed after checkpoint {resumed})" if resumed else "")
+            + (f"; eval accuracy: {evals}" if evals else "")
+        )
         if said := startup_text(progress.get("startup")):
             console.print(f"start-up: {said}")

@@ -34,7 +34,9 @@ _TRANSIENT = re.compile(
     r"|connection (refused|reset|timed out|closed|aborted)|timed out|read ?timeout|error sending request"
     r"|ssl (connect )?error|tls handshake|hash sum mismatch|early eof|rpc failed|hung up unexpectedly"
     r"|max retries exceeded|returned error: (429|5\d\d)|too many requests|internal server error|bad gateway"
-    r"|service unavailable|gateway time-?out", re.IGNORECASE)
+    r"|service unavailable|gateway time-?out",
+    re.IGNORECASE,
+)
 OUTPUT_TAIL_LINES = 15
 _MARK = "@@tpu-grpo-check"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
@@ -53,8 +55,10 @@ def local_secret(source: str) -> str | None:
     try:
         return values.text_of(path).strip() or None
     except values.Refused as problem:
-        raise PlaybookError(f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH) {problem}; fix: save the "
-                            "token in it alone, as UTF-8 text (or set HF_TOKEN)") from None
+        raise PlaybookError(
+            f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH) {problem}; fix: save the "
+            "token in it alone, as UTF-8 text (or set HF_TOKEN)"
+        ) from None
 
 
 @dataclass
@@ -80,8 +84,10 @@ class HostReport:
         return self.error is not None or any(result.status == "failed" for result in self.steps)
 
     def counts(self) -> dict[str, int]:
-        return {status: sum(result.status == status for result in self.steps)
-                for status in ("ok", "changed", "failed", "skipped")}
+        return {
+            status: sum(result.status == status for result in self.steps)
+            for status in ("ok", "changed", "failed", "skipped")
+        }
 
 
 @dataclass
@@ -95,9 +101,21 @@ class Report:
         return any(host.failed for host in self.hosts)
 
     def to_json(self) -> dict:
-        return {"playbook": self.playbook, "check_mode": self.check_mode, "failed": self.failed,
-                "hosts": [{"host": host.host, "error": host.error, "notices": host.notices, **host.counts(),
-                           "steps": [asdict(result) for result in host.steps]} for host in self.hosts]}
+        return {
+            "playbook": self.playbook,
+            "check_mode": self.check_mode,
+            "failed": self.failed,
+            "hosts": [
+                {
+                    "host": host.host,
+                    "error": host.error,
+                    "notices": host.notices,
+                    **host.counts(),
+                    "steps": [asdict(result) for result in host.steps],
+                }
+                for host in self.hosts
+            ],
+        }
 
 
 Event = Callable[[str, str, str, Any], None]  # (kind, host, step, payload): start | output | done
@@ -118,13 +136,16 @@ class Planned:
                 self.skip = f"no local {step.secret['source']}: set HF_TOKEN or log in with `hf auth login`"
             digest = hashlib.sha256((self.secret_value or "").encode()).hexdigest()
             dest = shlex.quote(step.secret["dest"])
-            self.check = self.check_script = (f'cd && [ "$(sha256sum < {dest} 2>/dev/null)" = "{digest}  -" ] '
-                                              f'&& [ "$(stat -c %a {dest})" = 600 ]')
+            self.check = self.check_script = (
+                f'cd && [ "$(sha256sum < {dest} 2>/dev/null)" = "{digest}  -" ] && [ "$(stat -c %a {dest})" = 600 ]'
+            )
             self.run = ""
         else:
             self.check_script = self._script(book, step.check)
             self.check = hosts_module.bash_command(self.check_script, step.become)
-            self.run = hosts_module.bash_command(self._script(book, step.run), step.become) + " 2>&1"  # one stream, in the order written
+            self.run = (
+                hosts_module.bash_command(self._script(book, step.run), step.become) + " 2>&1"
+            )  # one stream, in the order written
 
     def _script(self, book: Playbook, text: str) -> str:
         return f"{render(book.prelude, self.values).rstrip()}\ncd\n{render(text, self.values)}"
@@ -141,9 +162,11 @@ def plan(book: Playbook, values: dict, tags: list[str] | None = None) -> list[Pl
     return [Planned(book, step, values, secrets) for step in selected(book, tags)]
 
 
-_CHECK_FUNCTION = ('_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
-                   'if [ $code != 0 ] && [ -n "$out" ]; then out=$(printf %s "$out" | tail -c 2000 | base64 -w0); else out=; fi; '
-                   f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}')
+_CHECK_FUNCTION = (
+    '_check() { out=$(script=$2; set --; eval "$script" 2>&1 </dev/null); code=$?; '
+    'if [ $code != 0 ] && [ -n "$out" ]; then out=$(printf %s "$out" | tail -c 2000 | base64 -w0); else out=; fi; '
+    f'printf "\\n{_MARK} %s %s %s\\n" "$1" "$code" "$out"; }}'
+)
 
 
 def gather_script(planned: list[Planned]) -> str:
@@ -153,6 +176,7 @@ def gather_script(planned: list[Planned]) -> str:
 
     Each check's script runs in a subshell of this one (as its `bash -c` would, without starting
     bash again); the `become` ones all under one sudo, which costs as much as a check."""
+
     def background(items: list[Planned]) -> list[str]:
         return [f"_check {item.step.index} {shlex.quote(item.check_script)} &" for item in items]
 
@@ -212,9 +236,17 @@ class _Stream:
         pass
 
 
-def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, check_mode: bool = False,
-          tags: list[str] | None = None, on_event: Event | None = None,
-          retry_delays: tuple = RETRY_DELAYS_S, wait_s: float = 0) -> Report:
+def apply(
+    book: Playbook,
+    values: dict,
+    targets: list[hosts_module.Host],
+    *,
+    check_mode: bool = False,
+    tags: list[str] | None = None,
+    on_event: Event | None = None,
+    retry_delays: tuple = RETRY_DELAYS_S,
+    wait_s: float = 0,
+) -> Report:
     """Apply the playbook to every host in parallel, one worker per host: its one connection, one round
     trip of every check, then only the steps that are not in place, in order."""
     notify = on_event or (lambda *args: None)
@@ -235,8 +267,9 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
                 report.error = f"{host.name}: connection lost while checking ({error or type(error).__name__})"
                 return
             checks = parse_gathered(gathered.stdout)
-            works = not check_mode and any(not item.skip and checks.get(item.step.index, (1,))[0] != 0
-                                           for item in planned)  # a run that changes nothing takes no lease
+            works = not check_mode and any(
+                not item.skip and checks.get(item.step.index, (1,))[0] != 0 for item in planned
+            )  # a run that changes nothing takes no lease
             with hosts_module.busy(connection, "provision") if works else contextlib.nullcontext():
                 _apply_host(connection, report, planned, checks, check_mode, notify, retry_delays)
             if any(result.started for result in report.steps) and connection.is_connected:
@@ -249,8 +282,15 @@ def apply(book: Playbook, values: dict, targets: list[hosts_module.Host], *, che
     return Report(str(book.path), check_mode, reports)
 
 
-def _apply_host(connection, report: HostReport, planned: list[Planned], checks: dict, check_mode: bool,
-                notify: Event, retry_delays: tuple) -> None:
+def _apply_host(
+    connection,
+    report: HostReport,
+    planned: list[Planned],
+    checks: dict,
+    check_mode: bool,
+    notify: Event,
+    retry_delays: tuple,
+) -> None:
     changed_something = False
     for item in planned:
         name = item.step.name
@@ -276,18 +316,20 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
         notify("start", report.host, name, None)
         started, began = time.monotonic(), time.time()
         try:
-            result = _make_right(connection, item, functools.partial(notify, "output", report.host, name),
-                                 retry_delays)
+            result = _make_right(connection, item, functools.partial(notify, "output", report.host, name), retry_delays)
         except Exception as error:  # noqa: BLE001 - a lost connection ends this host, whatever paramiko raises
-            result = StepResult(name, "failed", note=f"connection lost ({error or type(error).__name__}); "
-                                                     "re-run to continue from this step")
+            result = StepResult(
+                name,
+                "failed",
+                note=f"connection lost ({error or type(error).__name__}); re-run to continue from this step",
+            )
             report.error = f"{report.host}: connection lost during '{name}'"
         result.seconds, result.started = round(time.monotonic() - started, 2), round(began, 3)
         report.steps.append(result)
         changed_something = True
         notify("done", report.host, name, result)
         if result.status == "failed":
-            for rest in planned[planned.index(item) + 1:]:
+            for rest in planned[planned.index(item) + 1 :]:
                 report.steps.append(StepResult(rest.step.name, "skipped", note=f"not run: '{name}' failed"))
                 notify("done", report.host, rest.step.name, report.steps[-1])
             return
@@ -295,8 +337,11 @@ def _apply_host(connection, report: HostReport, planned: list[Planned], checks: 
 
 def _record(connection, report: HostReport) -> None:
     """Keep on the host when each step that ran began and how long it took (`invoke timeline` reads it)."""
-    ran = [{"step": result.step, "status": result.status, "started": result.started, "seconds": result.seconds}
-           for result in report.steps if result.started]
+    ran = [
+        {"step": result.step, "status": result.status, "started": result.started, "seconds": result.seconds}
+        for result in report.steps
+        if result.started
+    ]
     name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(next(r.started for r in report.steps if r.started)))
     hosts_module.write_text(connection, f"{PROVISIONING}/{name}.json", json.dumps({"host": report.host, "steps": ran}))
 
@@ -315,8 +360,15 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
         for attempt in range(1, attempts + 1):
             stream = _Stream(on_line if item.step.progress else None)
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
-            result = hosts_module.run(connection, item.run, warn=True, hide=False, pty=item.step.progress,
-                          out_stream=stream, err_stream=stream)
+            result = hosts_module.run(
+                connection,
+                item.run,
+                warn=True,
+                hide=False,
+                pty=item.step.progress,
+                out_stream=stream,
+                err_stream=stream,
+            )
             if result.exited == 0 or attempt == attempts:
                 break
             transient = _TRANSIENT.search(stream.tail())
@@ -326,13 +378,15 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
             on_line(f"attempt {attempt + 1} of {attempts} in {delay} s, after: {transient.group(0)}")
             time.sleep(delay)
         if result.exited != 0:
-            return StepResult(name, "failed", note=f"exit code {result.exited}", exit_code=result.exited,
-                              output=stream.tail())
+            return StepResult(
+                name, "failed", note=f"exit code {result.exited}", exit_code=result.exited, output=stream.tail()
+            )
     verify = hosts_module.run(connection, item.check, warn=True, hide=True)
     if verify.exited != 0:
         tail = (verify.stdout + verify.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:]
-        return StepResult(name, "failed", note="it ran, but its check still fails", exit_code=verify.exited,
-                          output="\n".join(tail))
+        return StepResult(
+            name, "failed", note="it ran, but its check still fails", exit_code=verify.exited, output="\n".join(tail)
+        )
     return StepResult(name, "changed")
 
 

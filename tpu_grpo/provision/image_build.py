@@ -33,17 +33,19 @@ class ImageError(UserError):
 
 def dockerfile() -> str:
     defaults = {name: var.default for name, var in playbook.load().vars.items()}
-    return "\n".join([
-        f"FROM {BASE_IMAGE}",
-        "RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates "
-        "&& rm -rf /var/lib/apt/lists/*",
-        f"RUN pip install --no-cache-dir uv=={defaults['uv_version']}",
-        "ENV VIRTUAL_ENV=/opt/maxtext_venv PATH=/opt/maxtext_venv/bin:$PATH PYTHONUNBUFFERED=1",
-        f"RUN uv venv $VIRTUAL_ENV && UV_TORCH_BACKEND=cpu uv pip install \"{release.MAXTEXT_SPEC}\" "
-        f"jax=={release.JAX_VERSION} jaxlib=={release.JAX_VERSION} --resolution=lowest",
-        "RUN install_tpu_post_train_extra_deps",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"FROM {BASE_IMAGE}",
+            "RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates "
+            "&& rm -rf /var/lib/apt/lists/*",
+            f"RUN pip install --no-cache-dir uv=={defaults['uv_version']}",
+            "ENV VIRTUAL_ENV=/opt/maxtext_venv PATH=/opt/maxtext_venv/bin:$PATH PYTHONUNBUFFERED=1",
+            f'RUN uv venv $VIRTUAL_ENV && UV_TORCH_BACKEND=cpu uv pip install "{release.MAXTEXT_SPEC}" '
+            f"jax=={release.JAX_VERSION} jaxlib=={release.JAX_VERSION} --resolution=lowest",
+            "RUN install_tpu_post_train_extra_deps",
+            "",
+        ]
+    )
 
 
 def check_builder(builder: str) -> None:
@@ -54,18 +56,25 @@ def check_builder(builder: str) -> None:
 def choose(builder: str) -> str:
     """The builder asked for (checked by check_builder), or (auto) a local Docker whose daemon answers, else
     Cloud Build; refused when the one asked for cannot run here."""
-    docker_ready = bool(shutil.which("docker")) and subprocess.run(
-        ["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    docker_ready = (
+        bool(shutil.which("docker"))
+        and subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    )
     if builder == "docker" and not docker_ready:
-        raise UserError("--builder docker, but no Docker daemon answers `docker info`; fix: start Docker, or "
-                        "--builder cloud-build")
+        raise UserError(
+            "--builder docker, but no Docker daemon answers `docker info`; fix: start Docker, or --builder cloud-build"
+        )
     chosen = builder if builder != "auto" else ("docker" if docker_ready else "cloud-build")
     if chosen == "cloud-build" and not shutil.which("gcloud"):
-        raise UserError("no Docker daemon here and no gcloud for Cloud Build; fix: install Docker, or the Google "
-                        "Cloud CLI (cloud.google.com/sdk)")
+        raise UserError(
+            "no Docker daemon here and no gcloud for Cloud Build; fix: install Docker, or the Google "
+            "Cloud CLI (cloud.google.com/sdk)"
+        )
     if chosen == "cloud-build" and not gcloud_logged_in():
-        raise UserError("Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its "
-                        "configuration folder); fix: gcloud auth login (or start Docker: --builder docker)")
+        raise UserError(
+            "Cloud Build needs a gcloud login, and gcloud has none (no credentials.db in its "
+            "configuration folder); fix: gcloud auth login (or start Docker: --builder docker)"
+        )
     return chosen
 
 
@@ -83,8 +92,19 @@ def commands(settings: Settings, builder: str, context: str) -> list[list[str]]:
     image = images.post_training_image(settings.project, settings.region)
     if builder == "docker":
         return [["docker", "build", "--platform=linux/amd64", "-t", image, context], ["docker", "push", image]]
-    return [["gcloud", "builds", "submit", f"--project={settings.project}", f"--region={settings.region}",
-             f"--tag={image}", "--machine-type=e2-highcpu-32", "--timeout=3600s", context]]
+    return [
+        [
+            "gcloud",
+            "builds",
+            "submit",
+            f"--project={settings.project}",
+            f"--region={settings.region}",
+            f"--tag={image}",
+            "--machine-type=e2-highcpu-32",
+            "--timeout=3600s",
+            context,
+        ]
+    ]
 
 
 def build(settings: Settings, builder: str, say=print) -> str:
@@ -95,7 +115,10 @@ def build(settings: Settings, builder: str, say=print) -> str:
         for command in commands(settings, builder, context):
             say(f"$ {' '.join(command)}")
             if subprocess.run(command).returncode:
-                fix = (f"gcloud auth configure-docker {settings.region}-docker.pkg.dev (then run this again)"
-                       if command[:2] == ["docker", "push"] else "read the output above")
+                fix = (
+                    f"gcloud auth configure-docker {settings.region}-docker.pkg.dev (then run this again)"
+                    if command[:2] == ["docker", "push"]
+                    else "read the output above"
+                )
                 raise ImageError(f"`{' '.join(command[:3])}` failed building {image}; fix: {fix}")
     return image

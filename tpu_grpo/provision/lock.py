@@ -30,14 +30,18 @@ def read_lock(path: Path) -> Lock:
     try:
         text = values.text_of(values.existing_file(str(path)))
     except values.Refused as problem:
-        raise PlaybookError(f"--lock {str(path)!r} {problem}; fix: run `uv run invoke freeze` on a provisioned host "
-                            "first, or give its lock") from None
+        raise PlaybookError(
+            f"--lock {str(path)!r} {problem}; fix: run `uv run invoke freeze` on a provisioned host "
+            "first, or give its lock"
+        ) from None
     header = dict(re.findall(r"^# (python|uv): (\S+)$", text, re.M))
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip() and not line.startswith("#") and not _REQUIREMENT.match(line.strip()):
-            raise PlaybookError(f"{path}:{number}: {line.strip()!r} is not 'name==version' or 'name @ url'; "
-                                "fix: regenerate it with `uv run invoke freeze`")
+            raise PlaybookError(
+                f"{path}:{number}: {line.strip()!r} is not 'name==version' or 'name @ url'; "
+                "fix: regenerate it with `uv run invoke freeze`"
+            )
     if not lines:
         raise PlaybookError(f"{path}: the lock lists no packages; fix: run `uv run invoke freeze`")
     return Lock(str(path), header.get("python", ""), header.get("uv", ""), "\n".join(lines))
@@ -60,16 +64,22 @@ def write_lock(path: Path, text: str) -> tuple[Path, int]:
 def freeze(connection, book: Playbook, values: dict, source: str) -> str:
     """The host's exact environment as a lock: Python, uv and every package of the venv."""
     venv = values["venv"]
-    script = (f'{render(book.prelude, values).rstrip()}\n'
-              f'{venv}/bin/python -c "import sys; print(sys.version.split()[0])"\n'
-              f'uv --version | cut -d" " -f2\n'
-              f'uv pip freeze --python {venv}')
+    script = (
+        f"{render(book.prelude, values).rstrip()}\n"
+        f'{venv}/bin/python -c "import sys; print(sys.version.split()[0])"\n'
+        f'uv --version | cut -d" " -f2\n'
+        f"uv pip freeze --python {venv}"
+    )
     result = hosts.run_script(connection, script)
     if result.exited != 0:
-        raise PlaybookError(f"{source}: cannot read the venv {venv} (exit {result.exited}: "
-                            f"{result.stderr.strip().splitlines()[-1:] or ''}); fix: run `uv run invoke provision` first")
+        raise PlaybookError(
+            f"{source}: cannot read the venv {venv} (exit {result.exited}: "
+            f"{result.stderr.strip().splitlines()[-1:] or ''}); fix: run `uv run invoke provision` first"
+        )
     python, uv, *packages = result.stdout.strip().splitlines()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return ("# tpu-grpo host lock: `invoke provision --locked` installs exactly this with `uv pip sync`.\n"
-            f"# written by `invoke freeze` from {source} at {stamp}\n"
-            f"# python: {python}\n# uv: {uv}\n" + "\n".join(sorted(packages, key=str.lower)) + "\n")
+    return (
+        "# tpu-grpo host lock: `invoke provision --locked` installs exactly this with `uv pip sync`.\n"
+        f"# written by `invoke freeze` from {source} at {stamp}\n"
+        f"# python: {python}\n# uv: {uv}\n" + "\n".join(sorted(packages, key=str.lower)) + "\n"
+    )

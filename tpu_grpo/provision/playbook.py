@@ -63,24 +63,31 @@ class Var:
         """A `--var` string -> a value of the default's type, checked like the default."""
         if isinstance(self.default, bool):
             if text.lower() not in {"true", "false"}:
-                raise PlaybookError(f"{where}: {self.name}={text!r} is not a boolean; fix: {self.name}=true or {self.name}=false")
+                raise PlaybookError(
+                    f"{where}: {self.name}={text!r} is not a boolean; fix: {self.name}=true or {self.name}=false"
+                )
             return text.lower() == "true"
         if isinstance(self.default, int):
             if re.fullmatch(r"-[0-9]+", text):
                 raise PlaybookError(f"{where}: {self.name}={text!r} is negative; fix: e.g. {self.name}={self.default}")
             if not re.fullmatch(r"[0-9]{1,9}", text):
-                raise PlaybookError(f"{where}: {self.name}={text!r} is not a whole number; fix: e.g. {self.name}={self.default}")
+                raise PlaybookError(
+                    f"{where}: {self.name}={text!r} is not a whole number; fix: e.g. {self.name}={self.default}"
+                )
             return int(text)
         self.validate(text, where)
         return text
 
     def validate(self, value: str, where: str) -> None:
         if self.choices and value not in self.choices:
-            raise PlaybookError(f"{where}: {self.name}={value!r} is not one of {', '.join(self.choices)}; "
-                                f"fix: {self.name}={self.choices[0]}")
+            raise PlaybookError(
+                f"{where}: {self.name}={value!r} is not one of {', '.join(self.choices)}; "
+                f"fix: {self.name}={self.choices[0]}"
+            )
         if self.pattern and not re.fullmatch(self.pattern, value):
-            raise PlaybookError(f"{where}: {self.name}={value!r} does not match {self.pattern}; "
-                                f"fix: e.g. {self.name}={self.default}")
+            raise PlaybookError(
+                f"{where}: {self.name}={value!r} does not match {self.pattern}; fix: e.g. {self.name}={self.default}"
+            )
 
 
 @dataclass(frozen=True)
@@ -118,13 +125,19 @@ def load(path: Path | None = None) -> Playbook:
     try:
         document = yaml.load(values.text_of(values.existing_file(str(path))), Loader=_LineLoader)
     except values.Refused as problem:
-        raise PlaybookError(f"--playbook {str(path)!r} {problem}; fix: give a playbook, e.g. playbooks/host.yml") from None
+        raise PlaybookError(
+            f"--playbook {str(path)!r} {problem}; fix: give a playbook, e.g. playbooks/host.yml"
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
-        raise PlaybookError(f"{path}{line}: not valid YAML ({getattr(error, 'problem', error)}); fix: correct the YAML there") from None
+        raise PlaybookError(
+            f"{path}{line}: not valid YAML ({getattr(error, 'problem', error)}); fix: correct the YAML there"
+        ) from None
     if not isinstance(document, dict):
-        raise PlaybookError(f"{path}: a playbook is a mapping with {', '.join(sorted(PLAYBOOK_KEYS))}; fix: see playbooks/host.yml")
+        raise PlaybookError(
+            f"{path}: a playbook is a mapping with {', '.join(sorted(PLAYBOOK_KEYS))}; fix: see playbooks/host.yml"
+        )
     book = Playbook(path, "", {}, ())
     _unknown_keys(document, PLAYBOOK_KEYS, book.where(document["__line__"]))
     variables = {}
@@ -132,16 +145,22 @@ def load(path: Path | None = None) -> Playbook:
         if name == "__line__":
             continue
         if not isinstance(spec, dict) or "default" not in spec:
-            raise PlaybookError(f"{book.where(document['vars']['__line__'])}: variable '{name}' needs a mapping with "
-                                f"'default'; fix: {name}: {{default: ..., help: ...}}")
+            raise PlaybookError(
+                f"{book.where(document['vars']['__line__'])}: variable '{name}' needs a mapping with "
+                f"'default'; fix: {name}: {{default: ..., help: ...}}"
+            )
         _unknown_keys(spec, VAR_KEYS, f"{book.where(spec['__line__'])}: variable '{name}'")
         if name in BUILTINS:
-            raise PlaybookError(f"{book.where(spec['__line__'])}: variable '{name}' is set by the engine; fix: rename it")
+            raise PlaybookError(
+                f"{book.where(spec['__line__'])}: variable '{name}' is set by the engine; fix: rename it"
+            )
         default = spec["default"]
         if name in RELEASE_DEFAULTS:
             if default is not None:
-                raise PlaybookError(f"{book.where(spec['__line__'])}: variable '{name}' takes its default from "
-                                    "tpu_grpo/config/release.py; fix: default: ~")
+                raise PlaybookError(
+                    f"{book.where(spec['__line__'])}: variable '{name}' takes its default from "
+                    "tpu_grpo/config/release.py; fix: default: ~"
+                )
             default = RELEASE_DEFAULTS[name]
         var = Var(name, default, spec.get("help", ""), spec.get("pattern"), tuple(spec.get("choices") or ()))
         if isinstance(var.default, str):
@@ -183,22 +202,30 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
     secret = raw.get("secret")
     if secret is not None:
         if raw.get("check") or raw.get("run"):
-            raise PlaybookError(f"{where}: a secret step has no check or run (the engine compares hashes); fix: remove them")
+            raise PlaybookError(
+                f"{where}: a secret step has no check or run (the engine compares hashes); fix: remove them"
+            )
         if raw.get("become"):
             raise PlaybookError(f"{where}: a secret is copied as the SSH user, into its home; fix: remove become")
         if not isinstance(secret, dict) or secret.get("source") not in SECRET_SOURCES or not secret.get("dest"):
-            raise PlaybookError(f"{where}: secret needs source ({', '.join(SECRET_SOURCES)}) and dest; "
-                                "fix: secret: {source: hf_token, dest: .cache/huggingface/token}")
+            raise PlaybookError(
+                f"{where}: secret needs source ({', '.join(SECRET_SOURCES)}) and dest; "
+                "fix: secret: {source: hf_token, dest: .cache/huggingface/token}"
+            )
         _templates_known(str(secret["dest"]), set(BUILTINS), where)
         dest = render(str(secret["dest"]), BUILTINS)  # only the engine's values: known when the playbook loads
         if dest.startswith("/") or ".." in dest.split("/") or not re.fullmatch(r"[A-Za-z0-9_./-]+", dest):
-            raise PlaybookError(f"{where}: secret dest {dest!r} must be a plain path under the home directory; "
-                                "fix: e.g. .cache/huggingface/token")
+            raise PlaybookError(
+                f"{where}: secret dest {dest!r} must be a plain path under the home directory; "
+                "fix: e.g. .cache/huggingface/token"
+            )
         secret = {"source": secret["source"], "dest": dest}
     else:
         for key in ("check", "run"):
             if not isinstance(raw.get(key), str) or not raw[key].strip():
-                raise PlaybookError(f"{where}: '{key}' is missing; fix: give a bash {'test' if key == 'check' else 'script'}")
+                raise PlaybookError(
+                    f"{where}: '{key}' is missing; fix: give a bash {'test' if key == 'check' else 'script'}"
+                )
             _templates_known(raw[key], known, where)
     flags = {}
     for key in ("become", "network", "progress"):
@@ -214,21 +241,36 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
         match = _CONDITION.match(str(condition).strip())
         name_used = match and (match["flag"] or match["name"])
         if not match or name_used not in known:
-            raise PlaybookError(f"{where}: condition {condition!r} is not 'VAR', 'not VAR' or 'VAR == VALUE' "
-                                f"over declared variables; fix: e.g. when: [apt_upgrade]")
-    return Step(index, name, line, raw.get("check", ""), raw.get("run", ""), tuple(tags),
-                tuple(str(condition).strip() for condition in when), secret=secret, **flags)
+            raise PlaybookError(
+                f"{where}: condition {condition!r} is not 'VAR', 'not VAR' or 'VAR == VALUE' "
+                f"over declared variables; fix: e.g. when: [apt_upgrade]"
+            )
+    return Step(
+        index,
+        name,
+        line,
+        raw.get("check", ""),
+        raw.get("run", ""),
+        tuple(tags),
+        tuple(str(condition).strip() for condition in when),
+        secret=secret,
+        **flags,
+    )
 
 
 def stack_values(chosen) -> dict[str, Any]:
     """The playbook variables that follow from the stack's settings and the laptop's $HF_ENDPOINT
     (before any `--var`): the Hub model the conversion reads is downloaded while MaxText installs."""
-    return {"idle_stop_minutes": chosen.idle_stop_minutes, "hf_model": chosen.model_row.hf_id,
-            "hf_endpoint": stack_file.hub_endpoint() or ""}
+    return {
+        "idle_stop_minutes": chosen.idle_stop_minutes,
+        "hf_model": chosen.model_row.hf_id,
+        "hf_endpoint": stack_file.hub_endpoint() or "",
+    }
 
 
-def resolve(book: Playbook, overrides: list[str] | None = None, lock=None,
-            stack: dict[str, Any] | None = None) -> dict[str, Any]:
+def resolve(
+    book: Playbook, overrides: list[str] | None = None, lock=None, stack: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The variables for a run: defaults, then the stack's (`stack_values`), then the Python and uv of
     the `lock` (tpu_grpo.provision.lock.read_lock, with --locked), then `--var KEY=VALUE`."""
     values = {name: var.default for name, var in book.vars.items()} | BUILTINS
@@ -241,18 +283,24 @@ def resolve(book: Playbook, overrides: list[str] | None = None, lock=None,
     for item in overrides or []:
         name, equals, text = item.partition("=")
         if name in BUILTINS:
-            raise PlaybookError(f"--var {item!r}: {name} is set by tpu-grpo itself (where the jobs look for it: "
-                                "tpu_grpo/config/host_paths.py, or --locked); fix: remove this --var")
+            raise PlaybookError(
+                f"--var {item!r}: {name} is set by tpu-grpo itself (where the jobs look for it: "
+                "tpu_grpo/config/host_paths.py, or --locked); fix: remove this --var"
+            )
         if not equals or name not in book.vars:
             known = ", ".join(book.vars)
-            raise PlaybookError(f"--var {item!r}: {'unknown variable' if equals else 'not KEY=VALUE'}"
-                                f"{' ' + repr(name) if equals else ''}; fix: one of {known}")
+            raise PlaybookError(
+                f"--var {item!r}: {'unknown variable' if equals else 'not KEY=VALUE'}"
+                f"{' ' + repr(name) if equals else ''}; fix: one of {known}"
+            )
         values[name] = book.vars[name].coerce(text, f"--var {name}")
         pinned = release.other_maxtext(text) if name in RELEASE_DEFAULTS else None
         if pinned:
-            raise PlaybookError(f"--var {item!r} pins MaxText {pinned}, but tpu-grpo runs MaxText "
-                                f"{release.MAXTEXT_VERSION} (its command lines, the slice's image and the preflight: "
-                                "tpu_grpo/config/release.py); fix: remove this --var")
+            raise PlaybookError(
+                f"--var {item!r} pins MaxText {pinned}, but tpu-grpo runs MaxText "
+                f"{release.MAXTEXT_VERSION} (its command lines, the slice's image and the preflight: "
+                "tpu_grpo/config/release.py); fix: remove this --var"
+            )
     return values
 
 

@@ -34,8 +34,10 @@ class LiveView:
     def _now(self):
         from rich.text import Text
 
-        lines = [f"{host}  {step}  {time.monotonic() - since:.0f}s  {last[-100:]}"
-                 for host, (step, since, last) in sorted(self.running.items())]
+        lines = [
+            f"{host}  {step}  {time.monotonic() - since:.0f}s  {last[-100:]}"
+            for host, (step, since, last) in sorted(self.running.items())
+        ]
         return Text("\n".join(lines), style="cyan")
 
     def __call__(self, kind: str, host: str, step: str, payload) -> None:
@@ -53,8 +55,9 @@ def _step_line(host: str, result: StepResult, check_mode: bool):
     label = "would change" if check_mode and result.status == "changed" else result.status
     seconds = f"{result.seconds:6.1f}s" if result.seconds else " " * 7
     note = f"  ({result.note})" if result.note and result.note != "would change" else ""
-    return styled("{}  [" + STATUS_STYLE[result.status] + "]{}[/] {}  {}{}", host, f"{label:<12}", seconds,
-                  result.step, note)
+    return styled(
+        "{}  [" + STATUS_STYLE[result.status] + "]{}[/] {}  {}{}", host, f"{label:<12}", seconds, result.step, note
+    )
 
 
 def print_summary(report: Report, console) -> None:
@@ -65,15 +68,20 @@ def print_summary(report: Report, console) -> None:
         for result in host.steps:
             if result.status == "failed" or (report.check_mode and result.output):
                 verb = "would change" if report.check_mode else "failed"
-                heading = f"{host.host}: '{result.step}' {verb}" + (f" with exit code {result.exit_code}" if result.exit_code else "")
+                heading = f"{host.host}: '{result.step}' {verb}" + (
+                    f" with exit code {result.exit_code}" if result.exit_code else ""
+                )
                 note = "" if result.note in {f"exit code {result.exit_code}", "would change"} else f": {result.note}"
                 console.print(styled("[bold]{}[/]{}", heading, note), soft_wrap=True)
                 for line in result.output.splitlines()[-OUTPUT_TAIL_LINES:]:
                     console.print(f"    {line}", soft_wrap=True)
     for host in report.hosts:
         counts = host.counts()
-        summary = ", ".join(f"{count} {'would change' if report.check_mode and status == 'changed' else status}"
-                            for status, count in counts.items())
+        summary = ", ".join(
+            f"{count} {'would change' if report.check_mode and status == 'changed' else status}"
+            for status, count in counts.items()
+        )
         state = "[bold red]FAILED[/]" if host.failed else "[green]done[/]"
-        console.print(styled("{}: " + state + "  {}" + ("  [red]{}[/]" if host.error else ""), host.host, summary,
-                             host.error))
+        console.print(
+            styled("{}: " + state + "  {}" + ("  [red]{}[/]" if host.error else ""), host.host, summary, host.error)
+        )

@@ -113,19 +113,23 @@ def check_events_file(path: Path) -> None:
 
     data, offset = Path(path).read_bytes(), 0
     while offset < len(data):
-        header = data[offset:offset + 12]
+        header = data[offset : offset + 12]
         length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else 0
         end = offset + 12 + length + 4
         if len(header) < 12 or end > len(data):
             problem = f"is cut short at byte {offset} of {len(data)}"
-        elif masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0] or \
-                masked_crc32c(data[offset + 12:end - 4]) != struct.unpack("<I", data[end - 4:end])[0]:
+        elif (
+            masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]
+            or masked_crc32c(data[offset + 12 : end - 4]) != struct.unpack("<I", data[end - 4 : end])[0]
+        ):
             problem = f"is damaged at byte {offset} (a checksum does not match)"
         else:
             offset = end
             continue
-        raise MetricsError(f"{path} {problem}, so it cannot be read as TensorBoard events; "
-                           "fix: copy it again from the run's tensorboard folder")
+        raise MetricsError(
+            f"{path} {problem}, so it cannot be read as TensorBoard events; "
+            "fix: copy it again from the run's tensorboard folder"
+        )
 
 
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -141,8 +145,7 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
         accumulator = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0})
         accumulator.Reload()
         for tag in accumulator.Tags()[ea.SCALARS]:
-            collected.setdefault(tag, []).extend(
-                (e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag))
+            collected.setdefault(tag, []).extend((e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag))
     return {
         tag: [(step, value) for step, _, value in sorted(points, key=lambda p: (p[0], p[1]))]
         for tag, points in sorted(collected.items())
@@ -187,8 +190,7 @@ def _cell(value: float | None) -> str:
 
 def eval_caption(evals: list[Eval]) -> str:
     parts = [
-        f"{e.stage if e.step is None else f'step {e.step}'} {e.accuracy:.1f}% ({e.correct}/{e.total})"
-        for e in evals
+        f"{e.stage if e.step is None else f'step {e.step}'} {e.accuracy:.1f}% ({e.correct}/{e.total})" for e in evals
     ]
     return "eval accuracy: " + ", ".join(parts) if parts else "no evals in the log"
 
@@ -282,8 +284,9 @@ def check_plot_path(out: str, force: bool) -> Path:
     if path.suffix.lower() != ".png":
         raise MetricsError(f"{flag}: the plot is a PNG; fix: --out NAME.png")
     if path.exists() and not force and not is_our_plot(path):
-        raise MetricsError(f"{flag} exists and is not a plot that tpu-grpo wrote; fix: another --out, "
-                           "or --force to overwrite it")
+        raise MetricsError(
+            f"{flag} exists and is not a plot that tpu-grpo wrote; fix: another --out, or --force to overwrite it"
+        )
     return path
 
 
@@ -314,16 +317,22 @@ def write_hparams(folder: Path, given: dict, started: float) -> Path | None:
     end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=started)
 
     def event(tag: str, content) -> event_pb2.Event:
-        value = summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(content),
-                                          tensor=metadata.NULL_TENSOR)
+        value = summary_pb2.Summary.Value(
+            tag=tag, metadata=metadata.create_summary_metadata(content), tensor=metadata.NULL_TENSOR
+        )
         return event_pb2.Event(wall_time=started, summary=summary_pb2.Summary(value=[value]))
 
     writer = EventFileWriter(str(folder), filename_suffix=HPARAMS_SUFFIX)
     version = metadata.PLUGIN_DATA_VERSION
-    writer.add_event(event(metadata.SESSION_START_INFO_TAG,
-                           plugin_data_pb2.HParamsPluginData(session_start_info=start, version=version)))
-    writer.add_event(event(metadata.SESSION_END_INFO_TAG,
-                           plugin_data_pb2.HParamsPluginData(session_end_info=end, version=version)))
+    writer.add_event(
+        event(
+            metadata.SESSION_START_INFO_TAG,
+            plugin_data_pb2.HParamsPluginData(session_start_info=start, version=version),
+        )
+    )
+    writer.add_event(
+        event(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end, version=version))
+    )
     writer.close()
     return folder
 

@@ -58,8 +58,10 @@ def license_note(repo_id: str, license_id: str) -> str | None:
     name = repo_id.split("/")[1]
     if license_id != "llama3.1" or name.lower().startswith("llama"):
         return None
-    return (f"note: the Llama 3.1 license asks that a model built with Llama be named starting with \"Llama\" "
-            f"(e.g. --repo {repo_id.split('/')[0]}/Llama-{name})")
+    return (
+        f'note: the Llama 3.1 license asks that a model built with Llama be named starting with "Llama" '
+        f"(e.g. --repo {repo_id.split('/')[0]}/Llama-{name})"
+    )
 
 
 def _environment(hub: str | None) -> list[str]:
@@ -70,13 +72,22 @@ def _environment(hub: str | None) -> list[str]:
 
 def hub_script(command: str, repo_id: str, value: str, hub: str | None) -> str:
     """Bash that runs remote/hub.py's `command` in the MaxText venv (its huggingface_hub)."""
-    return "\n".join(["set -eo pipefail", *_environment(hub),
-                      remote.run("hub", command, repo_id, value, python=f"{host_paths.VENV}/bin/python")]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -eo pipefail",
+                *_environment(hub),
+                remote.run("hub", command, repo_id, value, python=f"{host_paths.VENV}/bin/python"),
+            ]
+        )
+        + "\n"
+    )
 
 
 @dataclass
 class Facts:
     """What the card says, read from the host: the run's records, its trainings, their evals."""
+
     run: str
     trained: dict
     saved: dict
@@ -92,12 +103,16 @@ class Facts:
 def facts(connection, run: str) -> Facts:
     """Two round trips: the run's training jobs, then their eval lines, its records and MaxText's version."""
     trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run]
-    lines = [f"echo job {job.id}; grep -aE 'Pre RL Training|Post RL Training|{STARTUP_LINES}' {vm_jobs.JOBS}/{job.id}/log || true"
-             for job in trainings]
+    lines = [
+        f"echo job {job.id}; grep -aE 'Pre RL Training|Post RL Training|{STARTUP_LINES}' {vm_jobs.JOBS}/{job.id}/log || true"
+        for job in trainings
+    ]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
-    lines.append(f"echo maxtext $({remote.run('maxtext_version', python=f'{host_paths.VENV}/bin/python')}\n"
-                 ") 2>/dev/null || echo maxtext unknown")
+    lines.append(
+        f"echo maxtext $({remote.run('maxtext_version', python=f'{host_paths.VENV}/bin/python')}\n"
+        ") 2>/dev/null || echo maxtext unknown"
+    )
     return read_facts(run, trainings, hosts.run_script(connection, "\n".join(lines) + "\ntrue").stdout)
 
 
@@ -122,19 +137,28 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
             if isinstance(event := parse_line(line), Eval):
                 evals.setdefault(job, []).append(event)
     if "saved" not in records:
-        raise artifacts.HostStateError(f"run {run} has no saved model on this host; fix: uv run invoke pipeline "
-                                       f"--run-name {run} (it exports and saves it), or pick one from uv run invoke "
-                                       "status")
+        raise artifacts.HostStateError(
+            f"run {run} has no saved model on this host; fix: uv run invoke pipeline "
+            f"--run-name {run} (it exports and saves it), or pick one from uv run invoke "
+            "status"
+        )
     finished = [job for job in trainings if job.finished]
     first = evals.get(trainings[0].id, []) if trainings else []
     last = evals.get(trainings[-1].id, []) if trainings else []
-    return Facts(run=run, trained=records.get("trained", records["saved"]), saved=records["saved"],
-                 capacity=trainings[-1].meta.get("capacity", "unknown") if trainings else "unknown",
-                 maxtext_version=version, train_seconds=sum(job.finished - job.started for job in finished),
-                 trainings=len(trainings), pre=next((e for e in first if e.stage == "pre"), None),
-                 post=next((e for e in reversed(last) if e.stage == "post"), None),
-                 startup=startup(logs.get(trainings[-1].id, []), time.gmtime(trainings[-1].started).tm_year)
-                 if trainings else None)
+    return Facts(
+        run=run,
+        trained=records.get("trained", records["saved"]),
+        saved=records["saved"],
+        capacity=trainings[-1].meta.get("capacity", "unknown") if trainings else "unknown",
+        maxtext_version=version,
+        train_seconds=sum(job.finished - job.started for job in finished),
+        trainings=len(trainings),
+        pre=next((e for e in first if e.stage == "pre"), None),
+        post=next((e for e in reversed(last) if e.stage == "post"), None),
+        startup=startup(logs.get(trainings[-1].id, []), time.gmtime(trainings[-1].started).tm_year)
+        if trainings
+        else None,
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -155,8 +179,10 @@ def _cost(train_seconds: float, machine, capacity: str) -> str:
     if not machine or not row:
         return "not known (machine or capacity unrecorded)"
     chip_hours = train_seconds / 3600 * machine.chips
-    return (f"{chip_hours:.2f} chip-hours of training at the {capacity} price: ${row.cost_usd(chip_hours):,.2f} "
-            f"({row.price_source})")
+    return (
+        f"{chip_hours:.2f} chip-hours of training at the {capacity} price: ${row.cost_usd(chip_hours):,.2f} "
+        f"({row.price_source})"
+    )
 
 
 def card(found: Facts) -> str:
@@ -165,62 +191,118 @@ def card(found: Facts) -> str:
     row = MODELS[given["model"]]
     base = row.hf_id
     dataset, subset, loss, tokenizer = given["dataset"], given["dataset_config"], given["loss"], given["tokenizer"]
-    metadata = {"base_model": base, "base_model_relation": "finetune", "datasets": [dataset],
-                "library_name": "transformers", "license": row.license, "pipeline_tag": "text-generation",
-                "tags": [*TAGS[:4], dataset.split("/")[-1].lower(), *TAGS[4:]]}
+    metadata = {
+        "base_model": base,
+        "base_model_relation": "finetune",
+        "datasets": [dataset],
+        "library_name": "transformers",
+        "license": row.license,
+        "pipeline_tag": "text-generation",
+        "tags": [*TAGS[:4], dataset.split("/")[-1].lower(), *TAGS[4:]],
+    }
     train_set = found.trained.get("train_set", {})
     grpo = {**maxtext.GRPO_DEFAULTS, **train_set}
     machine = MACHINES.get(found.trained.get("machine", ""))
-    hardware = (f"{machine.machine_type} ({machine.accelerator_type}, {machine.chips} chips)" if machine
-                else found.trained.get("machine", "unknown"))
-    sets = [f"`{step}:{key}={value}`" for step, values in (("convert", found.trained.get("convert_set", {})),
-                                                            ("train", train_set),
-                                                            ("export", found.saved.get("export_set", {})))
-            for key, value in values.items()]
+    hardware = (
+        f"{machine.machine_type} ({machine.accelerator_type}, {machine.chips} chips)"
+        if machine
+        else found.trained.get("machine", "unknown")
+    )
+    sets = [
+        f"`{step}:{key}={value}`"
+        for step, values in (
+            ("convert", found.trained.get("convert_set", {})),
+            ("train", train_set),
+            ("export", found.saved.get("export_set", {})),
+        )
+        for key, value in values.items()
+    ]
     again = retrieval.finish_command({"run": found.run, "inputs": found.trained})
-    rows = [("method", f"GRPO, MaxText {found.maxtext_version} (`maxtext.trainers.post_train.rl.train_rl`)"),
-            ("base model", f"[{base}](https://huggingface.co/{base})"),
-            ("dataset", f"[{dataset}](https://huggingface.co/datasets/{dataset})" + (f" (`{subset}`)" if subset else "")
-                        + ", MaxText's math reward"),
-            ("loss", f"{loss} (`rl.loss_algo`)"),
-            ("tokenizer", f"[{tokenizer}](https://huggingface.co/{tokenizer}), in the export too"),
-            ("batches", f"{found.trained.get('batches')} (`num_batches`), batch size {grpo['batch_size']}"),
-            ("generations per prompt", f"{grpo['rl.num_generations']} (`rl.num_generations`)"),
-            ("learning rate", f"{grpo['learning_rate']} (`learning_rate`)"),
-            ("KL coefficient beta", f"{grpo['rl.grpo_beta']} (`rl.grpo_beta`)"),
-            ("clipping epsilon", f"{grpo['rl.grpo_epsilon']} (`rl.grpo_epsilon`)"),
-            ("iterations per batch", f"{grpo['rl.num_iterations']} (`rl.num_iterations`)"),
-            ("every `--set`", ", ".join(sets) or "none"),
-            ("checkpoint exported", f"step {found.saved.get('step')}, as `{found.saved.get('export_model')}` in "
-                                    f"{found.saved.get('export_set', {}).get('weight_dtype', 'bfloat16')}"),
-            ("machine", hardware),
-            ("capacity", found.capacity),
-            ("training time", f"{_duration(found.train_seconds)} in {found.trainings} training job"
-                              f"{'s' if found.trainings != 1 else ''}"),
-            ("cost", _cost(found.train_seconds, machine, found.capacity)),
-            ("start-up", startup_text(found.startup) or "not in the log")]
-    evals = [(label, _score(found.pre, name), _score(found.post, name))
-             for label, name in (("accuracy", "accuracy"), ("partial accuracy", "partial_accuracy"),
-                                 ("format accuracy", "format_accuracy"))]
+    rows = [
+        ("method", f"GRPO, MaxText {found.maxtext_version} (`maxtext.trainers.post_train.rl.train_rl`)"),
+        ("base model", f"[{base}](https://huggingface.co/{base})"),
+        (
+            "dataset",
+            f"[{dataset}](https://huggingface.co/datasets/{dataset})"
+            + (f" (`{subset}`)" if subset else "")
+            + ", MaxText's math reward",
+        ),
+        ("loss", f"{loss} (`rl.loss_algo`)"),
+        ("tokenizer", f"[{tokenizer}](https://huggingface.co/{tokenizer}), in the export too"),
+        ("batches", f"{found.trained.get('batches')} (`num_batches`), batch size {grpo['batch_size']}"),
+        ("generations per prompt", f"{grpo['rl.num_generations']} (`rl.num_generations`)"),
+        ("learning rate", f"{grpo['learning_rate']} (`learning_rate`)"),
+        ("KL coefficient beta", f"{grpo['rl.grpo_beta']} (`rl.grpo_beta`)"),
+        ("clipping epsilon", f"{grpo['rl.grpo_epsilon']} (`rl.grpo_epsilon`)"),
+        ("iterations per batch", f"{grpo['rl.num_iterations']} (`rl.num_iterations`)"),
+        ("every `--set`", ", ".join(sets) or "none"),
+        (
+            "checkpoint exported",
+            f"step {found.saved.get('step')}, as `{found.saved.get('export_model')}` in "
+            f"{found.saved.get('export_set', {}).get('weight_dtype', 'bfloat16')}",
+        ),
+        ("machine", hardware),
+        ("capacity", found.capacity),
+        (
+            "training time",
+            f"{_duration(found.train_seconds)} in {found.trainings} training job{'s' if found.trainings != 1 else ''}",
+        ),
+        ("cost", _cost(found.train_seconds, machine, found.capacity)),
+        ("start-up", startup_text(found.startup) or "not in the log"),
+    ]
+    evals = [
+        (label, _score(found.pre, name), _score(found.post, name))
+        for label, name in (
+            ("accuracy", "accuracy"),
+            ("partial accuracy", "partial_accuracy"),
+            ("format accuracy", "format_accuracy"),
+        )
+    ]
     named = "GSM8K" if dataset == DEFAULT_DATASET else dataset
     method = "GRPO (Group Relative Policy Optimization)" if loss == "grpo" else f"GRPO with the {loss} loss"
     llama = row.license == "llama3.1"
-    body = [f"# {found.run}: {base.split('/')[-1]} trained with {'GRPO' if loss == 'grpo' else loss} on {named}", "",
-            f"[{base}](https://huggingface.co/{base}) post-trained with {method} "
-            f"on the {named} training set with [MaxText](https://github.com/AI-Hypercomputer/maxtext) "
-            f"{found.maxtext_version} on a Cloud TPU v6e, by tpu-grpo (run `{found.run}`)."
-            + (" Built with Llama." if llama else ""), "",
-            "## Training", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows), "",
-            "## Evaluation", "",
-            f"MaxText's own {named} evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
-            "before training and after it, as the training log reports them:", "",
-            "| | before | after |", "|---|---|---|", *(f"| {label} | {before} | {after} |" for label, before, after in evals),
-            "", "## Reproduce", "", "With tpu-grpo, from a checkout and a stack of your own:", "", "```", again, "```", "",
-            "## License", "", ("Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright (c) Meta "
-                               "Platforms, Inc. All Rights Reserved. This model is a derivative of it and is shared under "
-                               "the same terms." if llama else f"A derivative of {base}, shared under its license "
-                               f"(`{row.license}`)."),
-            ""]
+    body = [
+        f"# {found.run}: {base.split('/')[-1]} trained with {'GRPO' if loss == 'grpo' else loss} on {named}",
+        "",
+        f"[{base}](https://huggingface.co/{base}) post-trained with {method} "
+        f"on the {named} training set with [MaxText](https://github.com/AI-Hypercomputer/maxtext) "
+        f"{found.maxtext_version} on a Cloud TPU v6e, by tpu-grpo (run `{found.run}`)."
+        + (" Built with Llama." if llama else ""),
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {key} | {value} |" for key, value in rows),
+        "",
+        "## Evaluation",
+        "",
+        f"MaxText's own {named} evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
+        "before training and after it, as the training log reports them:",
+        "",
+        "| | before | after |",
+        "|---|---|---|",
+        *(f"| {label} | {before} | {after} |" for label, before, after in evals),
+        "",
+        "## Reproduce",
+        "",
+        "With tpu-grpo, from a checkout and a stack of your own:",
+        "",
+        "```",
+        again,
+        "```",
+        "",
+        "## License",
+        "",
+        (
+            "Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright (c) Meta "
+            "Platforms, Inc. All Rights Reserved. This model is a derivative of it and is shared under "
+            "the same terms."
+            if llama
+            else f"A derivative of {base}, shared under its license (`{row.license}`)."
+        ),
+        "",
+    ]
     return "---\n" + yaml.safe_dump(metadata, sort_keys=False) + "---\n\n" + "\n".join(body)
 
 
@@ -254,9 +336,11 @@ def check_hub(connection, repo_id: str, private: bool, hub: str | None) -> dict:
         raise PublishError(answer.get("error", "the Hub refused"))
     if result.exited != 0 or "user" not in answer:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UploadFailed(f"asking the Hub from the host failed (exit {result.exited}): {tail[0]}; fix: check "
-                           "that the VM reaches the Hub, and that huggingface_hub is in the venv (uv run invoke "
-                           "provision)")
+        raise UploadFailed(
+            f"asking the Hub from the host failed (exit {result.exited}): {tail[0]}; fix: check "
+            "that the VM reaches the Hub, and that huggingface_hub is in the venv (uv run invoke "
+            "provision)"
+        )
     return answer
 
 
@@ -284,8 +368,18 @@ class UploadView(watch.LogView):
 
     def __init__(self, console: Console, job_id: str, outcome: Outcome, verbose: bool):
         self.outcome, self.verbose = outcome, verbose
-        super().__init__(console, job_id, Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
-                                                   TransferSpeedColumn(), TimeRemainingColumn(), console=console))
+        super().__init__(
+            console,
+            job_id,
+            Progress(
+                TextColumn("{task.description}", markup=False),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+            ),
+        )
         self.task = self.progress.add_task(f"publish {outcome.run}", total=None)
 
     def _line(self, line: str) -> None:
@@ -307,8 +401,9 @@ class UploadView(watch.LogView):
             self.progress.console.print(line, markup=False, highlight=False)
 
 
-def publish(session: vm_jobs.Session, run: str | None, repo_id: str, private: bool, console: Console,
-            verbose: bool = False) -> Outcome:
+def publish(
+    session: vm_jobs.Session, run: str | None, repo_id: str, private: bool, console: Console, verbose: bool = False
+) -> Outcome:
     """Check with the Hub, write the card, then upload in a detached job and follow it."""
     hub = stack_file.hub_endpoint()
     connection = session.connection
@@ -321,20 +416,25 @@ def publish(session: vm_jobs.Session, run: str | None, repo_id: str, private: bo
     job_id = vm_jobs.new_id("publish")
     script = hub_script("upload", repo_id, artifacts.shell_path(pipeline.saved_dir(run)), hub)
     vm_jobs.start(connection, job_id, script, {"step": "publish", "run": run, "repo": repo_id})
-    outcome = Outcome(run, repo_id, f"{hub or 'https://huggingface.co'}/{repo_id}", job_id, answer["created"],
-                      answer["private"], path)
-    console.print(f"publish {run} -> {outcome.url} ({'private' if outcome.private else 'public'}, "
-                  f"{'created now' if outcome.created else 'exists'}), job {job_id} on {session.host.name}")
+    outcome = Outcome(
+        run, repo_id, f"{hub or 'https://huggingface.co'}/{repo_id}", job_id, answer["created"], answer["private"], path
+    )
+    console.print(
+        f"publish {run} -> {outcome.url} ({'private' if outcome.private else 'public'}, "
+        f"{'created now' if outcome.created else 'exists'}), job {job_id} on {session.host.name}"
+    )
     with UploadView(console, job_id, outcome, verbose) as view:
         code = vm_jobs.follow(session, job_id, view.feed, on_reconnect=view.note)
     if code != 0:
         tail = view.path.read_text(errors="replace").strip().splitlines()[-5:]  # the log as followed
-        raise UploadFailed(f"the upload failed (job {job_id}, exit {code}); last lines of its log:\n"
-                           + "\n".join(f"  {line}" for line in tail)
-                           + "\nfix the cause, then run the same command again: files already on the Hub are "
-                           "not sent again")
+        raise UploadFailed(
+            f"the upload failed (job {job_id}, exit {code}); last lines of its log:\n"
+            + "\n".join(f"  {line}" for line in tail)
+            + "\nfix the cause, then run the same command again: files already on the Hub are "
+            "not sent again"
+        )
     # what `invoke runs` and `down` say of the run on the Hub, unasked
-    laptop_paths.write_record(laptop_paths.published_record(run),
-                              {"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit})
+    laptop_paths.write_record(
+        laptop_paths.published_record(run), {"run": run, "repo": repo_id, "url": outcome.url, "commit": outcome.commit}
+    )
     return outcome
-

@@ -24,8 +24,9 @@ def destination(run: str | None, to: str | None) -> Path:
     return artifacts.check_destination(to if to is not None else str(stack_file.project_root() / "models"))
 
 
-def check_metrics_flags(run: str | None, out: str | None, events: str | None, force: bool,
-                        compare: list[str] | None = None) -> Path | None:
+def check_metrics_flags(
+    run: str | None, out: str | None, events: str | None, force: bool, compare: list[str] | None = None
+) -> Path | None:
     """`invoke metrics`' flags, checked before anything is read or connected; returns the --out path."""
     from tpu_grpo.results import metrics
 
@@ -35,14 +36,18 @@ def check_metrics_flags(run: str | None, out: str | None, events: str | None, fo
         maxtext.check_run_name(name, "--compare")
     if compare and len(set(compare)) < len(compare):
         twice = next(name for name in compare if compare.count(name) > 1)
-        raise metrics.MetricsError(f"--compare {twice!r} names the same run twice; fix: name each run once, e.g. "
-                                   "--compare RUN1 --compare RUN2")
+        raise metrics.MetricsError(
+            f"--compare {twice!r} names the same run twice; fix: name each run once, e.g. --compare RUN1 --compare RUN2"
+        )
     if compare and (len(compare) < 2 or run is not None or events is not None):
-        raise metrics.MetricsError(f"--compare {' '.join(compare)!r} compares two or more runs of the host, and takes "
-                                   "no --run or --events; fix: e.g. --compare RUN1 --compare RUN2")
+        raise metrics.MetricsError(
+            f"--compare {' '.join(compare)!r} compares two or more runs of the host, and takes "
+            "no --run or --events; fix: e.g. --compare RUN1 --compare RUN2"
+        )
     if events is not None:
-        values.flag("--events", events, values.existing_folder, "", "give the run's tensorboard folder, copied from "
-                    "the VM")
+        values.flag(
+            "--events", events, values.existing_folder, "", "give the run's tensorboard folder, copied from the VM"
+        )
     return metrics.check_plot_path(out, force) if out is not None else None
 
 
@@ -66,15 +71,22 @@ def _runs(answer: facts.Answer) -> dict[str, dict | None]:
 
 #: Every run with a trained model on the host -> None when saved on the data disk, else the training's record
 #: (its inputs): the model is then only in the checkpoint store, not saved.
-RUNS_ON_HOST = facts.Fact("runs_on_host", lambda: (
-    f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
-    f"for f in {vm_jobs.DONE}/train-*; do [ -f \"$f\" ] && echo trained $(base64 -w0 \"$f\"); done; true"), _runs)
+RUNS_ON_HOST = facts.Fact(
+    "runs_on_host",
+    lambda: (
+        f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
+        f'for f in {vm_jobs.DONE}/train-*; do [ -f "$f" ] && echo trained $(base64 -w0 "$f"); done; true'
+    ),
+    _runs,
+)
 
 
 def finish_command(meta: dict) -> str:
     """The pipeline command that exports and saves a trained run: its name and the flags it was trained with."""
     inputs = meta["inputs"]
-    sets = "".join(f" --set train:{key}={shlex.quote(str(value))}" for key, value in inputs.get("train_set", {}).items())
+    sets = "".join(
+        f" --set train:{key}={shlex.quote(str(value))}" for key, value in inputs.get("train_set", {}).items()
+    )
     return f"uv run invoke pipeline --run-name {meta['run']} --batches {inputs['batches']}{sets}"
 
 
@@ -98,9 +110,11 @@ def only_on_the_vm(runs: dict[str, dict | None]) -> list[str]:
         if trained is None:
             lines.append(f"run {run}: saved on the data disk only; fix: uv run invoke fetch --run {run}")
         else:
-            lines.append(f"run {run}: trained, not saved (in /dev/shm, if its store is shm); "
-                         f"fix: {finish_command(trained)} "
-                         f"(exports and saves it), then uv run invoke fetch --run {run}")
+            lines.append(
+                f"run {run}: trained, not saved (in /dev/shm, if its store is shm); "
+                f"fix: {finish_command(trained)} "
+                f"(exports and saves it), then uv run invoke fetch --run {run}"
+            )
     return lines
 
 
@@ -108,8 +122,9 @@ def newest_saved(connection) -> str:
     result = hosts.run_script(connection, f"ls -1t {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | head -1")
     name = result.stdout.strip()
     if not name:
-        raise artifacts.HostStateError("no saved model on this host yet; fix: uv run invoke pipeline --batches 50 "
-                                      "(it exports and saves the model)")
+        raise artifacts.HostStateError(
+            "no saved model on this host yet; fix: uv run invoke pipeline --batches 50 (it exports and saves the model)"
+        )
     return name
 
 
@@ -118,8 +133,15 @@ def fetch_run(session: vm_jobs.Session, run: str | None, folder: Path, console: 
     connection = session.connection
     run = run or newest_saved(connection)
     with hosts.busy(connection, "fetch"):  # a long fetch keeps the VM from stopping itself under it
-        return _fetch(run, folder, session.host.name, console, lambda target, progress: artifacts.fetch(
-            connection, pipeline.saved_dir(run), target, progress, host=session.host))
+        return _fetch(
+            run,
+            folder,
+            session.host.name,
+            console,
+            lambda target, progress: artifacts.fetch(
+                connection, pipeline.saved_dir(run), target, progress, host=session.host
+            ),
+        )
 
 
 def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
@@ -130,20 +152,29 @@ def fetch_from_bucket(url: str, run: str, folder: Path, console: Console):
 def _fetch(run: str, folder: Path, source: str, console: Console, download):
     """A run's model into `folder` (models/RUN unless --to) by `download(target, progress)`, with a progress bar,
     recorded as fetched (for `down`'s guard and `invoke timeline`)."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     target = folder / run if folder == stack_file.project_root() / "models" else folder
     artifacts.check_destination(target)
     started = time.time()
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=console) as bar:
+    with Progress(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task(f"fetch {run}", total=None)
         result = download(target, lambda done, total, name: bar.update(task, completed=done, total=total))
-    laptop_paths.write_record(laptop_paths.fetched_record(run), {
-        "run": run, "host": source, "dir": str(target.resolve()), "started": started, "finished": time.time()})
-    console.print(f"run {run}: {len(result.files)} files in {target}, checksums verified "
-                  f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)")
+    laptop_paths.write_record(
+        laptop_paths.fetched_record(run),
+        {"run": run, "host": source, "dir": str(target.resolve()), "started": started, "finished": time.time()},
+    )
+    console.print(
+        f"run {run}: {len(result.files)} files in {target}, checksums verified "
+        f"({result.bytes_transferred} bytes transferred, {len(result.skipped)} already here)"
+    )
     return result
 
 
@@ -154,8 +185,11 @@ def metrics_from_bucket(run_url: str, run: str, train_log: bytes, out: Path | No
 
 
 def _train_job(connection, run: str | None) -> vm_jobs.Job:
-    trained = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.state != "running"
-               and (run is None or job.run == run)]
+    trained = [
+        job
+        for job in vm_jobs.list_jobs(connection)
+        if job.step == "train" and job.state != "running" and (run is None or job.run == run)
+    ]
     if not trained:
         which = f"run {run!r}" if run else "any run"
         raise vm_jobs.JobError(f"no training of {which} on this host; fix: name a run from uv run invoke status")
@@ -176,9 +210,11 @@ def _events_folder(connection, sftp, job: vm_jobs.Job) -> tuple[str, list]:
             found = [entry for entry in sftp.listdir_attr(remote) if entry.filename.startswith("events.")]
             if found:
                 return remote, found
-    raise metrics.MetricsError(f"no TensorBoard events of run {job.run} in {live} (/dev/shm does not survive a "
-                               f"restart) nor in {archived} (the pipeline's save copies them there); "
-                               "fix: point --events at a copy")
+    raise metrics.MetricsError(
+        f"no TensorBoard events of run {job.run} in {live} (/dev/shm does not survive a "
+        f"restart) nor in {archived} (the pipeline's save copies them there); "
+        "fix: point --events at a copy"
+    )
 
 
 def sync_events(connection, job: vm_jobs.Job) -> int:
@@ -250,9 +286,11 @@ def metrics_of_events(run: str | None, events: Path, out: Path | None):
 
     found = metrics.load(Path(events).expanduser(), run=run)
     if not found.rows:
-        raise metrics.MetricsError(f"--events {str(events)!r} holds no MaxText scalar (none of "
-                                   f"{', '.join(sorted(metrics.SERIES.values()))}); fix: give a run's tensorboard "
-                                   "folder, e.g. .tpu-grpo/runs/RUN/tensorboard")
+        raise metrics.MetricsError(
+            f"--events {str(events)!r} holds no MaxText scalar (none of "
+            f"{', '.join(sorted(metrics.SERIES.values()))}); fix: give a run's tensorboard "
+            "folder, e.g. .tpu-grpo/runs/RUN/tensorboard"
+        )
     return _plotted(found, out)
 
 
@@ -270,6 +308,12 @@ def metrics_of(session: vm_jobs.Session, run: str | None, out: Path | None):
 def given(inputs: dict) -> dict:
     """What a run was given, as the columns runs are compared by: model, dataset, loss, tokenizer, batches and each
     `--set` (STEP:KEY)."""
-    return {**maxtext.trained_on(inputs), "batches": inputs.get("batches"),
-            **{f"{step}:{key}": value for step in ("convert", "train")
-               for key, value in inputs.get(f"{step}_set", {}).items()}}
+    return {
+        **maxtext.trained_on(inputs),
+        "batches": inputs.get("batches"),
+        **{
+            f"{step}:{key}": value
+            for step in ("convert", "train")
+            for key, value in inputs.get(f"{step}_set", {}).items()
+        },
+    }

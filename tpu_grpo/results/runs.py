@@ -51,10 +51,12 @@ class RunRow:
 
 
 def _script() -> str:
-    return (f"( {vm_jobs.JOBS_FACT.script()} ) | sed 's/^/job\t/'\n"
-            f"for log in {vm_jobs.JOBS}/*-train/log; do [ -f \"$log\" ] || continue; job=${{log%/log}}; "
-            f"grep -aE '{_LOG_LINES}' \"$log\" | sed \"s|^|line ${{job##*/}} |\"; done\n"
-            f"ls -1 {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | sed 's/^/saved /'\ntrue")
+    return (
+        f"( {vm_jobs.JOBS_FACT.script()} ) | sed 's/^/job\t/'\n"
+        f'for log in {vm_jobs.JOBS}/*-train/log; do [ -f "$log" ] || continue; job=${{log%/log}}; '
+        f'grep -aE \'{_LOG_LINES}\' "$log" | sed "s|^|line ${{job##*/}} |"; done\n'
+        f"ls -1 {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | sed 's/^/saved /'\ntrue"
+    )
 
 
 def _host_runs(answer: facts.Answer) -> list[RunRow]:
@@ -102,8 +104,11 @@ def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
         given = maxtext.trained_on(inputs)
         row.model, row.dataset, row.loss = given["model"], given["dataset"], given["loss"]
         row.batches = inputs.get("batches")
-        row.sets = {step: values for step, values in (("convert", inputs.get("convert_set", {})),
-                                                      ("train", inputs.get("train_set", {}))) if values}
+        row.sets = {
+            step: values
+            for step, values in (("convert", inputs.get("convert_set", {})), ("train", inputs.get("train_set", {})))
+            if values
+        }
         row.total_steps = job.meta.get("total_steps")
         tracker = Tracker(row.total_steps or 0)
         for line in log:
@@ -226,19 +231,46 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         return " ".join(filter(None, (ready, cache and ("warm" if cache["warm"] else "cold"))))
 
     table = Table(title="runs, newest first", title_justify="left")
-    for column in ("run", "model", "dataset", "loss", "batches", "state", "steps", "start-up",
-                   "accuracy before -> after", "job hours", "chip-hours", "cost", "model is"):
+    for column in (
+        "run",
+        "model",
+        "dataset",
+        "loss",
+        "batches",
+        "state",
+        "steps",
+        "start-up",
+        "accuracy before -> after",
+        "job hours",
+        "chip-hours",
+        "cost",
+        "model is",
+    ):
         table.add_column(column)
     for row in rows:
         steps = f"{row.steps}/{row.total_steps}" if row.steps is not None else ""
-        table.add_row(row.run, row.model, row.dataset, row.loss, "" if row.batches is None else str(row.batches),
-                      row.state, steps, started(row.startup), f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
-                      if row.accuracy_before is not None or row.accuracy_after is not None else "",
-                      f"{row.job_hours:.2f}", f"{row.chip_hours:.2f}",
-                      "" if row.cost_usd is None else f"${row.cost_usd:,.2f}", "; ".join(row.where))
+        table.add_row(
+            row.run,
+            row.model,
+            row.dataset,
+            row.loss,
+            "" if row.batches is None else str(row.batches),
+            row.state,
+            steps,
+            started(row.startup),
+            f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
+            if row.accuracy_before is not None or row.accuracy_after is not None
+            else "",
+            f"{row.job_hours:.2f}",
+            f"{row.chip_hours:.2f}",
+            "" if row.cost_usd is None else f"${row.cost_usd:,.2f}",
+            "; ".join(row.where),
+        )
     console.print(table)
     for source, said in sources.items():
         console.print(f"{source}: {said}")
-    console.print(f"cost: chip-hours of the run's jobs at its capacity's price ({keys.PROJECT}:capacity; "
-                  "docs/capacity.md); start-up: its newest training's time to its first step, and whether its "
-                  "compile cache was warm")
+    console.print(
+        f"cost: chip-hours of the run's jobs at its capacity's price ({keys.PROJECT}:capacity; "
+        "docs/capacity.md); start-up: its newest training's time to its first step, and whether its "
+        "compile cache was warm"
+    )

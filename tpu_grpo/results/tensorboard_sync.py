@@ -49,8 +49,9 @@ def serve(runs: list[str], port: int) -> str:
 
     board = program.TensorBoard()
     spec = ",".join(f"{run}:{laptop_paths.events(run).parent}" for run in runs)
-    board.configure(argv=[None, "--logdir_spec", spec, "--host", "127.0.0.1", "--port", str(port),
-                          "--reload_interval", "2"])
+    board.configure(
+        argv=[None, "--logdir_spec", spec, "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "2"]
+    )
     return board.launch()
 
 

@@ -27,8 +27,17 @@ from tpu_grpo.jobs.progress import STARTUP_LABELS, STARTUP_PHASES, absl_seconds,
 #: A gap between phases at least this long is shown as idle.
 IDLE_MIN_S = 60.0
 #: absl's time of a log line (month, day, time; the year is the job's).
-_LANDMARKS = "|".join(["Pre RL Training", "Starting RL training", "Train step", "Intermediate Eval",
-                       "RL Training Completed", "Post RL Training", *(mark for _, mark in STARTUP_PHASES[1:-1])])
+_LANDMARKS = "|".join(
+    [
+        "Pre RL Training",
+        "Starting RL training",
+        "Train step",
+        "Intermediate Eval",
+        "RL Training Completed",
+        "Post RL Training",
+        *(mark for _, mark in STARTUP_PHASES[1:-1]),
+    ]
+)
 _STEP = re.compile(r"^Train step (\d+) ")
 _EVAL_STEP = re.compile(r"^Intermediate Eval \(step=(\d+)\)")
 
@@ -77,13 +86,20 @@ class Timeline:
 
     def to_json(self) -> dict:
         cost = self.cost
-        return {"host": self.host, "booted": self.booted, "now": self.now, "paid_seconds": round(self.paid_s, 3),
-                "training_seconds": round(self.training_s, 3),
-                "training_share": round(self.training_s / self.paid_s, 4) if self.paid_s > 0 else 0.0,
-                "chips": self.chips, "capacity": self.capacity,
-                "chip_hours": None if self.chip_hours is None else round(self.chip_hours, 4),
-                "cost_usd": cost[0] if cost else None, "price_source": cost[1] if cost else None,
-                "phases": [phase.to_json() for phase in self.phases]}
+        return {
+            "host": self.host,
+            "booted": self.booted,
+            "now": self.now,
+            "paid_seconds": round(self.paid_s, 3),
+            "training_seconds": round(self.training_s, 3),
+            "training_share": round(self.training_s / self.paid_s, 4) if self.paid_s > 0 else 0.0,
+            "chips": self.chips,
+            "capacity": self.capacity,
+            "chip_hours": None if self.chip_hours is None else round(self.chip_hours, 4),
+            "cost_usd": cost[0] if cost else None,
+            "price_source": cost[1] if cost else None,
+            "phases": [phase.to_json() for phase in self.phases],
+        }
 
 
 def training_phases(run: str, started: float, ended: float, log_end: float, lines: list[str]) -> list[Phase]:
@@ -129,9 +145,12 @@ def training_phases(run: str, started: float, ended: float, log_end: float, line
 def _script(trainings: list[str]) -> str:
     """One round trip: the boot, sshd's start, provisioning records, the download's times, save records,
     and each training job's landmark lines with its log's modification time."""
-    logs = "".join(f"""cd {vm_jobs.JOBS}/{job_id} && echo log {job_id} $(stat -c %Y log) && \
+    logs = "".join(
+        f"""cd {vm_jobs.JOBS}/{job_id} && echo log {job_id} $(stat -c %Y log) && \
   {{ grep -aE '{_LANDMARKS}' log | sed 's/^/line {job_id} /'; }}
-""" for job_id in trainings)
+"""
+        for job_id in trainings
+    )
     return f"""ticks=$(getconf CLK_TCK); btime=$(awk '/^btime/ {{print $2}}' /proc/stat)
 started() {{ awk -v b="$btime" -v t="$ticks" '{{printf "%.3f\\n", b + $22 / t}}' "/proc/$1/stat"; }}
 echo boot $(started 1)
@@ -156,8 +175,13 @@ def _recorded(answer: facts.Answer, trainings: list[str]) -> dict:
             found["provisioning"].append(json.loads(base64.b64decode(rest)))
         elif kind == "download":
             folder, start, end = rest.split(" ")
-            found["downloads"].append({"model": "/".join(folder.split("/")[-2:]), "started": float(start),
-                                       "finished": None if end == "-" else float(end)})
+            found["downloads"].append(
+                {
+                    "model": "/".join(folder.split("/")[-2:]),
+                    "started": float(start),
+                    "finished": None if end == "-" else float(end),
+                }
+            )
         elif kind == "save":
             found["saves"].append(json.loads(base64.b64decode(rest)))
         elif kind == "log":
@@ -199,11 +223,13 @@ def build(host: str, found: dict, fetched: list[dict]) -> Timeline:
         phases.append(Phase("vm", "boot until SSH answers", booted, found["sshd"]))
     for record in found["provisioning"]:
         for step in record["steps"]:
-            phases.append(Phase("provision", f"provision: {step['step']}", step["started"],
-                                step["started"] + step["seconds"]))
+            phases.append(
+                Phase("provision", f"provision: {step['step']}", step["started"], step["started"] + step["seconds"])
+            )
     for download in found["downloads"]:
-        phases.append(Phase("download", f"download {download['model']}", download["started"],
-                            download["finished"] or now))
+        phases.append(
+            Phase("download", f"download {download['model']}", download["started"], download["finished"] or now)
+        )
     for job in found["jobs"]:
         end = job.finished or now
         if job.step == "train":
@@ -219,8 +245,14 @@ def build(host: str, found: dict, fetched: list[dict]) -> Timeline:
     phases = sorted((phase for phase in phases if phase.end >= booted), key=lambda phase: (phase.start, phase.end))
     newest = found["jobs"][-1].meta if found["jobs"] else {}
     machine = MACHINES.get(newest.get("inputs", {}).get("machine", ""))
-    return Timeline(host, booted, now, phases + _idle(phases, booted, now), machine.chips if machine else None,
-                    newest.get("capacity"))
+    return Timeline(
+        host,
+        booted,
+        now,
+        phases + _idle(phases, booted, now),
+        machine.chips if machine else None,
+        newest.get("capacity"),
+    )
 
 
 def _idle(phases: list[Phase], booted: float, now: float) -> list[Phase]:
@@ -249,17 +281,33 @@ def show(console, timeline: Timeline, png: Path) -> None:
         table.add_row(_clock(phase.start), _clock(phase.end), job_records.duration(phase.seconds), phase.label)
     console.print(table)
     share = timeline.training_s / timeline.paid_s if timeline.paid_s > 0 else 0.0
-    console.print(f"paid since boot: {job_records.duration(timeline.paid_s)}; training (GRPO steps): "
-                  f"{job_records.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}")
+    console.print(
+        f"paid since boot: {job_records.duration(timeline.paid_s)}; training (GRPO steps): "
+        f"{job_records.duration(timeline.training_s)}, {share:.0%} of it; chart: {png}"
+    )
     if timeline.cost:
         usd, source = timeline.cost
-        console.print(f"cost since boot: {timeline.chip_hours:.2f} chip-hours ({timeline.chips} chips, "
-                      f"{timeline.capacity}) = ${usd:,.2f}; price: {source}")
+        console.print(
+            f"cost since boot: {timeline.chip_hours:.2f} chip-hours ({timeline.chips} chips, "
+            f"{timeline.capacity}) = ${usd:,.2f}; price: {source}"
+        )
 
 
-COLOURS = {"vm": "#888888", "provision": "#1f77b4", "download": "#17becf", "convert": "#9467bd", "startup": "#aec7e8", "train": "#2ca02c",
-           "eval": "#bcbd22", "export": "#8c564b", "save": "#e377c2", "publish": "#ff7f0e", "fetch": "#7f7f7f",
-           "idle": "#d62728", "other": "#aaaaaa"}
+COLOURS = {
+    "vm": "#888888",
+    "provision": "#1f77b4",
+    "download": "#17becf",
+    "convert": "#9467bd",
+    "startup": "#aec7e8",
+    "train": "#2ca02c",
+    "eval": "#bcbd22",
+    "export": "#8c564b",
+    "save": "#e377c2",
+    "publish": "#ff7f0e",
+    "fetch": "#7f7f7f",
+    "idle": "#d62728",
+    "other": "#aaaaaa",
+}
 
 
 def plot(timeline: Timeline, path: Path) -> Path:
@@ -273,14 +321,21 @@ def plot(timeline: Timeline, path: Path) -> Path:
     figure, axes = plt.subplots(figsize=(11, 0.5 * len(kinds) + 1.5))
     scale = 3600.0 if timeline.paid_s >= 2 * 3600 else 60.0
     for row, kind in enumerate(kinds):
-        bars = [((phase.start - timeline.booted) / scale, max(phase.seconds / scale, 1e-3))
-                for phase in timeline.phases if phase.kind == kind]
+        bars = [
+            ((phase.start - timeline.booted) / scale, max(phase.seconds / scale, 1e-3))
+            for phase in timeline.phases
+            if phase.kind == kind
+        ]
         axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLOURS[kind])
     axes.set_yticks(range(len(kinds)), kinds)
     axes.invert_yaxis()
     axes.set_xlabel(f"{'hours' if scale == 3600 else 'minutes'} since boot")
-    axes.set_title(f"{timeline.host}: {job_records.duration(timeline.paid_s)} paid, "
-                   f"{timeline.training_s / timeline.paid_s:.0%} training" if timeline.paid_s else timeline.host)
+    axes.set_title(
+        f"{timeline.host}: {job_records.duration(timeline.paid_s)} paid, "
+        f"{timeline.training_s / timeline.paid_s:.0%} training"
+        if timeline.paid_s
+        else timeline.host
+    )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -22,8 +22,15 @@ RECORDS_FILE = Path(".standin") / "records.jsonl"
 SIGNALS_FILE = Path(".standin") / "signals.jsonl"
 SHORT_NAMES = ("to_maxtext", "train_rl", "to_huggingface")
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "data" / "maxtext-0.2.3"
-DEFAULTS = {"line_delay_s": 0.0, "exit_code": {}, "device_count": 8, "hold_s": 0.0, "fixtures": None,
-            "hbm_used_bytes": 26_843_545_600, "duty_cycle_pct": 87.5}
+DEFAULTS = {
+    "line_delay_s": 0.0,
+    "exit_code": {},
+    "device_count": 8,
+    "hold_s": 0.0,
+    "fixtures": None,
+    "hbm_used_bytes": 26_843_545_600,
+    "duty_cycle_pct": 87.5,
+}
 REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4, checkpoint_period=2: train steps 1..4, checkpoints 1, 2, 4
 #: MaxText 0.2.3's rl.yml defaults, used when the command line does not set them (as MaxText does).
 MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP = 50, 10
@@ -64,6 +71,7 @@ def append_line(path: Path, entry: dict) -> None:
 def note_sigterm(module: str) -> None:
     """On SIGTERM, append {"module", "pid", "signal"} to ~/.standin/signals.jsonl, then die of the
     signal as MaxText does (the default action), so a test can tell who got it."""
+
     def handler(number, frame):
         append_line(home() / SIGNALS_FILE, {"module": module, "pid": os.getpid(), "signal": "SIGTERM"})
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -123,7 +131,9 @@ def fixtures_dir(control: dict) -> Path:
     if not (folder / "output-tree.txt").is_file():
         raise StandinError(
             f"stand-in: MaxText fixtures not found at {folder} "
-            f'(set "fixtures" in ~/{CONTROL_FILE} to a readable copy of tests/data/maxtext-0.2.3)', 2)
+            f'(set "fixtures" in ~/{CONTROL_FILE} to a readable copy of tests/data/maxtext-0.2.3)',
+            2,
+        )
     return folder
 
 
@@ -167,8 +177,8 @@ def check_load_path(args: dict[str, str], key: str = "load_parameters_path") -> 
     path = args.get(key, "")
     if path and not store_path(path).exists():
         raise StandinError(
-            f"FileNotFoundError: Checkpoint at {path} not found "
-            f"({key} does not exist; MaxText 0.2.3 stand-in)")
+            f"FileNotFoundError: Checkpoint at {path} not found ({key} does not exist; MaxText 0.2.3 stand-in)"
+        )
 
 
 # ---------------------------------------------------------------- gs:// paths (a Cloud Storage emulator)
@@ -202,8 +212,9 @@ class GcsPath:
         host = os.environ.get("STORAGE_EMULATOR_HOST")
         if not host:
             raise StandinError("stand-in: a gs:// path needs STORAGE_EMULATOR_HOST (no real bucket in tests)")
-        request = urllib.request.Request(host.rstrip("/") + path, data=data, method=method,
-                                         headers={"Content-Type": "application/octet-stream"})
+        request = urllib.request.Request(
+            host.rstrip("/") + path, data=data, method=method, headers={"Content-Type": "application/octet-stream"}
+        )
         with urllib.request.urlopen(request) as answer:
             body = answer.read()
         return json.loads(body) if body else {}
@@ -211,8 +222,9 @@ class GcsPath:
     def _list(self, delimiter: bool) -> dict:
         import urllib.parse
 
-        query = urllib.parse.urlencode({"prefix": f"{self.key}/" if self.key else "",
-                                        **({"delimiter": "/"} if delimiter else {})})
+        query = urllib.parse.urlencode(
+            {"prefix": f"{self.key}/" if self.key else "", **({"delimiter": "/"} if delimiter else {})}
+        )
         return self._api(f"/storage/v1/b/{self.bucket}/o?{query}")
 
     def mkdir(self, **_) -> None:
@@ -221,8 +233,11 @@ class GcsPath:
     def write_bytes(self, data: bytes) -> None:
         import urllib.parse
 
-        self._api(f"/upload/storage/v1/b/{self.bucket}/o?uploadType=media&name={urllib.parse.quote(self.key)}",
-                  data=data, method="POST")
+        self._api(
+            f"/upload/storage/v1/b/{self.bucket}/o?uploadType=media&name={urllib.parse.quote(self.key)}",
+            data=data,
+            method="POST",
+        )
 
     def exists(self) -> bool:
         return bool(self._list(delimiter=False).get("items"))
@@ -301,7 +316,7 @@ def remap_steps(lines: list[bytes], num_batches: int) -> list[tuple[bytes | None
                     line = None
                 else:
                     seen[pattern].add(new)
-                    line = line[:match.start(1)] + str(new).encode() + line[match.end(1):]
+                    line = line[: match.start(1)] + str(new).encode() + line[match.end(1) :]
                 break
         out.append((line, step))
     return out
@@ -342,12 +357,20 @@ def placeholder(rel: str) -> bytes:
     name = rel.rsplit("/", 1)[-1]
     if name == "_CHECKPOINT_METADATA":
         now = time.time_ns()
-        return json.dumps({"item_handlers": None, "metrics": {}, "performance_metrics": {},
-                           "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now,
-                           "custom_metadata": {}}).encode()
+        return json.dumps(
+            {
+                "item_handlers": None,
+                "metrics": {},
+                "performance_metrics": {},
+                "init_timestamp_nsecs": now,
+                "commit_timestamp_nsecs": now,
+                "custom_metadata": {},
+            }
+        ).encode()
     if name == "_METADATA":
-        return json.dumps({"tree_metadata": {}, "use_zarr3": False,
-                           "standin": "MaxText 0.2.3 stand-in placeholder"}).encode()
+        return json.dumps(
+            {"tree_metadata": {}, "use_zarr3": False, "standin": "MaxText 0.2.3 stand-in placeholder"}
+        ).encode()
     return f"MaxText 0.2.3 stand-in placeholder: {rel}\n".encode()
 
 
@@ -363,8 +386,11 @@ def write_tree(root: Path, rels: list[str], entries: dict[str, bool]) -> None:
 
 def output_tree(fixtures: Path) -> dict[str, bool]:
     """output-tree.txt as {relative path: is a folder} (a path is a folder when others lie under it)."""
-    rels = [line.strip()[2:] for line in (fixtures / "output-tree.txt").read_text().splitlines()
-            if line.strip().startswith("./")]
+    rels = [
+        line.strip()[2:]
+        for line in (fixtures / "output-tree.txt").read_text().splitlines()
+        if line.strip().startswith("./")
+    ]
     folders = {rel.rsplit("/", 1)[0] for rel in rels if "/" in rel}
     return {rel: rel in folders for rel in rels}
 
@@ -378,16 +404,24 @@ def to_maxtext(args: dict[str, str], control: dict, out: Replayer) -> None:
     out.say(f"stand-in to_maxtext (MaxText 0.2.3 stand-in; no fixture log exists): model_name={model}")
     out.say("stand-in to_maxtext: --lazy_load_tensors=" + args.get("lazy_load_tensors", "True"))
     if args.get("hf_access_token"):
-        out.say("stand-in to_maxtext: hf_access_token given on the command line "
-                "(MaxText 0.2.3 logs a deprecation warning for it)")
-    out.say("stand-in to_maxtext: HF_TOKEN in the environment: "
-            + ("yes" if os.environ.get("HF_TOKEN") else "no"))
+        out.say(
+            "stand-in to_maxtext: hf_access_token given on the command line "
+            "(MaxText 0.2.3 logs a deprecation warning for it)"
+        )
+    out.say("stand-in to_maxtext: HF_TOKEN in the environment: " + ("yes" if os.environ.get("HF_TOKEN") else "no"))
     step = store_path(os.path.join(base, "0"))
     items = step / "items"
     out.say(f"stand-in to_maxtext: writing {os.path.join(base, '0', 'items')}")
-    for rel in ("_sharding", "array_metadatas/process_0", "d/0123456789abcdef0123456789abcdef",
-                "ocdbt.process_0/d/fedcba9876543210fedcba9876543210", "ocdbt.process_0/manifest.ocdbt",
-                "manifest.ocdbt", "_METADATA", "_CHECKPOINT_METADATA"):
+    for rel in (
+        "_sharding",
+        "array_metadatas/process_0",
+        "d/0123456789abcdef0123456789abcdef",
+        "ocdbt.process_0/d/fedcba9876543210fedcba9876543210",
+        "ocdbt.process_0/manifest.ocdbt",
+        "manifest.ocdbt",
+        "_METADATA",
+        "_CHECKPOINT_METADATA",
+    ):
         write_file(items / rel, placeholder(rel))
     write_file(step / "_CHECKPOINT_METADATA", placeholder("_CHECKPOINT_METADATA"))
     out.say(f"stand-in to_maxtext: wrote {os.path.join(base, '0', 'items')}")
@@ -426,8 +460,10 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
     saved = sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) if actor.is_dir() else []
     restored = saved[-1] if saved else 0
     if restored:  # train_rl restores the newest checkpoint and goes on after its step
-        out.say(f"stand-in train_rl: restored checkpoint {restored} from {actor}; training resumes at step "
-                f"{restored + 1} of {num_batches}")
+        out.say(
+            f"stand-in train_rl: restored checkpoint {restored} from {actor}; training resumes at step "
+            f"{restored + 1} of {num_batches}"
+        )
     # TensorBoard's writer opens its file at start: copy the real events file now.
     for events in sorted((fixtures / "tensorboard").iterdir()):
         write_file(run / "tensorboard" / events.name, events.read_bytes())
@@ -468,7 +504,7 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         if step is not None:
             if map_step(step, num_batches) <= restored:
                 continue  # done before the restart
-            chunk = debug[(step - 1) * per_step:step * per_step]
+            chunk = debug[(step - 1) * per_step : step * per_step]
             write_tree(run, chunk, {rel: False for rel in chunk})
             train_through(map_step(step, num_batches))
         elif line is not None and (match := EVAL_STEP.search(line)) and int(match.group(1)) <= restored:
@@ -487,9 +523,11 @@ def to_huggingface(args: dict[str, str], control: dict, out: Replayer) -> None:
     export = fixtures / "hf-export"
     names = sorted(p.name for p in export.iterdir() if p.is_file())
     tokenizer = [n for n in names if n not in ("config.json",) and not n.endswith(".safetensors")]
-    triggers = {b"Tokenizer files saved locally": tokenizer,
-                b"Saved config.json": ["config.json"],
-                b"Saved model.safetensors": [n for n in names if n.endswith(".safetensors")]}
+    triggers = {
+        b"Tokenizer files saved locally": tokenizer,
+        b"Saved config.json": ["config.json"],
+        b"Saved model.safetensors": [n for n in names if n.endswith(".safetensors")],
+    }
     done: set[str] = set()
 
     def copy(batch: list[str]) -> None:
@@ -509,8 +547,11 @@ def to_huggingface(args: dict[str, str], control: dict, out: Replayer) -> None:
 JOBS = {"to_maxtext": to_maxtext, "train_rl": train_rl, "to_huggingface": to_huggingface}
 #: The tables of MaxText 0.2.3 a model_name must be in, per module (tests/data/maxtext-0.2.3-models.json, read from
 #: the wheel): its config type (ModelName), what every RL run reads (HF_MODEL_CONFIGS), the conversions' tables.
-MODEL_TABLES = {"to_maxtext": ("ModelName", "HF_IDS"), "train_rl": ("ModelName", "HF_MODEL_CONFIGS"),
-                "to_huggingface": ("ModelName", "HF_IDS", "PARAM_MAPPING", "HF_SHAPE", "HOOK_FNS")}
+MODEL_TABLES = {
+    "to_maxtext": ("ModelName", "HF_IDS"),
+    "train_rl": ("ModelName", "HF_MODEL_CONFIGS"),
+    "to_huggingface": ("ModelName", "HF_IDS", "PARAM_MAPPING", "HF_SHAPE", "HOOK_FNS"),
+}
 
 
 def models_file(fixtures: Path) -> Path:

@@ -76,9 +76,11 @@ PATCHES = {}
 
 def after_import(name):
     """Run the decorated function on module `name` once it is imported."""
+
     def register(patch):
         PATCHES[name] = patch
         return patch
+
     return register
 
 
@@ -94,6 +96,7 @@ class _PostImport(importlib.abc.MetaPathFinder):
         def exec_module(module):
             execute(module)
             PATCHES[fullname](module)
+
         spec.loader.exec_module = exec_module
         return spec
 
@@ -132,16 +135,22 @@ def check_vllm_settings(rollout_config) -> None:
     for config in rollout_config.values() if isinstance(rollout_config, dict) else [rollout_config]:
         architectures = ((config.rollout_vllm_kwargs or {}).get("hf_overrides") or {}).get("architectures", [])
         if set(architectures) - {MAXTEXT_IN_VLLM}:
-            raise ValueError(f"vllm_hf_overrides names architectures {architectures}; the model tpu-grpo runs inside "
-                             f"vLLM is MaxText's, registered by MaxText's vLLM plugin as {MAXTEXT_IN_VLLM}")
+            raise ValueError(
+                f"vllm_hf_overrides names architectures {architectures}; the model tpu-grpo runs inside "
+                f"vLLM is MaxText's, registered by MaxText's vLLM plugin as {MAXTEXT_IN_VLLM}"
+            )
         if architectures:
             overrides = dict((config.rollout_vllm_additional_config or {}).get("maxtext_config") or {})
             if "model_name" not in overrides:
-                raise ValueError("vllm_additional_config has no maxtext_config.model_name: MaxText's vLLM plugin "
-                                 "would build MaxText's default model")
+                raise ValueError(
+                    "vllm_additional_config has no maxtext_config.model_name: MaxText's vLLM plugin "
+                    "would build MaxText's default model"
+                )
             # the plugin's own call; the cache folder the training already uses, so JAX's stays where it is
-            pyconfig.initialize(["", os.path.join(MAXTEXT_CONFIGS_DIR, "inference", "vllm.yml")],
-                                **{**overrides, "jax_cache_dir": jax.config.jax_compilation_cache_dir or ""})
+            pyconfig.initialize(
+                ["", os.path.join(MAXTEXT_CONFIGS_DIR, "inference", "vllm.yml")],
+                **{**overrides, "jax_cache_dir": jax.config.jax_compilation_cache_dir or ""},
+            )
 
 
 @after_import("tunix.rl.rl_cluster")
@@ -160,16 +169,21 @@ def _mock_rollout(module):
                 text = answer(prompt, first=prompt not in prompts[:i])
                 encoded = self._encode_text(text) if text else None
                 if encoded is not None and len(encoded):
-                    texts[i], tokens[i] = text, encoded[:max(1, rollout_config.max_tokens_to_generate)]
+                    texts[i], tokens[i] = text, encoded[: max(1, rollout_config.max_tokens_to_generate)]
             log = os.environ.get("TPU_GRPO_ROLLOUT_LOG")
             if log:
                 with open(log, "a") as file:
-                    file.writelines(json.dumps({"prompt": p, "completion": t, "right": p not in prompts[:i]}) + "\n"
-                                   for i, (p, t) in enumerate(zip(prompts, texts)))
+                    file.writelines(
+                        json.dumps({"prompt": p, "completion": t, "right": p not in prompts[:i]}) + "\n"
+                        for i, (p, t) in enumerate(zip(prompts, texts))
+                    )
             return dataclasses.replace(
-                made, text=texts, tokens=tokens,
+                made,
+                text=texts,
+                tokens=tokens,
                 logits=[np.zeros((len(t), self._vocab_size), dtype=np.float16) for t in tokens],
-                logprobs=[np.zeros(len(t), dtype=np.float32) for t in tokens] if made.logprobs is not None else None)
+                logprobs=[np.zeros(len(t), dtype=np.float32) for t in tokens] if made.logprobs is not None else None,
+            )
 
     init = module.ClusterConfig.__init__
 
@@ -177,9 +191,11 @@ def _mock_rollout(module):
         engine = kwargs.get("rollout_engine", "vanilla")
         if engine == "vllm" or not isinstance(engine, str):
             check_vllm_settings(kwargs["rollout_config"])
-            kwargs["rollout_engine"] = functools.partial(AnsweringRollout, min_generation_time=0.0,
-                                                         max_generation_time=0.0)
+            kwargs["rollout_engine"] = functools.partial(
+                AnsweringRollout, min_generation_time=0.0, max_generation_time=0.0
+            )
         init(self, *args, **kwargs)
+
     module.ClusterConfig.__init__ = __init__
 
 

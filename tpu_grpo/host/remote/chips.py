@@ -14,8 +14,15 @@ def chips() -> dict:
     found: dict = {"chip": chip_type.value.name if chip_type else None, "chips": count, "owners": owners, "usage": []}
     if chip_type and owners:
         try:
-            found["usage"] = [{"device": u.device_id, "hbm_used": u.memory_usage, "hbm_total": u.total_memory,
-                               "duty_cycle_pct": u.duty_cycle_pct} for u in metrics.get_chip_usage(chip_type)]
+            found["usage"] = [
+                {
+                    "device": u.device_id,
+                    "hbm_used": u.memory_usage,
+                    "hbm_total": u.total_memory,
+                    "duty_cycle_pct": u.duty_cycle_pct,
+                }
+                for u in metrics.get_chip_usage(chip_type)
+            ]
         except Exception as error:  # the runtime's metrics server does not answer (a workload starting or ending)
             found["unavailable"] = type(error).__name__
     return found

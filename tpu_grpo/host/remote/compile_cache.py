@@ -30,9 +30,12 @@ def weigh(folder: str) -> tuple[int, int]:
     if folder.startswith("gs://"):
         from google.cloud import storage
 
-        bucket, _, prefix = folder[len("gs://"):].partition("/")
-        blobs = [blob for blob in storage.Client().list_blobs(bucket, prefix=prefix.rstrip("/") + "/")
-                 if blob.name.endswith(ENTRY)]
+        bucket, _, prefix = folder[len("gs://") :].partition("/")
+        blobs = [
+            blob
+            for blob in storage.Client().list_blobs(bucket, prefix=prefix.rstrip("/") + "/")
+            if blob.name.endswith(ENTRY)
+        ]
         return len(blobs), sum(blob.size or 0 for blob in blobs)
     if not os.path.isdir(folder):
         return 0, 0

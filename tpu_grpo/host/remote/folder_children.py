@@ -8,11 +8,11 @@ import sys
 def children(folder: str) -> list[str]:
     from google.cloud import storage
 
-    bucket, _, prefix = folder[len("gs://"):].partition("/")
+    bucket, _, prefix = folder[len("gs://") :].partition("/")
     prefix = "/".join(part for part in prefix.split("/") if part) + "/"
     found = storage.Client().list_blobs(bucket, prefix=prefix, delimiter="/")
     list(found)  # the prefixes are known once the pages are read
-    return [name[len(prefix):].strip("/") for name in found.prefixes]
+    return [name[len(prefix) :].strip("/") for name in found.prefixes]
 
 
 if __name__ == "__main__":

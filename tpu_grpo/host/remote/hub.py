@@ -34,26 +34,37 @@ def refusal(whoami: dict, repo_id: str) -> str | None:
     user = whoami.get("name", "?")
     token = whoami.get("auth", {}).get("accessToken", {})
     role = token.get("role")
-    new_token = ("fix: make a token with write access at https://huggingface.co/settings/tokens, then "
-                 "HF_TOKEN=hf_... uv run invoke provision --tags token")
+    new_token = (
+        "fix: make a token with write access at https://huggingface.co/settings/tokens, then "
+        "HF_TOKEN=hf_... uv run invoke provision --tags token"
+    )
     if role == "read":
         return f"the host's Hugging Face token ({token.get('displayName', 'unnamed')}) can only read; {new_token}"
     orgs = {org.get("name"): org.get("roleInOrg") for org in whoami.get("orgs", [])}
     if namespace != user and orgs.get(namespace) not in WRITING_ROLES:
         mine = [user] + sorted(name for name, org_role in orgs.items() if org_role in WRITING_ROLES)
-        where = (f"{user} is a {orgs[namespace]} member of {namespace}" if namespace in orgs
-                 else f"{namespace} is neither {user} nor one of {user}'s organizations")
-        return f"--repo {repo_id}: the token's user may not write there ({where}); fix: --repo " \
-               f"{mine[0]}/{repo_id.split('/')[1]} (you may write to: {', '.join(mine)})"
+        where = (
+            f"{user} is a {orgs[namespace]} member of {namespace}"
+            if namespace in orgs
+            else f"{namespace} is neither {user} nor one of {user}'s organizations"
+        )
+        return (
+            f"--repo {repo_id}: the token's user may not write there ({where}); fix: --repo "
+            f"{mine[0]}/{repo_id.split('/')[1]} (you may write to: {', '.join(mine)})"
+        )
     if role == "fineGrained":
         scoped = token.get("fineGrained", {}).get("scoped", [])
-        allowed = any("repo.write" in entry.get("permissions", [])
-                      and entry.get("entity", {}).get("name") in (namespace, repo_id) for entry in scoped)
+        allowed = any(
+            "repo.write" in entry.get("permissions", []) and entry.get("entity", {}).get("name") in (namespace, repo_id)
+            for entry in scoped
+        )
         if not allowed:
-            return (f"the host's fine-grained Hugging Face token ({token.get('displayName', 'unnamed')}) has no "
-                    f"write access to repositories of {namespace}; fix: add 'Write access to contents/settings of "
-                    f"all repos' for {namespace} to it at https://huggingface.co/settings/tokens (or make a write "
-                    "token and run HF_TOKEN=hf_... uv run invoke provision --tags token)")
+            return (
+                f"the host's fine-grained Hugging Face token ({token.get('displayName', 'unnamed')}) has no "
+                f"write access to repositories of {namespace}; fix: add 'Write access to contents/settings of "
+                f"all repos' for {namespace} to it at https://huggingface.co/settings/tokens (or make a write "
+                "token and run HF_TOKEN=hf_... uv run invoke provision --tags token)"
+            )
     return None
 
 
@@ -72,9 +83,11 @@ def check(repo_id: str, private: bool) -> int:
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
         if status == 401:
-            say(error="the Hub refuses the host's Hugging Face token (401: invalid or revoked); fix: make a write "
-                      "token at https://huggingface.co/settings/tokens, then HF_TOKEN=hf_... uv run invoke "
-                      "provision --tags token")
+            say(
+                error="the Hub refuses the host's Hugging Face token (401: invalid or revoked); fix: make a write "
+                "token at https://huggingface.co/settings/tokens, then HF_TOKEN=hf_... uv run invoke "
+                "provision --tags token"
+            )
             return 3
         raise
     why = refusal(whoami, repo_id)
@@ -93,8 +106,10 @@ def check(repo_id: str, private: bool) -> int:
         status = error.response.status_code if error.response is not None else None
         if status in (400, 422):
             detail = error.server_message or str(error).splitlines()[0]
-            say(error=f"the Hub refuses the name --repo {repo_id} ({detail}); fix: another name "
-                      "(letters, digits, '-', '_', '.'; at most 96)")
+            say(
+                error=f"the Hub refuses the name --repo {repo_id} ({detail}); fix: another name "
+                "(letters, digits, '-', '_', '.'; at most 96)"
+            )
             return 3
         raise
     say(user=whoami["name"], created=True, private=private)
@@ -134,11 +149,14 @@ def upload(repo_id: str, folder: str) -> int:
     with open(os.path.join(folder, SUMS)) as listing:
         sums = {line[66:].rstrip("\n"): line[:64] for line in listing if len(line) > 66}
     remote = on_hub(api, repo_id)
-    todo = [name for name in sorted(sums)
-            if not already_there(remote.get(name), os.path.join(folder, name), sums[name])]
+    todo = [
+        name for name in sorted(sums) if not already_there(remote.get(name), os.path.join(folder, name), sums[name])
+    ]
     total = sum(os.path.getsize(os.path.join(folder, name)) for name in todo)
-    print(f"{LINE} publish {len(todo)} files, {total} bytes, to {repo_id} ({len(sums) - len(todo)} already there)",
-          flush=True)
+    print(
+        f"{LINE} publish {len(todo)} files, {total} bytes, to {repo_id} ({len(sums) - len(todo)} already there)",
+        flush=True,
+    )
     if not todo:
         print(f"{LINE} nothing to upload: {repo_id} already holds every file", flush=True)
         return 0
@@ -148,8 +166,9 @@ def upload(repo_id: str, folder: str) -> int:
         api.preupload_lfs_files(repo_id, additions=[operation])
         operations.append(operation)
         print(f"{LINE} sent {name} {os.path.getsize(os.path.join(folder, name))}", flush=True)
-    commit = api.create_commit(repo_id, operations=operations,
-                               commit_message=f"tpu-grpo: {os.path.basename(folder.rstrip('/'))}")
+    commit = api.create_commit(
+        repo_id, operations=operations, commit_message=f"tpu-grpo: {os.path.basename(folder.rstrip('/'))}"
+    )
     print(f"{LINE} committed {commit.oid} {commit.commit_url}", flush=True)
     for name in todo:
         print(f"{LINE} uploaded {name} {os.path.getsize(os.path.join(folder, name))}", flush=True)

@@ -17,7 +17,7 @@ def save(source: str, folder: str) -> None:
 
     local = tempfile.mkdtemp()
     tokenizer.save_pretrained(local)
-    bucket_name, _, prefix = folder[len("gs://"):].partition("/")
+    bucket_name, _, prefix = folder[len("gs://") :].partition("/")
     bucket = storage.Client().bucket(bucket_name)
     for path in pathlib.Path(local).iterdir():
         bucket.blob(prefix.strip("/") + "/" + path.name).upload_from_filename(str(path))

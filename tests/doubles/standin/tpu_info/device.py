@@ -21,6 +21,7 @@ class _Info(typing.NamedTuple):
 
 class TpuChip(enum.Enum):
     """The real enum's members, with their specs (name, HBM GiB, devices per chip)."""
+
     V2 = _Info("v2", 8, 2)
     V3 = _Info("v3", 16, 2)
     V4 = _Info("v4", 32, 1)

@@ -28,5 +28,7 @@ def get_chip_usage(chip_type: device.TpuChip, addr: str = "localhost:8431") -> l
         raise _InactiveRpcError(f"failed to connect to all addresses; last error: UNAVAILABLE: ipv4:{addr}")
     control = load_control()
     total = chip_type.value.hbm_gib << 30
-    return [Usage(index, control["hbm_used_bytes"], total, control["duty_cycle_pct"])
-            for index in range(device.get_local_chips()[1] * chip_type.value.devices_per_chip)]
+    return [
+        Usage(index, control["hbm_used_bytes"], total, control["duty_cycle_pct"])
+        for index in range(device.get_local_chips()[1] * chip_type.value.devices_per_chip)
+    ]

@@ -17,9 +17,9 @@
 from setuptools import setup
 
 if __name__ == "__main__":
-  setup(
-      name="maxtext_vllm_adapter",
-      version="0.1.0",
-      packages=["maxtext_vllm_adapter"],
-      entry_points={"vllm.general_plugins": ["register_maxtext_vllm_adapter = maxtext_vllm_adapter:register"]},
-  )
+    setup(
+        name="maxtext_vllm_adapter",
+        version="0.1.0",
+        packages=["maxtext_vllm_adapter"],
+        entry_points={"vllm.general_plugins": ["register_maxtext_vllm_adapter = maxtext_vllm_adapter:register"]},
+    )
