@@ -22,7 +22,7 @@ class DelayedRelay:
         self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "DelayedRelay":
+    def start(self) -> DelayedRelay:
         ready = threading.Event()
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._serve(ready)), daemon=True, name="delayed-relay"

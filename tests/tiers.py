@@ -15,9 +15,9 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tests.conftest import host_tier_missing, maxtext_tier_missing
 from tests.support import ROOT

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from tests.support import TEST_TOKEN, TUTORIAL
-from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import MACHINES
+from tpu_grpo.jobs import maxtext
 
 MODULES = (
     "maxtext.checkpoint_conversion.to_maxtext",

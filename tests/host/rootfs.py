@@ -84,7 +84,7 @@ class DataDisk:
     mount: str = "/mnt/disks/data"  # playbooks/host.yml's default
 
     @classmethod
-    def attach(cls, image: Path, size_mb: int) -> "DataDisk":
+    def attach(cls, image: Path, size_mb: int) -> DataDisk:
         with image.open("wb") as handle:
             handle.truncate(size_mb * 1024 * 1024)
         with machine_lock():  # another test process's --find would find the same free device
@@ -160,10 +160,10 @@ class ThrowawayHost:
         would lead back to this machine's files: name the real path."""
         return Path(f"/proc/{self.first_process()}/root") / inside.lstrip("/")
 
-    def start(self) -> "ThrowawayHost":
+    def start(self) -> ThrowawayHost:
         return self.prepare().boot()
 
-    def prepare(self) -> "ThrowawayHost":
+    def prepare(self) -> ThrowawayHost:
         """The host's disk as a VM's is before it boots: root, keys, user, sudoers, sshd's config."""
         base = base_root()
         MADE.add(self.folder)
@@ -219,7 +219,8 @@ class ThrowawayHost:
                     "Subsystem sftp internal-sftp",
                     "LogLevel VERBOSE",
                     "MaxStartups 100",
-                    f"SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin"
+                    "SetEnv SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"
+                    + f" PATH={python312_bin()}:/usr/local/bin:/usr/bin:/bin"
                     + "".join(f" {name}={value}" for name, value in self.env.items()),
                     "",
                 ]
@@ -227,7 +228,7 @@ class ThrowawayHost:
         )
         return self
 
-    def boot(self) -> "ThrowawayHost":
+    def boot(self) -> ThrowawayHost:
         """Start the host: its namespaces, its /dev/shm and terminals, the Python 3.12 (read-only), its sshd."""
         python = os.path.dirname(python312_bin())
         inside = (

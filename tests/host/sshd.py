@@ -110,7 +110,7 @@ class Bridge:
     def veth(namespace: str) -> str:
         return f"{namespace}-br"
 
-    def up(self) -> "Bridge":
+    def up(self) -> Bridge:
         self.down()  # whatever a killed earlier run left behind
         with machine_lock():
             self._join()

@@ -7,7 +7,6 @@ import subprocess
 from tests.support import write_book
 from tpu_grpo.provision import engine, playbook
 
-
 # ---------------------------------------------------------------- the round trip and the checks, run for real
 
 

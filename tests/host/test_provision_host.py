@@ -310,7 +310,8 @@ def _apply_one_step(host, tmp_path, monkeypatch, script: str, check: str, kind: 
 
 
 def test_long_steps_stream_their_progress_while_they_run(make_host, tmp_path, monkeypatch):
-    """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they happen."""
+    """The MaxText install downloads about 6 GB: its progress lines (bars redrawn with \\r, colours) arrive as they
+    happen."""
     result, seen = _apply_one_step(
         make_host(),
         tmp_path,
@@ -339,7 +340,8 @@ def test_a_failed_progress_step_shows_its_last_lines_as_the_terminal_does(make_h
         check="'false'",
         script=(
             "echo 'Using Python 3.12 environment at: maxtext_venv'\n"
-            "for frame in a b c d e f g h i j k l m n o p; do printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
+            "for frame in a b c d e f g h i j k l m n o p; do\n"
+            "printf '\\033[2K%s Resolving dependencies...\\r' $frame; done\n"
             "printf '\\033[2K\\033[1;31merror\\033[0m: No solution found\\n  cause: not in the registry\\n'\n"
             "printf 'half a line'; exit 3"
         ),

@@ -13,16 +13,17 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import pytest
 
 from tests.doubles.hub import Hub, HubServer
 from tests.maxtext import stack
 from tests.maxtext.families import TOKENIZER, Family
-from tests.support import MAXTEXT_VENV as VENV, ROOT, built_once
+from tests.support import MAXTEXT_VENV as VENV
+from tests.support import ROOT, built_once
 from tpu_grpo.host import gcs
 
 #: The tier's compile caches, kept beside its venv between runs, as a VM's data disk keeps them between jobs: each

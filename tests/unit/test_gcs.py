@@ -48,8 +48,8 @@ def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
     from dataclasses import replace
 
     from tests.tutorial import RUN
-    from tpu_grpo.jobs import pipeline
     from tpu_grpo.config.stores import store_for
+    from tpu_grpo.jobs import pipeline
 
     run = replace(RUN, store=store_for(f"gs://{bucket}/runs"))
     folder = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor"

@@ -9,12 +9,11 @@ import shlex
 import pulumi
 import pytest
 
-from tpu_grpo.config import keys
-
 from infra import offline
 from infra.tpu_host import gcloud_create_command, render_command
-from tpu_grpo.config.settings import parse
 from tests.support import TUTORIAL, run_entry_point
+from tpu_grpo.config import keys
+from tpu_grpo.config.settings import parse
 
 
 def declared(stack_values, **overrides):

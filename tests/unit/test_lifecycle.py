@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.doubles.cloud import Cloud, Engine
-from tpu_grpo.config.keys import DEFAULT_ACCOUNT
 from tests.support import ROOT
+from tpu_grpo.config.keys import DEFAULT_ACCOUNT
 
 EXAMPLES = int(os.environ.get("TPU_GRPO_LIFECYCLE_EXAMPLES", "0"))
 #: Another GKE cluster of the project already relies on GKE's node role for the default compute account.

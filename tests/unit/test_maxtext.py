@@ -17,8 +17,8 @@ from tests import tutorial
 from tests.support import TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo.config import settings, stores
-from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import MACHINES
+from tpu_grpo.jobs import maxtext
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
 OURS_ONLY = {
@@ -263,8 +263,8 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
 
     from google.cloud import storage
 
-    from tpu_grpo.jobs.progress import RESUMES
     from tpu_grpo.config.stores import store_for
+    from tpu_grpo.jobs.progress import RESUMES
 
     root = f"gs://{bucket}/runs" if store == "gs" else str(tmp_path / "maxtext")
     run = replace(RUN, store=store_for(root if store == "gs" else "disk"))

@@ -18,9 +18,9 @@ from rich.console import Console
 
 from tests.support import DATA, FIXTURES
 from tpu_grpo.config import laptop_paths
+from tpu_grpo.jobs.progress import Eval, TrainStep, parse_lines
 from tpu_grpo.results import metrics
 from tpu_grpo.results.metrics import Metrics, MetricsError, Row
-from tpu_grpo.jobs.progress import Eval, TrainStep, parse_lines
 
 EVENTS = FIXTURES / "tensorboard"
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
@@ -177,7 +177,7 @@ def test_plot_writes_a_png_with_every_panel(run, raw, tmp_path):
     figure = metrics.figure(run)
     axes = figure.get_axes()
     assert len(axes) == len(metrics.SERIES) + 1
-    for ax, (field, tag) in zip(axes, metrics.SERIES.items()):
+    for ax, tag in zip(axes, metrics.SERIES.values()):
         assert tag in ax.get_title()
         assert ax.get_ylabel()
         (line,) = ax.get_lines()
@@ -331,8 +331,9 @@ def test_a_comparison_needs_two_runs_of_the_host_and_nothing_else(stack_dir, arg
 
 def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch):
     """Each run's inputs as hparams summaries beside its events (written once, without TensorFlow), read back through
-    TensorBoard's own HTTP API as `invoke tensorboard` serves them (tpu_grpo/results/tensorboard_sync.py): the HParams dashboard's
-    experiment lists the inputs (and which differ) and each run's session its inputs and its scalars' last values."""
+    TensorBoard's own HTTP API as `invoke tensorboard` serves them (tpu_grpo/results/tensorboard_sync.py): the HParams
+    dashboard's experiment lists the inputs (and which differ) and each run's session its inputs and its scalars'
+    last values."""
     import urllib.request
 
     from tensorboard.backend.event_processing import event_accumulator

@@ -15,10 +15,10 @@ import yaml
 
 from tests.support import DATA, DOUBLES, FIXTURES, ROOT, invoke
 from tests.tutorial import RUN, run_ours
-from tpu_grpo.host import remote
-from tpu_grpo.jobs import maxtext
 from tpu_grpo.config.accelerators import ACCELERATORS, MACHINES, SLICES
 from tpu_grpo.config.models import MODELS
+from tpu_grpo.host import remote
+from tpu_grpo.jobs import maxtext
 
 WHEEL = json.loads((DATA / "maxtext-0.2.3-models.json").read_text())
 CONFIGS = WHEEL["HF_MODEL_CONFIGS"]["configs"]

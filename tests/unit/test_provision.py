@@ -99,12 +99,12 @@ def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
 
 
 def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkeypatch):
-    """tpu_grpo/config/release.py holds the release: the playbook's spec, the slice image's tag and what it installs, and
-    the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
+    """tpu_grpo/config/release.py holds the release: the playbook's spec, the slice image's tag and what it installs,
+    and the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
     from tpu_grpo.config import images, release
+    from tpu_grpo.config.accelerators import MACHINES
     from tpu_grpo.jobs import maxtext, pipeline
     from tpu_grpo.provision import image_build
-    from tpu_grpo.config.accelerators import MACHINES
 
     monkeypatch.setattr(release, "MAXTEXT_VERSION", "9.8.7")
     monkeypatch.setattr(release, "MAXTEXT_SPEC", "maxtext[tpu-post-train]==9.8.7")
@@ -253,7 +253,8 @@ GOOD_STEP = "  - name: hello\n    check: test -f ~/hello\n    run: touch ~/hello
 BAD_BOOKS = [
     (
         "vars: {}\nsteps:\n  - name: hello\n    check: test -f x\n    run: touch x\n    sudo: true\n",
-        ":3: step 'hello': unknown key 'sudo'; fix: use only become, check, name, network, progress, run, secret, tags, when",
+        ":3: step 'hello': unknown key 'sudo'; fix: use only become, check, name, network, progress, run, secret, "
+        "tags, when",
     ),
     ("steps:\n  - name: hello\n    run: touch x\n", ":2: step 'hello': 'check' is missing; fix: give a bash test"),
     ("steps:\n  - check: true\n    run: touch x\n", ":2: step 1 has no name; fix: add 'name: ...'"),

@@ -14,12 +14,11 @@ from huggingface_hub import ModelCard
 from tests.doubles.hub import whoami
 from tests.support import ROOT
 from tpu_grpo.config import errors, stack_file
-from tpu_grpo.config.errors import UserError
-from tpu_grpo.jobs import maxtext
-from tpu_grpo.results import publish
 from tpu_grpo.config.capacity import CAPACITIES
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.host.remote.hub import refusal
 from tpu_grpo.jobs.progress import Eval
+from tpu_grpo.results import publish
 
 
 @pytest.mark.parametrize("repo", ["alice/Llama-3.1-8B", "a/b", "org_1/x.y-z", "A" * 96 + "/" + "b" * 96])
@@ -217,8 +216,8 @@ def test_a_run_trained_in_two_jobs_is_scored_before_by_the_first_and_after_by_th
     import base64
     import json as json_module
 
-    from tpu_grpo.results import publish
     from tpu_grpo.jobs.vm_jobs import Job
+    from tpu_grpo.results import publish
 
     def eval_line(stage: str, correct: int) -> str:
         return (

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-
 # ---------------------------------------------------------------- the recovery loop itself, at its seams
 
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from tests.tutorial import RUN
+from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.host import hosts
 from tpu_grpo.jobs import vm_jobs
 from tpu_grpo.results import runs
-from tpu_grpo.config.capacity import CAPACITIES
 
 PRE = "I1202 14:23:07.528425 1 train_rl.py:716] Pre RL Training: corr=1, total=4, accuracy=25.0%, partial_accuracy=25.0%, format_accuracy=100.0%, mean_reward=0.5"  # noqa: E501
 POST = "I1202 14:24:07.528425 1 train_rl.py:760] Post RL Training: corr=3, total=4, accuracy=75.0%, partial_accuracy=75.0%, format_accuracy=100.0%, mean_reward=1.5"  # noqa: E501

@@ -13,8 +13,8 @@ from tests import tutorial
 from tests.support import FLEX, ON_DEMAND, SPOT, TEST_TOKEN
 from tests.tutorial import RUN, run_ours
 from tpu_grpo.config import stores
-from tpu_grpo.jobs import pipeline
 from tpu_grpo.config.errors import SettingsError
+from tpu_grpo.jobs import pipeline
 
 
 def settings_for(stack_values, **changes):
@@ -58,7 +58,8 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
             {**FLEX, "tpu-grpo:checkpointStore": "shm"},
             "tpu-grpo:checkpointStore",
             "tpu-grpo:checkpointStore='shm' loses the run with capacity flex-start: a flex-start VM is deleted at its "
-            "maximum run time, and its /dev/shm with the whole run; fix: pulumi config set tpu-grpo:checkpointStore disk "
+            "maximum run time, and its /dev/shm with the whole run; fix: pulumi config set "
+            "tpu-grpo:checkpointStore disk "
             "(or pulumi config rm tpu-grpo:checkpointStore: disk is this capacity's default)",
         ),
         (
@@ -70,8 +71,8 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
         (
             {"tpu-grpo:checkpointStore": "gs://Bad_Bucket"},
             "tpu-grpo:checkpointStore",
-            "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a checkpoint store (shm, disk, or gs://BUCKET[/PREFIX]); "
-            "fix: pulumi config set tpu-grpo:checkpointStore disk",
+            "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a checkpoint store (shm, disk, or "
+            "gs://BUCKET[/PREFIX]); fix: pulumi config set tpu-grpo:checkpointStore disk",
         ),
         (
             {"tpu-grpo:bucket": "true"},
@@ -82,7 +83,8 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
         (
             {"tpu-grpo:checkpointPeriod": "0"},
             "tpu-grpo:checkpointPeriod",
-            "tpu-grpo:checkpointPeriod='0' is not a whole number from 1 to 1000000000 steps; fix: pulumi config set tpu-grpo:checkpointPeriod 10",
+            "tpu-grpo:checkpointPeriod='0' is not a whole number from 1 to 1000000000 steps; fix: pulumi config set "
+            "tpu-grpo:checkpointPeriod 10",
         ),
         (
             {"tpu-grpo:checkpointsToKeep": "none"},
@@ -93,15 +95,14 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
         (
             {"tpu-grpo:dataDiskIops": "500"},
             "tpu-grpo:dataDiskIops",
-            "tpu-grpo:dataDiskIops='500' is not a whole number from 3000 to 160000 IOPS, Hyperdisk Balanced's; fix: pulumi config set "
-            "tpu-grpo:dataDiskIops 10000",
+            "tpu-grpo:dataDiskIops='500' is not a whole number from 3000 to 160000 IOPS, Hyperdisk Balanced's; fix: "
+            "pulumi config set tpu-grpo:dataDiskIops 10000",
         ),
         (
             {"tpu-grpo:dataDiskThroughputMibps": "5000"},
             "tpu-grpo:dataDiskThroughputMibps",
-            "tpu-grpo:dataDiskThroughputMibps='5000' is not a whole number from 140 to 2400 MiB/s, Hyperdisk Balanced's; "
-            "fix: pulumi config "
-            "set tpu-grpo:dataDiskThroughputMibps 2400",
+            "tpu-grpo:dataDiskThroughputMibps='5000' is not a whole number from 140 to 2400 MiB/s, Hyperdisk "
+            "Balanced's; fix: pulumi config set tpu-grpo:dataDiskThroughputMibps 2400",
         ),
     ],
     ids=[

@@ -395,8 +395,8 @@ def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(
     ],
 )
 def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
-    from tpu_grpo.config.capacity import CAPACITIES
     from tpu_grpo.cloud.stack import explain
+    from tpu_grpo.config.capacity import CAPACITIES
 
     [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
     assert meaning in explanation
@@ -498,8 +498,8 @@ def test_an_ungated_model_or_steps_without_the_token_need_none(stack_dir, stack_
         "error: creating Instance: timeout while waiting for state to become 'DONE' (last state: 'RUNNING', timeout: "
         "2h20m0s)",
         # the Compute API's answer to an insert of a name that exists (a VM the last timed-out request made)
-        "error: creating Instance: googleapi: Error 409: The resource 'projects/grpo-lab-123/zones/us-east5-a/instances/"
-        "tpu-grpo' already exists, alreadyExists",
+        "error: creating Instance: googleapi: Error 409: The resource "
+        "'projects/grpo-lab-123/zones/us-east5-a/instances/tpu-grpo' already exists, alreadyExists",
     ],
 )
 def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(

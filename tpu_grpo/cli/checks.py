@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpu_grpo.config import laptop_paths, settings as settings_module, stack_file
+from tpu_grpo.config import laptop_paths, stack_file
+from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PROJECT
 
@@ -72,7 +73,8 @@ def require_token(book, steps, chosen: settings_module.Settings, task: str) -> N
             chosen.model,
             f"is gated on the Hugging Face Hub ({row.hf_id}), and "
             "this laptop has no token for it (HF_TOKEN is unset and no token file)",
-            f"export HF_TOKEN=hf_... (a read token whose account accepted the licence), or `hf auth login`, then {task}",
+            "export HF_TOKEN=hf_... (a read token whose account accepted the licence), "
+            f"or `hf auth login`, then {task}",
         )
 
 

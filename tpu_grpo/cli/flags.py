@@ -13,16 +13,16 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any
 
 from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
 
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
-
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p

@@ -16,8 +16,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpu_grpo.config import keys, settings as settings_module, stack_file
-from tpu_grpo.config.printing import styled
+from tpu_grpo.config import keys, stack_file
+from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config.accelerators import SLICES
 from tpu_grpo.config.capacity import (
     CPU_HOST_USD_PER_HOUR,
     GKE_CLUSTER_USD_PER_HOUR,
@@ -26,7 +27,7 @@ from tpu_grpo.config.capacity import (
     HYPERDISK_USD_PER_GIB_MONTH,
     PRICES_READ,
 )
-from tpu_grpo.config.accelerators import SLICES
+from tpu_grpo.config.printing import styled
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15

@@ -65,7 +65,7 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
 def publish(
     c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False, verbose=False
 ):
-    """Upload a run's saved model to the Hugging Face Hub from the host, with a model card; re-runs send nothing twice."""
+    """Upload a run's saved model to the Hugging Face Hub, with a model card; a re-run sends nothing twice."""
     from tpu_grpo.jobs import vm_jobs
     from tpu_grpo.results import publish as publish_module
 

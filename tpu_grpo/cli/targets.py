@@ -10,19 +10,21 @@ Nothing connects before it is used: a target of a dry run asks neither the host 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import IO, Iterable, Protocol
+from typing import IO, Protocol
 
 from rich.console import Console
 
-from tpu_grpo.config import laptop_paths, settings as settings_module
-from tpu_grpo.jobs import job_records
+from tpu_grpo.config import laptop_paths
+from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.printing import styled
 from tpu_grpo.host.hosts import HostFlags
+from tpu_grpo.jobs import job_records
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.maxtext import Run
-from tpu_grpo.config.printing import styled
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,8 @@ class VmTarget:
         return retrieval.metrics_of(self.session, run, out)
 
     def runs(self) -> tuple[list, dict]:
-        """Every run of this VM and of this laptop's fetched copies (tpu_grpo/results/runs.py), and what each source said."""
+        """Every run of this VM and of this laptop's fetched copies (tpu_grpo/results/runs.py), and what each source
+        said."""
         from tpu_grpo.jobs import maxtext
         from tpu_grpo.results import runs
 

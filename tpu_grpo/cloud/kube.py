@@ -8,14 +8,14 @@ import base64
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
+from tpu_grpo.cloud.jobset import API_VERSION, RUN_LABEL, TOKEN_KEY, TOKEN_SECRET
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import kubeconfig
-from tpu_grpo.cloud.jobset import API_VERSION, RUN_LABEL, TOKEN_KEY, TOKEN_SECRET
 
 #: GKE's credential plugin (gcloud's gke-gcloud-auth-plugin component), as `gcloud container clusters
 #: get-credentials` writes it: the kubeconfig holds no token.
@@ -48,7 +48,8 @@ class Cluster:
     """The JobSets, pods, logs and the token Secret of one namespace."""
 
     def __init__(self, config: dict, namespace: str = NAMESPACE):
-        from kubernetes import client, config as config_module
+        from kubernetes import client
+        from kubernetes import config as config_module
 
         self.api = config_module.new_client_from_config_dict(config)
         self.core = client.CoreV1Api(self.api)
@@ -57,7 +58,7 @@ class Cluster:
         self.server = self.api.configuration.host
 
     @classmethod
-    def of_stack(cls, stack: str) -> "Cluster":
+    def of_stack(cls, stack: str) -> Cluster:
         path = os.environ.get(KUBECONFIG_ENV)
         if path:
             if not Path(path).is_file():

@@ -207,8 +207,8 @@ class Capacity:
         )
 
 
-#: A multi-host slice's other hourly costs (tpu_grpo/config/accelerators.py): its CPU host, an n2-standard-64 on demand (64
-#: vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
+#: A multi-host slice's other hourly costs (tpu_grpo/config/accelerators.py): its CPU host, an n2-standard-64 on demand
+#: (64 vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
 #: cluster management fee ($0.10 per cluster-hour; GKE's free tier credits one zonal cluster).
 CPU_HOST_USD_PER_HOUR = 3.11
 #: Hyperdisk Balanced, every disk of a TPU VM (v6e takes no other): provisioned capacity at $0.08 a GiB-month, the

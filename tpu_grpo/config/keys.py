@@ -8,11 +8,13 @@ import ipaddress
 import json
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tpu_grpo.config.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
-from tpu_grpo.config.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, MAX_RUN_HOURS
+from tpu_grpo.config.capacity import CAPACITIES, MAX_RUN_HOURS
+from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
 from tpu_grpo.config.stores import BUCKET_URL, STORES
 from tpu_grpo.config.values import Parser, Refused, bucket, hub_id, name, whole
@@ -210,14 +212,14 @@ _HUB_ID = _text_by(hub_id)
 
 def _capacities(where) -> str:
     """The capacities whose row says `where`, as the settings' help names them."""
-    return ", ".join(name for name, row in CAPACITIES.items() if where(row))
+    return ", ".join(capacity for capacity, row in CAPACITIES.items() if where(row))
 
 
 def _by_capacity(value) -> str:
     """Each capacity's default of a setting, from its row: `0 for reservation; 60 for spot, ...`."""
     groups: dict[str, list[str]] = {}
-    for name, row in CAPACITIES.items():
-        groups.setdefault(str(value(row)), []).append(name)
+    for capacity, row in CAPACITIES.items():
+        groups.setdefault(str(value(row)), []).append(capacity)
     return "; ".join(f"{default} for {', '.join(names)}" for default, names in groups.items())
 
 

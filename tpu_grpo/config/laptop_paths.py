@@ -1,5 +1,5 @@
-"""Where things live on the laptop, in one place, as tpu_grpo/config/host_paths.py says the host's: the project's state folder
-(`.tpu-grpo/` beside the stack file, or $TPU_GRPO_STATE; never committed) and what tpu-grpo keeps in it."""
+"""Where things live on the laptop, in one place, as tpu_grpo/config/host_paths.py says the host's: the project's state
+folder (`.tpu-grpo/` beside the stack file, or $TPU_GRPO_STATE; never committed) and what tpu-grpo keeps in it."""
 
 from __future__ import annotations
 

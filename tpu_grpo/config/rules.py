@@ -7,7 +7,8 @@ import ipaddress
 from typing import Any
 
 from tpu_grpo.config.accelerators import HOST_MACHINE_TYPE, MACHINES, ONE_VM, SLICES
-from tpu_grpo.config.capacity import CAPACITIES, DEFAULT as DEFAULT_CAPACITY, Capacity
+from tpu_grpo.config.capacity import CAPACITIES, Capacity
+from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import KEY, PROJECT
 from tpu_grpo.config.models import MODELS

@@ -15,9 +15,10 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tpu_grpo.config.accelerators import (
     CPU_POD_MEMORY_GB,
@@ -30,17 +31,19 @@ from tpu_grpo.config.accelerators import (
 from tpu_grpo.config.capacity import (
     CAPACITIES,
     CPU_HOST_USD_PER_HOUR,
-    DEFAULT as DEFAULT_CAPACITY,
     GKE_CLUSTER_USD_PER_HOUR,
     Capacity,
 )
+from tpu_grpo.config.capacity import (
+    DEFAULT as DEFAULT_CAPACITY,
+)
 from tpu_grpo.config.errors import SettingsError
-from tpu_grpo.config.keys import PLACEHOLDER, KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PROJECT, PUBLIC_KEY_TYPES, Key
+from tpu_grpo.config.keys import KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key
 from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
-from tpu_grpo.config.values import Refused, existing_file
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
+from tpu_grpo.config.values import Refused, existing_file
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,8 @@ def unknown_key(name: str, value: Any) -> SettingsError:
     close = close or [known for known in names if known.split(":")[1] == name.lower().split(":", 1)[1]]
     meant = names[close[0]] if close else ""
     fix = (
-        f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? pulumi config rm {shlex.quote(name)}, then "
+        f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? "
+        f"pulumi config rm {shlex.quote(name)}, then "
         f"{KEY[names[close[0]]].set_command()}"
         if close
         else f"pulumi config rm {shlex.quote(name)} (settings: `invoke settings`)"

@@ -38,8 +38,8 @@ class Store:
     checkpoint_period: int
     checkpoints_to_keep: int
     #: The data disk's provisioned performance by default: what the store writes there. Only the disk store writes
-    #: checkpoints to it (paid IOPS and throughput: a checkpoint of the 8B model in about 20 s); the others, a saved model now and
-    #: then, which the included performance serves.
+    #: checkpoints to it (paid IOPS and throughput: a checkpoint of the 8B model in about 20 s); the others, a saved
+    #: model now and then, which the included performance serves.
     disk_iops: int = INCLUDED_IOPS
     disk_throughput_mibps: int = INCLUDED_THROUGHPUT_MIBPS
 

@@ -10,8 +10,9 @@ import ipaddress
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from tpu_grpo.config.errors import UserError
 

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from tpu_grpo.host import hosts
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.host import hosts
 
 SUMS = "SHA256SUMS"
 CHUNK = 1 << 20

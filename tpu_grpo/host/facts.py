@@ -4,8 +4,9 @@ a host (tests/facts/NAME/CASE.json), without one; the host tier keeps the end-to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tpu_grpo.host import hosts
 

@@ -8,8 +8,8 @@ that STORAGE_EMULATOR_HOST names, which the library honours itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tpu_grpo.config.errors import UserError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.console import Console
 
@@ -47,7 +47,7 @@ def utc(seconds: float) -> str:
 
 
 def seconds(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def show(console: Console, where: str, records: list[JobRecord]) -> None:

@@ -21,19 +21,19 @@ import re
 import shlex
 import string
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping
 
 from tpu_grpo.config import values
-from tpu_grpo.config.errors import UserError
-from tpu_grpo.config.keys import MAX_BATCHES
-from tpu_grpo.host import remote
-from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
-from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.config.accelerators import MACHINES
-from tpu_grpo.jobs.progress import RESUMES, total_steps
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
+from tpu_grpo.config.keys import MAX_BATCHES
+from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.config.settings import Training
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
+from tpu_grpo.host import remote
+from tpu_grpo.jobs.progress import RESUMES, total_steps
 
 STEPS = ("convert", "train", "export")
 MODULES = {

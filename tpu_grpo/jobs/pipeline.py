@@ -11,13 +11,13 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 
 from tpu_grpo.config import host_paths, release, settings, stores, values
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
 from tpu_grpo.jobs import maxtext, vm_jobs
-from tpu_grpo.config.errors import UserError
 
 PIPELINE = ("convert", "train", "export", "save")
 MODELS = f"{vm_jobs.ROOT}/models"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 Stage = Literal["pre", "intermediate", "post"]

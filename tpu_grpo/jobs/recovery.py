@@ -18,15 +18,16 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tpu_grpo.cloud import stack
-from tpu_grpo.config import laptop_paths, settings as settings_module, stack_file
+from tpu_grpo.config import laptop_paths, stack_file
+from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import facts, hosts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
-from tpu_grpo.config.errors import UserError
 
 #: Compute Engine's states of a VM that is not coming back by itself (a preempted VM is
 #: TERMINATED, or deleted with instance_termination_action DELETE); DELETED: gone from the state.
@@ -63,7 +64,7 @@ class RecoveryLog:
     path: Path
 
     @classmethod
-    def of(cls, run_name: str) -> "RecoveryLog":
+    def of(cls, run_name: str) -> RecoveryLog:
         return cls(laptop_paths.run_folder(run_name) / laptop_paths.RECOVERY_TIMELINE)
 
     def add(self, event: str, **fields) -> dict:

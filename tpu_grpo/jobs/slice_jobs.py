@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from tpu_grpo.cloud import jobset
+from tpu_grpo.cloud.kube import Cluster, ClusterError
 from tpu_grpo.config import images, release
-from tpu_grpo.jobs import maxtext, watch
 from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import INTERRUPTED
-from tpu_grpo.jobs.job_records import JobRecord
-from tpu_grpo.cloud.kube import Cluster, ClusterError
-from tpu_grpo.config.settings import Settings
 from tpu_grpo.config.printing import styled
+from tpu_grpo.config.settings import Settings
+from tpu_grpo.jobs import maxtext, watch
+from tpu_grpo.jobs.job_records import JobRecord
 
 #: The replicated job whose pod runs the step's script: the Pathways head, or the CPU job's only one.
 SCRIPT_JOBS = ("pathways-head", "main")

@@ -12,14 +12,14 @@ import base64
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from tpu_grpo.config import settings
-from tpu_grpo.host import facts, hosts
 from tpu_grpo.config.errors import UserError
-from tpu_grpo.jobs.job_records import JobRecord, utc
 from tpu_grpo.config.host_paths import ROOT, TPU_LOCK
+from tpu_grpo.host import facts, hosts
+from tpu_grpo.jobs.job_records import JobRecord, utc
 
 JOBS = f"{ROOT}/jobs"
 DONE = f"{ROOT}/done"
@@ -30,15 +30,15 @@ RECONNECT_S = 120
 LOST = -1  # the job's exit code when it vanished without one (the VM restarted)
 
 #: Runs command.sh detached; on success records the step as done; then records the exit code.
-WRAPPER = """\
+WRAPPER = f"""\
 dir=$1; record=$2
 cd ~
 echo $$ > "$dir/pid"
 bash "$dir/command.sh" > "$dir/log" 2>&1 < /dev/null
 code=$?
-if [ "$code" = 0 ] && [ -n "$record" ]; then mkdir -p {done} && cp "$dir/job.json" {done}/"$record"; fi
+if [ "$code" = 0 ] && [ -n "$record" ]; then mkdir -p {DONE} && cp "$dir/job.json" {DONE}/"$record"; fi
 echo "$code" > "$dir/exit_code.tmp" && mv "$dir/exit_code.tmp" "$dir/exit_code"
-""".format(done=DONE)
+"""
 
 
 class JobError(UserError):
@@ -266,7 +266,7 @@ class Follow:
     reconnects: int = 0
 
 
-def session(flags: hosts.HostFlags, chosen: settings.Settings | None = None) -> "Session":
+def session(flags: hosts.HostFlags, chosen: settings.Settings | None = None) -> Session:
     """The one host MaxText jobs run on: a v6e-8 is one VM, and a multi-host slice's jobs would need
     all its workers at once, so several hosts are refused. `chosen`: the stack's settings, when already read."""
     [target] = hosts.only(flags.hosts(chosen))

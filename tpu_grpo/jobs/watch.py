@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tpu_grpo.config import host_paths, laptop_paths
+from tpu_grpo.config.errors import INTERRUPTED
+from tpu_grpo.config.printing import styled
 from tpu_grpo.host import facts, remote
 from tpu_grpo.jobs import job_records, maxtext, vm_jobs
-from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.progress import (
     RESUMES,
@@ -31,7 +32,6 @@ from tpu_grpo.jobs.progress import (
     startup,
     startup_text,
 )
-from tpu_grpo.config.printing import styled
 
 #: Lines worth showing as they come, besides progress: a Python failure, or the TPU out of memory.
 SHOWN = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b|Killed)|RESOURCE_EXHAUSTED")

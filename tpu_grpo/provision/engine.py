@@ -14,14 +14,15 @@ import os
 import re
 import shlex
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tpu_grpo.config import values
-from tpu_grpo.host import hosts as hosts_module
 from tpu_grpo.config.host_paths import PROVISIONING
+from tpu_grpo.host import hosts as hosts_module
 from tpu_grpo.provision.playbook import Playbook, PlaybookError, Step, applies, render, selected
 
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from tpu_grpo.config import images, release
-from tpu_grpo.provision import playbook
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.settings import Settings
+from tpu_grpo.provision import playbook
 
 BUILDERS = ("auto", "docker", "cloud-build")
 BASE_IMAGE = "python:3.12-slim-bookworm"  # MaxText's own Dockerfile starts from python:3.12-slim

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tpu_grpo.config import values
@@ -77,7 +77,7 @@ def freeze(connection, book: Playbook, values: dict, source: str) -> str:
             f"{result.stderr.strip().splitlines()[-1:] or ''}); fix: run `uv run invoke provision` first"
         )
     python, uv, *packages = result.stdout.strip().splitlines()
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return (
         "# tpu-grpo host lock: `invoke provision --locked` installs exactly this with `uv pip sync`.\n"
         f"# written by `invoke freeze` from {source} at {stamp}\n"

@@ -13,11 +13,11 @@ from pathlib import Path
 from rich.console import Console
 
 from tpu_grpo.config import keys, laptop_paths
-from tpu_grpo.host import facts
-from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.host import facts
+from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 from tpu_grpo.jobs.progress import STARTUP_LINES, Tracker, duration, startup
 
 #: What a run's log says of it: its start, its steps and its evaluations before and after training.

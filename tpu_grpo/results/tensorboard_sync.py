@@ -5,8 +5,8 @@ few seconds while they train (only the new bytes, tpu_grpo/results/retrieval.py)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tpu_grpo.config import laptop_paths, values
 from tpu_grpo.host import hosts

@@ -195,7 +195,7 @@ class GcsPath:
     def __str__(self) -> str:
         return f"gs://{self.bucket}/{self.key}"
 
-    def __truediv__(self, part: str) -> "GcsPath":
+    def __truediv__(self, part: str) -> GcsPath:
         return GcsPath(f"{self}/{part}")
 
     @property
@@ -203,7 +203,7 @@ class GcsPath:
         return self.key.rsplit("/", 1)[-1]
 
     @property
-    def parent(self) -> "GcsPath":
+    def parent(self) -> GcsPath:
         return GcsPath(f"gs://{self.bucket}/{self.key.rsplit('/', 1)[0] if '/' in self.key else ''}")
 
     def _api(self, path: str, data: bytes | None = None, method: str = "GET") -> dict:
