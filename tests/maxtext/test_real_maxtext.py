@@ -79,7 +79,7 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
         found = pipeline.checkpoint_steps(None, run)
     else:
         checkpoints = host.path(where["checkpoints"])
-        found = pipeline.CHECKPOINTS.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
+        found = pipeline.Checkpoints.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
     assert found[-1] == stack.BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
     step_folder = (
         "gs://{}/{}{}".format(*gcs.split(where["checkpoints"]), stack.BATCHES)

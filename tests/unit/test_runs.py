@@ -151,21 +151,21 @@ def test_a_runs_steps_in_the_bucket_are_its_newest_checkpoint_as_a_number(bucket
 
 
 def test_runs_on_a_vm_are_newest_first_from_what_the_host_answered(tmp_path, monkeypatch):
-    """The host's recorded answer (tests/facts/host_runs: `saved`'s pipeline, then `failed`, then `only-trained`),
+    """The host's recorded answer (tests/facts/runs.HostRuns: `saved`'s pipeline, then `failed`, then `only-trained`),
     through gather: the newest run first."""
     from tests.support import ROOT
     from tpu_grpo.host import facts
 
-    case = json.loads((ROOT / "tests/facts/host_runs/saved-failed-and-trained.json").read_text())
-    fact = runs.HOST_RUNS
+    case = json.loads((ROOT / "tests/facts/runs.HostRuns/saved-failed-and-trained.json").read_text())
+    fact = runs.HostRuns
 
     class Recorded:
-        """HOST_RUNS answering what the host answered when it was recorded."""
+        """HostRuns answering what the host answered when it was recorded."""
 
         @staticmethod
         def read(connection):
             return fact.parse(facts.Answer(case["stdout"], case["stderr"], case["exited"]))
 
-    monkeypatch.setattr(runs, "HOST_RUNS", Recorded)
+    monkeypatch.setattr(runs, "HostRuns", Recorded)
     rows, sources = runs.gather(lambda: None, tmp_path)
     assert [row.run for row in rows] == ["only-trained", "failed", "saved"] and sources["host"] == "answered"

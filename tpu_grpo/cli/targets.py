@@ -240,7 +240,7 @@ class VmTarget:
             [job.record() for job in found],
             progress=watch.progress_of(connection, found),
             idle_stop=watch.idle_stop(connection, after_stop),
-            tpu=chips.CHIPS.read(connection),
+            tpu=chips.Chips.read(connection),
             compile_cache=watch.next_start(connection, Run.of(chosen.training)),
         )
 

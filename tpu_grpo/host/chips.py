@@ -22,9 +22,12 @@ def parse(answer: facts.Answer) -> dict:
         return {"error": f"tpu-info failed on the host (exit {answer.exited}): {tail[0]}"}
 
 
-#: The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
-#: duty_cycle_pct}]}, or {"error"}.
-CHIPS = facts.Fact("chips", lambda: remote.run("chips", python=f"{host_paths.VENV}/bin/python"), parse)
+class Chips(facts.Fact):
+    """The chips as tpu-info sees them: {"chip", "chips", "owners", "usage": [{device, hbm_used, hbm_total,
+    duty_cycle_pct}]}, or {"error"}."""
+
+    script = staticmethod(lambda: remote.run("chips", python=f"{host_paths.VENV}/bin/python"))
+    parse = staticmethod(parse)
 
 
 def summary(found: dict) -> str:

@@ -146,18 +146,17 @@ def _steps(names: list[str]) -> list[int]:
     return sorted(int(name) for name in names if re.fullmatch(r"[0-9]+", name))
 
 
-#: The checkpoints in a folder of the host's disk (or /dev/shm), by step.
-CHECKPOINTS = facts.Fact(
-    "checkpoints",
-    lambda folder: f"ls -1 {folder} 2>/dev/null; true",
-    lambda answer, folder: _steps(answer.stdout.split()),
-)
+class Checkpoints(facts.Fact):
+    """The checkpoints in a folder of the host's disk (or /dev/shm), by step."""
+
+    script = staticmethod(lambda folder: f"ls -1 {folder} 2>/dev/null; true")
+    parse = staticmethod(lambda answer, folder: _steps(answer.stdout.split()))
 
 
 def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
     """The training checkpoints of the run in its store, by step."""
     folder = maxtext.paths(run)["checkpoints"]
-    return _steps(gcs.children(folder)) if in_bucket(run) else CHECKPOINTS.read(connection, folder)
+    return _steps(gcs.children(folder)) if in_bucket(run) else Checkpoints.read(connection, folder)
 
 
 def probe_script(run: maxtext.Run) -> str:
@@ -210,16 +209,17 @@ def parse_probe(answer: facts.Answer) -> Probed:
     return probed
 
 
-#: Which steps of a run are done on the host, what its name was trained and saved with, the pipelines run before
-#: (its argument: the run's record, maxtext.Run.to_record).
-PROBE = facts.Fact(
-    "probe", lambda record: probe_script(maxtext.Run.from_record(record)), lambda answer, record: parse_probe(answer)
-)
+class Probe(facts.Fact):
+    """Which steps of a run are done on the host, what its name was trained and saved with, the pipelines run
+    before (its argument: the run's record, maxtext.Run.to_record)."""
+
+    script = staticmethod(lambda record: probe_script(maxtext.Run.from_record(record)))
+    parse = staticmethod(lambda answer, record: parse_probe(answer))
 
 
 def probe(connection, run: maxtext.Run) -> Probed:
-    """PROBE, and for a run in a bucket, the steps whose output the bucket holds."""
-    probed = PROBE.read(connection, run.to_record())
+    """Probe, and for a run in a bucket, the steps whose output the bucket holds."""
+    probed = Probe.read(connection, run.to_record())
     if in_bucket(run):
         for step, key in (("convert", "checkpoint"), ("train", "post_train")):
             if step in probed.done and not gcs.exists(maxtext.paths(run)[key]):
@@ -260,19 +260,22 @@ free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}') need={data_kb}{unless_
 """
 
 
-#: What keeps the host from running a run now, a `what; fix: how` each (its arguments: the run's record, the GB it
-#: needs, whether to count the TPU's chips).
-PREFLIGHT = facts.Fact(
-    "preflight",
-    lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu),
-    lambda answer, *_: [
-        line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")
-    ],
-)
+class Preflight(facts.Fact):
+    """What keeps the host from running a run now, a `what; fix: how` each (its arguments: the run's record, the GB
+    it needs, whether to count the TPU's chips)."""
+
+    script = staticmethod(
+        lambda record, need_gb, check_tpu: preflight_script(maxtext.Run.from_record(record), need_gb, check_tpu)
+    )
+    parse = staticmethod(
+        lambda answer, *_: [
+            line.removeprefix("fail: ") for line in answer.stdout.splitlines() if line.startswith("fail: ")
+        ]
+    )
 
 
 def preflight(connection, run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> None:
-    failures = PREFLIGHT.read(connection, run.to_record(), need_gb, check_tpu)
+    failures = Preflight.read(connection, run.to_record(), need_gb, check_tpu)
     if failures:
         raise PipelineError("preflight failed: " + " | ".join(failures))
 

@@ -75,22 +75,23 @@ class RecoveryLog:
         return entry
 
 
-#: The last step the run's newest training printed, or None.
-LAST_STEP_PRINTED = facts.Fact(
-    "last_step_printed",
-    lambda run_name: (
-        f"for dir in $(ls -1d {vm_jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
-        f'grep -q \'"run": "{run_name}"\' $dir/job.json && '
-        "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true"
-    ),
-    lambda answer, run_name: int(answer.stdout.split()[-1]) if answer.stdout.split() else None,
-)
+class LastStepPrinted(facts.Fact):
+    """The last step the run's newest training printed, or None."""
+
+    script = staticmethod(
+        lambda run_name: (
+            f"for dir in $(ls -1d {vm_jobs.JOBS}/*-train 2>/dev/null | sort -r); do "
+            f'grep -q \'"run": "{run_name}"\' $dir/job.json && '
+            "{ grep -ao 'Train step [0-9]*' $dir/log | tail -1; break; }; done; true"
+        )
+    )
+    parse = staticmethod(lambda answer, run_name: int(answer.stdout.split()[-1]) if answer.stdout.split() else None)
 
 
 def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int | None]:
     """(the newest checkpoint step in the run's store, the last step the lost training printed)."""
     steps = pipeline.checkpoint_steps(connection, run)
-    return (steps[-1] if steps else None), LAST_STEP_PRINTED.read(connection, run.name)
+    return (steps[-1] if steps else None), LastStepPrinted.read(connection, run.name)
 
 
 def keep_going(

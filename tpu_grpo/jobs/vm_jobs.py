@@ -199,12 +199,16 @@ def parse_jobs(answer: facts.Answer) -> list[Job]:
     return jobs
 
 
-JOBS_FACT = facts.Fact("jobs", lambda: _LIST, parse_jobs)
+class Jobs(facts.Fact):
+    """Every job on the host (its folder below JOBS), oldest first, its state from the TPU lock."""
+
+    script = staticmethod(lambda: _LIST)
+    parse = staticmethod(parse_jobs)
 
 
 def list_jobs(connection) -> list[Job]:
     """Every job on the host, oldest first."""
-    return JOBS_FACT.read(connection)
+    return Jobs.read(connection)
 
 
 def find(jobs: list[Job], job_id: str | None) -> Job:

@@ -177,10 +177,11 @@ def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
     return {**tracker.summary(now=at), "startup": startup(lines, year)}
 
 
-#: Where a training job stands (job id, its total steps), from its log's progress lines.
-PROGRESS = facts.Fact(
-    "progress", lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {vm_jobs.JOBS}/{job_id}/log", _progress
-)
+class TrainingProgress(facts.Fact):
+    """Where a training job stands (job id, its total steps), from its log's progress lines."""
+
+    script = staticmethod(lambda job_id, total_steps: f"grep -aE '{PROGRESS_LINES}' {vm_jobs.JOBS}/{job_id}/log")
+    parse = staticmethod(_progress)
 
 
 def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
@@ -189,24 +190,28 @@ def progress_of(connection, found: list[vm_jobs.Job]) -> dict | None:
     if not trains:
         return None
     job = next((job for job in reversed(trains) if job.state == "running"), trains[-1])
-    return {"job": job.id, "run": job.run, **PROGRESS.read(connection, job.id, job.meta.get("total_steps") or 0)}
+    progress = TrainingProgress.read(connection, job.id, job.meta.get("total_steps") or 0)
+    return {"job": job.id, "run": job.run, **progress}
 
 
-#: The compile cache a training of these settings would start with now (the caches' root, the folder its settings
-#: name): the venv's versions are the host's to say.
-NEXT_START = facts.Fact(
-    "next_start",
-    lambda root, named: (
-        f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
-        f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}"
-    ),
-    lambda answer, root, named: next(filter(None, map(compile_cache, answer.stdout.splitlines())), None),
-)
+class NextStart(facts.Fact):
+    """The compile cache a training of these settings would start with now (the caches' root, the folder its
+    settings name): the venv's versions are the host's to say."""
+
+    script = staticmethod(
+        lambda root, named: (
+            f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
+            f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}"
+        )
+    )
+    parse = staticmethod(
+        lambda answer, root, named: next(filter(None, map(compile_cache, answer.stdout.splitlines())), None)
+    )
 
 
 def next_start(connection, run: maxtext.Run) -> dict | None:
     """Whether the next training of `run`'s settings on this VM starts warm: its compile cache's entries."""
-    return NEXT_START.read(connection, host_paths.COMPILE_CACHES, shlex.quote(maxtext.compile_cache_name(run, "train")))
+    return NextStart.read(connection, host_paths.COMPILE_CACHES, shlex.quote(maxtext.compile_cache_name(run, "train")))
 
 
 def _idle_stop(answer: facts.Answer) -> dict | None:
@@ -217,14 +222,17 @@ def _idle_stop(answer: facts.Answer) -> dict | None:
     return {"idle_minutes": minutes, "stops_at_earliest": int(values["NOW"]) + minutes * 60}
 
 
-#: When the VM powers itself off (its idle-stop timer), or None when it never does. This very session counts as
-#: activity, so the earliest is the idle time from now.
-IDLE_STOP = facts.Fact("idle_stop", lambda: f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)", _idle_stop)
+class IdleStop(facts.Fact):
+    """When the VM powers itself off (its idle-stop timer), or None when it never does. This very session counts
+    as activity, so the earliest is the idle time from now."""
+
+    script = staticmethod(lambda: f"cat {host_paths.IDLE_CONF} 2>/dev/null; echo NOW=$(date +%s)")
+    parse = staticmethod(_idle_stop)
 
 
 def idle_stop(connection, after_stop: str | None = None) -> dict | None:
     """The idle stop, and what a stop means for the VM's capacity (`after_stop`)."""
-    found = IDLE_STOP.read(connection)
+    found = IdleStop.read(connection)
     return found and {**found, "after_stop": after_stop}
 
 

@@ -69,16 +69,17 @@ def _runs(answer: facts.Answer) -> dict[str, dict | None]:
     return runs
 
 
-#: Every run with a trained model on the host -> None when saved on the data disk, else the training's record
-#: (its inputs): the model is then only in the checkpoint store, not saved.
-RUNS_ON_HOST = facts.Fact(
-    "runs_on_host",
-    lambda: (
-        f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
-        f'for f in {vm_jobs.DONE}/train-*; do [ -f "$f" ] && echo trained $(base64 -w0 "$f"); done; true'
-    ),
-    _runs,
-)
+class RunsOnHost(facts.Fact):
+    """Every run with a trained model on the host -> None when saved on the data disk, else the training's record
+    (its inputs): the model is then only in the checkpoint store, not saved."""
+
+    script = staticmethod(
+        lambda: (
+            f"ls -1 {pipeline.MODELS} 2>/dev/null | sed 's/^/saved /'; "
+            f'for f in {vm_jobs.DONE}/train-*; do [ -f "$f" ] && echo trained $(base64 -w0 "$f"); done; true'
+        )
+    )
+    parse = staticmethod(_runs)
 
 
 def finish_command(meta: dict) -> str:
@@ -97,11 +98,11 @@ def is_fetched(run: str) -> bool:
 
 def unfetched(session: vm_jobs.Session) -> list[str]:
     """A line for each run whose model would die with the VM, with the command that saves it."""
-    return only_on_the_vm(RUNS_ON_HOST.read(session.connection))
+    return only_on_the_vm(RunsOnHost.read(session.connection))
 
 
 def only_on_the_vm(runs: dict[str, dict | None]) -> list[str]:
-    """A line for each of the host's runs (RUNS_ON_HOST) that is nowhere else: not fetched to this laptop with its
+    """A line for each of the host's runs (RunsOnHost) that is nowhere else: not fetched to this laptop with its
     checksums intact, not published to the Hub with a commit it acknowledged."""
     lines = []
     for run, trained in sorted(runs.items()):

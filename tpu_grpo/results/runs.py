@@ -52,7 +52,7 @@ class RunRow:
 
 def _script() -> str:
     return (
-        f"( {vm_jobs.JOBS_FACT.script()} ) | sed 's/^/job\t/'\n"
+        f"( {vm_jobs.Jobs.script()} ) | sed 's/^/job\t/'\n"
         f'for log in {vm_jobs.JOBS}/*-train/log; do [ -f "$log" ] || continue; job=${{log%/log}}; '
         f'grep -aE \'{_LOG_LINES}\' "$log" | sed "s|^|line ${{job##*/}} |"; done\n'
         f"ls -1 {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | sed 's/^/saved /'\ntrue"
@@ -84,8 +84,11 @@ def _host_runs(answer: facts.Answer) -> list[RunRow]:
     return list(rows.values())
 
 
-#: Each run on the host (one round trip): its jobs, what their logs say, whether its model is saved.
-HOST_RUNS = facts.Fact("host_runs", _script, _host_runs)
+class HostRuns(facts.Fact):
+    """Each run on the host (one round trip): its jobs, what their logs say, whether its model is saved."""
+
+    script = staticmethod(_script)
+    parse = staticmethod(_host_runs)
 
 
 def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
@@ -199,7 +202,7 @@ def gather(connect, state: Path, bucket: str | None = None) -> tuple[list[RunRow
 
     sources, rows = {}, {}
     try:
-        for row in HOST_RUNS.read(connect()):
+        for row in HostRuns.read(connect()):
             rows[row.run] = row
         sources["host"] = "answered"
     except (hosts.HostError, vm_jobs.JobError) as error:

@@ -193,15 +193,18 @@ def _recorded(answer: facts.Answer, trainings: list[str]) -> dict:
     return found
 
 
-#: What the host recorded of its hours (the training jobs' ids): {boot, sshd, now, provisioning, downloads, saves,
-#: logs: {job: (log's mtime, landmark lines)}}.
-HOST_RECORD = facts.Fact("host_record", _script, _recorded)
+class HostRecord(facts.Fact):
+    """What the host recorded of its hours (the training jobs' ids): {boot, sshd, now, provisioning, downloads,
+    saves, logs: {job: (log's mtime, landmark lines)}}."""
+
+    script = staticmethod(_script)
+    parse = staticmethod(_recorded)
 
 
 def gather(connection) -> dict:
     """What the host recorded, with its jobs."""
     found_jobs = vm_jobs.list_jobs(connection)
-    return {**HOST_RECORD.read(connection, [job.id for job in found_jobs if job.step == "train"]), "jobs": found_jobs}
+    return {**HostRecord.read(connection, [job.id for job in found_jobs if job.step == "train"]), "jobs": found_jobs}
 
 
 def fetches() -> list[dict]:
