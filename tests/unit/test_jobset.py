@@ -234,9 +234,9 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     where = "v6e-16x1" if step == "train" else "cpu-pool"
     cache_line = [line for line in other if line.startswith("COMPILE_CACHE=$(")]
     assert cache_line == [
-        cache[0].replace(
-            f"~/tpu-grpo/compile-cache {run.machine.machine_type}/", f"gs://grpo-lab-runs/runs/compile-cache {where}/"
-        )
+        cache[0]
+        .replace(f'"{run.machine.machine_type}/', f'"{where}/')
+        .replace('"~/tpu-grpo/compile-cache"', '"gs://grpo-lab-runs/runs/compile-cache"')
     ]
     assert [line for line in other if line not in vm_other] == [
         maxtext.POD_TOKEN_CHECK,

@@ -287,8 +287,9 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
     }
     said = subprocess.run(["bash", "-c", lines], env=env, capture_output=True, text=True)
     assert said.stdout == f"{RESUMES} 100\n", said.stderr
+    never = _lines_about_the_newest_checkpoint(maxtext.script(replace(run, run_name="never-trained"), "train"))
     fresh = subprocess.run(
-        ["bash", "-c", lines], env={**env, "RUN_NAME": "never-trained"}, capture_output=True, text=True
+        ["bash", "-c", never], env={**env, "RUN_NAME": "never-trained"}, capture_output=True, text=True
     )
     assert fresh.returncode == 0 and fresh.stdout == ""  # nothing to resume from: no line
 
@@ -358,7 +359,10 @@ def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_p
     env, record = tutorial.job_home(tmp_path)
     (tmp_path / "bin/python3").write_text(
         (tmp_path / "bin/python3").read_text()
-        + ("if sys.argv[-1:] == ['make']: print(sys.argv[2] + '/v/' + sys.argv[3])\n")
+        + (
+            "given = json.loads(os.environ.get('TPU_GRPO_INPUT') or '{}')\n"
+            "if given.get('mode') == 'make': print(os.path.expanduser(given['root']) + '/v/' + given['named'])\n"
+        )
     )
     ours = tutorial.run_ours(tmp_path, RUN, env)
     for step, module in zip(maxtext.STEPS, tutorial.MODULES):
@@ -371,7 +375,7 @@ def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_p
     failing.mkdir()
     env, record = tutorial.job_home(failing)
     (failing / "bin/python3").write_text(
-        (failing / "bin/python3").read_text() + ("if sys.argv[-1:] == ['make']: sys.exit(1)\n")
+        (failing / "bin/python3").read_text() + ("if 'make' in os.environ.get('TPU_GRPO_INPUT', ''): sys.exit(1)\n")
     )
     done = subprocess.run(
         ["bash", "-c", maxtext.script(RUN, "train")], capture_output=True, text=True, env=env, cwd=env["HOME"]
@@ -398,7 +402,7 @@ def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending
         f"if __name__ == '__main__':\n    {ending}\n"
     )
     done = subprocess.run(
-        ["bash", "-c", remote.run("run_module", "module", python=sys.executable)],
+        ["bash", "-c", remote.run("run_module", command_line="module", python=sys.executable)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

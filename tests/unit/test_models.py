@@ -292,8 +292,12 @@ def test_the_export_carries_the_tokenizer_the_run_trained_with(tmp_path):
     """to_huggingface saves HF_IDS[export name]'s tokenizer: the tutorial's export would ship the base model's (no
     Instruct chat template); a line after it saves the training tokenizer in its place. Not where they are one."""
     calls = [call for call in json_lines(tmp_path, RUN) if call["argv"][0] == "-"]  # a program on its stdin
-    saves = [call["argv"][1:] for call in calls if call["stdin"] == remote.text("save_tokenizer")]
-    assert saves == [["meta-llama/Llama-3.1-8B-Instruct", "/dev/shm/llama3.1-8b-Instruct/hf-trained/"]]
+    saves = [
+        (json.loads(call["env"][remote.INPUT]), call["env"]["HF_EXPORT"])
+        for call in calls
+        if call["stdin"] == remote.text("save_tokenizer")
+    ]
+    assert saves == [({"tokenizer": "meta-llama/Llama-3.1-8B-Instruct"}, "/dev/shm/llama3.1-8b-Instruct/hf-trained/")]
     qwen = maxtext.Run(**{**RUN.__dict__, "model": "qwen3-8b", "export_model": "qwen3-8b"})
     assert "AutoTokenizer" not in maxtext.script(qwen, "export")
 
@@ -307,7 +311,12 @@ def json_lines(folder, run) -> list[dict]:
 def test_the_tokenizer_is_saved_into_a_folder_or_a_bucket(tmp_path, where, request):
     """The save program itself, run by Python with the stand-in's AutoTokenizer (tests/doubles/standin): into the
     export folder, or through a local copy into a gs:// export (the storage emulator), as a slice's pod writes it."""
-    env = {**os.environ, "PYTHONPATH": str(DOUBLES / "standin"), "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(DOUBLES / "standin"),
+        "HOME": str(tmp_path),
+        remote.INPUT: json.dumps({"tokenizer": "meta-llama/Llama-3.1-8B-Instruct"}),
+    }
     if where == "bucket":
         bucket = request.getfixturevalue("bucket")
         env["STORAGE_EMULATOR_HOST"] = os.environ["STORAGE_EMULATOR_HOST"]
@@ -315,8 +324,8 @@ def test_the_tokenizer_is_saved_into_a_folder_or_a_bucket(tmp_path, where, reque
     else:
         target = str(tmp_path / "hf-trained")
     done = subprocess.run(
-        [sys.executable, ROOT / "tpu_grpo/host/remote/save_tokenizer.py", "meta-llama/Llama-3.1-8B-Instruct", target],
-        env=env,
+        [sys.executable, ROOT / "tpu_grpo/host/remote/save_tokenizer.py"],
+        env={**env, "HF_EXPORT": target},
         capture_output=True,
         text=True,
         timeout=60,

@@ -333,7 +333,11 @@ def test_the_compile_cache_line_is_the_remote_programs(tmp_path):
             [
                 "bash",
                 "-c",
-                remote.run("compile_cache", str(tmp_path / "caches"), "m/model/train-1", mode, python=sys.executable),
+                remote.run(
+                    "compile_cache",
+                    {"root": str(tmp_path / "caches"), "named": "m/model/train-1", "mode": mode},
+                    python=sys.executable,
+                ),
             ],
             capture_output=True,
             text=True,

@@ -122,10 +122,7 @@ def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkey
         machine=MACHINES["ct6e-standard-8t"],
         run_name="r",
     )
-    assert (
-        '[ "$version" = 9.8.7 ] || echo "fail: MaxText in ~/maxtext_venv is $version, not 9.8.7'
-        in pipeline.preflight_script(run, {"shm": 1, "data": 1}, check_tpu=False)
-    )
+    assert "\nMAXTEXT_VERSION=9.8.7\n" in pipeline.preflight_script(run, {"shm": 1, "data": 1}, check_tpu=False)
     with pytest.raises(PlaybookError, match="pins MaxText 0.2.3, but tpu-grpo runs MaxText 9.8.7"):
         playbook.resolve(playbook.load(), ["maxtext_spec=maxtext[tpu-post-train]==0.2.3"])
     # a distribution of your own standing in for MaxText (as the tests' stand-ins do) is taken as it is

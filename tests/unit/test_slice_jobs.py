@@ -191,7 +191,7 @@ def test_a_slice_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_
     assert result.returncode == 0, result.stderr
     made = kube.jobsets[jobset.job_name("export", "gsm8k-7")]
     script = made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert 'meta-llama/Llama-3.1-8B-Instruct "$HF_EXPORT"' in script and "someone/other-tokenizer" not in script
+    assert '{"tokenizer": "meta-llama/Llama-3.1-8B-Instruct"}' in script and "someone/other-tokenizer" not in script
     assert "export NUM_BATCHES=6" in script
 
 

@@ -492,7 +492,7 @@ def compile_cache_lines(run: Run, step: str, in_slice: bool = False, slice_shape
     from tpu_grpo.host.remote.compile_cache import LINE
 
     named = compile_cache_name(run, step, slice_shape)
-    make = remote.run("compile_cache", compile_cache_root(run, in_slice), _q(named), "make")
+    make = remote.run("compile_cache", {"root": compile_cache_root(run, in_slice), "named": named, "mode": "make"})
     lines = [
         f"COMPILE_CACHE=$({make}\n) || {{ COMPILE_CACHE=$HOME/jax_cache; "
         f"echo '{LINE} unavailable: this start compiles everything' >&2; }}",
@@ -522,13 +522,12 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
             continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
-        folder, newest = (
-            '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"',
-            " | grep -E '^[0-9]+$' | sort -n | tail -1",
+        newest = " | grep -E '^[0-9]+$' | sort -n | tail -1"
+        listing = (  # a bucket's steps: with its client, which `ls` is not
+            remote.run("folder_children", {"folder": paths(run)["checkpoints"]}, then=newest)
+            if run.store.name == "gs"
+            else f'ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"{newest}'
         )
-        listing = (
-            remote.run("folder_children", folder, then=newest) if run.store.name == "gs" else f"ls -1 {folder}{newest}"
-        )  # a bucket's steps: with its client, which `ls` is not
         lines.append(f"newest=$( ({listing}\n) 2>/dev/null || true)")
         lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
@@ -545,7 +544,11 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
     call = " \\\n".join([MODULES[step], *arguments])
     background = " &" if in_slice else ""
     # the training through run_module, which ends the process MaxText's grading pool would keep from exiting
-    command = [remote.run("run_module", call, then=background) if step == "train" else f"python3 -m {call}{background}"]
+    command = [
+        remote.run("run_module", command_line=call, then=background)
+        if step == "train"
+        else f"python3 -m {call}{background}"
+    ]
     if in_slice:
         command = [FORWARD_TERM, *command, *WAIT_CHILD]
     lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
@@ -559,7 +562,7 @@ def trained_tokenizer(run: Run) -> list[str]:
         return []
     return [
         f"# the tokenizer the run trained with, not {MODELS[run.export_model].hf_id}'s",
-        remote.run("save_tokenizer", _q(run.training_tokenizer), '"$HF_EXPORT"'),
+        remote.run("save_tokenizer", {"tokenizer": run.training_tokenizer}),
     ]
 
 

@@ -228,36 +228,25 @@ def probe(connection, run: maxtext.Run) -> Probed:
 
 
 def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
-    """Every check in one script; each failing one prints `fail: what; fix: how`."""
-    venv = host_paths.VENV
-    shm_kb, data_kb = int(need_gb["shm"] * 1024 * 1024), int(need_gb["data"] * 1024 * 1024)
+    """Every check in one script (remote/preflight.sh); each failing one prints `fail: what; fix: how`."""
     # Without provisioning's download of the model, the conversion downloads it itself, into the data disk's cache.
     download_kb = int(need_gb.get("download", 0) * 1024 * 1024)
-    unless_downloaded = (
-        f"\n[ -f {maxtext.downloaded_model(run)}.complete ] || need=$((need + {download_kb}))" if download_kb else ""
+    return remote.shell(
+        "preflight",
+        VENV=host_paths.VENV,
+        MAXTEXT_VERSION=release.MAXTEXT_VERSION,
+        VERSION_PROGRAM=remote.text("maxtext_version"),
+        TOKEN_FILE=host_paths.TOKEN_FILE,
+        SHM_KB=int(need_gb["shm"] * 1024 * 1024),
+        SHM_GB=f"{need_gb['shm']:g}",
+        DATA_ROOT=vm_jobs.ROOT,
+        DATA_KB=int(need_gb["data"] * 1024 * 1024),
+        MODELS=MODELS,
+        DOWNLOADED=maxtext.downloaded_model(run) if download_kb else "",
+        DOWNLOAD_KB=download_kb,
+        CHIPS=run.machine.chips if check_tpu else "",
+        MACHINE_TYPE=run.machine.machine_type,
     )
-    tpu = (
-        (
-            f'chips=$({venv}/bin/python -c "import jax; print(jax.device_count())" 2>/dev/null || echo none)\n'
-            f'[ "$chips" = {run.machine.chips} ] || echo "fail: JAX sees $chips TPU chips, {run.machine.machine_type} '
-            f"has {run.machine.chips}; fix: make sure no other process holds the TPU (uv run invoke cancel), "
-            f'or check the machine type"'
-        )
-        if check_tpu
-        else ""
-    )
-    return f"""[ -x {venv}/bin/python ] || echo "fail: no MaxText venv at {venv}; fix: uv run invoke provision"
-version=$({remote.run("maxtext_version", python=f"{venv}/bin/python")}
-) 2>/dev/null || version=none
-[ "$version" = {release.MAXTEXT_VERSION} ] || echo "fail: MaxText in {venv} is $version, not {release.MAXTEXT_VERSION}; fix: uv run invoke provision"
-[ -s {host_paths.TOKEN_FILE} ] || echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
-free=$(df -Pk /dev/shm | awk 'NR==2 {{print $4}}')
-[ "$free" -ge {shm_kb} ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs {need_gb["shm"]:g}; fix: free it (rm -rf /dev/shm/OLD) or pass --need-gb"
-mkdir -p {vm_jobs.ROOT}
-free=$(df -Pk {vm_jobs.ROOT}/ | awk 'NR==2 {{print $4}}') need={data_kb}{unless_downloaded}
-[ "$free" -ge "$need" ] || echo "fail: the data disk ({vm_jobs.ROOT}) has $((free / 1048576)) GB free, a run needs $((need / 1048576)); fix: remove old models in {MODELS} or grow dataDiskGb"
-{tpu}
-"""
 
 
 class Preflight(facts.Fact):

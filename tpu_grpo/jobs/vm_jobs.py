@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from tpu_grpo.config import settings
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.host_paths import ROOT, TPU_LOCK
-from tpu_grpo.host import facts, hosts
+from tpu_grpo.host import facts, hosts, remote
 from tpu_grpo.jobs.job_records import JobRecord, utc
 
 JOBS = f"{ROOT}/jobs"
@@ -157,22 +157,6 @@ cat "$dir/pid"
     return int(result.stdout.split()[-1])
 
 
-#: A job runs while its processes hold the TPU lock: after a reboot its old pid may be another process's.
-_LIST = f"""held=; [ -e {TPU_LOCK} ] && ! flock -n {TPU_LOCK} true && held=1
-cd {JOBS} 2>/dev/null || exit 0
-for dir in $(ls -1 | sort); do
-  [ -f "$dir/job.json" ] || continue
-  pid=$(cat "$dir/pid" 2>/dev/null || echo 0)
-  if [ -f "$dir/exit_code" ]; then state=finished; code=$(cat "$dir/exit_code"); finished=$(stat -c %Y "$dir/exit_code")
-  elif [ -n "$held" ] && [ "$pid" != 0 ] && kill -0 -- "-$pid" 2>/dev/null; then state=running; code=; finished=
-  else state=lost; code=; finished=; fi
-  [ -f "$dir/cancelled" ] && state=cancelled
-  size=$(stat -c %s "$dir/log" 2>/dev/null || echo 0)
-  printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$dir" "$state" "$code" "$(stat -c %Y "$dir/command.sh")" "$finished" "$size" "$(base64 -w0 "$dir/job.json")"
-done
-"""
-
-
 def parse_jobs(answer: facts.Answer) -> list[Job]:
     if answer.exited != 0:
         raise JobError(f"cannot list the jobs on the host: {answer.stderr.strip()}")
@@ -202,7 +186,7 @@ def parse_jobs(answer: facts.Answer) -> list[Job]:
 class Jobs(facts.Fact):
     """Every job on the host (its folder below JOBS), oldest first, its state from the TPU lock."""
 
-    script = staticmethod(lambda: _LIST)
+    script = staticmethod(lambda: remote.shell("jobs", JOBS=JOBS, TPU_LOCK=TPU_LOCK))
     parse = staticmethod(parse_jobs)
 
 

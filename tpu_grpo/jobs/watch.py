@@ -5,7 +5,6 @@ lines a person wants (evals, errors) printed above it, and the whole log kept on
 from __future__ import annotations
 
 import re
-import shlex
 import time
 from pathlib import Path
 
@@ -201,7 +200,7 @@ class NextStart(facts.Fact):
     script = staticmethod(
         lambda root, named: (
             f"source {host_paths.VENV}/bin/activate 2>/dev/null; "
-            f"{remote.run('compile_cache', root, named, 'look', then=' 2>&1 >/dev/null')}"
+            f"{remote.run('compile_cache', {'root': root, 'named': named, 'mode': 'look'}, then=' 2>&1 >/dev/null')}"
         )
     )
     parse = staticmethod(
@@ -211,7 +210,7 @@ class NextStart(facts.Fact):
 
 def next_start(connection, run: maxtext.Run) -> dict | None:
     """Whether the next training of `run`'s settings on this VM starts warm: its compile cache's entries."""
-    return NextStart.read(connection, host_paths.COMPILE_CACHES, shlex.quote(maxtext.compile_cache_name(run, "train")))
+    return NextStart.read(connection, host_paths.COMPILE_CACHES, maxtext.compile_cache_name(run, "train"))
 
 
 def _idle_stop(answer: facts.Answer) -> dict | None:

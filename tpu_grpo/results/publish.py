@@ -70,14 +70,14 @@ def _environment(hub: str | None) -> list[str]:
     return lines + ([f"export HF_ENDPOINT={hub}"] if hub else [])
 
 
-def hub_script(command: str, repo_id: str, value: str, hub: str | None) -> str:
-    """Bash that runs remote/hub.py's `command` in the MaxText venv (its huggingface_hub)."""
+def hub_script(given: dict, hub: str | None) -> str:
+    """Bash that runs remote/hub.py with its data `given` in the MaxText venv (its huggingface_hub)."""
     return (
         "\n".join(
             [
                 "set -eo pipefail",
                 *_environment(hub),
-                remote.run("hub", command, repo_id, value, python=f"{host_paths.VENV}/bin/python"),
+                remote.run("hub", given, python=f"{host_paths.VENV}/bin/python"),
             ]
         )
         + "\n"
@@ -103,10 +103,8 @@ class Facts:
 def facts(connection, run: str) -> Facts:
     """Two round trips: the run's training jobs, then their eval lines, its records and MaxText's version."""
     trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run]
-    lines = [
-        f"echo job {job.id}; grep -aE 'Pre RL Training|Post RL Training|{STARTUP_LINES}' {vm_jobs.JOBS}/{job.id}/log || true"
-        for job in trainings
-    ]
+    wanted = f"Pre RL Training|Post RL Training|{STARTUP_LINES}"
+    lines = [f"echo job {job.id}; grep -aE '{wanted}' {vm_jobs.JOBS}/{job.id}/log || true" for job in trainings]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
     lines.append(
@@ -309,14 +307,8 @@ def card(found: Facts) -> str:
 def write_card(connection, run: str, text: str) -> str:
     """Put the card beside the saved model, as README.md listed in its SHA256SUMS; returns its path."""
     folder = pipeline.saved_dir(run)
-    encoded = base64.b64encode(text.encode()).decode()
-    script = f"""set -euo pipefail
-cd {folder}
-echo {encoded} | base64 -d > README.md.tmp && mv README.md.tmp README.md
-{{ grep -v '  README.md$' {artifacts.SUMS} || true; sha256sum -- README.md; }} | LC_ALL=C sort -k 2 > {artifacts.SUMS}.tmp
-mv {artifacts.SUMS}.tmp {artifacts.SUMS}
-"""
-    result = hosts.run_script(connection, script)
+    card = base64.b64encode(text.encode()).decode()
+    result = hosts.run_script(connection, remote.shell("write_card", FOLDER=folder, CARD=card, SUMS=artifacts.SUMS))
     if result.exited != 0:
         raise UploadFailed(f"writing the model card in {folder} failed: {result.stderr.strip()[-300:]}")
     return f"{folder}/README.md"
@@ -324,7 +316,7 @@ mv {artifacts.SUMS}.tmp {artifacts.SUMS}
 
 def check_hub(connection, repo_id: str, private: bool, hub: str | None) -> dict:
     """The host asks the Hub: may its token write the repo? If so, the repo is made when missing."""
-    result = hosts.run_script(connection, hub_script("check", repo_id, "private" if private else "public", hub))
+    result = hosts.run_script(connection, hub_script({"command": "check", "repo": repo_id, "private": private}, hub))
     answer = {}
     for line in result.stdout.splitlines()[::-1]:
         try:
@@ -414,7 +406,7 @@ def publish(
     answer = check_hub(connection, repo_id, private, hub)
     path = write_card(connection, run, card(found))
     job_id = vm_jobs.new_id("publish")
-    script = hub_script("upload", repo_id, artifacts.shell_path(pipeline.saved_dir(run)), hub)
+    script = hub_script({"command": "upload", "repo": repo_id, "folder": pipeline.saved_dir(run)}, hub)
     vm_jobs.start(connection, job_id, script, {"step": "publish", "run": run, "repo": repo_id})
     outcome = Outcome(
         run, repo_id, f"{hub or 'https://huggingface.co'}/{repo_id}", job_id, answer["created"], answer["private"], path

@@ -1,6 +1,11 @@
 """Programs that run on the host, or in a slice's pod, in MaxText's venv: files here, linted, type-checked and unit
 tested like any module, and shipped as they are. A job script or a fact carries a program's text as the standard
-input of `python3 -` (a quoted heredoc, so bash expands nothing in it), its arguments after the `-`.
+input of `python3 -` (a quoted heredoc, so bash expands nothing in it) and its data as one JSON document in the
+environment variable TPU_GRPO_INPUT, quoted once here (as Modal's `modal launch` hands its programs one JSON
+document): no caller quotes anything, and nothing a program is given reaches its command line. The one exception
+is run_module, which runs a module as `python3 -m` does and so takes a command line: MaxText's, which the job
+script writes as `invoke script` shows it. Shell scripts longer than a line are files here too, their inputs bash
+variables that `shell` sets (each quoted here; a path keeps its `~`, which the script expands).
 
     hub.py              the Hub side of `invoke publish` (sent by tpu_grpo/results/publish.py)
     chips.py            the TPU chips as tpu-info sees them (tpu_grpo/host/chips.py's fact)
@@ -9,19 +14,36 @@ input of `python3 -` (a quoted heredoc, so bash expands nothing in it), its argu
     folder_children.py  a gs:// folder's children, the steps of a bucket's checkpoints (tpu_grpo/jobs/maxtext.py)
     compile_cache.py    a step's compile cache, named by versions and settings, warm or cold (tpu_grpo/jobs/maxtext.py)
     run_module.py       the training's module, run as `python3 -m` runs it, ending once done (tpu_grpo/jobs/maxtext.py)
+    preflight.sh        what keeps the host from running a run (tpu_grpo/jobs/pipeline.py's Preflight)
+    jobs.sh             every job on the host and its state (tpu_grpo/jobs/vm_jobs.py's Jobs)
+    write_card.sh       the model card beside a saved model (tpu_grpo/results/publish.py)
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
+#: The environment variable that holds a program's data; each program reads it as json.loads(os.environ[INPUT]).
+INPUT = "TPU_GRPO_INPUT"
 
-def text(name: str) -> str:
-    return (Path(__file__).parent / f"{name}.py").read_text()
+
+def text(name: str, suffix: str = ".py") -> str:
+    return (Path(__file__).parent / f"{name}{suffix}").read_text()
 
 
-def run(name: str, *args: str, python: str = "python3", then: str = "") -> str:
-    """Bash that runs program `name` with `args` (already quoted for bash); `then`: what follows the command on its
-    line (a pipe, a redirection), before the program's text."""
+def run(name: str, data: dict | None = None, *, python: str = "python3", then: str = "", command_line: str = "") -> str:
+    """Bash that runs program `name` with `data` (any JSON value's dict: paths, ids, names, as they are); `then`: what
+    follows the command on its line (a pipe, a redirection), before the program's text; `command_line`: run_module's
+    module and arguments, bash's to expand."""
+    given = f"{INPUT}={shlex.quote(json.dumps(data, sort_keys=True))} " if data is not None else ""
     end = f"TPU_GRPO_{name.upper()}"
-    return f"{' '.join([python, '-', *args])} <<'{end}'{then}\n{text(name)}{end}"
+    call = " ".join(filter(None, [f"{given}{python}", "-", command_line]))
+    return f"{call} <<'{end}'{then}\n{text(name)}{end}"
+
+
+def shell(name: str, **inputs: object) -> str:
+    """Shell script `name`.sh with its inputs set first as bash variables (NAME='value'), each quoted here."""
+    assigned = "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in inputs.items())
+    return assigned + text(name, ".sh")

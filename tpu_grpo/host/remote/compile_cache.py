@@ -1,5 +1,6 @@
-"""The compile cache of one MaxText step: argv 1 the caches' root (a folder, or gs:// in a slice's bucket), argv 2 the
-folder that the step's machine, model and settings name, argv 3 `make` (a job about to start) or `look` (status).
+"""The compile cache of one MaxText step; its data: `root` the caches' root (a folder, `~` for the home, or gs:// in a
+slice's bucket), `named` the folder that the step's machine, model and settings name, `mode` `make` (a job about to
+start) or `look` (status).
 
 The folder is ROOT/VERSIONS/NAMED, VERSIONS being those of MaxText, JAX, jaxlib and libtpu: JAX keys its entries
 by these too, so a folder holds only entries a start can use, and an older release's folders are easy to remove.
@@ -7,6 +8,7 @@ Prints the folder's path, and on stderr (into the job's log) the line `status` a
 entries (JAX's LRUCache writes one KEY-cache file per compiled program, jax/_src/lru_cache.py) and their bytes."""
 
 import importlib.metadata
+import json
 import os
 import sys
 
@@ -44,7 +46,7 @@ def weigh(folder: str) -> tuple[int, int]:
 
 
 def main(root: str, named: str, mode: str) -> str:
-    folder = f"{root.rstrip('/')}/{versions()}/{named}"
+    folder = f"{os.path.expanduser(root).rstrip('/')}/{versions()}/{named}"
     if mode == "make" and not folder.startswith("gs://"):
         os.makedirs(folder, exist_ok=True)
     entries, size = weigh(folder)
@@ -53,4 +55,5 @@ def main(root: str, named: str, mode: str) -> str:
 
 
 if __name__ == "__main__":
-    print(main(*sys.argv[1:4]))
+    given = json.loads(os.environ["TPU_GRPO_INPUT"])
+    print(main(given["root"], given["named"], given["mode"]))

@@ -1,8 +1,9 @@
-"""Print the children of a gs:// folder (argv 1), a name a line, with the Cloud Storage client that MaxText's
-tpu-post-train extra brings (google-cloud-storage), which `ls` cannot do. MaxText's paths hold `//`, which its
+"""Print the children of a gs:// folder (its data's `folder`), a name a line, with the Cloud Storage client that
+MaxText's tpu-post-train extra brings (google-cloud-storage), which `ls` cannot do. MaxText's paths hold `//`, which its
 objects' names do not."""
 
-import sys
+import json
+import os
 
 
 def children(folder: str) -> list[str]:
@@ -16,4 +17,4 @@ def children(folder: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(*children(sys.argv[1]), sep="\n")
+    print(*children(json.loads(os.environ["TPU_GRPO_INPUT"])["folder"]), sep="\n")

@@ -1,11 +1,12 @@
 """Runs on the TPU host, in the MaxText venv (whose huggingface_hub came with MaxText): the Hub side
 of `invoke publish`. The model is uploaded from the host, where it and the token already are; the
-laptop sends this file as the program of `python3 -` and reads what it prints.
+laptop sends this file as the program of `python3 -` and reads what it prints. Its data:
 
-    check REPO PRIVATE   may the host's token write REPO? then create it if missing: one JSON line
-    upload REPO FOLDER   upload what the Hub does not hold yet of FOLDER (listed in its SHA256SUMS),
-                         in one commit, printing a `tpu-grpo:` line per file sent, and one per file
-                         uploaded once the commit holds them all
+    {"command": "check", "repo": REPO, "private": BOOL}
+        may the host's token write REPO? then create it if missing: one JSON line
+    {"command": "upload", "repo": REPO, "folder": FOLDER}
+        upload what the Hub does not hold yet of FOLDER (`~` for the home; listed in its SHA256SUMS), in one
+        commit, printing a `tpu-grpo:` line per file sent, and one per file uploaded once the commit holds them all
 
 The token comes from HF_TOKEN in the environment (the job script reads it from the token file),
 never from the command line. Standard library at import time, so the laptop can test the parts
@@ -175,12 +176,11 @@ def upload(repo_id: str, folder: str) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    command, repo_id, value = argv
-    if command == "check":
-        return check(repo_id, value == "private")
-    return upload(repo_id, value)
+def main(given: dict) -> int:
+    if given["command"] == "check":
+        return check(given["repo"], given["private"])
+    return upload(given["repo"], os.path.expanduser(given["folder"]))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(json.loads(os.environ["TPU_GRPO_INPUT"])))

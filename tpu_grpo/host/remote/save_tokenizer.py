@@ -1,8 +1,10 @@
-"""Save a tokenizer (argv 1, a Hub id) into a folder (argv 2) as transformers writes it; a gs:// folder through a
+"""Save a tokenizer (its data's `tokenizer`, a Hub id) into the export step's folder ($HF_EXPORT, where MaxText's
+to_huggingface has just written the model) as transformers writes it; a gs:// folder through a
 local copy, uploaded with the Cloud Storage client of MaxText's post-training extra."""
 
+import json
+import os
 import pathlib
-import sys
 import tempfile
 
 
@@ -24,4 +26,4 @@ def save(source: str, folder: str) -> None:
 
 
 if __name__ == "__main__":
-    save(sys.argv[1], sys.argv[2])
+    save(json.loads(os.environ["TPU_GRPO_INPUT"])["tokenizer"], os.environ["HF_EXPORT"])
