@@ -1,4 +1,4 @@
-"""The host's job records, without a host: job ids sort by start time."""
+"""The host's job records, without a host (job ids sort by start time), and the contract of where jobs run."""
 
 from __future__ import annotations
 
@@ -49,3 +49,29 @@ def test_a_vm_job_and_a_slice_job_are_one_record_shape():
         "2026-12-04T10:15:00Z",
         None,
     )
+
+
+def test_the_target_and_source_contracts_are_written_and_kept_by_both_kinds():
+    """Each operation of the two interfaces says what it promises (a docstring on the protocol), the VM's and the
+    slice's classes implement every one with its signature, and what they return is frozen data a task renders."""
+    import dataclasses
+    import inspect
+
+    from tpu_grpo.jobs import targets
+    from tpu_grpo.results import sources
+
+    for protocol, kinds in (
+        (targets.Target, (targets.VmTarget, targets.SliceTarget)),
+        (sources.Source, (sources.VmSource, sources.SliceSource)),
+    ):
+        operations = [name for name, value in vars(protocol).items() if inspect.isfunction(value) and name[0] != "_"]
+        assert len(operations) >= 4
+        for name in operations:
+            promised = getattr(protocol, name)
+            assert (promised.__doc__ or "").strip(), f"{protocol.__name__}.{name} says nothing of what it promises"
+            for kind in kinds:
+                made = getattr(kind, name, None)
+                assert made is not None, f"{kind.__name__} lacks {name}"
+                assert list(inspect.signature(made).parameters) == list(inspect.signature(promised).parameters)
+    for record in (targets.Started, targets.Status, targets.Finished):
+        assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen  # type: ignore[attr-defined]

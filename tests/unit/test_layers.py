@@ -46,7 +46,7 @@ def layer(name: str) -> int:
 
 def test_every_module_is_in_a_layer_and_imports_none_above_it():
     found = modules()
-    assert "tpu_grpo.cli.targets" in found and "tpu_grpo.config.settings" in found
+    assert "tpu_grpo.jobs.targets" in found and "tpu_grpo.config.settings" in found
     above = sorted((name, other) for name, imports in found.items() for other in imports if layer(other) > layer(name))
     assert above == []
 

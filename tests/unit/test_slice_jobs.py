@@ -63,7 +63,7 @@ def test_train_runs_as_a_pathways_jobset_with_progress_and_its_exit_code(slice_s
     assert worker["template"]["spec"]["parallelism"] == 4
     script = head["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert 'num_batches="${NUM_BATCHES?}"' in script and "export NUM_BATCHES=4" in script
-    assert f"job {name} created on slice v6e-16" in result.stdout
+    assert f"started train job {name} (run gsm8k-1) on slice v6e-16" in result.stdout
     assert "train finished" in result.stdout and "GRPO step 4/4" in result.stdout
     assert "Post RL Training" in result.stdout or "post eval" in result.stdout.lower()
     # The token went to the Secret, in a request body: never in a URL, a manifest or the output.

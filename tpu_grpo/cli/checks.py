@@ -15,17 +15,17 @@ from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PROJECT
 
 if TYPE_CHECKING:
-    from tpu_grpo.cli.targets import Where
+    from tpu_grpo.jobs.targets import Where
 
 
 def check_hosts(
     host=None, identity=None, stack=None, wait=None, with_stack=False, one_host=True, needs_vm=False, **_
 ) -> Where:
-    """Where the task's jobs run (tpu_grpo/cli/targets.py's Where), before anything connects: the host flags (one
+    """Where the task's jobs run (tpu_grpo/jobs/targets.py's Where), before anything connects: the host flags (one
     host, but for provisioning), and the stack's settings when the host is the stack's VM or cluster (or
     `with_stack`: the task needs them anyway); `needs_vm`: the task logs into a VM, which a slice's stack has not."""
-    from tpu_grpo.cli import targets
     from tpu_grpo.host import hosts
+    from tpu_grpo.jobs import targets
 
     flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
     laptop_paths.writable_state()  # the host's key is recorded there at first contact
@@ -113,9 +113,8 @@ def step_run(
 def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None, **flags):
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
-    from tpu_grpo.cli import targets
     from tpu_grpo.cloud import stack as stack_module
-    from tpu_grpo.jobs import maxtext, pipeline
+    from tpu_grpo.jobs import maxtext, pipeline, targets
     from tpu_grpo.provision import playbook
 
     where = check_hosts(stack=stack, with_stack=True, **flags)

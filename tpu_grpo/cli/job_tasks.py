@@ -13,7 +13,7 @@ from tpu_grpo.config.printing import terminal
 
 def _launch(step, dry_run, detach, verbose):
     """What convert, train and export share: print the script, or start the job and follow it."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
 
     with one_line_errors():
         run, where = checked()
@@ -24,7 +24,13 @@ def _launch(step, dry_run, detach, verbose):
                 print(f"# run name NEWEST: the newest trained run {target.where}, known once connected")
             print(target.script(run, step), end="")
             return
-        code = target.launch(run, step, terminal(), detach, verbose)
+        started = target.start(run, step)
+        console = terminal()
+        console.print(f"started {step} job {started.job} (run {started.run}) on {started.where}")
+        if detach:
+            console.print(f"follow it: uv run invoke logs --job {started.job} --follow")
+            return
+        code = target.follow(started.job, console, verbose)
     exit_on_failure(code)
 
 
@@ -119,7 +125,8 @@ def pipeline(
     var=None,
 ):
     """Preflight, then convert -> train -> export -> save; done steps are skipped, so a re-run resumes."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.config.printing import styled
+    from tpu_grpo.jobs import targets
 
     with one_line_errors():
         run, where, options = checked()
@@ -128,16 +135,26 @@ def pipeline(
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
             print(json.dumps(data, indent=2) if json_ else text, end="\n" if json_ else "")
             return
-        code, outcome = target.pipeline(
+        console = terminal(stderr=json_)
+        finished = target.pipeline(
             run,
-            terminal(stderr=json_),
+            console,
             replace(
                 options, keep_checkpoint=keep_checkpoint, verbose=verbose, pulumi_out=sys.stderr if json_ else None
             ),
         )
+    if finished.code == 0:
+        console.print(
+            styled(
+                "[green]run {} is complete[/]: the model is in {}; get it with: uv run invoke fetch --run {}",
+                finished.run,
+                finished.model,
+                finished.run,
+            )
+        )
     if json_:
-        print(json.dumps(outcome, indent=2))
-    exit_on_failure(code)
+        print(json.dumps(finished.outcome, indent=2))
+    exit_on_failure(finished.code)
 
 
 @task(
@@ -152,7 +169,7 @@ def pipeline(
 )
 def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=None, verbose=False):
     """Print a job's log, or follow it with progress (Ctrl-C detaches; the job keeps running)."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
 
     with one_line_errors():
         target = targets.pick(checked())
@@ -167,15 +184,28 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
 @task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
 def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """The jobs (state, exit code, run, duration, progress); on the VM, its TPU chips and its idle stop."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        target = targets.pick(checked())
-        found = target.status()
+        found = targets.pick(checked()).status()
     if json_:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(found.to_json(), indent=2))
     else:
-        target.show_status(terminal(), found)
+        show_status(terminal(), found)
+
+
+def show_status(console, found) -> None:
+    """A target's status as a person reads it: the VM's idle stop, next start, jobs, training and chips; the
+    cluster's next start and jobs."""
+    from tpu_grpo.host import chips
+    from tpu_grpo.jobs import job_records, watch
+
+    if found.slice is None:
+        watch.print_status(console, found.where, list(found.jobs), found.progress, found.idle_stop, found.compile_cache)
+        chips.show(console, found.tpu)
+        return
+    watch.show_next_start(console, found.compile_cache)
+    job_records.show(console, f"cluster {found.where} (slice {found.slice}, {found.capacity})", list(found.jobs))
 
 
 @task(iterable=["host"], check=check_job, help=flag_help(*HOST_FLAGS, job="job id (default: the running job)"))
@@ -184,7 +214,7 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
 
     On the VM: the job's whole process group, then whatever holds /dev/vfio and /tmp/libtpu_lockfile. On a
     slice: the JobSet with its pods."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
 
     with one_line_errors():
         said = targets.pick(checked()).cancel(job)

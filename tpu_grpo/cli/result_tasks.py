@@ -18,11 +18,12 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """Every run in one table, newest first: what it was given, how it scored, what it cost, where its model is.
 
     From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
     from tpu_grpo.results import runs as runs_module
+    from tpu_grpo.results import sources as sources_module
 
     with one_line_errors():
-        found, sources = targets.pick(checked()).runs()
+        found, sources = sources_module.of(targets.pick(checked())).runs()
     if json_:
         print(json.dumps({"sources": sources, "runs": [row.to_json() for row in found]}, indent=2))
         return
@@ -41,11 +42,12 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
 )
 def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
+    from tpu_grpo.results import sources
 
     with one_line_errors():
         destination, where = checked()
-        result = targets.pick(where).fetch(run, destination, terminal(stderr=json_))
+        result = sources.of(targets.pick(where)).fetch(run, destination, terminal(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
 
@@ -126,20 +128,20 @@ def metrics(
     compare=None,
 ):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
     from tpu_grpo.results import metrics as metrics_module
-    from tpu_grpo.results import retrieval
+    from tpu_grpo.results import retrieval, sources
 
     with one_line_errors():
         path, where = checked()
         if compare:  # the runs of the host (or cluster), one plot
-            target = targets.pick(where)
-            found = [target.metrics(name, None)[0] for name in compare]
+            source = sources.of(targets.pick(where))
+            found = [source.metrics(name, None)[0] for name in compare]
             path = metrics_module.plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
         elif events:  # a folder here: no host, no cluster
             found, path = retrieval.metrics_of_events(run, events, path)
         else:
-            found, path = targets.pick(where).metrics(run, path)
+            found, path = sources.of(targets.pick(where)).metrics(run, path)
     if json_:
         data = {"runs": [one.to_json() for one in found]} if compare else found.to_json()
         print(json.dumps({**data, "plot": str(path)}, indent=2))

@@ -61,8 +61,9 @@ def up(c, stack=None, yes=False):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
     Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
-    from tpu_grpo.cli import targets
     from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.jobs import targets
+    from tpu_grpo.results import sources
 
     chosen = checked()
     missing = stack_module.missing_for_up(chosen)
@@ -91,7 +92,7 @@ def up(c, stack=None, yes=False):
         from tpu_grpo.host.hosts import ConnectError
 
         try:
-            unsaved = targets.pick(check_hosts(stack=stack)).unsaved()
+            unsaved = sources.of(targets.pick(check_hosts(stack=stack))).unsaved()
         except ConnectError as error:
             raise Exit(
                 f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
@@ -125,7 +126,7 @@ def up(c, stack=None, yes=False):
 )
 def image(c, stack=None, builder="auto", dry_run=False):
     """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
-    from tpu_grpo.cli import targets
+    from tpu_grpo.jobs import targets
     from tpu_grpo.provision import image_build
 
     with one_line_errors():
@@ -153,15 +154,16 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
-    from tpu_grpo.cli import targets
     from tpu_grpo.cloud import stack as stack_module
     from tpu_grpo.host.hosts import ConnectError
+    from tpu_grpo.jobs import targets
+    from tpu_grpo.results import sources
 
     with one_line_errors():
         where = checked()
         chosen = where.settings
         try:
-            unsaved = [] if force else targets.pick(where).unsaved()
+            unsaved = [] if force else sources.of(targets.pick(where)).unsaved()
         except ConnectError as error:
             raise Exit(
                 f"error: refusing to destroy stack '{chosen.stack}': the VM does not answer, so what only its "

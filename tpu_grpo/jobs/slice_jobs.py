@@ -213,16 +213,8 @@ def put_token(cluster: Cluster) -> None:
         )
 
 
-def launch(
-    cluster: Cluster,
-    settings: Settings,
-    run: maxtext.Run,
-    step: str,
-    console: Console,
-    detach: bool = False,
-    verbose: bool = False,
-) -> int:
-    """Create the step's JobSet and, unless detached, follow it to its end; returns its exit code."""
+def start(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str) -> str:
+    """Create the step's JobSet (an ended one of the same name replaced); its name."""
     wanted = manifest(settings, run, step)
     image = images.post_training_image(settings.project, settings.region)
     if cluster.image_record().get("image") != image:
@@ -239,11 +231,16 @@ def launch(
             )
         _replace_ended(cluster, name)
     cluster.create(wanted)
+    return name
+
+
+def launch(
+    cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console, verbose: bool = False
+) -> int:
+    """Create the step's JobSet and follow it to its end; returns its exit code."""
+    name = start(cluster, settings, run, step)
     where = f"slice {settings.slice}" if step == "train" else "the slice's CPU host"
     console.print(f"{step}: job {name} created on {where} (cluster {settings.vm_name})")
-    if detach:
-        console.print(f"detached: follow it with uv run invoke logs --job {name}")
-        return 0
     return follow(
         cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None, verbose
     )
@@ -289,14 +286,6 @@ def pipeline(
         if code:
             return code, outcome
     outcome["model"] = model
-    console.print(
-        styled(
-            "[green]run {} is complete[/]: the model is in {}; get it with: uv run invoke fetch --run {}",
-            run.name,
-            model,
-            run.name,
-        )
-    )
     return 0, outcome
 
 

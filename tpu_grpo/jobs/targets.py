@@ -1,0 +1,423 @@
+"""Where a stack's jobs run, behind one interface: the one VM over SSH (tpu_grpo/jobs/vm_jobs.py) or a multi-host
+slice's cluster through the Kubernetes API (tpu_grpo/jobs/slice_jobs.py). A task asks `pick` for the target and
+then never which kind it has, in the spirit of SkyPilot's sky/provision/__init__.py, whose every operation says
+what it promises and returns typed records: a target returns frozen records the tasks render, and writes only
+what streams while a job runs (its log, its progress bar) to the Console a task hands it. What a target holds of
+its runs (models, metrics, the runs themselves) is tpu_grpo/results/sources.py's.
+
+Nothing connects before it is used: a target of a dry run asks neither the host nor the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import IO, Protocol
+
+from rich.console import Console
+
+from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.host.hosts import HostFlags
+from tpu_grpo.jobs.job_records import JobRecord
+from tpu_grpo.jobs.maxtext import Run
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a task's jobs run, from its host flags, checked once before anything connects: --host's VM, else the
+    stack's VM or slice, whose settings are read once here (none with --host, unless the task needs the stack)."""
+
+    flags: HostFlags
+    settings: settings_module.Settings | None = None
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What `invoke pipeline` asks of a target beyond the run: each target takes what applies to it (a slice's JobSets
+    restart their own pods, keep their runs in the bucket and need no space check on a VM's disks)."""
+
+    need_gb: dict
+    keep_checkpoint: bool = False
+    verbose: bool = False
+    recover: int = 0  # lost VMs to bring back (a VM's)
+    provisioning: dict | None = None  # the playbook values a VM brought back is provisioned with
+    pulumi_out: IO[str] | None = None  # where `pulumi up`'s own output goes (stderr with --json)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A step's job, created and running (or pending) on its target."""
+
+    job: str
+    step: str
+    run: str
+    where: str  # the VM's name, or the slice's part and cluster
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A pipeline's end: its exit code (0: the model is saved), the run, and what happened step by step as
+    `pipeline --json` prints it."""
+
+    code: int
+    run: str
+    model: str | None  # where the model is now (the VM's data disk, the bucket), None when not saved
+    outcome: dict
+
+
+@dataclass(frozen=True)
+class Status:
+    """`status`, one shape on both targets: where (the VM or the cluster), its jobs, and what is known of the
+    training's progress and start-up, the idle stop, the TPU chips (the VM's), the slice (the cluster's) and the
+    compile cache the stack's next training would start with; None where unknown."""
+
+    where: str
+    jobs: tuple[JobRecord, ...]
+    progress: dict | None = None
+    idle_stop: dict | None = None
+    tpu: dict | None = None
+    slice: str | None = None
+    capacity: str | None = None
+    compile_cache: dict | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "where": self.where,
+            "jobs": [record.to_json() for record in self.jobs],
+            "progress": self.progress,
+            "idle_stop": self.idle_stop,
+            "tpu": self.tpu,
+            "slice": self.slice,
+            "compile_cache": self.compile_cache,
+        }
+
+
+class Target(Protocol):
+    """What a task asks of where its jobs run; VmTarget and SliceTarget implement it, and a task never asks which.
+    Every method raises UserError (a one-line `what; fix: how`) for what the user can fix, and returns a record."""
+
+    #: How the target's place reads in a sentence: "on the host", "on the cluster".
+    where: str
+
+    def script(self, run: Run, step: str) -> str:
+        """The step's job as it would run (`--dry-run`): the VM's bash, the slice's JobSet; connects to nothing."""
+        ...
+
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
+        """Every step of `pipeline` as it would run, as data (`--json`) and as text; connects to nothing."""
+        ...
+
+    def start(self, run: Run, step: str) -> Started:
+        """Create the step's job (export: of the run named, else the newest trained run) and return at once; refuses
+        while another job holds the TPU (the VM's lock, the slice's JobSet of that name)."""
+        ...
+
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        """Stream a job (default: the running one, else the newest) to `console` with its progress until it ends,
+        over dropped links; its exit code, or errors.INTERRUPTED on Ctrl-C (the job runs on)."""
+        ...
+
+    def read_log(self, job: str | None) -> Iterable[bytes]:
+        """A job's log as it is now (default: the running job, else the newest), in chunks."""
+        ...
+
+    def cancel(self, job: str | None) -> str:
+        """Stop a job (default: the running one) and free its chips; a sentence saying what was stopped, or why
+        nothing was."""
+        ...
+
+    def status(self) -> Status:
+        """The jobs and what is known of the running training, its chips and the next start."""
+        ...
+
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> Finished:
+        """convert -> train -> export (-> save, on a VM), steps done skipped, each followed on `console`."""
+        ...
+
+    def check_recovery(self) -> None:
+        """Refuse `--recover` where the target brings nothing back itself."""
+        ...
+
+    def stack_settings(self) -> settings_module.Settings:
+        """The stack's settings (read now when the task was given --host: its runs and store are still the stack's)."""
+        ...
+
+
+class VmTarget:
+    """The one VM (the stack's, or `--host`): its jobs are detached processes with a folder each."""
+
+    where = "on the host"
+
+    def __init__(self, flags: HostFlags, settings: settings_module.Settings | None):
+        self.flags, self.settings = flags, settings  # the stack's, for its VM (what an idle stop means, recovery)
+
+    @cached_property
+    def session(self):
+        """The host's session (its address from the stack's outputs, or --host), which connects on first use."""
+        from tpu_grpo.jobs import vm_jobs
+
+        return vm_jobs.session(self.flags, self.settings)
+
+    def fresh_session(self):
+        """A new session: the VM may be another since the last one (brought back at another address)."""
+        self.__dict__.pop("session", None)
+        return self.session
+
+    def script(self, run: Run, step: str) -> str:
+        from tpu_grpo.jobs import maxtext
+
+        return maxtext.script(run, step)
+
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
+        """A run not named is shown as a new one's: which earlier pipeline it continues is known once the host is
+        asked."""
+        from tpu_grpo.jobs import maxtext, pipeline
+
+        run = run.named(maxtext.timestamp_run_name())
+        save = (
+            f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.name)} on the data disk, "
+            f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
+            f"{pipeline.run_archive(run.name)}"
+        )
+        scripts = [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
+        return (
+            {"run": run.name, "steps": [*scripts, {"step": "save", "description": save}]},
+            "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n",
+        )
+
+    def start(self, run: Run, step: str) -> Started:
+        from tpu_grpo.jobs import pipeline
+
+        connection = self.session.connection
+        if step == "export":
+            run = pipeline.for_export(connection, run)
+        job = pipeline.start_checked(connection, run, step)
+        return Started(job, step, run.name, self.session.host.name)
+
+    def _job(self, job: str | None):
+        from tpu_grpo.jobs import vm_jobs
+
+        return vm_jobs.find(vm_jobs.list_jobs(self.session.connection), job)
+
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        from tpu_grpo.jobs import watch
+
+        found = self._job(job)
+        return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
+
+    def read_log(self, job: str | None) -> Iterable[bytes]:
+        from tpu_grpo.jobs import vm_jobs
+
+        return [vm_jobs.read_log(self.session.connection, self._job(job).id)]
+
+    def cancel(self, job: str | None) -> str:
+        from tpu_grpo.jobs import vm_jobs
+
+        found = self._job(job)
+        if found.state != "running":
+            return f"job {found.id} is not running ({found.state}); nothing to cancel"
+        vm_jobs.cancel(self.session.connection, found)
+        return f"cancelled job {found.id} ({found.step} of run {found.run}); the TPU is free"
+
+    def status(self) -> Status:
+        from tpu_grpo.host import chips
+        from tpu_grpo.jobs import vm_jobs, watch
+
+        connection = self.session.connection
+        found = vm_jobs.list_jobs(connection)
+        after_stop = self.settings.obtained.after_stop if self.settings else None  # unknown for a VM of no stack
+        return Status(
+            self.session.host.name,
+            tuple(job.record() for job in found),
+            progress=watch.progress_of(connection, found),
+            idle_stop=watch.idle_stop(connection, after_stop),
+            tpu=chips.Chips.read(connection),
+            compile_cache=watch.next_start(connection, Run.of(self.stack_settings().training)),
+        )
+
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> Finished:
+        """Preflight first. With `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with
+        `provisioning`, the same pipeline again: tpu_grpo/jobs/recovery.py), and a dropped link asks the cloud
+        whether the VM is gone."""
+        from tpu_grpo.config import errors
+        from tpu_grpo.jobs import maxtext, pipeline, recovery, watch
+
+        chosen = self.settings if options.recover else None
+        verbose = options.verbose
+        new_name = maxtext.timestamp_run_name()  # a new run's, if it is not named and continues no earlier pipeline
+        total = pipeline.job_meta(run.named(new_name), "train").get("total_steps")
+
+        def report(step):
+            if step.state in ("done", "skipped"):
+                console.print(f"{step.name}: {step.state} ({step.detail})")
+            elif step.name == "save":
+                console.print(f"save: model copied to {step.detail} on the data disk")
+
+        def attempt():
+            nonlocal run
+            session = self.fresh_session()
+            run = pipeline.named_pipeline(session.connection, run, new_name)  # each attempt after, the same run
+            if chosen:  # a dropped link asks the cloud whether the VM is gone
+                session.vm_gone = lambda: recovery.gone(chosen)
+
+            def follow(job, step):
+                code = watch.follow(session, job, step, console, total if step == "train" else None, verbose)
+                if code == errors.INTERRUPTED:
+                    raise errors.Detached()
+                return code
+
+            return pipeline.run_pipeline(
+                session,
+                run,
+                need_gb=options.need_gb,
+                follow=follow,
+                on_step=report,
+                keep_checkpoint=options.keep_checkpoint,
+            )
+
+        def bring_back():
+            assert chosen, "recovery is of the stack's VM"
+            recovery.bring_back(
+                chosen,
+                lambda: self.flags.hosts(chosen),
+                options.provisioning,
+                console.print,
+                stdout=options.pulumi_out,
+            )
+            return recovery.where_training_stands(self.fresh_session().connection, run.named(new_name))
+
+        outcome = (
+            attempt()
+            if chosen is None
+            else recovery.keep_going(
+                attempt,
+                chosen,
+                bring_back,
+                options.recover,
+                lambda: recovery.RecoveryLog.of(run.run_name or new_name),
+                console.print,
+            )
+        )
+        where = f"{outcome.saved} on {outcome.host}" if outcome.saved else f"an earlier run on {outcome.host}"
+        return Finished(0, outcome.run, where, outcome.to_json())
+
+    def check_recovery(self) -> None:
+        """--recover brings this VM back when it is lost."""
+
+    def stack_settings(self) -> settings_module.Settings:
+        return self.settings or settings_module.load(self.flags.stack, lenient=True)
+
+
+class SliceTarget:
+    """A multi-host slice's GKE cluster: its jobs are tpu-grpo's JobSets."""
+
+    where = "on the cluster"
+
+    def __init__(self, settings: settings_module.Settings):
+        self.settings = settings
+
+    @cached_property
+    def cluster(self):
+        from tpu_grpo.cloud.kube import Cluster
+
+        return Cluster.of_stack(self.settings.stack)
+
+    def script(self, run: Run, step: str) -> str:
+        """The step's JobSet, as kubectl takes it."""
+        from tpu_grpo.cloud import jobset
+        from tpu_grpo.jobs import slice_jobs
+
+        return jobset.to_yaml([slice_jobs.manifest(self.settings, run, step)])
+
+    def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
+        """Each step's JobSet (a slice's pipeline not named is a new run)."""
+        from tpu_grpo.cloud import jobset
+        from tpu_grpo.jobs import maxtext, slice_jobs
+
+        run = run.named(maxtext.timestamp_run_name())
+        manifests = [slice_jobs.manifest(self.settings, run, step) for step in maxtext.STEPS]
+        return (
+            {
+                "run": run.name,
+                "steps": [{"step": step, "jobset": manifest} for step, manifest in zip(maxtext.STEPS, manifests)],
+            },
+            jobset.to_yaml(manifests),
+        )
+
+    def start(self, run: Run, step: str) -> Started:
+        from tpu_grpo.jobs import slice_jobs
+
+        if step == "export":
+            run = slice_jobs.for_export(self.cluster, run, self.settings.capacity)
+        name = slice_jobs.start(self.cluster, self.settings, run, step)
+        part = f"slice {self.settings.slice}" if step == "train" else "the slice's CPU host"
+        return Started(name, step, run.name, f"{part} (cluster {self.settings.vm_name})")
+
+    def _job(self, job: str | None):
+        from tpu_grpo.jobs import slice_jobs
+
+        return slice_jobs.find(self.cluster, job, self.settings.capacity)
+
+    def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        from tpu_grpo.jobs import slice_jobs
+
+        found = self._job(job)
+        return slice_jobs.follow(
+            self.cluster, found.name, found.step, console, self.settings.capacity, found.total_steps, verbose
+        )
+
+    def read_log(self, job: str | None) -> Iterable[bytes]:
+        from tpu_grpo.jobs import slice_jobs
+
+        return slice_jobs.read_log(self.cluster, self._job(job).name)
+
+    def cancel(self, job: str | None) -> str:
+        from tpu_grpo.jobs import slice_jobs
+
+        gone = slice_jobs.cancel(self.cluster, job, self.settings.capacity)
+        return (
+            f"cancelled {', '.join(gone)}: deleted with their pods"
+            if gone
+            else "no job is pending or running; nothing to cancel"
+        )
+
+    def status(self) -> Status:
+        from tpu_grpo.jobs import slice_jobs
+
+        return Status(
+            self.settings.vm_name,
+            tuple(slice_jobs.status(self.cluster, self.settings.capacity)),
+            slice=f"{self.settings.slice} x{self.settings.num_slices}",
+            capacity=self.settings.capacity,
+            compile_cache=slice_jobs.next_start(self.settings),
+        )
+
+    def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> Finished:
+        """A step whose output is in the bucket is skipped; no recovery of its own (a JobSet restarts its own pods,
+        check_recovery refuses --recover), no space check (the bucket holds the runs, the CPU pool's disk is sized
+        from the model)."""
+        from tpu_grpo.jobs import maxtext, slice_jobs
+
+        run = run.named(maxtext.timestamp_run_name())
+        code, outcome = slice_jobs.pipeline(self.cluster, self.settings, run, console, options.verbose)
+        return Finished(code, run.name, outcome["model"], outcome)
+
+    def check_recovery(self) -> None:
+        raise UserError(
+            "--recover brings a lost VM back; a slice's JobSet restarts its own pods (its failure policy); "
+            "fix: run without --recover"
+        )
+
+    def stack_settings(self) -> settings_module.Settings:
+        return self.settings
+
+
+def pick(where: Where) -> Target:
+    """The target of a task's host flags: `--host`'s VM, else the stack's slice or VM."""
+    if where.flags.given or where.settings is None:
+        return VmTarget(where.flags, where.settings)
+    if where.settings.tpu_slice:
+        return SliceTarget(where.settings)
+    return VmTarget(where.flags, where.settings)
