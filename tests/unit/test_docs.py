@@ -332,15 +332,16 @@ def test_the_stack_outputs_documented_are_the_programs():
 
 
 def test_the_settings_table_says_which_keys_a_stack_must_set_and_each_default():
-    """docs/settings.md's second column, from the keys: `yes` (or `one VM`) exactly for those with no default,
-    and `no: VALUE` with the default the code gives."""
+    """docs/settings.md's table is the keys, whole and in their order (StackValues'), and its second column says
+    `yes` (or `one VM`) exactly for those a stack must set, and `no: VALUE` with the default the code gives."""
     page = (ROOT / "docs/settings.md").read_text()
     rows = {
         cells[1].strip("` "): cells[2].strip()
         for line in page.splitlines()
-        if line.startswith("| `")
+        if line.startswith("| `") and ":" in line.split("|")[1]
         for cells in [line.split("|")]
     }
+    assert list(rows) == [key.name for key in KEYS]
     for key in KEYS:
         if key.default is not None:
             assert rows[key.name] == f"no: `{key.default}`", key.name

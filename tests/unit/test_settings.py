@@ -436,3 +436,26 @@ def test_a_new_stack_names_only_what_is_its_own_and_the_rest_is_the_tutorials(st
         + " (no reservation: pulumi config set tpu-grpo:capacity spot, flex-start or on-demand instead) "
         "(or --stack dev)"
     )
+
+
+def test_a_setting_is_declared_once_as_a_field_with_its_key():
+    """docs/development.md's recipe: a new setting is a field of StackValues declared with `setting(...)`; its key
+    (name, kind from the field's type, field name) follows, and parse checks it by its rule like any other."""
+    from dataclasses import dataclass
+
+    from tpu_grpo.config import keys
+    from tpu_grpo.config.values import Refused, whole
+
+    @dataclass(frozen=True, kw_only=True)
+    class Extended(keys.StackValues):
+        warmup_steps: int | None = keys.setting("tpu-grpo:warmupSteps", "steps of warm-up", "10", rule=whole(0, 99))
+        tags: tuple[str, ...] = keys.setting("tpu-grpo:tags", "run tags", "a,b")
+
+    found = {key.name: key for key in keys.keys_of(Extended)}
+    assert [key.name for key in keys.keys_of(Extended)][: len(keys.KEYS)] == [key.name for key in keys.KEYS]
+    assert (found["tpu-grpo:warmupSteps"].field, found["tpu-grpo:warmupSteps"].kind) == ("warmup_steps", int)
+    assert (found["tpu-grpo:tags"].field, found["tpu-grpo:tags"].kind) == ("tags", list)
+    assert found["tpu-grpo:warmupSteps"].parse("12") == 12
+    with pytest.raises(Refused, match="is not a whole number from 0 to 99"):
+        found["tpu-grpo:warmupSteps"].parse("100")
+    assert all(key.field and not (key.required and key.default) for key in keys.KEYS)

@@ -1,6 +1,6 @@
 """Every stack setting as a key: its name, type, meaning and example (for docs and errors), and its rule (a range,
-a choice, a form), which `settings.parse` checks each value against. Adding a setting is a key here, a field of
-`Settings`, and the code that reads it."""
+a choice, a form), which `settings.parse` checks each value against. Each is declared once, as a field of
+StackValues that carries its key: adding a setting is that field and the code that reads it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tpu_grpo.config.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
 from tpu_grpo.config.capacity import CAPACITIES, MAX_RUN_HOURS
@@ -66,10 +67,10 @@ class Key:
     """One stack setting: its config key, its type and what it means (for docs and errors)."""
 
     name: str
-    kind: type
     help: str
     example: str
-    required: bool = True
+    #: A stack must set it (else: it has a default, or the rules between keys fill it, or it may stay unset).
+    required: bool = False
     #: What an unset key comes to when it has an obvious value: the tutorial's (a new stack names only what is the
     #: user's own: project, zone, how the chips are had, the SSH key and who may reach it).
     default: str | None = None
@@ -79,6 +80,14 @@ class Key:
     #: or Refused with what is wrong: its kind, its range, its choices, its form (values.py's parsers). None: the
     #: kind's own parser.
     rule: Parser | None = None
+    #: What `invoke settings` shows for the key unset, and whence (the Settings -> (value, whence), or None), where
+    #: another setting's row or MaxText decides it. None: the value parsed, the tutorial's where it has a default.
+    unset: Callable[[Any], tuple[Any, str] | None] | None = None
+    field: str = ""  # its field of Settings: `zone`, `boot_disk_gb` (from StackValues)
+    kind: type = str  # the kind of value, from its field's type (from StackValues)
+
+    def __post_init__(self) -> None:
+        assert not (self.required and self.default is not None), f"{self.name}: required, or a default, not both"
 
     def parse(self, value: Any) -> Any:
         return (self.rule or KINDS[self.kind])(value)
@@ -91,11 +100,6 @@ class Key:
     def short(self) -> str:
         """The name without its namespace: `zone`, `bootDiskGb`."""
         return self.name.split(":", 1)[1]
-
-    @property
-    def field(self) -> str:
-        """Its field of Settings: `zone`, `boot_disk_gb`."""
-        return re.sub("([A-Z])", r"_\1", self.short).lower()
 
     def set_command(self, value: str | None = None) -> str:
         value = shlex.quote(value) if value else self.example
@@ -215,6 +219,30 @@ def _capacities(where) -> str:
     return ", ".join(capacity for capacity, row in CAPACITIES.items() if where(row))
 
 
+def setting(name: str, help: str, example: str, **declared: Any) -> Any:
+    """A field of StackValues with its key."""
+    return field(metadata={"key": Key(name, help, example, **declared)})
+
+
+def _from_capacity(name: str) -> Callable[[Any], tuple[Any, str]]:
+    return lambda settings: (getattr(settings, name), f"capacity {settings.capacity}'s default")
+
+
+def _from_store(name: str) -> Callable[[Any], tuple[Any, str]]:
+    return lambda settings: (getattr(settings, name), f"the {settings.store.name} store's default")
+
+
+def _maxtext(value: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, str]]:
+    """A setting that, unset, leaves MaxText's own default: tpu-grpo passes nothing."""
+    return lambda settings: (value(settings), "MaxText's default")
+
+
+def _one_vm_unless_a_slice(settings: Any) -> tuple[Any, str]:
+    if settings.tpu_slice:
+        return settings.slice, "default"
+    return settings.machine.accelerator_type, "the one VM of machineType"
+
+
 def _by_capacity(value) -> str:
     """Each capacity's default of a setting, from its row: `0 for reservation; 60 for spot, ...`."""
     groups: dict[str, list[str]] = {}
@@ -223,321 +251,287 @@ def _by_capacity(value) -> str:
     return "; ".join(f"{default} for {', '.join(names)}" for default, names in groups.items())
 
 
-KEYS: tuple[Key, ...] = (
-    Key(
+@dataclass(frozen=True, kw_only=True)
+class StackValues:
+    """Every stack setting, declared once: a field of the settings (its name and type) with its key (its name in the
+    stack file, meaning, example, rule and default). KEYS is read from these fields, and settings.Settings adds what
+    is made of them."""
+
+    project: str = setting(
         "gcp:project",
-        str,
         "Google Cloud project that holds the reservation",
         "<your-project-id>",
+        required=True,
         rule=_form(_PROJECT_ID, "is not a Google Cloud project id"),
-    ),
-    Key(
+    )
+    zone: str = setting(
         "gcp:zone",
-        str,
         "zone of the reservation (region-letter)",
         "us-east5-b",
+        required=True,
         rule=_form(_ZONE, "is not a zone of the form region-letter (us-east5-b; an AI zone: us-south1-ai1b)"),
-    ),
-    Key(
+    )
+    capacity: str = setting(
         f"{PROJECT}:capacity",
-        str,
         "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
         "spot",
-        required=False,
         rule=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")"),
-    ),
-    Key(
+    )
+    reservation: str | None = setting(
         f"{PROJECT}:reservation",
-        str,
         "the v6e reservation the VM is bound to (capacity "
         f"{_capacities(lambda row: row.needs_reservation)}): NAME, or "
         "projects/PROJECT/reservations/NAME for another project's shared one",
         "<your-reservation-name>",
-        required=False,
         rule=_form(
             _RESERVATION,
             "is not a reservation name (NAME, or projects/PROJECT/reservations/NAME; lowercase letters, digits, '-')",
         ),
-    ),
-    Key(
+    )
+    max_run_hours: int | None = setting(
         f"{PROJECT}:maxRunHours",
-        int,
         f"hours a {_capacities(lambda row: row.run_limited)} VM runs before it is "
         f"deleted ({MAX_RUN_HOURS[0]} to {MAX_RUN_HOURS[1]}; capacity {_capacities(lambda row: row.run_limited)} "
         "only)",
         "24",
-        required=False,
         rule=whole(*MAX_RUN_HOURS, " hours: a flex-start VM runs at most 7 days"),
-    ),
-    Key(
+    )
+    idle_stop_minutes: int = setting(
         f"{PROJECT}:idleStopMinutes",
-        int,
         "minutes without a tpu-grpo job or terminal (SSH login) session before the "
         f"VM powers itself off; 0: never (default: {_by_capacity(lambda row: row.idle_stop_minutes)})",
         "60",
-        required=False,
         rule=whole(0, 7 * 24 * 60, " minutes; 0: never"),
-    ),
-    Key(
+        unset=_from_capacity("idle_stop_minutes"),
+    )
+    slice: str = setting(
         f"{PROJECT}:slice",
-        str,
         f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
         "on GKE with Pathways: " + ", ".join(SLICES),
         "v6e-16",
-        required=False,
         rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")"),
-    ),
-    Key(
+        unset=_one_vm_unless_a_slice,
+    )
+    num_slices: int = setting(
         f"{PROJECT}:numSlices",
-        int,
         f"slices of a multi-host slice's shape, one node pool each (1 to {MAX_SLICES}; default 1)",
         "2",
-        required=False,
         rule=whole(1, MAX_SLICES, " slices"),
-    ),
-    Key(
+    )
+    vm_name: str = setting(
         f"{PROJECT}:vmName",
-        str,
         "name of the TPU VM (the tutorial's TPU_NAME), or of a slice's GKE cluster",
         "tpu-grpo",
-        required=False,
         default="tpu-grpo",
         rule=_GCE_NAMED,
-    ),
-    Key(
+    )
+    machine_type: str = setting(
         f"{PROJECT}:machineType",
-        str,
         "TPU machine type of the one VM: " + ", ".join(MACHINES),
         "ct6e-standard-8t",
         vm_only=True,
-        required=False,
         default="ct6e-standard-8t",
         rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"),
-    ),
-    Key(
+    )
+    checkpoint_store: str = setting(
         f"{PROJECT}:checkpointStore",
-        str,
         "where checkpoints and runs live: " + ", ".join(STORES) + " or "
         f"gs://BUCKET[/PREFIX] (default: {_by_capacity(lambda row: row.checkpoint_store)}, which refuse shm)",
         "disk",
-        required=False,
         rule=_store,
-    ),
-    Key(
-        f"{PROJECT}:bucket",
-        bool,
-        "declare checkpointStore's bucket in this stack (default: it exists already)",
-        "true",
-        required=False,
-    ),
-    Key(
+        unset=_from_capacity("checkpoint_store"),
+    )
+    bucket: bool = setting(
+        f"{PROJECT}:bucket", "declare checkpointStore's bucket in this stack (default: it exists already)", "true"
+    )
+    checkpoint_period: int = setting(
         f"{PROJECT}:checkpointPeriod",
-        int,
         "training steps between checkpoints, MaxText's checkpoint_period (default 50 on shm, 10 on disk)",
         "10",
-        required=False,
         rule=whole(1, MAX_STEPS, " steps"),
-    ),
-    Key(
+        unset=_from_store("checkpoint_period"),
+    )
+    checkpoints_to_keep: int = setting(
         f"{PROJECT}:checkpointsToKeep",
-        int,
         "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 on shm, 2 on disk)",
         "2",
-        required=False,
         rule=whole(1, 1000),
-    ),
-    Key(
+        unset=_from_store("checkpoints_to_keep"),
+    )
+    boot_disk_gb: int = setting(
         f"{PROJECT}:bootDiskGb",
-        int,
         f"boot disk size in GB of the VM, or of each slice host (at least and by "
         f"default {MIN_BOOT_DISK_GB}, the tutorial's)",
         "200",
-        required=False,
         rule=whole(MIN_BOOT_DISK_GB, MAX_DISK_GB, f" GB ({MIN_BOOT_DISK_GB}: the tutorial's boot disk)"),
-    ),
-    Key(
+        default=str(MIN_BOOT_DISK_GB),
+    )
+    data_disk_gb: int = setting(
         f"{PROJECT}:dataDiskGb",
-        int,
         f"persistent data disk in GB for caches, checkpoints, models (at least {MIN_DATA_DISK_GB})",
         "500",
         vm_only=True,
-        required=False,
         default="500",
         rule=whole(
             MIN_DATA_DISK_GB,
             MAX_DISK_GB,
             " GB: one GRPO checkpoint of an 8B model with its optimizer state is tens of GB",
         ),
-    ),
-    Key(
+    )
+    data_disk_iops: int = setting(
         f"{PROJECT}:dataDiskIops",
-        int,
         f"provisioned IOPS of the data disk ({DATA_DISK_IOPS[0]} to "
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
         f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)",
         str(STORES["disk"].disk_iops),
-        required=False,
         rule=whole(*DATA_DISK_IOPS, " IOPS, Hyperdisk Balanced's"),
-    ),
-    Key(
+        unset=_from_store("data_disk_iops"),
+    )
+    data_disk_throughput_mibps: int = setting(
         f"{PROJECT}:dataDiskThroughputMibps",
-        int,
         f"provisioned throughput of the data disk in MiB/s "
         f"({DATA_DISK_THROUGHPUT_MIBPS[0]} to {DATA_DISK_THROUGHPUT_MIBPS[1]}; default: "
         f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, "
         f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)",
         str(STORES["disk"].disk_throughput_mibps),
-        required=False,
         rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's"),
-    ),
-    Key(
+        unset=_from_store("data_disk_throughput_mibps"),
+    )
+    ssh_user: str = setting(
         f"{PROJECT}:sshUser",
-        str,
         "user created on the VM for your SSH key",
         "ubuntu",
         vm_only=True,
-        required=False,
         default="ubuntu",
         rule=_form(_UNIX_USER, "is not a Linux user name"),
-    ),
-    Key(
+    )
+    ssh_public_key_path: str = setting(
         f"{PROJECT}:sshPublicKeyPath",
-        str,
         "your SSH public key (.pub) put in the VM's metadata",
         "~/.ssh/id_ed25519.pub",
+        required=True,
         vm_only=True,
-    ),
-    Key(
+    )
+    ssh_source_ranges: tuple[str, ...] = setting(
         f"{PROJECT}:sshSourceRanges",
-        list,
         "CIDR ranges allowed to reach port 22",
         "<your-public-ip>/32",
+        required=True,
         vm_only=True,
         rule=_ranges,
-    ),
-    Key(
+    )
+    allow_ssh_from_anywhere: bool = setting(
         f"{PROJECT}:allowSshFromAnywhere",
-        bool,
         "let sshSourceRanges hold 0.0.0.0/0 or ::/0 (port 22 open to the whole internet)",
         "true",
-        required=False,
-    ),
-    Key(
+    )
+    network: str | None = setting(
         f"{PROJECT}:network",
-        str,
         "existing VPC network to use (default: the stack makes its own)",
         "default",
-        required=False,
         rule=_GCE_NAMED,
-    ),
-    Key(
+    )
+    subnetwork: str | None = setting(
         f"{PROJECT}:subnetwork",
-        str,
         "subnetwork of that existing network (default: its auto subnet)",
         "default",
-        required=False,
         rule=_GCE_NAMED,
-    ),
-    Key(
+    )
+    service_account: str | None = setting(
         f"{PROJECT}:serviceAccount",
-        str,
         "service account email for the VM (default: the compute default)",
         "sa@project.iam.gserviceaccount.com",
-        required=False,
         rule=_form(
             _SERVICE_ACCOUNT,
             "is not a service account email (NAME@PROJECT.iam.gserviceaccount.com, or a "
             "Google-managed one: lowercase letters, digits, '.', '-')",
         ),
-    ),
-    Key(f"{PROJECT}:labels", dict, "extra labels on every resource", "team=ml", required=False, rule=_labels),
-    Key(
+    )
+    labels: dict[str, str] = setting(f"{PROJECT}:labels", "extra labels on every resource", "team=ml", rule=_labels)
+    model: str = setting(
         f"{PROJECT}:model",
-        str,
         "MaxText model to train (docs/models.md): " + ", ".join(MODELS),
         DEFAULT_MODEL,
-        required=False,
         default=DEFAULT_MODEL,
         rule=_one_of(
             MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)"
         ),
-    ),
-    Key(
+    )
+    export_model: str = setting(
         f"{PROJECT}:exportModel",
-        str,
         "MaxText model name for the conversion back to Hugging Face: the model's own, "
         "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)",
         "llama3.1-8b",
-        required=False,
-    ),
-    Key(
+    )
+    tokenizer: str | None = setting(
         f"{PROJECT}:tokenizer",
-        str,
         "Hugging Face tokenizer to train and export with (default: the model table's, "
         "an Instruct model's for a base model)",
         "meta-llama/Llama-3.1-8B-Instruct",
-        required=False,
         rule=_HUB_ID,
-    ),
-    Key(
+        unset=lambda settings: (settings.model_row.training_tokenizer, "the model table's"),
+    )
+    dataset: str | None = setting(
         f"{PROJECT}:dataset",
-        str,
         f"Hugging Face dataset to train on, with a question column (problem, prompt, "
         f"question) and an answer column (answer, solution, expected_answer) (default: {DEFAULT_DATASET})",
         "nvidia/OpenMathInstruct-2",
-        required=False,
         rule=_HUB_ID,
-    ),
-    Key(
+        unset=_maxtext(lambda settings: DEFAULT_DATASET),
+    )
+    dataset_config: str | None = setting(
         f"{PROJECT}:datasetConfig",
-        str,
         f"the dataset's subset, MaxText's hf_name (default: {DEFAULT_DATASET_CONFIG} "
         "for GSM8K, the dataset's default for another)",
         "main",
-        required=False,
         rule=_text_by(name),
-    ),
-    Key(
+        unset=_maxtext(lambda settings: DEFAULT_DATASET_CONFIG if settings.dataset in (None, DEFAULT_DATASET) else ""),
+    )
+    loss_algo: str | None = setting(
         f"{PROJECT}:lossAlgo",
-        str,
         "the RL loss, MaxText's rl.loss_algo: " + ", ".join(LOSS_ALGOS) + " (default grpo)",
         "gspo-token",
-        required=False,
         rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")"),
-    ),
-    Key(
-        f"{PROJECT}:batches",
-        int,
-        "GRPO batches per run (num_batches)",
-        "50",
-        required=False,
-        default="50",
-        rule=whole(1, MAX_BATCHES),
-    ),
-    Key(
+        unset=_maxtext(lambda settings: "grpo"),
+    )
+    batches: int = setting(
+        f"{PROJECT}:batches", "GRPO batches per run (num_batches)", "50", default="50", rule=whole(1, MAX_BATCHES)
+    )
+    test_batches: int = setting(
         f"{PROJECT}:testBatches",
-        int,
         "evaluation batches (num_test_batches)",
         "10",
-        required=False,
         default="10",
         rule=whole(1, MAX_BATCHES),
-    ),
-    Key(
-        f"{PROJECT}:usePathways",
-        bool,
-        "run with Pathways (true) or McJAX (false)",
-        "false",
-        required=False,
-        default="false",
-    ),
-    Key(
-        f"{PROJECT}:lazyLoadTensors",
-        bool,
-        "lazy tensor loading in the Hugging Face conversion",
-        "false",
-        required=False,
-        default="false",
-    ),
-)
+    )
+    use_pathways: bool = setting(
+        f"{PROJECT}:usePathways", "run with Pathways (true) or McJAX (false)", "false", default="false"
+    )
+    lazy_load_tensors: bool = setting(
+        f"{PROJECT}:lazyLoadTensors", "lazy tensor loading in the Hugging Face conversion", "false", default="false"
+    )
+
+
+def _kind(annotation: Any) -> type:
+    """The kind of value a key takes in the stack file, from its field's type: a tuple is a YAML list."""
+    options = (
+        [each for each in get_args(annotation) if each is not type(None)]
+        if get_origin(annotation) in (UnionType, Union)
+        else [annotation]
+    )
+    found = get_origin(options[0]) or options[0]
+    return list if found is tuple else found
+
+
+def keys_of(values: type) -> tuple[Key, ...]:
+    """The keys a dataclass of settings declares, each knowing its field and kind, in the fields' order."""
+    types = get_type_hints(values)
+    return tuple(
+        replace(each.metadata["key"], field=each.name, kind=_kind(types[each.name]))
+        for each in fields(values)
+        if "key" in each.metadata
+    )
+
+
+KEYS = keys_of(StackValues)
 KEY = {key.name: key for key in KEYS}

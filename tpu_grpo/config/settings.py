@@ -38,12 +38,12 @@ from tpu_grpo.config.capacity import (
     DEFAULT as DEFAULT_CAPACITY,
 )
 from tpu_grpo.config.errors import SettingsError
-from tpu_grpo.config.keys import KEY, KEYS, KINDS, MIN_BOOT_DISK_GB, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key
-from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, MODELS, Model
+from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, StackValues
+from tpu_grpo.config.models import MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
-from tpu_grpo.config.values import Refused, existing_file
+from tpu_grpo.config.values import NotAFile, Refused, existing_file
 
 
 @dataclass(frozen=True)
@@ -68,49 +68,14 @@ class Training:
     loss_algo: str | None = None  # tpu-grpo:lossAlgo; None: MaxText's default, grpo
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Every stack setting, validated. `pending` lists what still blocks a real `pulumi up`
-    (placeholders, a missing key file) when parsed leniently for an offline plan."""
+@dataclass(frozen=True, kw_only=True)
+class Settings(StackValues):
+    """Every stack setting, validated (each a field of StackValues, declared with its key), and what is made of them.
+    `pending` lists what still blocks a real `pulumi up` (placeholders, a missing key file) when parsed leniently
+    for an offline plan."""
 
     stack: str
-    project: str
-    zone: str
-    capacity: str
-    reservation: str | None
-    max_run_hours: int | None
-    idle_stop_minutes: int
-    slice: str
-    num_slices: int
-    vm_name: str
-    machine_type: str
-    checkpoint_store: str
-    bucket: bool
-    checkpoint_period: int
-    checkpoints_to_keep: int
-    boot_disk_gb: int
-    data_disk_gb: int
-    data_disk_iops: int
-    data_disk_throughput_mibps: int
-    ssh_user: str
-    ssh_public_key_path: str
     ssh_public_key: str
-    ssh_source_ranges: tuple[str, ...]
-    allow_ssh_from_anywhere: bool
-    network: str | None
-    subnetwork: str | None
-    service_account: str | None
-    labels: dict[str, str]
-    model: str
-    export_model: str
-    tokenizer: str | None
-    dataset: str | None
-    dataset_config: str | None
-    loss_algo: str | None
-    batches: int
-    test_batches: int
-    use_pathways: bool
-    lazy_load_tensors: bool
     pending: tuple[SettingsError, ...] = field(default=(), compare=False)
 
     @property
@@ -164,36 +129,16 @@ class Settings:
         return CAPACITIES[self.capacity]
 
     def default(self, key: Key) -> tuple[Any, str] | None:
-        """What an unset key comes to, and whence: a capacity's, a store's, MaxText's or the model table's default;
-        None when nothing stands in for it (`invoke settings`)."""
+        """What an unset key comes to, and whence: a capacity's, a store's, MaxText's or the model table's default
+        (its key's `unset`), the tutorial's; None when nothing stands in for it (`invoke settings`)."""
         if key.vm_only and self.tpu_slice:
             return None
-        maxtext_defaults = {
-            "dataset": DEFAULT_DATASET,
-            "lossAlgo": "grpo",
-            "datasetConfig": DEFAULT_DATASET_CONFIG if self.dataset in (None, DEFAULT_DATASET) else "",
-        }
-        if key.short in maxtext_defaults:
-            return maxtext_defaults[key.short], "MaxText's default"
-        if key.short == "tokenizer":
-            return self.model_row.training_tokenizer, "the model table's"
-        if key.short == "slice" and not self.tpu_slice:
-            return self.machine.accelerator_type, "the one VM of machineType"
-        value = getattr(self, key.field, None)
+        if key.unset:
+            return key.unset(self)
+        value = getattr(self, key.field)
         if value is None:
             return None
-        if key.default is not None:
-            return value, "the tutorial's"
-        store = f"the {self.store.name} store's default"
-        whence = {
-            "idleStopMinutes": f"capacity {self.capacity}'s default",
-            "checkpointStore": f"capacity {self.capacity}'s default",
-            "checkpointPeriod": store,
-            "checkpointsToKeep": store,
-            "dataDiskIops": store,
-            "dataDiskThroughputMibps": store,
-        }.get(key.short, "default")
-        return value, whence
+        return value, "the tutorial's" if key.default is not None else "default"
 
     def default_shown(self, key: Key) -> str:
         """An unset key's default as `invoke settings` shows it: `0 (capacity reservation's default)`, or (unset)."""
@@ -233,13 +178,16 @@ def read_public_key(path: str, root: Path) -> str:
     where = str(root / os.path.expanduser(path))  # the key pasted for ssh-keygen: no `~` a quote would stop
     try:
         file = existing_file(where)
+    except NotAFile as missing:
+        keygen = shlex.join(["ssh-keygen", "-t", "ed25519", "-f", where.removesuffix(".pub")])
+        fix = (
+            key.set_command(f"{path.rstrip('/')}/id_ed25519.pub")
+            if missing.folder
+            else f"{keygen}, or {key.set_command('PATH.pub')}"
+        )
+        raise SettingsError(key.name, path, str(missing), fix) from None
     except Refused as problem:
-        fix = {
-            "is a folder, not a file": key.set_command(f"{path.rstrip('/')}/id_ed25519.pub"),
-            "is not a file": f"{shlex.join(['ssh-keygen', '-t', 'ed25519', '-f', where.removesuffix('.pub')])}, or "
-            f"{key.set_command('PATH.pub')}",
-        }.get(str(problem), key.set_command("PATH.pub"))
-        raise SettingsError(key.name, path, str(problem), fix) from None
+        raise SettingsError(key.name, path, str(problem), key.set_command("PATH.pub")) from None
     text = file.read_text(errors="replace").strip()
     if "PRIVATE KEY" in text:
         raise SettingsError(key.name, path, "is a private key", f"{key.set_command(path + '.pub')} (the .pub file)")
@@ -335,8 +283,6 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     check_capacity(values)
     check_slice(values)
     check_model(values)
-    if values["bootDiskGb"] is None:
-        values["bootDiskGb"] = MIN_BOOT_DISK_GB
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(
             f"{PROJECT}:network",

@@ -40,6 +40,14 @@ class Refused(ValueError):
     """What is wrong with a value, to follow its name: `is not a whole number from 1 to 100000`."""
 
 
+class NotAFile(Refused):
+    """A path that names no file to read: a folder (`folder`), or nothing."""
+
+    def __init__(self, folder: bool):
+        super().__init__("is a folder, not a file" if folder else "is not a file")
+        self.folder = folder
+
+
 def flag(name: str, text: Any, parse: Parser[T], example: str, fix: str | None = None) -> T:
     """A flag's value parsed, or one line naming the flag, the value as written and an example that works (or
     `fix`, where no example says it)."""
@@ -164,10 +172,8 @@ def _lengths(text: str) -> Path:
 def existing_file(text: Any) -> Path:
     """A file to read: there, and a file."""
     path = _lengths(text)
-    if path.is_dir():
-        raise Refused("is a folder, not a file")
-    if not path.is_file():
-        raise Refused("is not a file")
+    if path.is_dir() or not path.is_file():
+        raise NotAFile(folder=path.is_dir())
     return path
 
 
