@@ -396,17 +396,20 @@ def test_no_code_branches_on_a_capacitys_name():
                 "tpu-grpo:usePathways": "true",
                 "tpu-grpo:checkpointStore": "gs://grpo-runs/runs",
             },
-            [("boot disks of the 4 TPU hosts", 800)],
+            [("boot disks of the 4 TPU hosts", 800), ("boot disk of the CPU host", 100)],
         ),
     ],
 )
 def test_plan_prices_every_disk_beside_the_chips(stack_dir, stack_values, extra, disks):
-    """Disks are billed while they exist, VM or not: `plan` shows each with its size and price, and the source."""
+    """Disks are billed while they exist, VM or not: `plan` shows each with its size and price, and the source: a
+    TPU VM's and TPU host's are Hyperdisk Balanced ($0.08 a GiB-month), a slice's CPU host's a balanced persistent
+    disk ($0.10 a GB-month), sized by the model (tests/unit/test_slices.py)."""
     with_capacity(stack_dir, stack_values, extra)
     cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
     assert [(disk["disk"], disk["gb"]) for disk in cost["disks"]] == disks
-    assert all(disk["usd_per_hour"] == round(disk["gb"] * 0.08 / 730, 4) for disk in cost["disks"])
-    assert cost["disks_usd_per_hour"] == round(sum(gb for _, gb in disks) * 0.08 / 730, 3)
+    price = {name: 0.10 if "CPU host" in name else 0.08 for name, _ in disks}
+    assert all(disk["usd_per_hour"] == round(disk["gb"] * price[disk["disk"]] / 730, 4) for disk in cost["disks"])
+    assert cost["disks_usd_per_hour"] == round(sum(gb * price[name] for name, gb in disks) / 730, 3)
     assert "Hyperdisk Balanced capacity $0.08 per GiB-month" in cost["disks_price_source"]
     text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
     assert f"${cost['disks_usd_per_hour']:.3f} per hour while they exist" in text

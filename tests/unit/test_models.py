@@ -380,3 +380,13 @@ def test_a_model_maxtext_converts_only_eagerly_refuses_the_lazy_loader(stack_dir
         "error: tpu-grpo:lazyLoadTensors=true cannot convert gemma3-4b: MaxText's to_maxtext converts it only with "
         "the transformers eager loader; fix: pulumi config set tpu-grpo:lazyLoadTensors false\n"
     )
+
+
+def test_the_maxtext_tier_has_a_checkpoint_for_every_row_of_the_model_table():
+    """tests/maxtext/families.py makes each row's tiny checkpoint: a family of its own, or (SAME_FAMILY) a family's
+    under the row's name. A row added to the model table without one fails here, not silently in the all-rows run."""
+    from tests.maxtext import families
+
+    assert set(families.ROWS) == set(MODELS)
+    assert {family for family, _ in families.SAME_FAMILY.values()} <= set(families.FAMILIES)
+    assert not set(families.SAME_FAMILY) & set(families.FAMILIES)

@@ -169,3 +169,33 @@ def test_runs_on_a_vm_are_newest_first_from_what_the_host_answered(tmp_path, mon
     monkeypatch.setattr(runs, "HostRuns", Recorded)
     rows, sources = runs.gather(lambda: None, tmp_path)
     assert [row.run for row in rows] == ["only-trained", "failed", "saved"] and sources["host"] == "answered"
+
+
+@pytest.mark.parametrize("answer", ["nothing", "unsaved", "no answer"])
+def test_up_and_down_keep_what_only_the_data_disk_holds(answer):
+    """One guard for both: a change that deletes the data disk goes ahead only when the VM answers that nothing is
+    only there; a run only there, or a VM that does not answer, is refused (exit 1) with the doing's own fix."""
+    from tpu_grpo.host.hosts import ConnectError
+    from tpu_grpo.results import sources
+
+    class Answering:
+        def unsaved(self):
+            if answer == "no answer":
+                raise ConnectError("u@h: cannot connect (timed out)")
+            return ["run r1: trained, not saved; save it: uv run invoke pipeline --run-name r1"] * (answer == "unsaved")
+
+    def guard():
+        sources.keep_what_only_the_data_disk_holds(Answering(), "dev", "destroy", "", "FIX-UNKNOWN", "FIX-UNSAVED")
+
+    if answer == "nothing":
+        guard()
+        return
+    with pytest.raises(sources.DataDiskAtRisk) as refused:
+        guard()
+    assert refused.value.exit_code == 1
+    said = str(refused.value)
+    assert said.startswith("refusing to destroy stack 'dev': ")
+    if answer == "unsaved":
+        assert "\n  - run r1: trained" in said and said.endswith("\nfix: FIX-UNSAVED")
+    else:
+        assert "(u@h: cannot connect (timed out)); fix: FIX-UNKNOWN" in said

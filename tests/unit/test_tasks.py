@@ -380,7 +380,7 @@ def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(
             )
             in page
         )
-        assert re.sub(r"unknown \(.*\); or pass", "unknown (...); or pass", down.stderr.strip()) in page
+        assert re.sub(r"unknown \(.*\); fix:", "unknown (...); fix:", down.stderr.strip()) in page
     assert invoke("down", "--yes", "--force", cwd=stack_dir, env=env).returncode == 0
     assert [call for call in cli.calls() if call.startswith("destroy")] == ["destroy --stack dev --yes --skip-preview"]
 

@@ -25,6 +25,7 @@ from tpu_grpo.config.capacity import (
     HOURS_PER_MONTH,
     HYPERDISK_PRICE_SOURCE,
     HYPERDISK_USD_PER_GIB_MONTH,
+    PD_BALANCED_USD_PER_GB_MONTH,
     PRICES_READ,
 )
 from tpu_grpo.config.printing import styled
@@ -139,18 +140,23 @@ def compile_cache_note(settings) -> str:
 
 
 def disks(settings) -> list[dict[str, Any]]:
-    """Each disk the stack pays for while it exists, with its size and price per hour: the VM's boot and data disks,
-    or a slice's hosts' boot disks."""
+    """Each disk the stack pays for while it exists, with its size and price per hour: the VM's boot and data disks
+    (Hyperdisk Balanced), or a slice's TPU hosts' boot disks (Hyperdisk Balanced) and its CPU host's (balanced
+    persistent disk, sized for the model's conversion)."""
     if settings.tpu_slice:
         hosts = settings.tpu_slice.hosts * settings.num_slices
-        found = [(f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "")]
+        found = [
+            (f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "", HYPERDISK_USD_PER_GIB_MONTH),
+            ("boot disk of the CPU host", settings.cpu_pool_disk_gb, "", PD_BALANCED_USD_PER_GB_MONTH),
+        ]
     else:
         found = [
-            ("boot disk", settings.boot_disk_gb, ""),
+            ("boot disk", settings.boot_disk_gb, "", HYPERDISK_USD_PER_GIB_MONTH),
             (
                 "data disk",
                 settings.data_disk_gb,
                 f"{settings.data_disk_iops} IOPS, {settings.data_disk_throughput_mibps} MiB/s provisioned",
+                HYPERDISK_USD_PER_GIB_MONTH,
             ),
         ]
     return [
@@ -158,9 +164,9 @@ def disks(settings) -> list[dict[str, Any]]:
             "disk": name,
             "gb": gb,
             "performance": performance,
-            "usd_per_hour": round(gb * HYPERDISK_USD_PER_GIB_MONTH / HOURS_PER_MONTH, 4),
+            "usd_per_hour": round(gb * usd_per_gb_month / HOURS_PER_MONTH, 4),
         }
-        for name, gb, performance in found
+        for name, gb, performance, usd_per_gb_month in found
     ]
 
 

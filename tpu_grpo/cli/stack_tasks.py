@@ -89,25 +89,15 @@ def up(c, stack=None, yes=False):
             code=1,
         )
     if stack_module.data_disk_lost(changes):
-        from tpu_grpo.host.hosts import ConnectError
-
-        try:
-            unsaved = sources.of(targets.pick(check_hosts(stack=stack))).unsaved()
-        except ConnectError as error:
-            raise Exit(
-                f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
-                f"the VM does not answer, so what only it holds is unknown ({error}); fix: undo the change "
-                "to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then change "
-                "it again",
-                code=1,
-            ) from None
-        if unsaved:
-            lines = "\n".join(f"  - {line}" for line in unsaved)
-            raise Exit(
-                f"error: refusing to update stack '{chosen.stack}': the update deletes the data disk, and "
-                f"these results exist only there:\n{lines}\nfetch them first, or undo the change to the "
-                "stack file",
-                code=1,
+        with one_line_errors():
+            sources.keep_what_only_the_data_disk_holds(
+                sources.of(targets.pick(check_hosts(stack=stack))),
+                chosen.stack,
+                "update",
+                "the update deletes the data disk, and ",
+                "undo the change to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then "
+                "change it again",
+                "fetch them first, or undo the change to the stack file",
             )
     code, explanations = stack_module.up(chosen, yes=yes, say=console.print)
     if explanations:
@@ -155,28 +145,20 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
     from tpu_grpo.cloud import stack as stack_module
-    from tpu_grpo.host.hosts import ConnectError
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
     with one_line_errors():
         where = checked()
+        if not force:
+            sources.keep_what_only_the_data_disk_holds(
+                sources.of(targets.pick(where)),
+                where.settings.stack,
+                "destroy",
+                "",
+                "bring the VM back (`uv run invoke up`) and fetch the runs, or pass --force, which deletes the data "
+                "disk and the models on it",
+                "fetch them first, or pass --force, which deletes them with the VM's disks",
+            )
         chosen = where.settings
-        try:
-            unsaved = [] if force else sources.of(targets.pick(where)).unsaved()
-        except ConnectError as error:
-            raise Exit(
-                f"error: refusing to destroy stack '{chosen.stack}': the VM does not answer, so what only its "
-                f"data disk holds is unknown ({error}); or pass --force, which deletes the data disk and the "
-                "models on it",
-                code=1,
-            ) from None
-    if unsaved:
-        lines = "\n".join(f"  - {line}" for line in unsaved)
-        raise Exit(
-            f"error: refusing to destroy stack '{chosen.stack}': these results exist only on the VM, "
-            f"whose disks the destroy deletes:\n{lines}\nfetch them first, or pass --force, which deletes "
-            "them with the VM's disks",
-            code=1,
-        )
     exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))

@@ -218,8 +218,12 @@ HYPERDISK_USD_PER_GIB_MONTH = 0.08
 HYPERDISK_PRICE_SOURCE = (
     "Hyperdisk Balanced capacity $0.08 per GiB-month, us-central1 list price (as quoted "
     f"publicly, read {PRICES_READ}); provisioned IOPS above 3,000 and throughput above 140 MiB/s "
-    'are billed on top (Google\'s "About Hyperdisk Balanced"), not counted here'
+    "are billed on top (Google's \"About Hyperdisk Balanced\"), not counted here; a slice's CPU host boots from a "
+    "balanced persistent disk, $0.10 per GB-month"
 )
+#: Balanced persistent disk, a slice's CPU host's boot disk (GKE's default node boot disk since 1.24, "Configuring a
+#: custom boot disk"): $0.10 a GB-month, the us-central1 list price. Billed while the node exists.
+PD_BALANCED_USD_PER_GB_MONTH = 0.10
 HOURS_PER_MONTH = 730
 GKE_CLUSTER_USD_PER_HOUR = 0.10
 

@@ -54,8 +54,9 @@ _ZONE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-([a-z]|ai[0-9][a-z])")
 #: A reservation of this project (NAME) or another project's shared one (projects/PROJECT/reservations/NAME).
 _RESERVATION = re.compile(r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+#: A Compute Engine label's key and value (lowercase letters, digits, '_', '-'; at most 63).
+_GCE_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_GCE_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 #: A service account email as IAM names them: NAME@PROJECT.iam.gserviceaccount.com, or Google-managed ones
 #: (PROJECT_NUMBER-compute@developer.gserviceaccount.com): no character a shell or a flag would read.
 _SERVICE_ACCOUNT = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]{0,99}\.gserviceaccount\.com")
@@ -203,7 +204,7 @@ OWN_LABELS = ("app", "stack")
 def _labels(value: Any) -> dict:
     labels = _mapping(value)
     for label, text in labels.items():
-        if not (_LABEL.fullmatch(str(label)) and _LABEL_VALUE.fullmatch(str(text))):
+        if not (_GCE_LABEL_KEY.fullmatch(str(label)) and _GCE_LABEL_VALUE.fullmatch(str(text))):
             raise Refused(f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)")
         if label in OWN_LABELS:
             raise Refused(f"holds {label}={text}, and tpu-grpo labels every resource {label}= itself")

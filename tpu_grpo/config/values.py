@@ -26,7 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _WHOLE = re.compile(r"-?[0-9]{1,30}")
 _DECIMAL = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,12})?")
 #: A host name's label (RFC 1123), as OpenSSH and IDNA take it.
-_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 #: huggingface_hub's REPO_ID_REGEX part (utils/_validators.py, validate_repo_id): ASCII letters, digits, '_', '-',
 #: '.', not starting or ending with '-' or '.', at most 96.
 _HUB_PART = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
@@ -133,7 +133,7 @@ def address(value: str) -> str:
         except ValueError:
             raise Refused("is not an IPv4 address (four numbers from 0 to 255)") from None
         return value
-    if len(value) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+    if len(value) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
         raise Refused("is not a host name (labels of 1 to 63 letters, digits and '-', joined by single dots)")
     return value
 

@@ -13,6 +13,7 @@ from typing import Protocol
 from rich.console import Console
 
 from tpu_grpo.config import laptop_paths
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.host.artifacts import FetchResult
 from tpu_grpo.jobs import job_records
 from tpu_grpo.jobs.targets import SliceTarget, Target, VmTarget
@@ -136,6 +137,34 @@ class SliceSource:
                 rows[record.run].state, rows[record.run].where = "trained", []
         runs.add_laptops(rows, laptop_paths.state())
         return runs.newest_first(rows.values()), {**sources, "laptop": "answered"}
+
+
+class DataDiskAtRisk(UserError):
+    """A change that deletes the VM's data disk, refused while runs exist only there or nobody can tell."""
+
+    exit_code = 1
+
+
+def keep_what_only_the_data_disk_holds(
+    source: Source, stack: str, doing: str, loses: str, fix_unknown: str, fix_unsaved: str
+) -> None:
+    """`down`'s and `up`'s one guard: refuse to `doing` (update, destroy) `stack`, which deletes the VM's data disk,
+    while a run's results exist only there (nothing saved elsewhere), or while the VM does not answer, so that
+    what only it holds is unknown; each refusal with its fix. `loses`: what says the disk goes ("" when the
+    doing says it). A slice's source holds nothing the destroy deletes."""
+    from tpu_grpo.host.hosts import ConnectError
+
+    refusing = f"refusing to {doing} stack '{stack}': {loses}"
+    try:
+        unsaved = source.unsaved()
+    except ConnectError as error:
+        raise DataDiskAtRisk(
+            f"{refusing}the VM does not answer, so what only its data disk holds is unknown ({error}); "
+            f"fix: {fix_unknown}"
+        ) from None
+    if unsaved:
+        lines = "\n".join(f"  - {line}" for line in unsaved)
+        raise DataDiskAtRisk(f"{refusing}these results exist only on the VM's data disk:\n{lines}\nfix: {fix_unsaved}")
 
 
 def of(target: Target) -> Source:
