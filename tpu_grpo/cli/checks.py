@@ -9,8 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpu_grpo.config import laptop_paths, stack_file
-from tpu_grpo.config import settings as settings_module
+from tpu_grpo.config import laptop_paths, settings, stack_file
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PROJECT
 
@@ -29,7 +28,7 @@ def check_hosts(
 
     flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
     laptop_paths.writable_state()  # the host's key is recorded there at first contact
-    chosen = settings_module.load(stack, lenient=True) if with_stack or not host else None
+    chosen = settings.load(stack, lenient=True) if with_stack or not host else None
     if needs_vm and chosen and not host:
         hosts.require_vm(chosen)
     return targets.Where(flags, chosen)
@@ -40,26 +39,26 @@ def check_vm(**flags) -> Where:
     return check_hosts(needs_vm=True, **flags)
 
 
-def check_settings(stack=None, **_) -> settings_module.Settings:
-    return settings_module.load(stack, lenient=True)
+def check_settings(stack=None, **_) -> settings.Settings:
+    return settings.load(stack, lenient=True)
 
 
 def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
-    from tpu_grpo.provision import lock as lock_module
-    from tpu_grpo.provision import playbook as playbook_module
+    from tpu_grpo.provision.lock import LOCK, read_lock
+    from tpu_grpo.provision.playbook import load, parse_tags, resolve, selected, stack_values
 
-    book = playbook_module.load(playbook)
-    chosen = settings_module.load(flags.get("stack"), lenient=True)
-    pinned = lock_module.read_lock(Path(lock or lock_module.LOCK)) if locked else None
-    values = playbook_module.resolve(book, var, pinned, playbook_module.stack_values(chosen))
-    chosen_tags = playbook_module.parse_tags(tags)
+    book = load(playbook)
+    chosen = settings.load(flags.get("stack"), lenient=True)
+    pinned = read_lock(Path(lock or LOCK)) if locked else None
+    values = resolve(book, var, pinned, stack_values(chosen))
+    chosen_tags = parse_tags(tags)
     where = check_hosts(one_host=False, needs_vm=True, **flags)
-    require_token(book, playbook_module.selected(book, chosen_tags), chosen, "uv run invoke provision")
+    require_token(book, selected(book, chosen_tags), chosen, "uv run invoke provision")
     return book, values, chosen_tags, where
 
 
-def require_token(book, steps, chosen: settings_module.Settings, task: str) -> None:
+def require_token(book, steps, chosen: settings.Settings, task: str) -> None:
     """The Hugging Face token a gated model needs, found on this laptop before the first task of the command line
     acts (`up provision` would otherwise make a paid VM whose download then fails); a token file that cannot be read
     is said now too, not after the first host connects."""
@@ -80,12 +79,12 @@ def require_token(book, steps, chosen: settings_module.Settings, task: str) -> N
 
 def check_freeze(var=None, playbook=None, lock=None, **flags):
     """The playbook, its variables and where the lock goes (a file this user can write), before anything connects."""
-    from tpu_grpo.provision import lock as lock_module
-    from tpu_grpo.provision import playbook as playbook_module
+    from tpu_grpo.provision.lock import check_lock_path
+    from tpu_grpo.provision.playbook import load, resolve
 
-    book = playbook_module.load(playbook)
-    path = lock_module.check_lock_path(lock)
-    return book, playbook_module.resolve(book, var), path, check_hosts(needs_vm=True, **flags)
+    book = load(playbook)
+    path = check_lock_path(lock)
+    return book, resolve(book, var), path, check_hosts(needs_vm=True, **flags)
 
 
 def check_job(job=None, **flags) -> Where:
@@ -113,7 +112,7 @@ def step_run(
 def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None, **flags):
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import passphrase_missing
     from tpu_grpo.jobs import maxtext, pipeline, targets
     from tpu_grpo.provision import playbook
 
@@ -140,7 +139,7 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
                 "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
                 "--recover"
             )
-        if passphrase := stack_module.passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
+        if passphrase := passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
             raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
     return run, where, options
 
@@ -153,11 +152,11 @@ def check_fetch(run=None, to=None, **flags):
 
 def check_publish(repo=None, run=None, **flags):
     from tpu_grpo.jobs import maxtext
-    from tpu_grpo.results import publish as publish_module
+    from tpu_grpo.results.publish import check_repo
 
     if not repo:
         raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
-    publish_module.check_repo(repo)
+    check_repo(repo)
     stack_file.hub_endpoint()
     if run is not None:
         maxtext.check_run_name(run, "--run")
@@ -184,7 +183,7 @@ def check_image(stack=None, builder="auto", **_):
     """The stack (a slice's) and the builder's name; whether that builder can run here is asked once, in the task."""
     from tpu_grpo.provision import image_build
 
-    chosen = settings_module.load(stack, lenient=True)
+    chosen = settings.load(stack, lenient=True)
     if not chosen.tpu_slice:
         raise image_build.UserError(
             f"stack '{chosen.stack}' is one VM, which `invoke provision` installs MaxText on; "
@@ -195,8 +194,8 @@ def check_image(stack=None, builder="auto", **_):
 
 
 def check_down(**flags):
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import require_cli
 
     where = check_hosts(with_stack=True, **flags)
-    stack_module.require_cli()  # before any connection: without it, the destroy cannot happen
+    require_cli()  # before any connection: without it, the destroy cannot happen
     return where

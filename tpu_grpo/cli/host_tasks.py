@@ -41,7 +41,7 @@ def provision(
 ):
     """Make the host(s) ready for MaxText: apply playbooks/host.yml over SSH, idempotently, in parallel."""
     from tpu_grpo.provision import engine
-    from tpu_grpo.provision import report as report_module
+    from tpu_grpo.provision.report import LiveView, print_summary
 
     with one_line_errors():
         book, values, chosen_tags, where = checked()
@@ -56,11 +56,11 @@ def provision(
         console.print(
             f"{verb} {', '.join(t.name for t in targets)} with {book.path.name}" + (" (locked)" if locked else "")
         )
-        with report_module.LiveView(console, check) as view:
+        with LiveView(console, check) as view:
             report = engine.apply(
                 book, values, targets, check_mode=check, tags=chosen_tags, on_event=view, wait_s=wait_s
             )
-        report_module.print_summary(report, console)
+        print_summary(report, console)
     if report.failed:
         raise Exit(code=1)
 
@@ -73,7 +73,7 @@ def provision(
 def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, lock=None, wait=None):
     """Record the host's exact environment (Python, uv, every package) in the lock for `provision --locked`."""
     from tpu_grpo.host import hosts
-    from tpu_grpo.provision import lock as lock_module
+    from tpu_grpo.provision.lock import freeze, write_lock
 
     with one_line_errors():
         book, values, lock_path, where = checked()
@@ -81,10 +81,10 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
         notices: list[str] = []
         connection = hosts.connect(targets[0], notices, where.flags.wait_s)
         try:
-            text = lock_module.freeze(connection, book, values, targets[0].name)
+            text = freeze(connection, book, values, targets[0].name)
         finally:
             connection.close()
-    path, packages = lock_module.write_lock(lock_path, text)
+    path, packages = write_lock(lock_path, text)
     for notice in notices:
         print(f"note: {notice}")
     print(f"wrote {path}: {packages} packages from {targets[0].name}")

@@ -17,7 +17,6 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_grpo.config import keys, stack_file
-from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.accelerators import SLICES
 from tpu_grpo.config.capacity import (
     CPU_HOST_USD_PER_HOUR,
@@ -29,6 +28,7 @@ from tpu_grpo.config.capacity import (
     PRICES_READ,
 )
 from tpu_grpo.config.printing import styled
+from tpu_grpo.config.settings import Settings
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15
@@ -78,7 +78,7 @@ def build(stack: str | None = None) -> Plan:
     from infra.common import access_to_grant
     from infra.tpu_host import gcloud_create_command
     from infra.tpu_slice import gcloud_node_pool_command
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import describe, kept, preview
 
     root = stack_file.project_root()
     stack = stack_file.chosen_stack(stack, root)
@@ -90,8 +90,8 @@ def build(stack: str | None = None) -> Plan:
         stack=stack,
         pending=[str(error) for error in settings.pending],
         warnings=settings.warnings,
-        replaces=[stack_module.describe(change) for change in stack_module.preview(settings, resources)],
-        kept=stack_module.kept(resources),
+        replaces=[describe(change) for change in preview(settings, resources)],
+        kept=kept(resources),
         access=access_to_grant(settings),
         resources=[
             asdict(r)
@@ -195,7 +195,7 @@ def cost_note(settings) -> str:
     return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
 
 
-def job_scripts(settings: settings_module.Settings) -> list[dict[str, str]]:
+def job_scripts(settings: Settings) -> list[dict[str, str]]:
     """The remote script of each MaxText step with the stack's settings (run name: the start time)."""
     from tpu_grpo.jobs import maxtext, pipeline
 

@@ -19,15 +19,15 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
 
     From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
     from tpu_grpo.jobs import targets
-    from tpu_grpo.results import runs as runs_module
-    from tpu_grpo.results import sources as sources_module
+    from tpu_grpo.results import sources
+    from tpu_grpo.results.runs import show
 
     with one_line_errors():
-        found, sources = sources_module.of(targets.pick(checked())).runs()
+        found, answered = sources.of(targets.pick(checked())).runs()
     if json_:
-        print(json.dumps({"sources": sources, "runs": [row.to_json() for row in found]}, indent=2))
+        print(json.dumps({"sources": answered, "runs": [row.to_json() for row in found]}, indent=2))
         return
-    runs_module.show(terminal(), found, sources)
+    show(terminal(), found, answered)
 
 
 @task(
@@ -69,14 +69,14 @@ def publish(
 ):
     """Upload a run's saved model to the Hugging Face Hub, with a model card; a re-run sends nothing twice."""
     from tpu_grpo.jobs import vm_jobs
-    from tpu_grpo.results import publish as publish_module
+    from tpu_grpo.results.publish import publish
 
     console = terminal(stderr=json_)
     with one_line_errors():
         where = checked()
         session = vm_jobs.session(where.flags, where.settings)
         try:
-            outcome = publish_module.publish(session, run, repo, not public, console, verbose)
+            outcome = publish(session, run, repo, not public, console, verbose)
         except KeyboardInterrupt:
             console.print("\ndetached: the upload goes on on the host; reattach: uv run invoke logs --follow")
             raise Exit(code=INTERRUPTED) from None
@@ -129,15 +129,15 @@ def metrics(
 ):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo.jobs import targets
-    from tpu_grpo.results import metrics as metrics_module
     from tpu_grpo.results import retrieval, sources
+    from tpu_grpo.results.metrics import plot, table
 
     with one_line_errors():
         path, where = checked()
         if compare:  # the runs of the host (or cluster), one plot
             source = sources.of(targets.pick(where))
             found = [source.metrics(name, None)[0] for name in compare]
-            path = metrics_module.plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
+            path = plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
         elif events:  # a folder here: no host, no cluster
             found, path = retrieval.metrics_of_events(run, events, path)
         else:
@@ -148,7 +148,7 @@ def metrics(
         return
     console = terminal()
     for one in found if compare else [found]:
-        console.print(metrics_module.table(one))
+        console.print(table(one))
     console.print(f"plot: {path}")
 
 
@@ -222,15 +222,15 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
     its training share; the chart is .tpu-grpo/timeline.png."""
     from tpu_grpo.jobs import vm_jobs
-    from tpu_grpo.results import timeline as timeline_module
+    from tpu_grpo.results.timeline import build, fetches, gather, plot, show
 
     with one_line_errors():
         where = checked()
         session = vm_jobs.session(where.flags, where.settings)
-        found = timeline_module.gather(session.connection)
-    built = timeline_module.build(session.host.name, found, timeline_module.fetches())
-    png = timeline_module.plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
+        found = gather(session.connection)
+    built = build(session.host.name, found, fetches())
+    png = plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
     if json_:
         print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))
         return
-    timeline_module.show(terminal(), built, png)
+    show(terminal(), built, png)

@@ -15,14 +15,14 @@ from tpu_grpo.config.printing import terminal
 @task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)
 def plan(c, stack=None, json_=False):
     """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
-    from tpu_grpo.cli import plan as plan_module
+    from tpu_grpo.cli.plan import build, render
 
     with one_line_errors():
-        result = plan_module.build(stack)
+        result = build(stack)
     if json_:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        plan_module.render(result, terminal())
+        render(result, terminal())
 
 
 @task(help=flag_help("stack", json="print the settings as JSON"), check=check_settings)
@@ -61,12 +61,20 @@ def up(c, stack=None, yes=False):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
     Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import (
+        data_disk_lost,
+        describe,
+        missing_for_up,
+        preview,
+        select_and_refresh,
+        strips_a_grant,
+        up,
+    )
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
     chosen = checked()
-    missing = stack_module.missing_for_up(chosen)
+    missing = missing_for_up(chosen)
     if missing:
         lines = "\n".join(f"  - {item}" for item in missing)
         raise Exit(
@@ -77,18 +85,18 @@ def up(c, stack=None, yes=False):
     console = terminal()
     for warning in chosen.warnings:
         console.print(f"warning: {warning}")
-    exit_on_failure(stack_module.select_and_refresh(chosen))
-    changes = stack_module.preview(chosen)
+    exit_on_failure(select_and_refresh(chosen))
+    changes = preview(chosen)
     for change in changes:
-        console.print(f"replaces: {stack_module.describe(change)}", soft_wrap=True)
-    if stack_module.strips_a_grant(changes):
+        console.print(f"replaces: {describe(change)}", soft_wrap=True)
+    if strips_a_grant(changes):
         raise Exit(
             f"error: refusing to update stack '{chosen.stack}': it would delete a grant it declares under "
             "another name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which "
             "adopts the renamed resources), then change it again",
             code=1,
         )
-    if stack_module.data_disk_lost(changes):
+    if data_disk_lost(changes):
         with one_line_errors():
             sources.keep_what_only_the_data_disk_holds(
                 sources.of(targets.pick(check_hosts(stack=stack))),
@@ -99,7 +107,7 @@ def up(c, stack=None, yes=False):
                 "change it again",
                 "fetch them first, or undo the change to the stack file",
             )
-    code, explanations = stack_module.up(chosen, yes=yes, say=console.print)
+    code, explanations = up(chosen, yes=yes, say=console.print)
     if explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
     exit_on_failure(code)
@@ -144,7 +152,9 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import (
+        destroy,
+    )
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
@@ -161,4 +171,4 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
                 "fetch them first, or pass --force, which deletes them with the VM's disks",
             )
         chosen = where.settings
-    exit_on_failure(stack_module.destroy(chosen.stack, yes=yes))
+    exit_on_failure(destroy(chosen.stack, yes=yes))

@@ -35,13 +35,13 @@ class ClusterError(UserError):
 
 
 def _stack_kubeconfig(stack: str) -> dict:
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import outputs, require_cli
 
-    stack_module.require_cli()
-    outputs = stack_module.outputs(stack)
-    if not outputs.get("endpoint"):
+    require_cli()
+    made = outputs(stack)
+    if not made.get("endpoint"):
         raise ClusterError(f"stack '{stack}' has no cluster (no endpoint output); fix: uv run invoke up")
-    return yaml.safe_load(kubeconfig(outputs["name"], outputs["endpoint"], outputs["cluster_ca_certificate"]))
+    return yaml.safe_load(kubeconfig(made["name"], made["endpoint"], made["cluster_ca_certificate"]))
 
 
 class Cluster:
@@ -49,9 +49,9 @@ class Cluster:
 
     def __init__(self, config: dict, namespace: str = NAMESPACE):
         from kubernetes import client
-        from kubernetes import config as config_module
+        from kubernetes.config import new_client_from_config_dict
 
-        self.api = config_module.new_client_from_config_dict(config)
+        self.api = new_client_from_config_dict(config)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.namespace = namespace

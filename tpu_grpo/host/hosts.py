@@ -140,7 +140,7 @@ def require_vm(chosen: settings.Settings) -> None:
 
 def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[Host]:
     """The VM that `pulumi up` made: its external IP, SSH user and the private key of its public key."""
-    from tpu_grpo.cloud import stack as stack_module
+    from tpu_grpo.cloud.stack import outputs
 
     require_vm(chosen)
     if shutil.which("pulumi") is None:
@@ -148,8 +148,8 @@ def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[
             f"no --host given and no pulumi CLI to read stack '{chosen.stack}' outputs; "
             "fix: pass --host USER@ADDRESS (and --identity KEY), or install pulumi and run `invoke up`"
         )
-    outputs = stack_module.outputs(chosen.stack)
-    if not outputs.get("external_ip"):
+    made = outputs(chosen.stack)
+    if not made.get("external_ip"):
         raise HostError(
             f"stack '{chosen.stack}' has no VM (no external_ip output); "
             "fix: run `uv run invoke up`, or pass --host USER@ADDRESS"
@@ -157,8 +157,8 @@ def from_stack(chosen: settings.Settings, identity: Path | None = None) -> list[
     key = identity or Path(str(chosen.ssh_public_key_path).removesuffix(".pub")).expanduser()
     return [
         Host(
-            outputs.get("ssh_user") or chosen.ssh_user,
-            outputs["external_ip"],
+            made.get("ssh_user") or chosen.ssh_user,
+            made["external_ip"],
             22,
             key if key.is_file() else None,
             chosen.obtained.unreachable_fix(chosen.idle_stop_minutes),

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from tpu_grpo.cloud import stack
 from tpu_grpo.config import laptop_paths, stack_file
-from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.settings import Settings
 from tpu_grpo.host import facts, hosts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
 
@@ -40,7 +40,7 @@ class RecoveryError(UserError):
     exit_code = 1
 
 
-def vm_state(chosen: settings_module.Settings) -> str:
+def vm_state(chosen: Settings) -> str:
     """What Compute Engine says of the stack's VM after a refresh: RUNNING, TERMINATED, ... or DELETED."""
     subprocess.run(
         ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", chosen.stack],
@@ -51,7 +51,7 @@ def vm_state(chosen: settings_module.Settings) -> str:
     return found[1] if found else "DELETED"
 
 
-def gone(chosen: settings_module.Settings) -> str | None:
+def gone(chosen: Settings) -> str | None:
     """The VM's state when it is lost (stopped, preempted, deleted); None while it runs."""
     state = vm_state(chosen)
     return state if state in LOST else None
@@ -96,7 +96,7 @@ def where_training_stands(connection, run: maxtext.Run) -> tuple[int | None, int
 
 def keep_going(
     attempt: Callable[[], object],
-    chosen: settings_module.Settings,
+    chosen: Settings,
     bring_back: Callable[[], tuple[int | None, int | None]],
     recover: int,
     log: Callable[[], RecoveryLog],
@@ -138,7 +138,7 @@ def keep_going(
 
 
 def bring_back(
-    chosen: settings_module.Settings,
+    chosen: Settings,
     targets: Callable[[], list[hosts.Host]],
     provisioning: dict,
     say: Callable[[str], None],

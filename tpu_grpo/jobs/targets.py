@@ -17,8 +17,8 @@ from typing import IO, Protocol
 
 from rich.console import Console
 
-from tpu_grpo.config import settings as settings_module
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.settings import Settings, load
 from tpu_grpo.host.hosts import HostFlags
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.maxtext import Run
@@ -30,7 +30,7 @@ class Where:
     stack's VM or slice, whose settings are read once here (none with --host, unless the task needs the stack)."""
 
     flags: HostFlags
-    settings: settings_module.Settings | None = None
+    settings: Settings | None = None
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class Target(Protocol):
         """Refuse `--recover` where the target brings nothing back itself."""
         ...
 
-    def stack_settings(self) -> settings_module.Settings:
+    def stack_settings(self) -> Settings:
         """The stack's settings (read now when the task was given --host: its runs and store are still the stack's)."""
         ...
 
@@ -150,7 +150,7 @@ class VmTarget:
 
     where = "on the host"
 
-    def __init__(self, flags: HostFlags, settings: settings_module.Settings | None):
+    def __init__(self, flags: HostFlags, settings: Settings | None):
         self.flags, self.settings = flags, settings  # the stack's, for its VM (what an idle stop means, recovery)
 
     @cached_property
@@ -306,8 +306,8 @@ class VmTarget:
     def check_recovery(self) -> None:
         """--recover brings this VM back when it is lost."""
 
-    def stack_settings(self) -> settings_module.Settings:
-        return self.settings or settings_module.load(self.flags.stack, lenient=True)
+    def stack_settings(self) -> Settings:
+        return self.settings or load(self.flags.stack, lenient=True)
 
 
 class SliceTarget:
@@ -315,7 +315,7 @@ class SliceTarget:
 
     where = "on the cluster"
 
-    def __init__(self, settings: settings_module.Settings):
+    def __init__(self, settings: Settings):
         self.settings = settings
 
     @cached_property
@@ -410,7 +410,7 @@ class SliceTarget:
             "fix: run without --recover"
         )
 
-    def stack_settings(self) -> settings_module.Settings:
+    def stack_settings(self) -> Settings:
         return self.settings
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tpu_grpo.config import values
 from tpu_grpo.config.host_paths import PROVISIONING
-from tpu_grpo.host import hosts as hosts_module
+from tpu_grpo.host import hosts
 from tpu_grpo.provision.playbook import Playbook, PlaybookError, Step, applies, render, selected
 
 RETRY_DELAYS_S = (5, 20)  # network steps: attempts after the first, with these waits before them
@@ -143,9 +143,9 @@ class Planned:
             self.run = ""
         else:
             self.check_script = self._script(book, step.check)
-            self.check = hosts_module.bash_command(self.check_script, step.become)
+            self.check = hosts.bash_command(self.check_script, step.become)
             self.run = (
-                hosts_module.bash_command(self._script(book, step.run), step.become) + " 2>&1"
+                hosts.bash_command(self._script(book, step.run), step.become) + " 2>&1"
             )  # one stream, in the order written
 
     def _script(self, book: Playbook, text: str) -> str:
@@ -185,7 +185,7 @@ def gather_script(planned: list[Planned]) -> str:
     as_root = background([item for item in checked if item.step.become])
     lines = [_CHECK_FUNCTION]
     if as_root:  # first: sudo takes longer to start than the user's checks take to run
-        lines.append(hosts_module.bash_command("\n".join([_CHECK_FUNCTION, *as_root, "wait"]), become=True) + " &")
+        lines.append(hosts.bash_command("\n".join([_CHECK_FUNCTION, *as_root, "wait"]), become=True) + " &")
     return "\n".join(lines + background([item for item in checked if not item.step.become]) + ["wait"])
 
 
@@ -240,7 +240,7 @@ class _Stream:
 def apply(
     book: Playbook,
     values: dict,
-    targets: list[hosts_module.Host],
+    targets: list[hosts.Host],
     *,
     check_mode: bool = False,
     tags: list[str] | None = None,
@@ -255,15 +255,15 @@ def apply(
     gather = gather_script(planned)
     reports = [HostReport(host.name) for host in targets]
 
-    def provision_host(host: hosts_module.Host, report: HostReport) -> None:
+    def provision_host(host: hosts.Host, report: HostReport) -> None:
         try:
-            connection = hosts_module.connect(host, report.notices, wait_s)
-        except hosts_module.HostError as error:
+            connection = hosts.connect(host, report.notices, wait_s)
+        except hosts.HostError as error:
             report.error = str(error)
             return
         try:
             try:
-                gathered = hosts_module.run(connection, gather, hide=True, warn=True)
+                gathered = hosts.run(connection, gather, hide=True, warn=True)
             except Exception as error:  # noqa: BLE001 - a lost connection ends this host, whatever paramiko raises
                 report.error = f"{host.name}: connection lost while checking ({error or type(error).__name__})"
                 return
@@ -271,7 +271,7 @@ def apply(
             works = not check_mode and any(
                 not item.skip and checks.get(item.step.index, (1,))[0] != 0 for item in planned
             )  # a run that changes nothing takes no lease
-            with hosts_module.busy(connection, "provision") if works else contextlib.nullcontext():
+            with hosts.busy(connection, "provision") if works else contextlib.nullcontext():
                 _apply_host(connection, report, planned, checks, check_mode, notify, retry_delays)
             if any(result.started for result in report.steps) and connection.is_connected:
                 _record(connection, report)
@@ -302,7 +302,7 @@ def _apply_host(
         code, output = checks.get(item.step.index, (1, "the check did not run"))
         if code != 0 and changed_something:  # an earlier step may have put this one in place (or let its check work)
             try:
-                code = hosts_module.run(connection, item.check, warn=True, hide=True).exited
+                code = hosts.run(connection, item.check, warn=True, hide=True).exited
             except Exception as error:  # noqa: BLE001 - as below
                 report.error = f"{report.host}: connection lost before '{name}' ({error or type(error).__name__})"
                 return
@@ -344,7 +344,7 @@ def _record(connection, report: HostReport) -> None:
         if result.started
     ]
     name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(next(r.started for r in report.steps if r.started)))
-    hosts_module.write_text(connection, f"{PROVISIONING}/{name}.json", json.dumps({"host": report.host, "steps": ran}))
+    hosts.write_text(connection, f"{PROVISIONING}/{name}.json", json.dumps({"host": report.host, "steps": ran}))
 
 
 def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry_delays: tuple) -> StepResult:
@@ -361,7 +361,7 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
         for attempt in range(1, attempts + 1):
             stream = _Stream(on_line if item.step.progress else None)
             # A terminal makes uv and apt print their progress bars; the lines stream to the laptop.
-            result = hosts_module.run(
+            result = hosts.run(
                 connection,
                 item.run,
                 warn=True,
@@ -382,7 +382,7 @@ def _make_right(connection, item: Planned, on_line: Callable[[str], None], retry
             return StepResult(
                 name, "failed", note=f"exit code {result.exited}", exit_code=result.exited, output=stream.tail()
             )
-    verify = hosts_module.run(connection, item.check, warn=True, hide=True)
+    verify = hosts.run(connection, item.check, warn=True, hide=True)
     if verify.exited != 0:
         tail = (verify.stdout + verify.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:]
         return StepResult(
@@ -395,7 +395,7 @@ def _copy_secret(connection, dest: str, value: str) -> None:
     """Write the secret through SFTP into a 0600 file, then rename: never on a command line or in a log."""
     parent = os.path.dirname(dest)
     if parent:
-        hosts_module.run(connection, f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
+        hosts.run(connection, f"cd && mkdir -p {shlex.quote(parent)}", hide=True)
     sftp = connection.sftp()
     partial = f"{dest}.partial"
     with sftp.open(partial, "w") as handle:
