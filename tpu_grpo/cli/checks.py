@@ -14,7 +14,9 @@ from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import PROJECT
 
 if TYPE_CHECKING:
-    from tpu_grpo.jobs.targets import Where
+    from tpu_grpo.jobs.maxtext import Run
+    from tpu_grpo.jobs.targets import PipelineOptions, Where
+    from tpu_grpo.provision.playbook import Playbook
 
 
 def check_hosts(
@@ -43,7 +45,9 @@ def check_settings(stack=None, **_) -> settings.Settings:
     return settings.load(stack, lenient=True)
 
 
-def check_provision(var=None, tags=None, locked=False, lock=None, playbook=None, **flags):
+def check_provision(
+    var=None, tags=None, locked=False, lock=None, playbook=None, **flags
+) -> tuple[Playbook, dict[str, str], list[str], Where]:
     """The playbook, its variables (and the lock with --locked) and the tags, before anything connects."""
     from tpu_grpo.provision.lock import LOCK, read_lock
     from tpu_grpo.provision.playbook import load, parse_tags, resolve, selected, stack_values
@@ -77,7 +81,7 @@ def require_token(book, steps, chosen: settings.Settings, task: str) -> None:
         )
 
 
-def check_freeze(var=None, playbook=None, lock=None, **flags):
+def check_freeze(var=None, playbook=None, lock=None, **flags) -> tuple[Playbook, dict[str, str], Path, Where]:
     """The playbook, its variables and where the lock goes (a file this user can write), before anything connects."""
     from tpu_grpo.provision.lock import check_lock_path
     from tpu_grpo.provision.playbook import load, resolve
@@ -98,18 +102,25 @@ def check_job(job=None, **flags) -> Where:
 
 def step_run(
     step, stack=None, batches=None, run_name=None, set_=None, export_step=None, host=None, identity=None, wait=None, **_
-):
+) -> tuple[Run, Where]:
     """One step's run from the stack and the flags, all checked before anything connects."""
     from tpu_grpo.jobs import pipeline
 
     where = check_hosts(host=host, identity=identity, stack=stack, wait=wait, with_stack=True)
     run = pipeline.build_run(
-        where.settings, batches=batches, run_name=run_name, sets=set_, default_step=step, step=export_step
+        where.stack_settings(), batches=batches, run_name=run_name, sets=set_, default_step=step, step=export_step
     )
     return run, where
 
 
-def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None, **flags):
+def check_export(step=None, **flags) -> tuple[Run, Where]:
+    """The export's run (its checkpoint `--step`, else the training's last) and the host."""
+    return step_run("export", export_step=step, **flags)
+
+
+def check_pipeline(
+    batches=None, run_name=None, set_=None, need_gb=None, stack=None, recover=None, var=None, **flags
+) -> tuple[Run, Where, PipelineOptions]:
     """The run, the space it needs, how many lost VMs to recover from, and (with --recover) the
     provisioning values a VM brought back gets and the Pulumi CLI that brings it back."""
     from tpu_grpo.cloud.stack import passphrase_missing
@@ -117,7 +128,7 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
     from tpu_grpo.provision import playbook
 
     where = check_hosts(stack=stack, with_stack=True, **flags)
-    chosen = where.settings
+    chosen = where.stack_settings()
     run = pipeline.build_run(chosen, batches=batches, run_name=run_name, sets=set_)
     need = pipeline.parse_need_gb(need_gb, run)
     recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
@@ -144,13 +155,13 @@ def check_pipeline(batches=None, run_name=None, set_=None, need_gb=None, stack=N
     return run, where, options
 
 
-def check_fetch(run=None, to=None, **flags):
+def check_fetch(run=None, to=None, **flags) -> tuple[Path, Where]:
     from tpu_grpo.results import retrieval
 
     return retrieval.destination(run, to), check_hosts(**flags)
 
 
-def check_publish(repo=None, run=None, **flags):
+def check_publish(repo=None, run=None, **flags) -> Where:
     from tpu_grpo.jobs import maxtext
     from tpu_grpo.results.publish import check_repo
 
@@ -163,7 +174,9 @@ def check_publish(repo=None, run=None, **flags):
     return check_hosts(needs_vm=True, **flags)
 
 
-def check_metrics(run=None, out=None, events=None, force=False, compare=None, **flags):
+def check_metrics(
+    run=None, out=None, events=None, force=False, compare=None, **flags
+) -> tuple[Path | None, Where | None]:
     from tpu_grpo.results import retrieval
 
     path = retrieval.check_metrics_flags(run, out, events, force, compare)
@@ -179,7 +192,7 @@ def check_tensorboard(run=None, port=None, every=None, **flags) -> tuple[int, fl
     return (*tensorboard_sync.check_flags(run, port, every), check_hosts(needs_vm=True, **flags))
 
 
-def check_image(stack=None, builder="auto", **_):
+def check_image(stack=None, builder="auto", **_) -> settings.Settings:
     """The stack (a slice's) and the builder's name; whether that builder can run here is asked once, in the task."""
     from tpu_grpo.provision import image_build
 
@@ -193,7 +206,7 @@ def check_image(stack=None, builder="auto", **_):
     return chosen
 
 
-def check_down(**flags):
+def check_down(**flags) -> Where:
     from tpu_grpo.cloud.stack import require_cli
 
     where = check_hosts(with_stack=True, **flags)

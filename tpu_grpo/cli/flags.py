@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
@@ -30,8 +30,9 @@ from tpu_grpo.config.errors import BROKEN_PIPE, UserError
 SHORT_FLAGS = {"json_": "j", "verbose": "v", "batches": "b", "stack": "s"}
 
 
-#: What the running task's check returned: its flags' checked values (flags.checked()).
-_CHECKED: ContextVar[Any] = ContextVar("checked")
+#: The running task's check and what it returned: its flags' checked values (flags.checked()).
+_CHECKED: ContextVar[tuple[Callable[..., Any] | None, Any]] = ContextVar("checked")
+T = TypeVar("T")
 
 
 class FlagTask(Task):
@@ -50,7 +51,7 @@ class FlagTask(Task):
         else:  # called without the executor (another task's body): its check runs here
             with one_line_errors():
                 value = self.check(**kwargs) if self.check else None
-        token = _CHECKED.set(value)
+        token = _CHECKED.set((self.check, value))
         try:
             return super().__call__(*args, **kwargs)
         finally:
@@ -63,9 +64,12 @@ class FlagTask(Task):
         return options
 
 
-def checked() -> Any:
-    """The running task's checked flag values: what its check returned before any task of the command line ran."""
-    return _CHECKED.get()
+def checked(check: Callable[..., T]) -> T:
+    """The running task's checked flag values, typed as its `check` returns them: what that check returned before
+    any task of the command line ran. `check` must be the task's own (or what its partial wraps)."""
+    ran, value = _CHECKED.get()
+    assert check in (ran, getattr(ran, "func", None)), f"{check.__name__} is not the running task's check"
+    return value
 
 
 task = functools.partial(invoke_task, klass=FlagTask)

@@ -44,7 +44,7 @@ def provision(
     from tpu_grpo.provision.report import LiveView, print_summary
 
     with one_line_errors():
-        book, values, chosen_tags, where = checked()
+        book, values, chosen_tags, where = checked(check_provision)
         targets = where.flags.hosts(where.settings)
         wait_s = where.flags.wait_s
     if json_:
@@ -76,7 +76,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
     from tpu_grpo.provision.lock import freeze, write_lock
 
     with one_line_errors():
-        book, values, lock_path, where = checked()
+        book, values, lock_path, where = checked(check_freeze)
         targets = where.flags.hosts(where.settings)
         notices: list[str] = []
         connection = hosts.connect(targets[0], notices, where.flags.wait_s)
@@ -107,7 +107,7 @@ def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
     from tpu_grpo.host import hosts
 
     with one_line_errors():
-        where = checked()
+        where = checked(check_vm)
         [target] = where.flags.hosts(where.settings)
         client = shutil.which("ssh")
         if client is None:

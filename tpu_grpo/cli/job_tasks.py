@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from functools import partial
 
-from tpu_grpo.cli.checks import check_hosts, check_job, check_pipeline, step_run
+from tpu_grpo.cli.checks import check_export, check_hosts, check_job, check_pipeline, step_run
 from tpu_grpo.cli.flags import HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config.printing import terminal
 
@@ -16,7 +17,7 @@ def _launch(step, dry_run, detach, verbose):
     from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        run, where = checked()
+        run, where = checked(check_export if step == "export" else step_run)
         target = targets.pick(where)
         if dry_run:
             if run.run_name is None:  # the newest trained run: known once the host (or cluster) is asked
@@ -34,7 +35,7 @@ def _launch(step, dry_run, detach, verbose):
     exit_on_failure(code)
 
 
-@task(iterable=["host", "set_"], help=flag_help(*STEP_FLAGS), check=lambda **flags: step_run("convert", **flags))
+@task(iterable=["host", "set_"], help=flag_help(*STEP_FLAGS), check=partial(step_run, "convert"))
 def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, detach=False, verbose=False, wait=None):
     """Convert the Hugging Face model to a MaxText checkpoint in the checkpoint store (the tutorial's section 4)."""
     _launch("convert", dry_run, detach, verbose)
@@ -43,7 +44,7 @@ def convert(c, host=None, identity=None, stack=None, set_=None, dry_run=False, d
 @task(
     iterable=["host", "set_"],
     help=flag_help(*STEP_FLAGS, "batches", "run_name"),
-    check=lambda **flags: step_run("train", **flags),
+    check=partial(step_run, "train"),
 )
 def train(
     c,
@@ -69,7 +70,7 @@ def train(
         run_name="the trained run to export (default: the newest)",
         step="checkpoint step to export (default: the run's last, num_batches)",
     ),
-    check=lambda step=None, **flags: step_run("export", export_step=step, **flags),
+    check=check_export,
 )
 def export(
     c,
@@ -129,7 +130,7 @@ def pipeline(
     from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        run, where, options = checked()
+        run, where, options = checked(check_pipeline)
         target = targets.pick(where)
         if dry_run:
             data, text = target.pipeline_dry_run(run, keep_checkpoint)
@@ -172,7 +173,7 @@ def logs(c, job=None, follow=False, host=None, identity=None, stack=None, wait=N
     from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        target = targets.pick(checked())
+        target = targets.pick(checked(check_job))
         if not follow:
             for chunk in target.read_log(job):
                 sys.stdout.buffer.write(chunk)
@@ -187,7 +188,7 @@ def status(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        found = targets.pick(checked()).status()
+        found = targets.pick(checked(check_hosts)).status()
     if json_:
         print(json.dumps(found.to_json(), indent=2))
     else:
@@ -217,5 +218,5 @@ def cancel(c, job=None, host=None, identity=None, stack=None, wait=None):
     from tpu_grpo.jobs import targets
 
     with one_line_errors():
-        said = targets.pick(checked()).cancel(job)
+        said = targets.pick(checked(check_job)).cancel(job)
     print(said)

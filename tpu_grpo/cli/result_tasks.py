@@ -23,7 +23,7 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo.results.runs import show
 
     with one_line_errors():
-        found, answered = sources.of(targets.pick(checked())).runs()
+        found, answered = sources.of(targets.pick(checked(check_hosts))).runs()
     if json_:
         print(json.dumps({"sources": answered, "runs": [row.to_json() for row in found]}, indent=2))
         return
@@ -46,7 +46,7 @@ def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None,
     from tpu_grpo.results import sources
 
     with one_line_errors():
-        destination, where = checked()
+        destination, where = checked(check_fetch)
         result = sources.of(targets.pick(where)).fetch(run, destination, terminal(stderr=json_))
     if json_:
         print(json.dumps(result.to_json(), indent=2))
@@ -73,7 +73,7 @@ def publish(
 
     console = terminal(stderr=json_)
     with one_line_errors():
-        where = checked()
+        where = checked(check_publish)
         session = vm_jobs.session(where.flags, where.settings)
         try:
             outcome = publish(session, run, repo, not public, console, verbose)
@@ -133,7 +133,7 @@ def metrics(
     from tpu_grpo.results.metrics import plot, table
 
     with one_line_errors():
-        path, where = checked()
+        path, where = checked(check_metrics)
         if compare:  # the runs of the host (or cluster), one plot
             source = sources.of(targets.pick(where))
             found = [source.metrics(name, None)[0] for name in compare]
@@ -174,7 +174,7 @@ def tensorboard(
 
     console = terminal(stderr=json_)
     with one_line_errors():
-        port_number, every_s, where = checked()
+        port_number, every_s, where = checked(check_tensorboard)
         session = vm_jobs.session(where.flags, where.settings)
         try:
             copied = tensorboard_sync.sync(session, run)
@@ -225,7 +225,7 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo.results.timeline import build, fetches, gather, plot, show
 
     with one_line_errors():
-        where = checked()
+        where = checked(check_vm)
         session = vm_jobs.session(where.flags, where.settings)
         found = gather(session.connection)
     built = build(session.host.name, found, fetches())

@@ -28,7 +28,7 @@ def plan(c, stack=None, json_=False):
 @task(help=flag_help("stack", json="print the settings as JSON"), check=check_settings)
 def settings(c, stack=None, json_=False):
     """List every stack setting with its value and meaning, after validating them all."""
-    chosen = checked()
+    chosen = checked(check_settings)
     with one_line_errors():
         values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
     if json_:  # each key: what it comes to, and whence when the stack file does not set it (null: it does)
@@ -73,7 +73,7 @@ def up(c, stack=None, yes=False):
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
-    chosen = checked()
+    chosen = checked(check_settings)
     missing = missing_for_up(chosen)
     if missing:
         lines = "\n".join(f"  - {item}" for item in missing)
@@ -128,7 +128,7 @@ def image(c, stack=None, builder="auto", dry_run=False):
     from tpu_grpo.provision import image_build
 
     with one_line_errors():
-        chosen = checked()
+        chosen = checked(check_image)
         if dry_run:
             print(image_build.dockerfile())
             for command in image_build.commands(chosen, builder, "CONTEXT"):
@@ -159,7 +159,7 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     from tpu_grpo.results import sources
 
     with one_line_errors():
-        where = checked()
+        where = checked(check_down)
         if not force:
             sources.keep_what_only_the_data_disk_holds(
                 sources.of(targets.pick(where)),
