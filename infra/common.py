@@ -8,9 +8,9 @@ import shlex
 import pulumi
 import pulumi_gcp as gcp
 
+from tpu_grpo.catalog.stores import bucket_of
 from tpu_grpo.config.keys import DEFAULT_ACCOUNT, PROJECT
 from tpu_grpo.config.settings import Settings
-from tpu_grpo.config.stores import bucket_of
 
 SUBNET_RANGE = "10.130.0.0/24"
 #: What the account the VM (or a slice's nodes) runs as needs, granted to it whichever it is: the stack's own

@@ -4,7 +4,7 @@ data disk GCE will not delete with it, SSH for one key from known ranges only, o
 network of its own, and (when asked) the bucket that holds its checkpoints.
 
 The tutorial's flag values are the constants below and the capacity table
-(`tpu_grpo/config/capacity.py`); `gcloud_create_command` renders the same values back as the
+(`tpu_grpo/catalog/capacity.py`); `gcloud_create_command` renders the same values back as the
 command the tutorial types, so the two cannot drift apart.
 """
 
@@ -17,7 +17,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.common import account_member, declare_bucket, declare_network, labels
-from tpu_grpo.config.capacity import RESERVATION_KEY
+from tpu_grpo.catalog.capacity import RESERVATION_KEY
 from tpu_grpo.config.keys import PROJECT
 from tpu_grpo.config.settings import Settings
 
@@ -30,7 +30,7 @@ IMAGE_FAMILY = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
 #: boot disk (the venv) and /dev/shm for a newer image. The image the VM booted is the `boot_image` output.
 IGNORED_CHANGES = ["bootDisk.initializeParams.image"]
 #: What Compute Engine changes only on a stopped VM (terraform-provider-google refuses them on a running one
-#: without allow_stopping_for_update). A TPU VM is never stopped and started again (tpu_grpo/config/capacity.py,
+#: without allow_stopping_for_update). A TPU VM is never stopped and started again (tpu_grpo/catalog/capacity.py,
 #: `after_stop`), so a change to any of these replaces it, as `invoke plan` and `invoke up` say first.
 REPLACED_ON_CHANGES = [
     "machineType",

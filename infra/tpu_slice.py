@@ -22,11 +22,11 @@ import pulumi_kubernetes as k8s
 
 from infra.common import IMAGE_ROLE, NODE_ROLE, account_member, declare_bucket, declare_network, labels, named
 from infra.tpu_host import SCOPES
-from tpu_grpo.config import images
-from tpu_grpo.config.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
+from tpu_grpo.catalog import images
+from tpu_grpo.catalog.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
+from tpu_grpo.catalog.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
 from tpu_grpo.config.keys import PROJECT
 from tpu_grpo.config.kubeconfig import kubeconfig
-from tpu_grpo.config.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
 from tpu_grpo.config.settings import Settings
 
 RELEASE_CHANNEL = "RAPID"  # xpk's: the newest GKE versions, which new TPU features need

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from tests.support import TEST_TOKEN, TUTORIAL
-from tpu_grpo.config.accelerators import MACHINES
+from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.jobs import maxtext
 
 MODULES = (

@@ -205,7 +205,7 @@ def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(
     knows its capacity and says, in its table and in --json alike, what a stop means for it."""
     from tests.doubles.pulumi_cli import PulumiCli
     from tests.host.conftest import invoke_on_stack
-    from tpu_grpo.config.capacity import CAPACITIES
+    from tpu_grpo.catalog.capacity import CAPACITIES
 
     address = bridge.address("a")
     host = make_workload_host(address=address, port=22, netns=bridge.netns("a")).host

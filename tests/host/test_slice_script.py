@@ -20,7 +20,7 @@ def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
     from dataclasses import replace
 
     from tests.support import FIXTURES
-    from tpu_grpo.config.stores import store_for
+    from tpu_grpo.catalog.stores import store_for
 
     run = replace(RUN, store=store_for(f"gs://{bucket}/runs"), use_pathways=True)
     home = tmp_path / "home"

@@ -140,7 +140,7 @@ class Host:
 
     @property
     def model_folder(self) -> Path:
-        from tpu_grpo.config.models import MODELS
+        from tpu_grpo.catalog.models import MODELS
 
         return self.home / "tpu-grpo/base-models" / MODELS[self.family.model].hf_id
 

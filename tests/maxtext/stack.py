@@ -22,10 +22,10 @@ import yaml
 
 from tests.maxtext.families import Family
 from tests.support import ROOT
+from tpu_grpo.catalog.accelerators import ACCELERATORS, ONE_VM, SLICES
+from tpu_grpo.catalog.models import MODELS
 from tpu_grpo.cloud import jobset
 from tpu_grpo.config import settings as settings_module
-from tpu_grpo.config.accelerators import ACCELERATORS, ONE_VM, SLICES
-from tpu_grpo.config.models import MODELS
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
 

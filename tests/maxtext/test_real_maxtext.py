@@ -17,7 +17,7 @@ from tests.maxtext.families import FAMILIES, ROWS
 from tests.maxtext.readback import QUESTION
 from tests.support import MAXTEXT_VENV as VENV
 from tests.support import ROOT
-from tpu_grpo.config import models
+from tpu_grpo.catalog import models
 from tpu_grpo.host import facts, gcs
 from tpu_grpo.jobs import maxtext, pipeline, progress
 

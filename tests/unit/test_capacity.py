@@ -13,7 +13,7 @@ from infra import offline
 from infra.tpu_host import TpuHost, gcloud_create_command
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import FLEX, ON_DEMAND, SPOT, invoke
-from tpu_grpo.config.capacity import CAPACITIES
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config.errors import SettingsError
 
 SHARED = {"tpu-grpo:reservation": "projects/owner-project/reservations/v6e-shared"}
@@ -368,7 +368,7 @@ def test_up_explains_a_reservation_that_cannot_be_named(tmp_path):
 
 
 def test_no_code_branches_on_a_capacitys_name():
-    """Every difference between capacities is a field of its row (tpu_grpo/config/capacity.py): no comparison with, and
+    """Every difference between capacities is a field of its row (tpu_grpo/catalog/capacity.py): no comparison with, and
     no table keyed by, a capacity's name anywhere else."""
     import re
 

@@ -183,9 +183,9 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
     """What docs/first-run.md's cheap run costs, as `invoke plan --json` says it, and the lines the page must hold."""
     import yaml
 
+    from tpu_grpo.catalog.capacity import PRICES_READ
+    from tpu_grpo.catalog.models import MODELS
     from tpu_grpo.cli import plan
-    from tpu_grpo.config.capacity import PRICES_READ
-    from tpu_grpo.config.models import MODELS
 
     config = {key: value for key, value in stack_values.items() if key != "tpu-grpo:reservation"}
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
@@ -240,9 +240,9 @@ def test_the_first_run_maps_every_step_of_the_tutorial_and_the_keys_it_owns():
 
 def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run):
     """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
-    at it, a slice's other costs, the README's v6e-16 example, or the first run's, from tpu_grpo/config/capacity.py
+    at it, a slice's other costs, the README's v6e-16 example, or the first run's, from tpu_grpo/catalog/capacity.py
     (the first run's through `invoke plan`)."""
-    from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
+    from tpu_grpo.catalog.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 
     prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
     known = {

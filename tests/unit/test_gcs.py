@@ -48,7 +48,7 @@ def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
     from dataclasses import replace
 
     from tests.tutorial import RUN
-    from tpu_grpo.config.stores import store_for
+    from tpu_grpo.catalog.stores import store_for
     from tpu_grpo.jobs import pipeline
 
     run = replace(RUN, store=store_for(f"gs://{bucket}/runs"))

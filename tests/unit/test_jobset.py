@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from tests.doubles import kubeapi
+from tpu_grpo.catalog import images
+from tpu_grpo.catalog.accelerators import SLICES
 from tpu_grpo.cloud import jobset
-from tpu_grpo.config import images, settings
-from tpu_grpo.config.accelerators import SLICES
+from tpu_grpo.config import settings
 from tpu_grpo.jobs import maxtext, pipeline
 
 IMAGE = "us-east5-docker.pkg.dev/grpo-lab-123/tpu-grpo/maxtext-post-training:0.2.3"

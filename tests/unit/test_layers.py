@@ -1,6 +1,7 @@
-"""The folders are the layers, and imports only look down: config, then the Pulumi program (infra/), then cloud, host,
-provision, jobs, results, cli, and tasks.py on top (docs/development.md's layout). Read from the code's own imports
-(at module level or inside a function alike), so a new import up or a circle fails here."""
+"""The folders are the layers, and imports only look down: the catalogues (tpu_grpo/catalog/), config, then the
+Pulumi program (infra/), then cloud, host, provision, jobs, results, cli, and tasks.py on top (docs/development.md's
+layout). Read from the code's own imports (at module level or inside a function alike), so a new import up or a
+circle fails here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ast
 from tests.support import ROOT
 
 LAYERS = [
+    "tpu_grpo.catalog",
     "tpu_grpo.config",
     "infra",
     "tpu_grpo.cloud",

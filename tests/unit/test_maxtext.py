@@ -16,8 +16,9 @@ import yaml
 from tests import tutorial
 from tests.support import TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
-from tpu_grpo.config import settings, stores
-from tpu_grpo.config.accelerators import MACHINES
+from tpu_grpo.catalog import stores
+from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.config import settings
 from tpu_grpo.jobs import maxtext
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
@@ -263,7 +264,7 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
 
     from google.cloud import storage
 
-    from tpu_grpo.config.stores import store_for
+    from tpu_grpo.catalog.stores import store_for
     from tpu_grpo.jobs.progress import RESUMES
 
     root = f"gs://{bucket}/runs" if store == "gs" else str(tmp_path / "maxtext")
@@ -297,7 +298,7 @@ def test_training_says_after_which_checkpoint_it_resumes_counting_steps_as_numbe
 def test_a_run_record_makes_the_same_run_again_and_its_export_keeps_what_the_training_had():
     from dataclasses import replace
 
-    from tpu_grpo.config.stores import store_for
+    from tpu_grpo.catalog.stores import store_for
 
     trained = replace(
         RUN,

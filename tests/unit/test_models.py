@@ -15,8 +15,8 @@ import yaml
 
 from tests.support import DATA, DOUBLES, FIXTURES, ROOT, invoke
 from tests.tutorial import RUN, run_ours
-from tpu_grpo.config.accelerators import ACCELERATORS, MACHINES, SLICES
-from tpu_grpo.config.models import MODELS
+from tpu_grpo.catalog.accelerators import ACCELERATORS, MACHINES, SLICES
+from tpu_grpo.catalog.models import MODELS
 from tpu_grpo.host import remote
 from tpu_grpo.jobs import maxtext
 

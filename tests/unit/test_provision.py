@@ -99,10 +99,10 @@ def test_steps_follow_the_tutorial_with_the_data_disk_before_the_downloads():
 
 
 def test_one_maxtext_release_for_the_playbook_the_image_and_the_preflight(monkeypatch):
-    """tpu_grpo/config/release.py holds the release: the playbook's spec, the slice image's tag and what it installs,
+    """tpu_grpo/catalog/release.py holds the release: the playbook's spec, the slice image's tag and what it installs,
     and the version the pipeline's preflight asks the host for all read it (here, a release that is not 0.2.3)."""
-    from tpu_grpo.config import images, release
-    from tpu_grpo.config.accelerators import MACHINES
+    from tpu_grpo.catalog import images, release
+    from tpu_grpo.catalog.accelerators import MACHINES
     from tpu_grpo.jobs import maxtext, pipeline
     from tpu_grpo.provision import image_build
 
@@ -135,7 +135,7 @@ def test_the_release_default_is_the_engines_not_the_playbooks(tmp_path):
     )
     with pytest.raises(
         PlaybookError,
-        match="variable 'maxtext_spec' takes its default from tpu_grpo/config/release.py; fix: default: ~",
+        match="variable 'maxtext_spec' takes its default from tpu_grpo/catalog/release.py; fix: default: ~",
     ):
         playbook.load(write_book(tmp_path, text, dedent=False))
 
@@ -224,7 +224,7 @@ BAD_OVERRIDES = [
         "maxtext_spec=maxtext[tpu-post-train]==0.2.4",
         "--var 'maxtext_spec=maxtext[tpu-post-train]==0.2.4' pins "
         "MaxText 0.2.4, but tpu-grpo runs MaxText 0.2.3 (its command lines, the slice's image and the preflight: "
-        "tpu_grpo/config/release.py); fix: remove this --var",
+        "tpu_grpo/catalog/release.py); fix: remove this --var",
     ),
     ("maxtext_spec=MaxText==0.3.0", "--var 'maxtext_spec=MaxText==0.3.0' pins MaxText 0.3.0"),
     ("venv=$(reboot)", "--var 'venv=$(reboot)': venv is set by tpu-grpo itself"),

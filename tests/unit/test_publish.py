@@ -13,8 +13,8 @@ from huggingface_hub import ModelCard
 
 from tests.doubles.hub import whoami
 from tests.support import ROOT
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config import errors, stack_file
-from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host.remote.hub import refusal
 from tpu_grpo.jobs.progress import Eval

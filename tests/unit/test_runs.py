@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.tutorial import RUN
-from tpu_grpo.config.capacity import CAPACITIES
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.host import hosts
 from tpu_grpo.jobs import vm_jobs
 from tpu_grpo.results import runs

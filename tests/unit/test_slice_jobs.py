@@ -529,7 +529,8 @@ def test_status_on_a_slice_says_whether_the_next_training_starts_warm_from_the_b
     in the folder of the image's versions): cold while empty, warm with its entries once a training wrote them."""
     from google.cloud import storage
 
-    from tpu_grpo.config import release, settings
+    from tpu_grpo.catalog import release
+    from tpu_grpo.config import settings
     from tpu_grpo.jobs import maxtext
 
     folder, env, bucket = slice_stack

@@ -14,8 +14,8 @@ from infra import offline
 from infra.tpu_host import SCOPES
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import invoke
-from tpu_grpo.config.accelerators import SLICES
-from tpu_grpo.config.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
+from tpu_grpo.catalog.accelerators import SLICES
+from tpu_grpo.catalog.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 from tpu_grpo.config.errors import SettingsError
 
 SLICE = {

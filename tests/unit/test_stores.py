@@ -12,7 +12,7 @@ from infra import offline
 from tests import tutorial
 from tests.support import FLEX, ON_DEMAND, SPOT, TEST_TOKEN
 from tests.tutorial import RUN, run_ours
-from tpu_grpo.config import stores
+from tpu_grpo.catalog import stores
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.jobs import pipeline
 

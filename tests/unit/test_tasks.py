@@ -395,8 +395,8 @@ def test_a_stack_vm_that_does_not_answer_is_told_what_brings_it_back(
     ],
 )
 def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capacity, meaning):
+    from tpu_grpo.catalog.capacity import CAPACITIES
     from tpu_grpo.cloud.stack import explain
-    from tpu_grpo.config.capacity import CAPACITIES
 
     [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
     assert meaning in explanation

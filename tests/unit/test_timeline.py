@@ -109,7 +109,7 @@ def test_idle_is_only_where_nothing_ran_when_phases_overlap():
 def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
     """The timeline carries the chip-hours since boot and their cost at the capacity's price, with its source; before
     any job says the machine and capacity, it says nothing of a cost."""
-    from tpu_grpo.config.capacity import CAPACITIES
+    from tpu_grpo.catalog.capacity import CAPACITIES
 
     booted = 1796000000.0
     meta = {"capacity": "flex-start", "inputs": {"machine": "ct6e-standard-4t"}}

@@ -61,7 +61,7 @@ def test_a_last_line_without_newline_is_counted_once():
 
 @pytest.mark.parametrize("capacity", ["reservation", "spot", "flex-start", "on-demand"])
 def test_status_says_what_an_idle_stop_means_for_the_stacks_capacity(capacity):
-    from tpu_grpo.config.capacity import CAPACITIES
+    from tpu_grpo.catalog.capacity import CAPACITIES
     from tpu_grpo.jobs.watch import print_status
 
     console = Console(file=io.StringIO(), force_terminal=False, width=400)

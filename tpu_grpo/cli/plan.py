@@ -16,9 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpu_grpo.config import keys, stack_file
-from tpu_grpo.config.accelerators import SLICES
-from tpu_grpo.config.capacity import (
+from tpu_grpo.catalog.accelerators import SLICES
+from tpu_grpo.catalog.capacity import (
     CPU_HOST_USD_PER_HOUR,
     GKE_CLUSTER_USD_PER_HOUR,
     HOURS_PER_MONTH,
@@ -27,6 +26,7 @@ from tpu_grpo.config.capacity import (
     PD_BALANCED_USD_PER_GB_MONTH,
     PRICES_READ,
 )
+from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tpu_grpo.config import images
-from tpu_grpo.config.accelerators import CHIPS_PER_HOST, CPU_POD_MEMORY_GB, CPU_POOL, GKE_ACCELERATOR, Accelerator
+from tpu_grpo.catalog import images
+from tpu_grpo.catalog.accelerators import CHIPS_PER_HOST, CPU_POD_MEMORY_GB, CPU_POOL, GKE_ACCELERATOR, Accelerator
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"  # of JobSet's release (release.JOBSET_VERSION)
 

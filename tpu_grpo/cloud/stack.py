@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from infra import replacements
-from tpu_grpo.config.capacity import CAPACITIES, DEFAULT, Capacity
+from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
@@ -24,7 +24,7 @@ from tpu_grpo.config.stack_file import project_root, salted
 
 INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
-#: again (tpu_grpo/config/capacity.py, `after_stop`).
+#: again (tpu_grpo/catalog/capacity.py, `after_stop`).
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
 #: What a replacement of each kind of resource means for the user (infra/replacements.py finds them).
 REPLACING = {

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, fields, replace
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from tpu_grpo.config.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
-from tpu_grpo.config.capacity import CAPACITIES, MAX_RUN_HOURS
-from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
-from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
-from tpu_grpo.config.stores import BUCKET_URL, STORES
+from tpu_grpo.catalog.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
+from tpu_grpo.catalog.capacity import CAPACITIES, MAX_RUN_HOURS
+from tpu_grpo.catalog.capacity import DEFAULT as DEFAULT_CAPACITY
+from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
+from tpu_grpo.catalog.stores import BUCKET_URL, STORES
 from tpu_grpo.config.values import Parser, Refused, bucket, hub_id, name, whole
 
 PROJECT = "tpu-grpo"

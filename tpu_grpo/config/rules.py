@@ -6,13 +6,13 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from tpu_grpo.config.accelerators import HOST_MACHINE_TYPE, MACHINES, ONE_VM, SLICES
-from tpu_grpo.config.capacity import CAPACITIES, Capacity
-from tpu_grpo.config.capacity import DEFAULT as DEFAULT_CAPACITY
+from tpu_grpo.catalog.accelerators import HOST_MACHINE_TYPE, MACHINES, ONE_VM, SLICES
+from tpu_grpo.catalog.capacity import CAPACITIES, Capacity
+from tpu_grpo.catalog.capacity import DEFAULT as DEFAULT_CAPACITY
+from tpu_grpo.catalog.models import MODELS
+from tpu_grpo.catalog.stores import store_for
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import KEY, PROJECT
-from tpu_grpo.config.models import MODELS
-from tpu_grpo.config.stores import store_for
 
 
 def check_capacity(values: dict[str, Any]) -> None:

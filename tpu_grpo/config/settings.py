@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tpu_grpo.config.accelerators import (
+from tpu_grpo.catalog.accelerators import (
     CPU_POD_MEMORY_GB,
     CPU_POOL_MIN_DISK_GB,
     CPU_POOL_SYSTEM_GB,
@@ -28,21 +28,21 @@ from tpu_grpo.config.accelerators import (
     SLICES,
     Accelerator,
 )
-from tpu_grpo.config.capacity import (
+from tpu_grpo.catalog.capacity import (
     CAPACITIES,
     CPU_HOST_USD_PER_HOUR,
     GKE_CLUSTER_USD_PER_HOUR,
     Capacity,
 )
-from tpu_grpo.config.capacity import (
+from tpu_grpo.catalog.capacity import (
     DEFAULT as DEFAULT_CAPACITY,
 )
+from tpu_grpo.catalog.models import MODELS, Model
+from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, StackValues
-from tpu_grpo.config.models import MODELS, Model
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
-from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.values import NotAFile, Refused, existing_file
 
 

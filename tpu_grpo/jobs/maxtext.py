@@ -5,7 +5,7 @@ session, then `python3 -m MODULE key=value ...` rendered from one mapping of ove
 step, which `--set KEY=VALUE` extends or overrides. Deliberate differences: the Hugging Face
 token is read from the host's token file into `HF_TOKEN` (which MaxText 0.2.3 reads itself),
 never passed as `hf_access_token=` on the command line; with a checkpoint store other than
-/dev/shm (tpu_grpo/config/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
+/dev/shm (tpu_grpo/catalog/stores.py), MODEL_CHECKPOINT_DIRECTORY and BASE_OUTPUT_DIRECTORY name that
 store; a checkpoint period or count other than MaxText's own is passed to train_rl; every step compiles into a
 compile cache that outlives the VM (compile_cache_lines); the actor is a copy of the reference model, not a
 second restore of the same checkpoint (load_checkpoint_only_once); the learning rate's schedule spans the run's steps
@@ -24,14 +24,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
+from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
 from tpu_grpo.config import values
-from tpu_grpo.config.accelerators import MACHINES
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.config.keys import MAX_BATCHES
-from tpu_grpo.config.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.config.settings import Training
-from tpu_grpo.config.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
 from tpu_grpo.host import remote
 from tpu_grpo.jobs.progress import RESUMES, total_steps
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tpu_grpo.config import host_paths, release, settings, stores, values
+from tpu_grpo.catalog import release, stores
+from tpu_grpo.config import host_paths, settings, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
 from tpu_grpo.jobs import maxtext, vm_jobs

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from tpu_grpo.catalog import images, release
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import jobset
 from tpu_grpo.cloud.kube import Cluster, ClusterError
-from tpu_grpo.config import images, release
-from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings

@@ -5,7 +5,7 @@ its daemon answers), else with Cloud Build.
 MaxText documents `build_maxtext_docker_image WORKFLOW=post-training` from a MaxText checkout; this
 image installs the same release the one VM's playbook does (playbooks/host.yml: uv, the pinned
 `maxtext_spec` with `--resolution=lowest`, then `install_tpu_post_train_extra_deps`), so both paths
-run the same MaxText, with JAX pinned to what the Pathways images are built for (tpu_grpo/config/release.py).
+run the same MaxText, with JAX pinned to what the Pathways images are built for (tpu_grpo/catalog/release.py).
 Once pushed, the image is recorded in a ConfigMap of the cluster, and a slice's jobs refuse to start
 until it names the image they run.
 """
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tpu_grpo.config import images, release
+from tpu_grpo.catalog import images, release
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.provision import playbook

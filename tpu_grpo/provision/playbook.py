@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from tpu_grpo.config import host_paths, release, stack_file, values
+from tpu_grpo.catalog import release
+from tpu_grpo.config import host_paths, stack_file, values
 from tpu_grpo.config.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"  # they ship with the code, not the stack
@@ -25,7 +26,7 @@ PLAYBOOK_KEYS = {"prelude", "vars", "steps"}
 #: Set by the engine, not by `--var`: `--locked` and its lock, and the host paths the jobs use.
 BUILTINS = {"locked": False, "lock_requirements": "", **host_paths.playbook_values()}
 #: Defaults the engine gives, which the playbook declares with `default: ~`: the MaxText release
-#: (tpu_grpo/config/release.py), so the VM, the slice's image and the preflight cannot disagree.
+#: (tpu_grpo/catalog/release.py), so the VM, the slice's image and the preflight cannot disagree.
 RELEASE_DEFAULTS = {"maxtext_spec": release.MAXTEXT_SPEC}
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}")
 _CONDITION = re.compile(r"^(?:(?P<negate>not\s+)?(?P<flag>[A-Za-z_]\w*)|(?P<name>[A-Za-z_]\w*)\s*==\s*(?P<value>\S+))$")
@@ -159,7 +160,7 @@ def load(path: Path | None = None) -> Playbook:
             if default is not None:
                 raise PlaybookError(
                     f"{book.where(spec['__line__'])}: variable '{name}' takes its default from "
-                    "tpu_grpo/config/release.py; fix: default: ~"
+                    "tpu_grpo/catalog/release.py; fix: default: ~"
                 )
             default = RELEASE_DEFAULTS[name]
         var = Var(name, default, spec.get("help", ""), spec.get("pattern"), tuple(spec.get("choices") or ()))
@@ -299,7 +300,7 @@ def resolve(
             raise PlaybookError(
                 f"--var {item!r} pins MaxText {pinned}, but tpu-grpo runs MaxText "
                 f"{release.MAXTEXT_VERSION} (its command lines, the slice's image and the preflight: "
-                "tpu_grpo/config/release.py); fix: remove this --var"
+                "tpu_grpo/catalog/release.py); fix: remove this --var"
             )
     return values
 

@@ -20,11 +20,11 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.catalog.capacity import CAPACITIES
+from tpu_grpo.catalog.models import DEFAULT_DATASET, MODELS
 from tpu_grpo.config import host_paths, laptop_paths, stack_file, values
-from tpu_grpo.config.accelerators import MACHINES
-from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
-from tpu_grpo.config.models import DEFAULT_DATASET, MODELS
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
 from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, parse_line, startup, startup_text

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config import keys, laptop_paths
-from tpu_grpo.config.accelerators import MACHINES
-from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import facts
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
@@ -41,7 +41,7 @@ class RunRow:
     chips: int | None = None
     capacity: str = ""
     chip_hours: float = 0.0
-    cost_usd: float | None = None  # chip-hours at the capacity's price (tpu_grpo/config/capacity.py)
+    cost_usd: float | None = None  # chip-hours at the capacity's price (tpu_grpo/catalog/capacity.py)
     started: float | None = None
     where: list[str] = field(default_factory=list)
     startup: dict | None = None  # its newest training's start (tpu_grpo.jobs.progress.startup)

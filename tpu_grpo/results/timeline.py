@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config import host_paths, laptop_paths
-from tpu_grpo.config.accelerators import MACHINES
-from tpu_grpo.config.capacity import CAPACITIES
 from tpu_grpo.host import facts
 from tpu_grpo.jobs import job_records, vm_jobs
 from tpu_grpo.jobs.progress import STARTUP_LABELS, STARTUP_PHASES, absl_seconds, message

@@ -1,12 +1,12 @@
 """The container images a multi-host slice runs: the MaxText post-training image `invoke image`
 builds into the stack's Artifact Registry repository, tagged by MaxText version, and Pathways'
 own images, pinned by tag (never `latest`, which xpk defaults to) for the release's JAX
-(tpu_grpo/config/release.py).
+(tpu_grpo/catalog/release.py).
 """
 
 from __future__ import annotations
 
-from tpu_grpo.config import release
+from tpu_grpo.catalog import release
 
 #: The Artifact Registry repository the stack declares (its id) and the image in it.
 REPOSITORY = "tpu-grpo"

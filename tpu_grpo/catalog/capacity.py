@@ -52,7 +52,7 @@ class Capacity:
     price_source: str = ""
     #: Billed whether or not the VM runs (the reservation's hours are paid anyway).
     billed_when_stopped: bool = False
-    #: Where checkpoints go by default (tpu_grpo/config/stores.py); a VM that is taken away needs one
+    #: Where checkpoints go by default (tpu_grpo/catalog/stores.py); a VM that is taken away needs one
     #: that outlives it, and is refused /dev/shm.
     checkpoint_store: str = "shm"
     shm_refused_because: str = ""
@@ -207,7 +207,7 @@ class Capacity:
         )
 
 
-#: A multi-host slice's other hourly costs (tpu_grpo/config/accelerators.py): its CPU host, an n2-standard-64 on demand
+#: A multi-host slice's other hourly costs (tpu_grpo/catalog/accelerators.py): its CPU host, an n2-standard-64 on demand
 #: (64 vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
 #: cluster management fee ($0.10 per cluster-hour; GKE's free tier credits one zonal cluster).
 CPU_HOST_USD_PER_HOUR = 3.11

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tpu_grpo.config.accelerators import ACCELERATORS, Accelerator
+from tpu_grpo.catalog.accelerators import ACCELERATORS, Accelerator
 
 #: Bytes a parameter, bfloat16 throughout, as MaxText 0.2.3 writes them (measured in the real-MaxText tier: an actor
 #: checkpoint's model_params is bfloat16 weights, its optimizer_state two bfloat16 moments, since
