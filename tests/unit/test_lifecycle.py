@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.doubles.cloud import Cloud, Engine
 from tests.support import ROOT
+from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config.keys import DEFAULT_ACCOUNT
 
 EXAMPLES = int(os.environ.get("TPU_GRPO_LIFECYCLE_EXAMPLES", "0"))
@@ -48,7 +49,7 @@ EDITS = {
     "gcp:zone": ["us-east5-b", "us-east5-a"],
     "tpu-grpo:vmName": ["tpu-grpo", "tpu-other"],
     "tpu-grpo:serviceAccount": [None, "sa@grpo-lab-123.iam.gserviceaccount.com"],
-    "capacity": ["reservation", "spot", "flex-start", "on-demand"],
+    "capacity": list(CAPACITIES),
     "shape": ["vm", "slice"],
 }
 #: The program's resources on each stack file seen, or None where the settings are refused.
@@ -282,3 +283,8 @@ def test_a_stacks_life_loses_nothing(life):
             max_examples=EXAMPLES or 400, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None
         ),
     )
+
+
+def test_the_lifecycle_walks_every_capacity_of_the_table():
+    """A capacity added to the catalogue is walked here too (its stack settings in CAPACITY), not silently left out."""
+    assert set(CAPACITY) == set(CAPACITIES)
