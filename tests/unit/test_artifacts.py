@@ -1,5 +1,5 @@
-"""Saving and fetching a model, without a host: how remote paths are quoted (the rest runs against a throwaway
-host: tests/host/test_artifacts.py)."""
+"""Saving a model, without a host: the save script takes its folders as they are named, a leading `~/` as the home
+(the rest runs against a throwaway host: tests/host/test_artifacts.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ import subprocess
 from tpu_grpo.host import artifacts
 
 
-def test_shell_path_quotes_everything_but_a_leading_tilde(tmp_path):
-    assert artifacts.shell_path("~/hf trained/") == "~/'hf trained'"
-    assert artifacts.shell_path("/dev/shm/x/hf-trained/") == "/dev/shm/x/hf-trained"
-    assert artifacts.shell_path("/tmp/$(touch pwned)") == "'/tmp/$(touch pwned)'"
-    assert artifacts.shell_path("~") == "~"
-    echoed = subprocess.run(
-        ["bash", "-c", f"echo {artifacts.shell_path('~/a b/$(touch pwned)')}"],
-        check=True,
+def test_a_save_takes_its_folders_as_named_and_a_leading_tilde_as_the_home(tmp_path):
+    home = tmp_path / "home"
+    source = home / "a b" / "$(touch pwned)"
+    source.mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"weights")
+    saved = subprocess.run(
+        ["bash", "-c", artifacts.save_script("~/a b/$(touch pwned)/", "~/saved 'it'/")],
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"HOME": "/home/someone"},
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
     )
-    assert echoed.stdout == "/home/someone/a b/$(touch pwned)\n"
-    assert not (tmp_path / "pwned").exists()
+    assert saved.returncode == 0, saved.stderr
+    assert (home / "saved 'it'" / "model.safetensors").read_bytes() == b"weights"
+    assert (home / "saved 'it'" / artifacts.SUMS).read_text().endswith("  model.safetensors\n")
+    assert not (tmp_path / "pwned").exists() and not (home / "pwned").exists()

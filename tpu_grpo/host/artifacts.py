@@ -22,31 +22,13 @@ from pathlib import Path, PurePosixPath
 
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
-from tpu_grpo.host import hosts
+from tpu_grpo.host import hosts, remote
 
 SUMS = "SHA256SUMS"
 CHUNK = 1 << 20
 MISSING_EXIT = 3
 #: Files fetched at once, each over an OpenSSH connection of its own and hashed as it arrives.
 STREAMS = 4
-
-#: Hashes every regular file below the current folder except SHA256SUMS, a file per core at once,
-#: and lists them sorted by path.
-_HASH_ALL = (
-    f"find . -type f ! -path ./{SUMS} -printf '%P\\0' | xargs -0 -r -P \"$(nproc)\" -n 1 sha256sum -- "
-    "| LC_ALL=C sort -k 2"
-)
-#: `sha256sum -c --quiet SHA256SUMS` in folder $1, the files shared among the cores.
-_CHECK_SUMS = f"""check_sums() {{
-  local cores i failed=0 pids=()
-  cores=$(nproc)
-  for i in $(seq 0 $((cores - 1))); do
-    (cd "$1" && share=$(awk -v n="$cores" -v i="$i" 'NR % n == i' {SUMS}) && {{ [ -z "$share" ] ||
-      printf '%s\\n' "$share" | sha256sum -c --quiet - >/dev/null 2>&1; }}) & pids+=($!)
-  done
-  for i in "${{pids[@]}}"; do wait "$i" || failed=1; done
-  return $failed
-}}"""
 
 
 class ArtifactError(UserError):
@@ -77,46 +59,19 @@ class FetchResult:
         }
 
 
-def shell_path(path: str) -> str:
-    """`path` quoted for bash, a leading `~/` left expandable; trailing slashes dropped."""
-    path = path.rstrip("/") or "/"
-    if path == "~" or path.startswith("~/"):
-        rest = path[2:]
-        return "~/" + shlex.quote(rest) if rest else "~"
-    return shlex.quote(path)
-
-
 def save_script(source: str, dest: str, replace: bool = False) -> str:
     """Bash that copies folder `source` to `dest` via `dest.partial`, with SHA256SUMS of the source
     (hashed while the copy runs) that the copy is then checked against; a no-op when `dest` already
-    holds files that match its SHA256SUMS, unless `replace`. Hashing and checking use every core."""
-    return f"""set -euo pipefail
-{_CHECK_SUMS}
-src={shell_path(source)}
-dest={shell_path(dest)}
-part="$dest.partial"
-if {"false" if replace else "true"} && [ -f "$dest/{SUMS}" ] && check_sums "$dest"; then
-  echo "already saved: $dest (checksums verified)"; exit 0
-fi
-if [ ! -d "$src" ] || [ -z "$(find "$src/" -type f -print -quit)" ]; then
-  echo "nothing to save: $src is missing or has no files; fix: export the model there first" >&2
-  exit {MISSING_EXIT}
-fi
-mkdir -p "$(dirname "$dest")"
-rm -rf "$part" "$part.sums"
-mkdir "$part"
-cp -a "$src/." "$part/" & copying=$!
-(cd "$src" && {_HASH_ALL}) > "$part.sums"
-wait "$copying" || {{
-  echo "copying $src to $part failed; fix: free space on its disk (df -h), then run again" >&2; exit 1; }}
-chmod -R u+w "$part"
-mv "$part.sums" "$part/{SUMS}"
-check_sums "$part" || {{ echo "the copy in $part does not match $src's checksums; fix: run again" >&2; exit 1; }}
-rm -rf "$dest"
-mv "$part" "$dest"
-sync -f "$dest"
-echo "saved: $src -> $dest ($(wc -l < "$dest/{SUMS}") files, checksums verified)"
-"""
+    holds files that match its SHA256SUMS, unless `replace`. Hashing and checking use every core (remote/save.sh)."""
+    return remote.shell(
+        "save",
+        "sums",
+        SRC=source.rstrip("/") or "/",
+        DEST=dest.rstrip("/") or "/",
+        REPLACE="true" if replace else "false",
+        SUMS=SUMS,
+        MISSING_EXIT=MISSING_EXIT,
+    )
 
 
 def _where(connection) -> str:
@@ -147,13 +102,7 @@ def parse_sums(text: str, origin: str) -> dict[str, str]:
 
 def _manifest(connection, folder: str) -> tuple[str, dict[str, tuple[int, str]]]:
     """The folder's absolute path and its files (path -> (size, sha256)), in one round trip."""
-    script = f"""set -euo pipefail
-cd {shell_path(folder)} 2>/dev/null && [ -n "$(find . -type f ! -path ./{SUMS} -print -quit)" ] || exit {MISSING_EXIT}
-pwd -P
-if [ -f {SUMS} ]; then cat {SUMS}; else {_HASH_ALL}; fi
-echo --sizes
-find . -type f ! -path ./{SUMS} -printf '%s %P\\n'
-"""
+    script = remote.shell("manifest", "sums", FOLDER=folder.rstrip("/") or "/", SUMS=SUMS, MISSING_EXIT=MISSING_EXIT)
     where = f"{_where(connection)}:{folder}"
     result = hosts.run_script(connection, script)
     if result.exited == MISSING_EXIT:

@@ -17,6 +17,9 @@ variables that `shell` sets (each quoted here; a path keeps its `~`, which the s
     preflight.sh        what keeps the host from running a run (tpu_grpo/jobs/pipeline.py's Preflight)
     jobs.sh             every job on the host and its state (tpu_grpo/jobs/vm_jobs.py's Jobs)
     write_card.sh       the model card beside a saved model (tpu_grpo/results/publish.py)
+    save.sh             a folder copied with its checksums, checked (tpu_grpo/host/artifacts.py's save_script)
+    manifest.sh         a folder's files, sizes and checksums, for a fetch (tpu_grpo/host/artifacts.py)
+    sums.sh             the hashing both share
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def run(name: str, data: dict | None = None, *, python: str = "python3", then: s
     return f"{call} <<'{end}'{then}\n{text(name)}{end}"
 
 
-def shell(name: str, **inputs: object) -> str:
-    """Shell script `name`.sh with its inputs set first as bash variables (NAME='value'), each quoted here."""
+def shell(name: str, *libraries: str, **inputs: object) -> str:
+    """Shell script `name`.sh with its inputs set first as bash variables (NAME='value'), each quoted here, and the
+    functions of `libraries` (NAME.sh each) before its text."""
     assigned = "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in inputs.items())
-    return assigned + text(name, ".sh")
+    return assigned + "".join(text(each, ".sh") for each in (*libraries, name))
