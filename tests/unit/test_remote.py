@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -44,4 +45,41 @@ def test_a_script_gets_its_inputs_as_they_were_given_and_a_path_keeps_its_home(t
 
     (job,) = vm_jobs.Jobs.parse(facts.Answer(done.stdout))
     assert (job.id, job.state, job.exit_code) == ("20261206-a-train", "finished", 0)
+    assert not (tmp_path / "pwned").exists() and not (home / "pwned").exists()
+
+
+def test_a_job_starts_with_its_script_and_record_as_given(tmp_path):
+    """start_job.sh writes the job's script byte for byte (quotes, `$(...)`, a trailing newline kept) and, once it
+    succeeds, its step record under the name given; nothing in them runs on the way."""
+    import time
+
+    home = tmp_path / "home"
+    home.mkdir()
+    command = f"printf '%s' {shlex.quote(HOSTILE)}\n"
+    script = remote.shell(
+        "start_job",
+        JOBS="~/jobs",
+        ROOT="~",
+        TPU_LOCK="~/tpu.lock",
+        DONE="~/done",
+        JOB_ID="20261206-a-train",
+        COMMAND=command,
+        META='{"step": "train"}',
+        WRAPPER=remote.text("job_wrapper", ".sh"),
+        RECORD="train-r1",
+        CLAIM_PATH="",
+        CLAIM="",
+        BUSY_EXIT=75,
+        CLAIMED_EXIT=76,
+    )
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip().isdigit()
+    job = home / "jobs" / "20261206-a-train"
+    assert (job / "command.sh").read_text() == command
+    deadline = time.monotonic() + 10
+    while not (job / "exit_code").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (job / "log").read_text() == HOSTILE
+    assert (job / "exit_code").read_text() == "0\n" and (home / "done" / "train-r1").read_text() == '{"step": "train"}'
     assert not (tmp_path / "pwned").exists() and not (home / "pwned").exists()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,17 +27,6 @@ CLAIMED_EXIT = 76
 CANCEL_GRACE_S = 10
 RECONNECT_S = 120
 LOST = -1  # the job's exit code when it vanished without one (the VM restarted)
-
-#: Runs command.sh detached; on success records the step as done; then records the exit code.
-WRAPPER = f"""\
-dir=$1; record=$2
-cd ~
-echo $$ > "$dir/pid"
-bash "$dir/command.sh" > "$dir/log" 2>&1 < /dev/null
-code=$?
-if [ "$code" = 0 ] && [ -n "$record" ]; then mkdir -p {DONE} && cp "$dir/job.json" {DONE}/"$record"; fi
-echo "$code" > "$dir/exit_code.tmp" && mv "$dir/exit_code.tmp" "$dir/exit_code"
-"""
 
 
 class JobError(UserError):
@@ -105,44 +93,29 @@ def new_id(step: str, now: float | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}-{step}"
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _claim_script(claim: tuple[str, str] | None) -> str:
-    """Bash that writes `claim` = (path, text) unless the path holds other text, then exits CLAIMED_EXIT."""
-    if claim is None:
-        return ""
-    path, text = claim
-    return f"""claim={path}; want={_b64(text)}
-if [ -f "$claim" ]; then
-  [ "$(base64 -w0 "$claim")" = "$want" ] || {{ echo "claimed $(base64 -w0 "$claim")"; exit {CLAIMED_EXIT}; }}
-else
-  mkdir -p "$(dirname "$claim")" && echo "$want" | base64 -d > "$claim.tmp" && mv "$claim.tmp" "$claim"
-fi
-"""
-
-
 def start(
     connection, job_id: str, command: str, meta: dict, record: str = "", claim: tuple[str, str] | None = None
 ) -> int:
-    """Start `command` detached as job `job_id`; returns its process group. Refuses when a job runs,
-    and when `claim` = (path, text) names a file that holds other text (written if it is missing),
+    """Start `command` detached as job `job_id` (remote/start_job.sh); returns its process group. Refuses when a
+    job runs, and when `claim` = (path, text) names a file that holds other text (written if it is missing),
     both under the TPU's lock."""
-    script = f"""set -euo pipefail
-mkdir -p {JOBS}
-exec 9>>{TPU_LOCK}
-if ! flock -n 9; then echo "busy $(cat {ROOT}/current 2>/dev/null)"; exit {BUSY_EXIT}; fi
-{_claim_script(claim)}dir={JOBS}/{job_id}
-mkdir "$dir"
-echo {_b64(command)} | base64 -d > "$dir/command.sh"
-echo {_b64(json.dumps(meta, indent=1))} | base64 -d > "$dir/job.json"
-echo {_b64(WRAPPER)} | base64 -d > "$dir/run.sh"
-echo {job_id} > {ROOT}/current
-setsid bash "$dir/run.sh" "$dir" {shlex.quote(record)} < /dev/null > /dev/null 2>&1 &
-for _ in $(seq 100); do [ -s "$dir/pid" ] && break; sleep 0.05; done
-cat "$dir/pid"
-"""
+    claim_path, claim_text = claim or ("", "")
+    script = remote.shell(
+        "start_job",
+        JOBS=JOBS,
+        ROOT=ROOT,
+        TPU_LOCK=TPU_LOCK,
+        DONE=DONE,
+        JOB_ID=job_id,
+        COMMAND=command,
+        META=json.dumps(meta, indent=1),
+        WRAPPER=remote.text("job_wrapper", ".sh"),
+        RECORD=record,
+        CLAIM_PATH=claim_path,
+        CLAIM=base64.b64encode(claim_text.encode()).decode(),
+        BUSY_EXIT=BUSY_EXIT,
+        CLAIMED_EXIT=CLAIMED_EXIT,
+    )
     result = hosts.run_script(connection, script)
     if result.exited == BUSY_EXIT:
         running = result.stdout.split()[1] if len(result.stdout.split()) > 1 else "another job"

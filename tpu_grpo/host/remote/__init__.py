@@ -16,6 +16,7 @@ variables that `shell` sets (each quoted here; a path keeps its `~`, which the s
     run_module.py       the training's module, run as `python3 -m` runs it, ending once done (tpu_grpo/jobs/maxtext.py)
     preflight.sh        what keeps the host from running a run (tpu_grpo/jobs/pipeline.py's Preflight)
     jobs.sh             every job on the host and its state (tpu_grpo/jobs/vm_jobs.py's Jobs)
+    start_job.sh        a job started detached under the TPU's lock, job_wrapper.sh its run.sh (jobs/vm_jobs.py)
     write_card.sh       the model card beside a saved model (tpu_grpo/results/publish.py)
     save.sh             a folder copied with its checksums, checked (tpu_grpo/host/artifacts.py's save_script)
     manifest.sh         a folder's files, sizes and checksums, for a fetch (tpu_grpo/host/artifacts.py)
