@@ -400,6 +400,12 @@ def test_a_zone_out_of_capacity_means_what_it_means_for_the_stacks_capacity(capa
 
     [explanation] = explain(["Error 503: ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b"], CAPACITIES[capacity])
     assert meaning in explanation
+    # Google's other words for it (tpu_grpo/cloud/refusals.py cites each): the VM's with details, a slice's node pool
+    others = [
+        "A ct6e-standard-8t VM instance is currently unavailable in the us-east5-b zone. Capacity changes frequently",
+        "googleapi: Error 400: GCE_STOCKOUT",
+    ]
+    assert explain(others, CAPACITIES[capacity]) == [explanation]
 
 
 def test_a_tasks_flags_are_checked_once_before_any_task_runs(stack_dir, monkeypatch):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
+from tpu_grpo.cloud.refusals import classify
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
@@ -167,15 +168,14 @@ def error_messages(event_log: Path) -> list[str]:
 
 def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> list[str]:
     """What each known Compute Engine error in these messages means, once each; a zone out of capacity means
-    what it means for the capacity `obtained` (ZONE_RESOURCE_POOL_EXHAUSTED holds the marker too)."""
+    what it means for the capacity `obtained`, whichever of Google's messages says so."""
     found = []
-    known = (*KNOWN_ERRORS, ("RESOURCE_POOL_EXHAUSTED", obtained.no_capacity))
     for message in messages:
-        for marker, meaning in known:
-            if marker in message:
-                if meaning not in found:
-                    found.append(meaning)
-                break
+        meaning = next((meaning for marker, meaning in KNOWN_ERRORS if marker in message), None)
+        if meaning is None and classify(message).kind == "stockout":  # each of Google's words for it (refusals.py)
+            meaning = obtained.no_capacity
+        if meaning and meaning not in found:
+            found.append(meaning)
     return found
 
 
