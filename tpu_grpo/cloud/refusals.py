@@ -11,7 +11,8 @@ source, never from memory:
 - SKYPILOT: SkyPilot's FailoverCloudErrorHandlerV2._gcp_handler (sky/backends/cloud_vm_ray_backend.py), which
   rules out a zone on a stockout, a region on a regional quota, every place on a global quota or a permission
   error, and the zone on an error it does not know; its comments quote the TPU API's codes 8 and 9.
-- KNOWN_ERRORS: the reservation messages tpu-grpo already explains (tpu_grpo/cloud/stack.py).
+- RESERVATION: Compute Engine's refusals of a reservation-bound VM seen by tpu-grpo, with what to do about each
+  (RESERVATION_ERRORS, which `up` explains: tpu_grpo/cloud/stack.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,38 @@ class Refusal:
     message: str
 
 
+#: Compute Engine's refusals of a reservation-bound VM, and what to do about each.
+RESERVATION_ERRORS = (
+    (
+        "does not have sufficient capacity",
+        "the reservation has no free chips: another VM already uses them, or it reserves fewer "
+        "than this machine type has (gcloud compute reservations describe RESERVATION --zone ZONE)",
+    ),
+    (
+        "is incorrect for the requested resources",
+        "the reservation is for another machine type or zone: match tpu-grpo:machineType and gcp:zone to it",
+    ),
+    (
+        "Could not find the given reservation",
+        "no reservation of that name in this project and zone: check tpu-grpo:reservation and gcp:zone "
+        "(gcloud compute reservations list)",
+    ),
+    (
+        "requires reservation to be in READY state",
+        "the reservation is not active yet (a calendar-mode reservation starts at its start time): "
+        "run `invoke up` again once it is READY",
+    ),
+    (
+        "must exist in the same project as the instance",
+        "the reservation belongs to another project: set gcp:project to the reservation's project",
+    ),
+    (
+        "specificReservationRequired",
+        "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
+        "only such a reservation can be named by a VM; create it so, or ask its owner to",
+    ),
+)
+
 MARKERS = (
     Marker("stockout", ZONE, "ZONE_RESOURCE_POOL_EXHAUSTED", "GCE-RESOURCE"),  # and ..._WITH_DETAILS
     Marker("stockout", ZONE, "does not have enough resources available to fulfill the request", "GCE-RESOURCE"),
@@ -49,12 +82,7 @@ MARKERS = (
     Marker("stockout", ZONE, "insufficientCapacity", "SKYPILOT"),
     Marker("stockout", ZONE, "There is no more capacity in the zone", "SKYPILOT"),  # the TPU API's code 8
     Marker("reservation", CAPACITY, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
-    Marker("reservation", CAPACITY, "does not have sufficient capacity", "KNOWN_ERRORS"),
-    Marker("reservation", CAPACITY, "is incorrect for the requested resources", "KNOWN_ERRORS"),
-    Marker("reservation", CAPACITY, "Could not find the given reservation", "KNOWN_ERRORS"),
-    Marker("reservation", CAPACITY, "requires reservation to be in READY state", "KNOWN_ERRORS"),
-    Marker("reservation", CAPACITY, "must exist in the same project as the instance", "KNOWN_ERRORS"),
-    Marker("reservation", CAPACITY, "specificReservationRequired", "KNOWN_ERRORS"),
+    *(Marker("reservation", CAPACITY, text, "RESERVATION") for text, _ in RESERVATION_ERRORS),
     Marker("quota", EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT"),  # a global quota: no region has room
     Marker("quota", ZONE, "PerProjectPerZone", "SKYPILOT"),  # a TPU quota of one zone, by its name
     Marker("quota", REGION, "QUOTA_EXCEEDED", "SKYPILOT"),

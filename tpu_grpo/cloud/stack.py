@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
-from tpu_grpo.cloud.refusals import classify
+from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, classify
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
@@ -53,36 +53,9 @@ OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists")
 #: it for the same reason.
 EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
 
-#: Compute Engine errors seen when creating a reservation-bound VM, and what to do about them.
+#: Compute Engine errors seen when creating a VM, and what to do about them: a reservation's (refusals.py), a quota.
 KNOWN_ERRORS = (
-    (
-        "does not have sufficient capacity",
-        "the reservation has no free chips: another VM already uses them, or it reserves fewer "
-        "than this machine type has (gcloud compute reservations describe RESERVATION --zone ZONE)",
-    ),
-    (
-        "is incorrect for the requested resources",
-        "the reservation is for another machine type or zone: match tpu-grpo:machineType and gcp:zone to it",
-    ),
-    (
-        "Could not find the given reservation",
-        "no reservation of that name in this project and zone: check tpu-grpo:reservation and gcp:zone "
-        "(gcloud compute reservations list)",
-    ),
-    (
-        "requires reservation to be in READY state",
-        "the reservation is not active yet (a calendar-mode reservation starts at its start time): "
-        "run `invoke up` again once it is READY",
-    ),
-    (
-        "must exist in the same project as the instance",
-        "the reservation belongs to another project: set gcp:project to the reservation's project",
-    ),
-    (
-        "specificReservationRequired",
-        "the reservation was not created with specificReservationRequired (--require-specific-reservation): "
-        "only such a reservation can be named by a VM; create it so, or ask its owner to",
-    ),
+    *RESERVATION_ERRORS,
     ("Quota", "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
 )
 

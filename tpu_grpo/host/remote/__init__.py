@@ -5,7 +5,7 @@ environment variable TPU_GRPO_INPUT, quoted once here (as Modal's `modal launch`
 document): no caller quotes anything, and nothing a program is given reaches its command line. The one exception
 is run_module, which runs a module as `python3 -m` does and so takes a command line: MaxText's, which the job
 script writes as `invoke script` shows it. Shell scripts longer than a line are files here too, their inputs bash
-variables that `shell` sets (each quoted here; a path keeps its `~`, which the script expands).
+variables that `shell` sets (each quoted here; a path keeps its `~`, which the script expands with home.sh's `at`).
 
     hub.py              the Hub side of `invoke publish` (sent by tpu_grpo/results/publish.py)
     chips.py            the TPU chips as tpu-info sees them (tpu_grpo/host/chips.py's fact)
@@ -21,6 +21,7 @@ variables that `shell` sets (each quoted here; a path keeps its `~`, which the s
     save.sh             a folder copied with its checksums, checked (tpu_grpo/host/artifacts.py's save_script)
     manifest.sh         a folder's files, sizes and checksums, for a fetch (tpu_grpo/host/artifacts.py)
     sums.sh             the hashing both share
+    home.sh             `at PATH`, which every script above uses for a path's leading ~
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def run(name: str, data: dict | None = None, *, python: str = "python3", then: s
 
 
 def shell(name: str, *libraries: str, **inputs: object) -> str:
-    """Shell script `name`.sh with its inputs set first as bash variables (NAME='value'), each quoted here, and the
-    functions of `libraries` (NAME.sh each) before its text."""
+    """Shell script `name`.sh with its inputs set first as bash variables (NAME='value'), each quoted here, then the
+    functions of home.sh (`at PATH`: a path's leading ~ as the home) and of `libraries` (NAME.sh each)."""
     assigned = "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in inputs.items())
-    return assigned + "".join(text(each, ".sh") for each in (*libraries, name))
+    return assigned + "".join(text(each, ".sh") for each in ("home", *libraries, name))

@@ -2,7 +2,6 @@
 # size and job.json in base64 (jobs/vm_jobs.py's Jobs). A job runs while its processes hold the TPU lock: after a
 # reboot its old pid may be another process's. Inputs, set before this text by tpu_grpo.host.remote.shell: JOBS
 # (the jobs' folder) and TPU_LOCK, each may begin with `~`.
-at() { printf '%s' "${1/#\~/$HOME}"; }  # a path with its leading ~ as the home
 lock=$(at "$TPU_LOCK")
 held=; [ -e "$lock" ] && ! flock -n "$lock" true && held=1
 cd "$(at "$JOBS")" 2>/dev/null || exit 0

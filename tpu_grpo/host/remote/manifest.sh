@@ -2,7 +2,7 @@
 # (host/artifacts.py's _manifest). Inputs, set before this text by tpu_grpo.host.remote.shell: FOLDER (may begin
 # with `~`), SUMS, MISSING_EXIT; after sums.sh.
 set -euo pipefail
-cd "${FOLDER/#\~/$HOME}" 2>/dev/null && [ -n "$(find . -type f ! -path "./$SUMS" -print -quit)" ] || exit "$MISSING_EXIT"
+cd "$(at "$FOLDER")" 2>/dev/null && [ -n "$(find . -type f ! -path "./$SUMS" -print -quit)" ] || exit "$MISSING_EXIT"
 pwd -P
 if [ -f "$SUMS" ]; then cat "$SUMS"; else hash_all; fi
 echo --sizes

@@ -3,7 +3,6 @@
 # TOKEN_FILE, SHM_KB, SHM_GB, DATA_ROOT, DATA_KB, MODELS, DOWNLOADED and DOWNLOAD_KB (the model provisioning
 # downloads, and what the conversion downloads itself without it; DOWNLOADED empty: nothing to count), CHIPS and
 # MACHINE_TYPE (CHIPS empty: the TPU's chips are not counted). Paths may begin with `~`, as the messages show them.
-at() { printf '%s' "${1/#\~/$HOME}"; }  # a path with its leading ~ as the home
 venv=$(at "$VENV")
 [ -x "$venv/bin/python" ] || echo "fail: no MaxText venv at $VENV; fix: uv run invoke provision"
 version=$("$venv/bin/python" -c "$VERSION_PROGRAM" 2>/dev/null) || version=none

@@ -4,8 +4,8 @@
 # tpu_grpo.host.remote.shell: SRC and DEST (each may begin with `~`, neither ends with `/`), REPLACE (true or false), SUMS,
 # MISSING_EXIT; after sums.sh.
 set -euo pipefail
-src=${SRC/#\~/$HOME}
-dest=${DEST/#\~/$HOME}
+src=$(at "$SRC")
+dest=$(at "$DEST")
 part="$dest.partial"
 if [ "$REPLACE" != true ] && [ -f "$dest/$SUMS" ] && check_sums "$dest"; then
   echo "already saved: $dest (checksums verified)"; exit 0

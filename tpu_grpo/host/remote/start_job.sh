@@ -5,7 +5,6 @@
 # WRAPPER (job_wrapper.sh's text), RECORD (the step record a success writes, or empty), CLAIM_PATH and CLAIM (a file
 # to claim and its text in base64; CLAIM_PATH empty: none), BUSY_EXIT, CLAIMED_EXIT.
 set -euo pipefail
-at() { printf '%s' "${1/#\~/$HOME}"; }  # a path with its leading ~ as the home
 jobs=$(at "$JOBS") root=$(at "$ROOT")
 mkdir -p "$jobs"
 exec 9>>"$(at "$TPU_LOCK")"
