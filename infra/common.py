@@ -91,7 +91,7 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: p
     bucket = gcp.storage.Bucket(
         "store",
         name=bucket_of(settings.store),
-        location=settings.region.upper(),
+        location=settings.home.region.upper(),  # gcp:zone's, wherever tpu-grpo:fallback found chips
         uniform_bucket_level_access=True,
         public_access_prevention="enforced",
         force_destroy=False,

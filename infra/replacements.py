@@ -61,6 +61,8 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     ),
     # google/services/compute/resource_compute_disk.go
     DISK: ("name", "zone", "project", "type", "image", "snapshot", "sourceDisk"),
+    # google/services/compute/resource_compute_snapshot.go: all but labels are ForceNew
+    "gcp:compute/snapshot:Snapshot": ("name", "sourceDisk", "zone", "project", "description", "storageLocations"),
     # google/services/compute/resource_compute_firewall.go
     "gcp:compute/firewall:Firewall": ("name", "project", "direction"),
     # google/services/compute/resource_compute_network.go

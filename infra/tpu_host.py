@@ -57,6 +57,12 @@ SCOPES = (  # Cloud Storage for checkpoints and models; logs and metrics for the
 )
 
 
+def moved_snapshot_name(vm_name: str, moved_from: str) -> str:
+    """The snapshot a moved data disk was made from: named by the zone it left, as snapshot names are the
+    project's (a later move from another zone makes a new one before the old goes)."""
+    return f"{vm_name}-data-from-{moved_from}"
+
+
 def ssh_tag(settings: Settings) -> str:
     return f"{settings.vm_name}-ssh"
 
@@ -81,6 +87,22 @@ class TpuHost(pulumi.ComponentResource):
             project=settings.project,
             opts=child,
         )
+        # Moved to this zone by `invoke up` (tpu-grpo:placed.movedFrom): made from a snapshot of the disk it had
+        # there, which Pulumi takes before it deletes that disk (a replaced resource is deleted last).
+        moved_from = settings.here.moved_from
+        self.snapshot = (
+            gcp.compute.Snapshot(
+                f"{settings.vm_name}-data-moved",
+                name=moved_snapshot_name(settings.vm_name, moved_from),
+                source_disk=f"{settings.vm_name}-data",
+                zone=moved_from,
+                labels=resource_labels,
+                project=settings.project,
+                opts=child,
+            )
+            if moved_from
+            else None
+        )
         # Its own resource, attached but not auto-deleted: it survives the reservation's end. Its
         # provisioned throughput writes a checkpoint of the `disk` store in well under a minute.
         self.data_disk = gcp.compute.Disk(
@@ -92,6 +114,7 @@ class TpuHost(pulumi.ComponentResource):
             labels=resource_labels,
             provisioned_iops=settings.data_disk_iops,
             provisioned_throughput=settings.data_disk_throughput_mibps,
+            snapshot=self.snapshot.self_link if self.snapshot else None,
             project=settings.project,
             opts=child,
         )

@@ -53,7 +53,7 @@ class TpuSlice(pulumi.ComponentResource):
         self.cluster = gcp.container.Cluster(
             name,
             name=name,
-            location=settings.zone,
+            location=settings.home.zone,
             project=settings.project,
             network=network,
             subnetwork=subnetwork,
@@ -79,7 +79,7 @@ class TpuSlice(pulumi.ComponentResource):
             f"{name}-{CPU_POOL}",
             name=CPU_POOL,
             cluster=self.cluster.name,
-            location=settings.zone,
+            location=settings.home.zone,
             project=settings.project,
             node_count=1,
             node_config=cast(
@@ -90,6 +90,10 @@ class TpuSlice(pulumi.ComponentResource):
         )
         self.tpu_pools = []
         capacity, capacity_config = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
+        # Chips found in another zone of the cluster's region (tpu-grpo:fallback): the pools' nodes go there, as a
+        # zonal cluster's node pool may ("in the same region as their cluster's zone", node_locations of
+        # terraform-provider-google's container_node_pool); the cluster and its CPU host stay.
+        elsewhere = [settings.zone] if settings.zone != settings.home.zone else None
         for index in range(settings.num_slices):
             pool = shape.pool(name, index)
             self.tpu_pools.append(
@@ -97,7 +101,8 @@ class TpuSlice(pulumi.ComponentResource):
                     pool,
                     name=pool,
                     cluster=self.cluster.name,
-                    location=settings.zone,
+                    location=settings.home.zone,
+                    node_locations=elsewhere,
                     project=settings.project,
                     placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
                     max_pods_per_node=TPU_MAX_PODS_PER_NODE,
@@ -199,7 +204,8 @@ def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:
         "node-pools",
         "create",
         shape.pool(name, index),
-        f"--location={settings.zone}",
+        f"--location={settings.home.zone}",
+        *([f"--node-locations={settings.zone}"] if settings.zone != settings.home.zone else []),
         f"--cluster={name}",
         f"--project={settings.project}",
         f"--machine-type={HOST_MACHINE_TYPE}",

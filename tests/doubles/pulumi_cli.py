@@ -40,6 +40,33 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
     }
 
 
+#: Google's refusals as Pulumi's engine reports them (the provider's "creating Instance: googleapi: Error N: ..."),
+#: each message quoted from the source tpu_grpo/cloud/refusals.py cites for it.
+REFUSALS = {
+    # Compute Engine's "Troubleshoot resource availability errors" (cloud.google.com/compute/docs/resource-error)
+    "stockout": "creating Instance: googleapi: Error 503: The zone 'projects/grpo-lab-123/zones/{zone}' does not have "
+    "enough resources available to fulfill the request. Try a different zone, or try again later., "
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    # SkyPilot's _gcp_handler (sky/backends/cloud_vm_ray_backend.py): a regional quota's message
+    "quota": "creating Instance: googleapi: Error 403: Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in region "
+    "{region}., quotaExceeded",
+    # SkyPilot's _gcp_handler: a permission refused everywhere
+    "permission": "creating Instance: googleapi: Error 403: Required 'compute.instances.create' permission for "
+    "'projects/grpo-lab-123', IAM_PERMISSION_DENIED",
+    # SkyPilot's _gcp_handler: the TPU API's code 9 (its comments)
+    "reservation": "creating Instance: googleapi: Error 400: Insufficient reserved capacity. Contact customer support "
+    "to increase your reservation. [EID: 0x2f8bc266e74261a]",
+    # GKE's "Troubleshoot node pools": a node pool's stockout
+    "pool stockout": "error creating NodePool: googleapi: Error 400: Resource pool exhausted in zone {zone}: "
+    "GCE_STOCKOUT",
+}
+
+
+def engine_error(message: str) -> str:
+    """One error diagnostic of Pulumi's engine event log (--event-log), as `up` writes it."""
+    return json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": message, "severity": "error"}})
+
+
 class PulumiCli:
     """One double's folder, and the environment that runs tasks against it."""
 
@@ -89,6 +116,21 @@ class PulumiCli:
         """The next `up`s exit with `code` after writing these engine events (JSON lines) to its event log."""
         (self.folder / "up-exit").write_text(str(code))
         (self.folder / "events.jsonl").write_text("\n".join(events))
+
+    def answer_at(self, zone: str, capacity: str, refusal: str) -> None:
+        """From now on `up` at this place is refused with REFUSALS[refusal] (exit 255, the CLI's for a failed
+        update); every other place gets chips."""
+        path = self.folder / "places.json"
+        answers = json.loads(path.read_text()) if path.is_file() else {}
+        message = REFUSALS[refusal].format(zone=zone, region=zone.rsplit("-", 1)[0])
+        answers[f"{zone} {capacity}"] = {"code": 255, "events": [engine_error(message)]}
+        path.write_text(json.dumps(answers))
+
+    def gets_chips_anywhere(self) -> None:
+        """`up` answers per place (answer_at): every place not refused gets chips."""
+        path = self.folder / "places.json"
+        if not path.is_file():
+            path.write_text("{}")
 
     def hold_up(self) -> None:
         """From now on each `up` runs until `created` is called, as while Compute Engine makes the VM."""

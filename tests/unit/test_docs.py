@@ -240,8 +240,8 @@ def test_the_first_run_maps_every_step_of_the_tutorial_and_the_keys_it_owns():
 
 def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run):
     """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
-    at it, a slice's other costs, the README's v6e-16 example, or the first run's, from tpu_grpo/catalog/capacity.py
-    (the first run's through `invoke plan`)."""
+    at it, a slice's other costs, the README's v6e-16 example, the first run's, or a moved data disk's snapshot, from
+    tpu_grpo/catalog/capacity.py (the first run's through `invoke plan`)."""
     from tpu_grpo.catalog.capacity import CAPACITIES, CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR
 
     prices = {row.usd_per_chip_hour for row in CAPACITIES.values()}
@@ -252,6 +252,11 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
     known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
+    from tpu_grpo.catalog.capacity import SNAPSHOT_USD_PER_GB_MONTH
+    from tpu_grpo.config.keys import KEY
+
+    data_disk_gb = int(KEY["tpu-grpo:dataDiskGb"].default or 0)  # a moved data disk's snapshot, at most
+    known |= {f"${SNAPSHOT_USD_PER_GB_MONTH:.3f}", f"${data_disk_gb * SNAPSHOT_USD_PER_GB_MONTH:.2f}"}
     readme = documentation()
     figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
     assert figures and figures <= known, figures - known

@@ -68,9 +68,11 @@ def test_each_cited_refusal_is_classified_by_what_it_rules_out(message, kind, ru
     assert message in found.message
 
 
-def test_a_refusal_no_marker_knows_rules_out_its_zone_only():
-    """SkyPilot blocks the zone of an error it cannot parse: a search goes on elsewhere rather than stop."""
-    assert refusals.classify("error: something new").rules_out == refusals.ZONE
+def test_a_refusal_no_marker_knows_ends_the_search():
+    """SkyPilot blocks only the zone of an error it cannot parse; an `up` that fails for a reason no marker knows
+    (the program, a setting, the network) would fail in each place, so the search stops (refusals.classify)."""
+    assert refusals.classify("error: something new").rules_out == refusals.EVERYWHERE
+    assert refusals.classify("").kind == "unknown"
 
 
 def test_every_marker_names_a_source_the_module_cites():

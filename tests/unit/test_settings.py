@@ -459,3 +459,75 @@ def test_a_setting_is_declared_once_as_a_field_with_its_key():
     with pytest.raises(Refused, match="is not a whole number from 0 to 99"):
         found["tpu-grpo:warmupSteps"].parse("100")
     assert all(key.field and not (key.required and key.default) for key in keys.KEYS)
+
+
+SPOT_WITH_FALLBACK = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None}
+
+
+def spot_stack(stack_values, **changes):
+    values = {**stack_values, **SPOT_WITH_FALLBACK, **changes}
+    return {key: value for key, value in values.items() if value is not None}
+
+
+@pytest.mark.parametrize(
+    "fallback, problem",
+    [
+        ([{"zone": "us-east5-a", "size": 8}], "holds 'size', which a place does not take (capacity, zone)"),
+        ([{"capacity": "spot"}], "a place without its zone"),
+        ([{"zone": "east"}], "holds zone 'east', not a zone of the form region-letter"),
+        ([{"zone": "us-east5-a", "capacity": "cheap"}], "holds capacity 'cheap', not one of reservation, spot"),
+        ([], "is empty: leave it unset to try gcp:zone alone"),
+        ("east", "holds zone 'east', not a zone of the form region-letter"),
+    ],
+)
+def test_a_fallback_entry_that_is_no_place_is_refused_with_what_is_wrong(stack_values, tmp_path, fallback, problem):
+    with pytest.raises(SettingsError) as refused:
+        settings_module.parse(spot_stack(stack_values, **{"tpu-grpo:fallback": fallback}), "dev", tmp_path)
+    assert str(refused.value).startswith("tpu-grpo:fallback=") and problem in str(refused.value)
+
+
+def test_each_fallback_place_is_checked_as_the_stacks_own_would_be(stack_values, tmp_path):
+    """A place of a capacity that needs a setting the stack lacks is refused by its index; a setting one place takes
+    is no longer refused at the others; the same place twice is refused."""
+
+    def refused(**changes) -> str:
+        with pytest.raises(SettingsError) as error:
+            settings_module.parse(spot_stack(stack_values, **changes), "dev", tmp_path)
+        return str(error.value)
+
+    flex = [{"zone": "us-east5-a", "capacity": "flex-start"}]
+    said = refused(**{"tpu-grpo:fallback": flex})
+    assert said.startswith(
+        "tpu-grpo:fallback[0]='flex-start in us-east5-a' cannot be tried: there, tpu-grpo:maxRunHours"
+    )
+    chosen = settings_module.parse(
+        spot_stack(stack_values, **{"tpu-grpo:fallback": flex, "tpu-grpo:maxRunHours": "24"}), "dev", tmp_path
+    )
+    assert (chosen.capacity, chosen.max_run_hours) == ("spot", None)  # taken by the flex-start place only
+    assert refused(**{"tpu-grpo:maxRunHours": "24", "tpu-grpo:fallback": [{"zone": "us-east5-a"}]}).startswith(
+        "tpu-grpo:maxRunHours=24 is set, but only flex-start VMs have a maximum run time"
+    )
+    twice = refused(**{"tpu-grpo:fallback": [{"zone": "us-east5-a"}, {"zone": "us-east5-a", "capacity": "spot"}]})
+    assert twice.startswith("tpu-grpo:fallback[1]='spot in us-east5-a' is listed twice")
+
+
+def test_the_recorded_place_is_the_stacks_place_while_it_is_one_of_its_places(stack_values, tmp_path):
+    """tpu-grpo:placed puts the VM where `invoke up` got chips, with that capacity's defaults; a record the stack no
+    longer lists (gcp:zone or fallback changed since) is ignored, and the stack's own place holds."""
+    fallback = {"tpu-grpo:fallback": [{"zone": "us-central1-b", "capacity": "on-demand"}]}
+    placed = {"tpu-grpo:placed": '{"zone": "us-central1-b", "capacity": "on-demand"}'}
+    chosen = settings_module.parse(spot_stack(stack_values, **fallback, **placed), "dev", tmp_path)
+    assert (chosen.zone, chosen.region, chosen.capacity) == ("us-central1-b", "us-central1", "on-demand")
+    assert (chosen.home.zone, chosen.home.capacity) == ("us-east5-b", "spot")
+    assert chosen.store.name == "disk"  # spot's: one store for every place, which a preempted VM's runs outlive
+    zones = settings_module.parse(
+        spot_stack(stack_values, **{"tpu-grpo:fallback": "us-east5-a,us-east5-c"}), "dev", tmp_path
+    )
+    assert [str(place) for place in zones.candidates] == [
+        "spot in us-east5-b",
+        "spot in us-east5-a",
+        "spot in us-east5-c",
+    ]
+    stale = {"tpu-grpo:placed": '{"zone": "europe-west4-a", "capacity": "spot"}'}
+    ignored = settings_module.parse(spot_stack(stack_values, **fallback, **stale), "dev", tmp_path)
+    assert (ignored.zone, ignored.capacity) == ("us-east5-b", "spot")

@@ -182,6 +182,38 @@ def test_each_slice_gets_its_own_node_pool(stack_values):
     assert (outputs["hosts"], outputs["chips"], settings.chips) == (24, 96, 96)
 
 
+def test_a_slices_chips_found_in_another_zone_of_its_region_move_only_its_tpu_pools(stack_values):
+    """tpu-grpo:placed in a fallback zone: the TPU pools' nodes go there (node_locations, as a zonal cluster's pool
+    may), while the cluster, its CPU host, the bucket and the image stay in gcp:zone and its region."""
+    spot = {**CAPACITY_VALUES["spot"], "tpu-grpo:fallback": [{"zone": "us-east5-a"}]}
+    settings, by_type, outputs = declared(
+        stack_values, **spot, **{"tpu-grpo:placed": {"zone": "us-east5-a", "capacity": "spot"}}
+    )
+    pools = {r.inputs["name"]: r.inputs for r in by_type["gcp:container/nodePool:NodePool"]}
+    assert pools["tpu-grpo-np-0"]["location"] == pools["cpu-np"]["location"] == "us-east5-b"
+    assert pools["tpu-grpo-np-0"]["nodeLocations"] == ["us-east5-a"] and "nodeLocations" not in pools["cpu-np"]
+    [cluster] = by_type["gcp:container/cluster:Cluster"]
+    assert cluster.inputs["location"] == "us-east5-b"
+    [bucket] = by_type["gcp:storage/bucket:Bucket"]
+    assert bucket.inputs["location"] == "US-EAST5"
+    assert outputs["zone"] == "us-east5-a"
+    from infra.tpu_slice import gcloud_node_pool_command
+
+    command = gcloud_node_pool_command(settings)
+    assert "--location=us-east5-b" in command and "--node-locations=us-east5-a" in command
+    _, at_home, _ = declared(stack_values, **spot)
+    assert all("nodeLocations" not in r.inputs for r in at_home["gcp:container/nodePool:NodePool"])
+
+
+def test_a_slices_fallback_stays_in_its_region(stack_values):
+    with pytest.raises(SettingsError) as refused:
+        declared(stack_values, **CAPACITY_VALUES["spot"], **{"tpu-grpo:fallback": [{"zone": "us-central1-b"}]})
+    assert str(refused.value).startswith(
+        "tpu-grpo:fallback[0]='spot in us-central1-b' is outside gcp:zone's region us-east5, where a slice's cluster,"
+    )
+    declared(stack_values, **CAPACITY_VALUES["spot"], **{"tpu-grpo:fallback": [{"zone": "us-east5-a"}]})
+
+
 def test_a_slice_needs_no_ssh_key_nor_vm_settings(stack_values, tmp_path):
     values = {
         **stack_values,

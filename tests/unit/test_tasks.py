@@ -165,15 +165,16 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     result = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     lines = cli.calls()
-    assert lines[:6] == [
+    assert lines[:7] == [
         "whoami",
         "stack select --create dev",
         "refresh --yes --skip-preview --stack dev",
         "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
+        "stack export --stack dev",  # where the data disk is
         "stack export --stack dev",
         "stack export --stack dev",
     ]  # what it replaces; a stopped VM?
-    assert lines[6].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
+    assert lines[7].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
 
 
 def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):

@@ -79,6 +79,43 @@ def test_idle_gaps_and_the_share_of_the_paid_time_that_trained():
     assert built.to_json()["training_share"] == round(3000 / 7200, 4)
 
 
+def test_the_search_for_chips_that_made_the_vm_comes_before_its_boot():
+    """`invoke up`'s attempts (tpu_grpo/cloud/search.py's record) are phases before the boot: the newest search that
+    began before it, never an older one, and the paid time still counts from the boot."""
+    booted = 3_000_000.0
+
+    def attempt(zone: str, started: float, seconds: float, kind: str | None) -> dict:
+        refusal = {"kind": kind, "message": "..."} if kind else None
+        return {"place": {"zone": zone, "capacity": "spot"}, "started": started, "seconds": seconds, "refusal": refusal}
+
+    older = {"attempts": [attempt("us-east5-b", booted - 90_000, 30, None)]}
+    newest = {
+        "attempts": [
+            attempt("us-east5-b", booted - 200, 40, "stockout"),
+            attempt("us-east5-a", booted - 150, 160, None),
+        ]
+    }
+    later = {"attempts": [attempt("us-east5-a", booted + 500, 10, None)]}  # an `up` after the boot: not this VM's
+    found = {
+        "boot": booted,
+        "now": booted + 600,
+        "provisioning": [],
+        "downloads": [],
+        "saves": [],
+        "jobs": [],
+        "logs": {},
+    }
+    built = timeline.build("u@vm", found, [], [older, newest, later])
+    searched = [
+        (phase.label, phase.start - booted, phase.end - booted) for phase in built.phases if phase.kind == "search"
+    ]
+    assert searched == [
+        ("chips: spot in us-east5-b, refused: stockout", -200, -160),
+        ("chips: spot in us-east5-a, got chips", -150, 10),
+    ]
+    assert built.paid_s == 600
+
+
 def test_idle_is_only_where_nothing_ran_when_phases_overlap():
     """The base model's download runs beside the provisioning steps, and outlasts them: no idle is shown while
     it still runs, only after it (and before the training)."""

@@ -83,6 +83,10 @@ class Capacity:
         "another zone with v6e (a reservation is what guarantees capacity)"
     )
 
+    def quota_in(self, region: str) -> str:
+        """The quota this capacity draws on in `region`, in a few words."""
+        return f"{'preemptible ' if self.quota == PREEMPTIBLE_QUOTA else ''}TPU v6e quota of {region}"
+
     def cost_usd(self, chip_hours: float) -> float:
         """What these chip-hours cost at this capacity's price (its `price_source` says whence)."""
         return round(chip_hours * self.usd_per_chip_hour, 2)
@@ -225,6 +229,11 @@ HYPERDISK_PRICE_SOURCE = (
 #: custom boot disk"): $0.10 a GB-month, the us-central1 list price. Billed while the node exists.
 PD_BALANCED_USD_PER_GB_MONTH = 0.10
 HOURS_PER_MONTH = 730
+#: A standard snapshot (the data disk's, when `invoke up` moves it to another zone): $0.065 per GB-month in a
+#: multi-region, where Compute Engine keeps a snapshot by default (the nearest multi-region to its disk), billed for
+#: at least an hour; $0.05 in one region (Google's "Disk and image pricing", the standard snapshot price since
+#: 2023-04-01, us baselines). Billed for the bytes the snapshot holds: at most the disk's size.
+SNAPSHOT_USD_PER_GB_MONTH = 0.065
 GKE_CLUSTER_USD_PER_HOUR = 0.10
 
 ON_DEMAND_SOURCE = (

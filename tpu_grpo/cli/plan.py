@@ -25,6 +25,7 @@ from tpu_grpo.catalog.capacity import (
     HYPERDISK_USD_PER_GIB_MONTH,
     PD_BALANCED_USD_PER_GB_MONTH,
     PRICES_READ,
+    SNAPSHOT_USD_PER_GB_MONTH,
 )
 from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.printing import styled
@@ -64,6 +65,7 @@ class Plan:
     outputs: dict[str, Any]
     gcloud: list[str]
     cost: Cost
+    places: list[dict[str, Any]]
     provision: list[dict[str, Any]]
     jobs: list[dict[str, str]]
     compile_cache: str
@@ -115,10 +117,37 @@ def build(stack: str | None = None) -> Plan:
             disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in paid_disks), 3),
             disks_price_source=HYPERDISK_PRICE_SOURCE,
         ),
+        places=places(settings, raw, root),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
         jobs=[] if multi_host else job_scripts(settings),
         compile_cache=compile_cache_note(settings),
     )
+
+
+def places(chosen: Settings, raw: dict, root) -> list[dict[str, Any]]:
+    """The stack's places to get chips, in the order `invoke up` tries them (tpu_grpo/cloud/search.py), each with
+    its price, the quota or reservation it draws on, and what moving the data disk there costs."""
+    from tpu_grpo.cloud.search import order
+    from tpu_grpo.config.settings import at_place
+
+    found = []
+    for place in order(chosen.candidates, chosen.zone):
+        at = at_place(raw, chosen.stack, root, place, lenient=True)
+        moves = not chosen.tpu_slice and place.zone != chosen.zone
+        found.append(
+            {
+                "zone": place.zone,
+                "capacity": place.capacity,
+                "usd_per_hour": at.usd_per_hour,
+                "draws_on": f"reservation {at.reservation}" if at.reservation else at.obtained.quota_in(place.region),
+                "here": place.same(chosen.here),
+                "warning": at.warnings[0] if at.warnings else None,
+                "move_snapshot_usd_per_month": round(chosen.data_disk_gb * SNAPSHOT_USD_PER_GB_MONTH, 2)
+                if moves
+                else None,
+            }
+        )
+    return found
 
 
 def compile_cache_note(settings) -> str:
@@ -245,6 +274,34 @@ def _short(value: Any, width: int = 72) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def render_places(plan: Plan, console: Console) -> None:
+    table = Table(
+        title="Places to get chips, in the order `invoke up` tries them (tpu-grpo:fallback)", title_justify="left"
+    )
+    for column in ("", "place", "per hour", "draws on", "the data disk there"):
+        table.add_column(column)
+    for number, place in enumerate(plan.places, 1):
+        snapshot = place["move_snapshot_usd_per_month"]
+        disk = (
+            "is there"
+            if snapshot is None
+            else f"made anew, or moved (--move-disk): a snapshot, ≤ ${snapshot:,.2f} per month while kept"
+        )
+        table.add_row(
+            f"{number}{' (now)' if place['here'] else ''}",
+            f"{place['capacity']} in {place['zone']}",
+            f"${place['usd_per_hour']:.2f}",
+            place["draws_on"],
+            disk + (f"\nwarning: {place['warning']}" if place["warning"] else ""),
+        )
+    console.print(table)
+    console.print(
+        styled(
+            "[dim]snapshot's price: ${} per GB-month, the size of the data disk at most[/]", SNAPSHOT_USD_PER_GB_MONTH
+        )
+    )
+
+
 def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
@@ -302,6 +359,8 @@ def render(plan: Plan, console: Console) -> None:
     for job in plan.jobs:
         console.print(Text(job["script"]), soft_wrap=True)
     console.print(Text(plan.compile_cache))
+    if len(plan.places) > 1:
+        render_places(plan, console)
     cost = plan.cost
     extra = " + CPU host and GKE fee" if multi_host else ""
     what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type

@@ -219,16 +219,16 @@ def tensorboard(
 def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     """Where the VM's hours went since it booted: a table and a chart.
 
-    Each phase (provisioning, download, jobs, training steps, evals, saves, fetches, idle), the paid time and
-    its training share; the chart is .tpu-grpo/timeline.png."""
+    Each phase (the search for chips that made it, provisioning, download, jobs, training steps, evals, saves,
+    fetches, idle), the paid time and its training share; the chart is .tpu-grpo/timeline.png."""
     from tpu_grpo.jobs import vm_jobs
-    from tpu_grpo.results.timeline import build, fetches, gather, plot, show
+    from tpu_grpo.results.timeline import build, fetches, gather, plot, searches, show
 
     with one_line_errors():
         where = checked(check_vm)
         session = vm_jobs.session(where.flags, where.settings)
         found = gather(session.connection)
-    built = build(session.host.name, found, fetches())
+    built = build(session.host.name, found, fetches(), searches())
     png = plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
     if json_:
         print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))

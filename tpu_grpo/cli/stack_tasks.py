@@ -10,6 +10,7 @@ from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_sett
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.printing import terminal
+from tpu_grpo.config.settings import Settings
 
 
 @task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)
@@ -56,20 +57,22 @@ def settings(c, stack=None, json_=False):
         console.print(f"warning: {warning}")
 
 
-@task(help=flag_help("stack", yes="go ahead without Pulumi's preview and question (for scripts)"), check=check_settings)
-def up(c, stack=None, yes=False):
+@task(
+    help=flag_help(
+        "stack",
+        yes="go ahead without Pulumi's preview and question (for scripts)",
+        move_disk="when chips are found in another zone, move the data disk there (a snapshot, then a disk made "
+        "from it) instead of making it anew",
+    ),
+    check=check_settings,
+)
+def up(c, stack=None, yes=False, move_disk=False):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
-    Refused while a change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
-    from tpu_grpo.cloud.stack import (
-        data_disk_lost,
-        describe,
-        missing_for_up,
-        preview,
-        select_and_refresh,
-        strips_a_grant,
-        up,
-    )
+    With tpu-grpo:fallback, the next place is tried when Google has no chips (docs/capacity.md). Refused while a
+    change would delete the data disk (a new gcp:zone or vmName) with runs not yet fetched."""
+    from tpu_grpo.cloud.search import find_chips
+    from tpu_grpo.cloud.stack import missing_for_up, select_and_refresh
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
@@ -86,31 +89,26 @@ def up(c, stack=None, yes=False):
     for warning in chosen.warnings:
         console.print(f"warning: {warning}")
     exit_on_failure(select_and_refresh(chosen))
-    changes = preview(chosen)
-    for change in changes:
-        console.print(f"replaces: {describe(change)}", soft_wrap=True)
-    if strips_a_grant(changes):
-        raise Exit(
-            f"error: refusing to update stack '{chosen.stack}': it would delete a grant it declares under "
-            "another name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which "
-            "adopts the renamed resources), then change it again",
-            code=1,
+
+    def keep_data(at: Settings) -> None:
+        sources.keep_what_only_the_data_disk_holds(
+            sources.of(targets.pick(check_hosts(stack=stack))),
+            chosen.stack,
+            "update",
+            "the update deletes the data disk, and ",
+            "undo the change to the stack file (or pass --move-disk, which copies the disk to the new zone), "
+            "`uv run invoke up` to bring the VM back, fetch the runs, then change it again",
+            "fetch them first, pass --move-disk (which copies the disk to the new zone), or undo the change to the "
+            "stack file",
         )
-    if data_disk_lost(changes):
-        with one_line_errors():
-            sources.keep_what_only_the_data_disk_holds(
-                sources.of(targets.pick(check_hosts(stack=stack))),
-                chosen.stack,
-                "update",
-                "the update deletes the data disk, and ",
-                "undo the change to the stack file, `uv run invoke up` to bring the VM back, fetch the runs, then "
-                "change it again",
-                "fetch them first, or undo the change to the stack file",
-            )
-    code, explanations = up(chosen, yes=yes, say=console.print)
-    if explanations:
-        raise Exit("\n".join(f"what went wrong: {line}" for line in explanations), code=code)
-    exit_on_failure(code)
+
+    with one_line_errors():
+        outcome = find_chips(
+            chosen, yes=yes, move=move_disk, keep_data=keep_data, say=lambda line: console.print(line, soft_wrap=True)
+        )
+    if outcome.explanations:
+        raise Exit("\n".join(f"what went wrong: {line}" for line in outcome.explanations), code=outcome.code)
+    exit_on_failure(outcome.code)
 
 
 @task(

@@ -1,5 +1,5 @@
 """Why Google refused to make the stack's VM or node pool, and which places that rules out for a search for chips
-(issue 64's first part: the classifier; the search that uses it comes next). Each marker is quoted from a cited
+(tpu_grpo/cloud/search.py tries the stack's places with it). Each marker is quoted from a cited
 source, never from memory:
 
 - GCE-RESOURCE: Compute Engine's "Troubleshoot resource availability errors" (cloud.google.com/compute/docs/
@@ -17,11 +17,29 @@ source, never from memory:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: What a refusal rules out: the zone tried, its whole region, the capacity tried (a reservation's trouble is the
 #: reservation's, in any zone), or every place (nothing else can succeed until the user fixes it).
 ZONE, REGION, CAPACITY, EVERYWHERE = "zone", "region", "capacity", "everywhere"
+#: The kinds of refusal, and what each means in plain words.
+STOCKOUT, QUOTA, RESERVATION, PERMISSION, INVALID, UNKNOWN = (
+    "stockout",
+    "quota",
+    "reservation",
+    "permission",
+    "invalid",
+    "unknown",
+)
+MEANINGS = {
+    STOCKOUT: "no chips there now",
+    QUOTA: "a quota of the project is too low",
+    RESERVATION: "the reservation cannot give them",
+    PERMISSION: "not allowed",
+    INVALID: "this machine cannot be had there",
+    UNKNOWN: "failed",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,16 @@ class Refusal:
     kind: str  # a Marker's kinds, or "unknown"
     rules_out: str
     message: str
+    marker: str = ""  # the words of Google's that classified it
+
+    @property
+    def said(self) -> str:
+        """What to quote of it in one line: its marker when that is a code (ZONE_RESOURCE_POOL_EXHAUSTED), else
+        Google's message without the provider's `creating Instance: googleapi: Error 403: `, cut short."""
+        if self.marker.replace("_", "").isalnum():
+            return self.marker
+        lines = self.message.strip().splitlines()
+        return re.split(r"Error \d+: ", lines[-1])[-1][:160] if lines else "no error message"
 
 
 #: Compute Engine's refusals of a reservation-bound VM, and what to do about each.
@@ -74,34 +102,36 @@ RESERVATION_ERRORS = (
 )
 
 MARKERS = (
-    Marker("stockout", ZONE, "ZONE_RESOURCE_POOL_EXHAUSTED", "GCE-RESOURCE"),  # and ..._WITH_DETAILS
-    Marker("stockout", ZONE, "does not have enough resources available to fulfill the request", "GCE-RESOURCE"),
-    Marker("stockout", ZONE, "is currently unavailable in the", "GCE-RESOURCE"),
-    Marker("stockout", ZONE, "resource pool exhausted", "GKE-POOLS"),
-    Marker("stockout", ZONE, "GCE_STOCKOUT", "GOOGLE-SKILLS"),
-    Marker("stockout", ZONE, "insufficientCapacity", "SKYPILOT"),
-    Marker("stockout", ZONE, "There is no more capacity in the zone", "SKYPILOT"),  # the TPU API's code 8
-    Marker("reservation", CAPACITY, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
-    *(Marker("reservation", CAPACITY, text, "RESERVATION") for text, _ in RESERVATION_ERRORS),
-    Marker("quota", EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT"),  # a global quota: no region has room
-    Marker("quota", ZONE, "PerProjectPerZone", "SKYPILOT"),  # a TPU quota of one zone, by its name
-    Marker("quota", REGION, "QUOTA_EXCEEDED", "SKYPILOT"),
-    Marker("quota", REGION, "' exceeded.  Limit:", "SKYPILOT"),
-    Marker("quota", REGION, "' exhausted. Limit", "SKYPILOT"),
-    Marker("quota", REGION, "quotaExceeded", "SKYPILOT"),
-    Marker("quota", REGION, "Insufficient quota to satisfy the request", "GKE-TPU"),
-    Marker("permission", EVERYWHERE, "IAM_PERMISSION_DENIED", "SKYPILOT"),
-    Marker("permission", EVERYWHERE, "Policy update access denied.", "SKYPILOT"),
-    Marker("permission", ZONE, "is not found or access is unauthorized", "SKYPILOT"),  # a location not open to you
-    Marker("invalid", ZONE, "does not exist in zone", "GKE-POOLS"),  # a machine type that zone has not
-    Marker("invalid", EVERYWHERE, "Requested disk size cannot be smaller than the image size", "SKYPILOT"),
+    Marker(STOCKOUT, ZONE, "ZONE_RESOURCE_POOL_EXHAUSTED", "GCE-RESOURCE"),  # and ..._WITH_DETAILS
+    Marker(STOCKOUT, ZONE, "does not have enough resources available to fulfill the request", "GCE-RESOURCE"),
+    Marker(STOCKOUT, ZONE, "is currently unavailable in the", "GCE-RESOURCE"),
+    Marker(STOCKOUT, ZONE, "resource pool exhausted", "GKE-POOLS"),
+    Marker(STOCKOUT, ZONE, "GCE_STOCKOUT", "GOOGLE-SKILLS"),
+    Marker(STOCKOUT, ZONE, "insufficientCapacity", "SKYPILOT"),
+    Marker(STOCKOUT, ZONE, "There is no more capacity in the zone", "SKYPILOT"),  # the TPU API's code 8
+    Marker(RESERVATION, CAPACITY, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
+    *(Marker(RESERVATION, CAPACITY, text, "RESERVATION") for text, _ in RESERVATION_ERRORS),
+    Marker(QUOTA, EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT"),  # a global quota: no region has room
+    Marker(QUOTA, ZONE, "PerProjectPerZone", "SKYPILOT"),  # a TPU quota of one zone, by its name
+    Marker(QUOTA, REGION, "QUOTA_EXCEEDED", "SKYPILOT"),
+    Marker(QUOTA, REGION, "' exceeded.  Limit:", "SKYPILOT"),
+    Marker(QUOTA, REGION, "' exhausted. Limit", "SKYPILOT"),
+    Marker(QUOTA, REGION, "quotaExceeded", "SKYPILOT"),
+    Marker(QUOTA, REGION, "Insufficient quota to satisfy the request", "GKE-TPU"),
+    Marker(PERMISSION, EVERYWHERE, "IAM_PERMISSION_DENIED", "SKYPILOT"),
+    Marker(PERMISSION, EVERYWHERE, "Policy update access denied.", "SKYPILOT"),
+    Marker(PERMISSION, ZONE, "is not found or access is unauthorized", "SKYPILOT"),  # a location not open to you
+    Marker(INVALID, ZONE, "does not exist in zone", "GKE-POOLS"),  # a machine type that zone has not
+    Marker(INVALID, EVERYWHERE, "Requested disk size cannot be smaller than the image size", "SKYPILOT"),
 )
 
 
 def classify(message: str) -> Refusal:
-    """The first marker found in `message`, in MARKERS' order (a global quota before a regional one); a message no
-    marker knows rules out its zone, as SkyPilot does with an error it cannot parse."""
+    """The first marker found in `message`, in MARKERS' order (a global quota before a regional one). A message no
+    marker knows rules out every place, where SkyPilot rules out only its zone: SkyPilot's provisioner makes one VM,
+    while an `up` runs the whole program (a setting the provider refuses, a program error, a lost network, an update
+    declined), which would fail again in each place, making or moving resources each time."""
     for marker in MARKERS:
         if marker.text in message:
-            return Refusal(marker.kind, marker.rules_out, message)
-    return Refusal("unknown", ZONE, message)
+            return Refusal(marker.kind, marker.rules_out, message, marker.text)
+    return Refusal(UNKNOWN, EVERYWHERE, message)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
-from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, classify
+from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, STOCKOUT, classify
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
@@ -145,7 +145,7 @@ def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> li
     found = []
     for message in messages:
         meaning = next((meaning for marker, meaning in KNOWN_ERRORS if marker in message), None)
-        if meaning is None and classify(message).kind == "stockout":  # each of Google's words for it (refusals.py)
+        if meaning is None and classify(message).kind == STOCKOUT:  # each of Google's words for it (refusals.py)
             meaning = obtained.no_capacity
         if meaning and meaning not in found:
             found.append(meaning)
@@ -202,6 +202,16 @@ def instance_state(stack: str) -> tuple[str, str] | None:
     for resource in state.get("deployment", {}).get("resources", []):
         if resource.get("type") == INSTANCE_TYPE:
             return resource["urn"], (resource.get("outputs") or {}).get("currentStatus", "")
+    return None
+
+
+def data_disk_zone(stack: str) -> str | None:
+    """The zone of the data disk in the stack's state, or None (none made yet, or a slice)."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    for resource in state.get("deployment", {}).get("resources") or []:
+        if resource.get("type") == replacements.DISK:
+            zone = (resource.get("outputs") or resource.get("inputs") or {}).get("zone") or ""
+            return zone.rsplit("/", 1)[-1] or None  # a self link's last part
     return None
 
 
@@ -270,8 +280,8 @@ def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, l
     whatever its capacity. `yes`: the user has agreed already (`invoke up --yes`, a recovery nobody watches), so no
     preview and no question; otherwise Pulumi shows its preview and asks.
 
-    Returns the exit code and, when it failed, what the known errors in it mean. The CLI's output goes
-    to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
+    Returns the exit code and the error messages of Pulumi's event log (what they mean: `explanations`). The CLI's
+    output goes to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
     """
     stack = settings.stack
     replace: list[str] = []
@@ -290,8 +300,12 @@ def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, l
             stdout=stdout,
             env={**os.environ, **EVENT_LOG_ENV},
         ).returncode
-        messages = error_messages(event_log)
-        return code, [*explain(messages, settings.obtained), *outside_state(settings, messages)] if code else []
+        return code, error_messages(event_log) if code else []
+
+
+def explanations(settings: Settings, messages: list[str]) -> list[str]:
+    """What the known errors of a failed `up` mean, for the capacity tried."""
+    return [*explain(messages, settings.obtained), *outside_state(settings, messages)]
 
 
 def require_cli() -> None:

@@ -197,6 +197,69 @@ def _ranges(value: Any) -> list:
     return ranges
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where and how the chips may be had: a zone and a capacity (None in a fallback entry: the stack's own), and,
+    in the place `invoke up` records (`tpu-grpo:placed`), the zone whose data disk was copied here (a snapshot)."""
+
+    zone: str
+    capacity: str | None = None
+    moved_from: str | None = None
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    def same(self, other: Place) -> bool:
+        """The same zone and capacity, wherever either's disk came from."""
+        return (self.zone, self.capacity) == (other.zone, other.capacity)
+
+    def __str__(self) -> str:
+        return f"{self.capacity} in {self.zone}"
+
+    def to_json(self) -> dict:
+        return {
+            "zone": self.zone,
+            "capacity": self.capacity,
+            **({"movedFrom": self.moved_from} if self.moved_from else {}),
+        }
+
+
+_PLACE_FIELDS = {"zone", "capacity", "movedFrom"}
+
+
+def _place_entry(value: Any, fields: set[str]) -> Place:
+    """A place as a stack file writes it: a mapping of zone and, optionally, capacity (and, in `placed`, movedFrom);
+    or a zone alone, at the stack's capacity."""
+    is_zone = isinstance(value, str) and not value.strip().startswith("{") and "=" not in value
+    entry = {"zone": value.strip()} if is_zone else _mapping(value)
+    unknown = sorted(str(name) for name in entry if name not in fields)
+    if unknown:
+        raise Refused(f"holds {unknown[0]!r}, which a place does not take (" + ", ".join(sorted(fields)) + ")")
+    if "zone" not in entry:
+        raise Refused(f"holds {entry!r}, a place without its zone")
+    for part in ("zone", "movedFrom"):
+        if part in entry and not _ZONE.fullmatch(str(entry[part])):
+            raise Refused(f"holds {part} {entry[part]!r}, not a zone of the form region-letter (us-east5-b)")
+    if "capacity" in entry and entry["capacity"] not in CAPACITIES:
+        raise Refused(f"holds capacity {entry['capacity']!r}, not one of " + ", ".join(CAPACITIES))
+    return Place(str(entry["zone"]), entry.get("capacity"), entry.get("movedFrom"))
+
+
+def _places(value: Any) -> tuple[Place, ...]:
+    places = tuple(_place_entry(entry, _PLACE_FIELDS - {"movedFrom"}) for entry in _list(value))
+    if not places:
+        raise Refused("is empty: leave it unset to try gcp:zone alone")
+    return places
+
+
+def _placed(value: Any) -> Place:
+    place = _place_entry(value, _PLACE_FIELDS)
+    if place.capacity is None:
+        raise Refused(f"holds {value!r}, a place without its capacity")
+    return place
+
+
 #: The labels the project puts on every resource itself (infra/common.py): a stack's own may not replace them.
 OWN_LABELS = ("app", "stack")
 
@@ -277,6 +340,19 @@ class StackValues:
         "how the chips are obtained: " + ", ".join(CAPACITIES) + f" (default {DEFAULT_CAPACITY})",
         "spot",
         rule=_one_of(CAPACITIES, "is not a capacity (" + ", ".join(CAPACITIES) + ")"),
+    )
+    fallback: tuple[Place, ...] = setting(
+        f"{PROJECT}:fallback",
+        "other places to try, in order, when Google has no chips for gcp:zone and capacity: a list of "
+        "{zone, capacity} (capacity: the stack's when left out) (docs/capacity.md)",
+        "zone=us-east5-a,capacity=spot",
+        rule=_places,
+    )
+    placed: Place | None = setting(
+        f"{PROJECT}:placed",
+        "where `invoke up` last got chips, of gcp:zone and fallback: written by `invoke up`, not by hand",
+        """'{"zone": "us-east5-a", "capacity": "spot"}'""",
+        rule=_placed,
     )
     reservation: str | None = setting(
         f"{PROJECT}:reservation",

@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from tpu_grpo.catalog.capacity import (
 from tpu_grpo.catalog.models import MODELS, Model
 from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.errors import SettingsError
-from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, StackValues
+from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, Place, StackValues
 from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.values import NotAFile, Refused, existing_file
@@ -77,6 +77,26 @@ class Settings(StackValues):
     stack: str
     ssh_public_key: str
     pending: tuple[SettingsError, ...] = field(default=(), compare=False)
+    #: gcp:zone and capacity as the stack file says them, when it names other places (fallback); zone and capacity
+    #: above are where the chips are (`placed`, when one of them), which every task and the program read.
+    own_place: Place | None = None
+
+    @property
+    def home(self) -> Place:
+        """gcp:zone and capacity: a slice's cluster and the stack's bucket stay in its zone and region wherever the
+        chips are."""
+        return self.own_place or Place(self.zone, self.capacity)
+
+    @property
+    def candidates(self) -> tuple[Place, ...]:
+        """The places to get chips, in the stack's order: its own, then its fallback."""
+        return (self.home, *self.fallback)
+
+    @property
+    def here(self) -> Place:
+        """Where these settings put the VM (or a slice's TPU node pools)."""
+        here = Place(self.zone, self.capacity)
+        return self.placed if self.placed and self.placed.same(here) else here
 
     @property
     def region(self) -> str:
@@ -136,7 +156,7 @@ class Settings(StackValues):
         if key.unset:
             return key.unset(self)
         value = getattr(self, key.field)
-        if value is None:
+        if value is None or value == ():  # an empty list (fallback): nothing stands in for it
             return None
         return value, "the tutorial's" if key.default is not None else "default"
 
@@ -229,11 +249,82 @@ def unknown_key(name: str, value: Any) -> SettingsError:
 
 
 def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> Settings:
-    """Validate raw config values (`{"gcp:zone": "us-east5-b", ...}`) into Settings.
+    """Validate raw config values (`{"gcp:zone": "us-east5-b", ...}`) into Settings: at the place `invoke up` got
+    chips (`tpu-grpo:placed`) when it is one of the stack's candidates, else at gcp:zone and capacity. Every
+    candidate of `tpu-grpo:fallback` is checked as the stack's own place would be, so that a search for chips
+    never meets a setting it cannot use.
 
     With `lenient`, placeholders and a missing public key file do not stop the parse: they
     are kept in `Settings.pending` so an offline plan can show what is still to set.
     """
+    fallback = raw.get(FALLBACK)
+    if fallback is None or fallback == "":
+        return _parse(raw, stack, root, lenient=lenient)
+    try:
+        places = KEY[FALLBACK].parse(fallback)
+    except Refused as problem:
+        raise SettingsError(FALLBACK, fallback, str(problem), KEY[FALLBACK].set_command()) from None
+    home = Place(str(raw.get("gcp:zone") or ""), str(raw.get(f"{PROJECT}:capacity") or DEFAULT_CAPACITY))
+    candidates = (home, *(Place(place.zone, place.capacity or home.capacity) for place in places))
+    own = _parse(_at(raw, home, candidates), stack, root, lenient=lenient)
+    for index, place in enumerate(candidates[1:]):
+        if any(place.same(earlier) for earlier in candidates[: index + 1]):
+            raise SettingsError(
+                f"{FALLBACK}[{index}]", str(place), "is listed twice", f"pulumi config rm --path '{FALLBACK}[{index}]'"
+            )
+        if own.tpu_slice and place.region != home.region:
+            raise SettingsError(
+                f"{FALLBACK}[{index}]",
+                str(place),
+                f"is outside gcp:zone's region {home.region}, where a slice's cluster, image and bucket are",
+                f"a zone of {home.region}, or pulumi config rm --path '{FALLBACK}[{index}]'",
+            )
+        try:
+            _parse(_at(raw, place, candidates), stack, root, lenient=lenient)
+        except SettingsError as error:
+            raise SettingsError(
+                f"{FALLBACK}[{index}]", str(place), f"cannot be tried: there, {error.key} {error.problem}", error.fix
+            ) from None
+    chosen = next((place for place in candidates if own.placed and own.placed.same(place)), home)
+    at = own if chosen is home else _parse(_at(raw, chosen, candidates), stack, root, lenient=lenient)
+    return replace(at, fallback=candidates[1:], own_place=home)
+
+
+def at_place(raw: Mapping[str, Any], stack: str, root: Path, place: Place, *, lenient: bool = False) -> Settings:
+    """The stack's settings were its chips at `place` (one of its candidates): as `invoke up` records it."""
+    return parse({**raw, PLACED: place.to_json()}, stack, root, lenient=lenient)
+
+
+#: The settings only some capacities take (rules.check_capacity refuses them elsewhere).
+_TAKEN_BY = {
+    f"{PROJECT}:reservation": lambda row: row.needs_reservation,
+    f"{PROJECT}:maxRunHours": lambda row: row.run_limited,
+}
+STORE_KEY = f"{PROJECT}:checkpointStore"
+#: Where `invoke up` got chips, which the tasks and the program read as the stack's place.
+PLACED = f"{PROJECT}:placed"
+#: The setting that lists a stack's other places; the stack's own (gcp:zone, capacity) is tried first.
+FALLBACK = f"{PROJECT}:fallback"
+
+
+def _at(raw: Mapping[str, Any], place: Place, candidates: tuple[Place, ...]) -> dict[str, Any]:
+    """The stack file's values at `place`: its zone and capacity, without a setting only other places' capacities
+    take (a reservation, a maximum run time), which the rules would refuse there; and one checkpoint store for every
+    place, so that a run resumed elsewhere finds its checkpoints: unset, the store of the first place whose capacity
+    refuses /dev/shm (its VM may be taken away), else the capacities' own."""
+    at = {**raw, "gcp:zone": place.zone, f"{PROJECT}:capacity": place.capacity}
+    rows = [CAPACITIES[other.capacity] for other in candidates if other.capacity in CAPACITIES]
+    for name, takes in _TAKEN_BY.items():
+        if place.capacity in CAPACITIES and not takes(CAPACITIES[place.capacity]) and any(map(takes, rows)):
+            at.pop(name, None)
+    lasting = [row.checkpoint_store for row in rows if row.shm_refused_because]
+    if lasting and at.get(STORE_KEY) in (None, ""):
+        at[STORE_KEY] = lasting[0]
+    return at
+
+
+def _parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> Settings:
+    """The stack file's values checked at one place (parse)."""
     for name in raw:
         if _namespace_of(name) == PROJECT and name not in KEY:
             raise unknown_key(name, raw[name])
@@ -298,6 +389,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
         pending.append(error)
         public_key = ""
     values["sshSourceRanges"] = tuple(values["sshSourceRanges"] or ())
+    values["fallback"] = tuple(values["fallback"] or ())
     fields = {key.field: values[key.short] for key in KEYS}
     return Settings(stack=stack, ssh_public_key=public_key, pending=tuple(pending), **fields)
 

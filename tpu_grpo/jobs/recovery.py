@@ -148,22 +148,27 @@ def bring_back(
     and replaced), with a new host key, so the old one of each of its `targets` (resolved once the VM is up) is
     forgotten first (the next connection records the new one and says so). Nobody is there to answer Pulumi's
     question, so the update goes ahead unasked (`--yes`), but never one that deletes the data disk (the stack file
-    changed since the run began): that waits for a person."""
+    changed since the run began): that waits for a person. With tpu-grpo:fallback, a place with no chips is
+    followed by the next, the data disk moved there (a snapshot: what the run wrote comes along)."""
+    from tpu_grpo.cloud.search import find_chips
+
+    def refuse(at: Settings) -> None:
+        raise RecoveryError(
+            "the stack file now deletes the data disk (gcp:zone or vmName changed since the run "
+            "began), which a recovery never does; fix: undo that change, or run uv run invoke "
+            "up yourself, then the same pipeline again"
+        )
+
     code, meanings = stack.select_and_refresh(chosen, stdout=stdout), list[str]()
     if code == 0:
-        if stack.data_disk_lost(stack.preview(chosen)):
-            raise RecoveryError(
-                "the stack file now deletes the data disk (gcp:zone or vmName changed since the run "
-                "began), which a recovery never does; fix: undo that change, or run uv run invoke "
-                "up yourself, then the same pipeline again"
-            )
-        code, meanings = stack.up(chosen, yes=True, say=lambda line: None, stdout=stdout)
+        move = bool(chosen.fallback)  # a zone the stack lists, never one it was changed to while the run went on
+        outcome = find_chips(chosen, yes=True, move=move, keep_data=refuse, say=say, stdout=stdout)
+        code, meanings = outcome.code, outcome.explanations
     if code != 0:
         raise RecoveryError(
             f"pulumi up failed (exit {code}) while bringing the VM back"
             + "".join(f"; {meaning}" for meaning in meanings)
-            + "; fix: uv run invoke up, then "
-            "run the same pipeline again"
+            + "; fix: uv run invoke up, then run the same pipeline again"
         )
     found = targets()
     for target in found:

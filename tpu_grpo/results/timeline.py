@@ -44,7 +44,7 @@ _EVAL_STEP = re.compile(r"^Intermediate Eval \(step=(\d+)\)")
 
 @dataclass
 class Phase:
-    kind: str  # vm | provision | download | convert | startup | train | eval | export | save | publish | fetch | idle
+    kind: str  # a COLOURS key: search, vm, provision, download, convert, ..., fetch, idle
     label: str
     start: float
     end: float
@@ -217,8 +217,15 @@ def fetches() -> list[dict]:
     return records
 
 
-def build(host: str, found: dict, fetched: list[dict]) -> Timeline:
-    """Every phase on one clock, sorted, with the idle gaps between them."""
+def searches() -> list[dict]:
+    """The laptop's records of `invoke up`'s searches for chips (tpu_grpo/cloud/search.py), oldest first."""
+    found = [laptop_paths.read_record(path) for path in laptop_paths.records("searches")]
+    return sorted((record for record in found if record.get("attempts")), key=lambda r: r["attempts"][0]["started"])
+
+
+def build(host: str, found: dict, fetched: list[dict], searched: tuple[dict, ...] | list[dict] = ()) -> Timeline:
+    """Every phase on one clock, sorted, with the idle gaps between them; the search for chips that made the VM (the
+    newest that began before it booted), each attempt a phase before the boot."""
     now = found.get("now", time.time())
     booted = found.get("boot", now)
     phases = []
@@ -245,7 +252,16 @@ def build(host: str, found: dict, fetched: list[dict]) -> Timeline:
         phases.append(Phase("save", f"save {record['run']}", record["started"], record["finished"]))
     for record in fetched:
         phases.append(Phase("fetch", f"fetch {record['run']}", record["started"], record["finished"]))
-    phases = sorted((phase for phase in phases if phase.end >= booted), key=lambda phase: (phase.start, phase.end))
+    made_it = [record for record in searched if record["attempts"][0]["started"] <= booted][-1:]
+    for attempt in (attempt for record in made_it for attempt in record["attempts"]):
+        place, refusal = attempt["place"], attempt["refusal"]
+        said = f"refused: {refusal['kind']}" if refusal else "got chips"
+        label = f"chips: {place['capacity']} in {place['zone']}, {said}"
+        phases.append(Phase("search", label, attempt["started"], attempt["started"] + attempt["seconds"]))
+    phases = sorted(
+        (phase for phase in phases if phase.end >= booted or phase.kind == "search"),
+        key=lambda phase: (phase.start, phase.end),
+    )
     newest = found["jobs"][-1].meta if found["jobs"] else {}
     machine = MACHINES.get(newest.get("inputs", {}).get("machine", ""))
     return Timeline(
@@ -297,6 +313,7 @@ def show(console, timeline: Timeline, png: Path) -> None:
 
 
 COLOURS = {
+    "search": "#ffbb78",
     "vm": "#888888",
     "provision": "#1f77b4",
     "download": "#17becf",

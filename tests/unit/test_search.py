@@ -1,0 +1,365 @@
+"""The search for chips (tpu_grpo/cloud/search.py): `invoke up` and a recovery against the Pulumi CLI double answering
+each place with a refusal quoted from its cited source (tests/doubles/pulumi_cli.REFUSALS), and properties of the
+search over generated places and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.doubles.pulumi_cli import PulumiCli
+from tests.support import TEST_TOKEN, invoke
+from tpu_grpo.cloud import search
+from tpu_grpo.config.keys import Place
+
+
+@pytest.fixture
+def spot_stack(stack_dir, stack_values):
+    """A spot stack in us-east5-b that also accepts spot in us-east5-a and on-demand in us-central1-b."""
+    values = {key: value for key, value in stack_values.items() if key != "tpu-grpo:reservation"}
+    values.update(
+        {
+            "tpu-grpo:capacity": "spot",
+            "tpu-grpo:fallback": [{"zone": "us-east5-a"}, {"zone": "us-central1-b", "capacity": "on-demand"}],
+        }
+    )
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    return stack_dir, values
+
+
+@pytest.fixture
+def cloud(tmp_path, home):
+    cli = PulumiCli(tmp_path / "pulumi", {"external_ip": "127.0.0.1", "ssh_user": "ubuntu"})
+    cli.gets_chips_anywhere()
+    return cli, {**home, **cli.env(), "HF_TOKEN": TEST_TOKEN, "TPU_GRPO_STATE": str(tmp_path / "state")}
+
+
+def stack_config(stack_dir) -> dict:
+    return yaml.safe_load((stack_dir / "Pulumi.dev.yaml").read_text())["config"]
+
+
+def state_of(cli: PulumiCli) -> dict[str, dict]:
+    """The double's state after the updates, by resource type's last part."""
+    resources = json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"]
+    return {resource["type"].rsplit(":", 1)[-1]: resource["inputs"] for resource in resources}
+
+
+def ups(cli: PulumiCli) -> int:
+    return sum(call.startswith("up ") for call in cli.calls())
+
+
+def test_three_places_whose_first_two_are_out_of_chips_end_with_a_vm_in_the_third(spot_stack, cloud):
+    stack_dir, _ = spot_stack
+    cli, env = cloud
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    cli.answer_at("us-east5-a", "spot", "stockout")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if line.startswith(("spot in", "on-demand in"))]
+    assert len(said) == 3 == ups(cli)
+    assert said[0].startswith("spot in us-east5-b: no chips there now (ZONE_RESOURCE_POOL_EXHAUSTED), ")
+    assert said[0].endswith("; next: another place")
+    assert said[1].startswith("spot in us-east5-a: no chips there now (ZONE_RESOURCE_POOL_EXHAUSTED)")
+    assert said[2].startswith("on-demand in us-central1-b: got chips, ")
+    assert "the VM is in us-central1-b (on-demand), recorded as tpu-grpo:placed" in result.stdout
+    assert json.loads(stack_config(stack_dir)["tpu-grpo:placed"]) == {"zone": "us-central1-b", "capacity": "on-demand"}
+    made = state_of(cli)
+    assert made["Instance"]["zone"] == made["Disk"]["zone"] == "us-central1-b"
+    assert made["Instance"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert made["Subnetwork"]["region"] == "us-central1"  # the VM's subnet follows it; the stack's bucket does not
+    settings_now = json.loads(invoke("settings", "--json", cwd=stack_dir, env=env).stdout)
+    assert settings_now["gcp:zone"]["value"] == "us-east5-b"  # the stack's own first choice stays as written
+    [record] = (Path(env["TPU_GRPO_STATE"]) / "searches").glob("dev-*.json")
+    attempts = json.loads(record.read_text())["attempts"]
+    assert [a["refusal"] and a["refusal"]["kind"] for a in attempts] == ["stockout", "stockout", None]
+
+    again = invoke("up", "--yes", cwd=stack_dir, env=env)  # where the VM is comes first: one attempt
+    assert again.returncode == 0, again.stderr
+    assert ups(cli) == 4
+    assert "on-demand in us-central1-b: got chips" in again.stdout
+    assert "replaces:" not in again.stdout
+
+
+def test_a_regional_quota_rules_out_its_region_for_that_quota_only(spot_stack, cloud):
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    values["tpu-grpo:fallback"] = [
+        {"zone": "us-east5-a"},  # the same region and quota: skipped
+        {"zone": "us-east5-a", "capacity": "on-demand"},  # another quota: tried
+    ]
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    cli.answer_at("us-east5-b", "spot", "quota")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert ups(cli) == 2
+    assert (
+        "spot in us-east5-b: a quota of the project is too low (Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in "
+        "region us-east5., quotaExceeded), "
+    ) in result.stdout
+    assert "next: a place outside us-east5 or of another quota" in result.stdout
+    assert "on-demand in us-east5-a: got chips" in result.stdout
+    assert "spot in us-east5-a" not in result.stdout
+
+
+def test_a_permission_refusal_ends_the_search_at_once(spot_stack, cloud):
+    stack_dir, _ = spot_stack
+    cli, env = cloud
+    cli.answer_at("us-east5-b", "spot", "permission")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    assert ups(cli) == 1
+    assert "spot in us-east5-b: not allowed (IAM_PERMISSION_DENIED), " in result.stdout
+    assert "next: none, no other place can do better" in result.stdout
+    assert "tpu-grpo:placed" not in stack_config(stack_dir)  # the stack's own place: nothing to record
+
+
+def test_a_stack_without_fallback_is_one_attempt_and_its_file_is_never_written(stack_dir, cloud):
+    cli, env = cloud
+    before = (stack_dir / "Pulumi.dev.yaml").read_text()
+    cli.answer_at("us-east5-b", "reservation", "stockout")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    assert ups(cli) == 1
+    assert result.stderr.startswith("what went wrong: the zone has no capacity outside reservations")
+    assert (stack_dir / "Pulumi.dev.yaml").read_text() == before
+    assert not any(call.startswith("config set") for call in cli.calls())
+
+
+def test_a_data_disk_nobody_can_vouch_for_is_not_made_anew_elsewhere(spot_stack, cloud):
+    """The VM was made in us-east5-b; its zone is out of chips and the VM does not answer (lost): what only its data
+    disk holds is unknown, so the search stops before it deletes it, and the stack file still says us-east5-b."""
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    cli.deployed(values)
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 1, result.stderr
+    assert ups(cli) == 1
+    assert result.stderr.startswith("error: refusing to update stack 'dev': the update deletes the data disk, and ")
+    assert "replaces: Disk tpu-grpo-data (zone us-east5-b -> us-east5-a)" in result.stdout
+    assert "the VM does not answer" in result.stderr and "--move-disk" in result.stderr
+    assert "tpu-grpo:placed" not in stack_config(stack_dir)
+    assert state_of(cli)["Disk"]["zone"] == "us-east5-b"
+
+
+def test_move_disk_makes_the_new_zones_disk_from_a_snapshot_of_the_old(spot_stack, cloud):
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    cli.deployed(values)
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert ups(cli) == 2
+    assert "spot in us-east5-a: got chips" in result.stdout
+    placed = json.loads(stack_config(stack_dir)["tpu-grpo:placed"])
+    assert placed == {"zone": "us-east5-a", "capacity": "spot", "movedFrom": "us-east5-b"}
+    made = state_of(cli)
+    assert made["Snapshot"] == {
+        "name": "tpu-grpo-data-from-us-east5-b",
+        "sourceDisk": "tpu-grpo-data",
+        "zone": "us-east5-b",
+        "project": "grpo-lab-123",
+        "labels": {"app": "tpu-grpo", "stack": "dev"},
+    }
+    assert made["Disk"]["zone"] == made["Instance"]["zone"] == "us-east5-a"
+
+
+def test_a_recovery_whose_zone_has_no_chips_moves_to_the_next_place_with_its_data(
+    spot_stack, cloud, monkeypatch, tmp_path
+):
+    """`pipeline --recover`'s bring_back: the lost VM's zone is out of chips, so the next place is tried, the data
+    disk moved there (a snapshot: what the run wrote comes along), never made anew empty."""
+    from tpu_grpo.config import settings as stack_settings
+    from tpu_grpo.jobs import recovery
+
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    cli.deployed(values)
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(stack_dir)
+    monkeypatch.setattr(recovery, "provision_again", lambda values, found, say: say("provisioned"))
+    said: list[str] = []
+    recovery.bring_back(stack_settings.load("dev"), lambda: [], {}, said.append)
+    attempts = [line for line in said if line.startswith("spot in")]
+    assert attempts[0].startswith("spot in us-east5-b: no chips there now")
+    assert attempts[1].startswith("spot in us-east5-a: got chips")
+    assert said[-1] == "provisioned"
+    assert state_of(cli)["Snapshot"]["zone"] == "us-east5-b"
+    assert json.loads(stack_config(stack_dir)["tpu-grpo:placed"])["movedFrom"] == "us-east5-b"
+
+
+def test_plan_lists_the_places_in_the_order_up_tries_them_with_their_prices(spot_stack, cloud):
+    from tpu_grpo.catalog.capacity import CAPACITIES, SNAPSHOT_USD_PER_GB_MONTH
+
+    stack_dir, values = spot_stack
+    _, env = cloud
+    places = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)["places"]
+    snapshot = round(500 * SNAPSHOT_USD_PER_GB_MONTH, 2)
+    assert [(p["zone"], p["capacity"], p["here"], p["move_snapshot_usd_per_month"]) for p in places] == [
+        ("us-east5-b", "spot", True, None),
+        ("us-east5-a", "spot", False, snapshot),
+        ("us-central1-b", "on-demand", False, snapshot),
+    ]
+    assert places[2]["usd_per_hour"] == 8 * CAPACITIES["on-demand"].usd_per_chip_hour
+    assert places[0]["draws_on"] == "preemptible TPU v6e quota of us-east5"
+    assert places[2]["draws_on"] == "TPU v6e quota of us-central1"
+    shown = invoke("plan", cwd=stack_dir, env={**env, "COLUMNS": "250"}).stdout
+    assert "Places to get chips, in the order `invoke up` tries them" in shown and "on-demand in us-central1-b" in shown
+
+
+def test_the_places_in_the_data_disks_zone_come_first_then_the_stacks_order():
+    places = [Place("us-east5-b", "spot"), Place("us-east5-a", "spot"), Place("us-east5-a", "on-demand")]
+    assert search.order(places, "us-east5-a") == [places[1], places[2], places[0]]
+    assert search.order(places, None) == places
+
+
+# Properties over generated places and refusals.
+ZONES = ("us-east5-a", "us-east5-b", "us-central1-b", "europe-west4-a")
+CAPACITIES = ("spot", "on-demand", "flex-start", "reservation")
+KINDS = {  # a refusal's message for each class, quoted from tests/unit/test_refusals.py's cited cases
+    "stockout": "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "regional quota": "Quota 'CPUS' exceeded.  Limit: 24.0 in region us-west1.",
+    "global quota": "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 1.0 globally.",
+    "reservation": "Insufficient reserved capacity.",
+    "permission": "Policy update access denied.",
+    "unknown": "error: something new",
+    "chips": None,
+}
+places_strategy = st.lists(
+    st.builds(Place, st.sampled_from(ZONES), st.sampled_from(CAPACITIES)), min_size=1, max_size=6, unique=True
+)
+
+
+QUOTA_OF = {"spot": "preemptible", "flex-start": "preemptible", "on-demand": "standard", "reservation": "standard"}
+
+
+def ruled_out(kind: str, tried: Place, other: Place) -> bool:
+    """What each class of refusal rules out, as docs/capacity.md's table says it (the oracle: not search.rules_out)."""
+    return {
+        "stockout": other == tried,
+        "regional quota": other.region == tried.region
+        and QUOTA_OF[str(other.capacity)] == QUOTA_OF[str(tried.capacity)],
+        "global quota": True,
+        "reservation": other.capacity == tried.capacity,
+        "permission": True,
+        "unknown": True,
+        "chips": True,  # nothing after a success
+    }[kind]
+
+
+@settings(max_examples=200, deadline=None)
+@given(places=places_strategy, answers=st.lists(st.sampled_from(sorted(KINDS)), min_size=6, max_size=6))
+def test_the_search_never_tries_a_ruled_out_place_and_says_one_line_per_attempt(places, answers):
+    answer_of = {place: answers[index] for index, place in enumerate(places)}
+    tried: list[Place] = []
+    lines: list[str] = []
+
+    def attempt(place):
+        tried.append(place)
+        message = KINDS[answer_of[place]]
+        return (0, []) if message is None else (255, [message])
+
+    attempts = search.search(places, attempt, lines.append)
+    assert [a.place for a in attempts] == tried
+    assert len(lines) == len(attempts) and all(line.startswith(f"{a.place}: ") for a, line in zip(attempts, lines))
+    for index, place in enumerate(places):  # in order: tried exactly when no place tried before rules it out
+        before = [earlier for earlier in tried if places.index(earlier) < index]
+        assert (place in tried) == (not any(ruled_out(answer_of[earlier], earlier, place) for earlier in before))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answers=st.lists(st.sampled_from(["stockout", "chips", "regional quota"]), min_size=3, max_size=3),
+    move=st.booleans(),
+    unsaved=st.booleans(),
+)
+def test_no_search_deletes_a_data_disk_that_holds_unsaved_runs(spot_stack_values, answers, move, unsaved):
+    """The disk is in us-east5-b with runs (unsaved or not); whatever the places answer, an `up` that makes it anew
+    elsewhere comes only after the guard passed, or moves it (a snapshot), and never after the guard refused."""
+    from tpu_grpo.results.sources import DataDiskAtRisk
+
+    chosen, cloud = spot_stack_values
+    places = chosen.candidates
+    disk = {"zone": "us-east5-b", "original": True}
+    events: list[str] = []
+
+    def keep_data(at):
+        events.append("guard")
+        if unsaved:
+            raise DataDiskAtRisk("runs only on the disk")
+
+    def up(at, **_):
+        lost = disk["original"] and at.zone != disk["zone"]
+        assert not lost or at.here.moved_from == "us-east5-b" or "guard" in events
+        events.append(f"up {at.here}")
+        disk.update(zone=at.zone, original=disk["original"] and not lost)
+        message = KINDS[answers[[p.same(at.here) for p in places].index(True)]]
+        return (0, []) if message is None else (255, [message])
+
+    def preview(at, declared=None):
+        return [DiskChange()] if at.zone != disk["zone"] else []
+
+    try:
+        with cloud(up, preview):
+            search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
+    except DataDiskAtRisk:
+        assert unsaved and not move
+        assert events[-1] == "guard"
+    assert disk["original"] or move or not unsaved
+
+
+class DiskChange:
+    type = "gcp:compute/disk:Disk"
+    action = "replace"
+    name = "tpu-grpo-data"
+
+    def because(self) -> str:
+        return "zone"
+
+
+@pytest.fixture(scope="module")
+def spot_stack_values(tmp_path_factory):
+    """The spot stack's settings, and a context that stands in for the cloud's side of find_chips (the Pulumi CLI)
+    with functions, for properties that run a search many times."""
+    import contextlib
+    import subprocess
+    from unittest import mock
+
+    from infra import offline
+    from tpu_grpo.cloud import stack
+    from tpu_grpo.config import settings as stack_settings
+
+    folder = tmp_path_factory.mktemp("stack")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "key")], check=True)
+    raw = {
+        "gcp:project": "grpo-lab-123",
+        "gcp:zone": "us-east5-b",
+        "tpu-grpo:capacity": "spot",
+        "tpu-grpo:sshPublicKeyPath": str(folder / "key.pub"),
+        "tpu-grpo:sshSourceRanges": ["203.0.113.7/32"],
+        "tpu-grpo:fallback": [{"zone": "us-east5-a"}, {"zone": "us-central1-b", "capacity": "on-demand"}],
+    }
+
+    @contextlib.contextmanager
+    def cloud(up, preview):
+        with contextlib.ExitStack() as patches:
+            for owner, name, function in [
+                (stack, "up", up),
+                (stack, "preview", preview),
+                (stack, "data_disk_zone", lambda name: "us-east5-b"),
+                (search, "record_place", lambda name, place: None),
+                (search, "read_stack_file", lambda name, root: dict(raw)),
+                (search, "project_root", lambda: folder),
+                (offline, "run", lambda raw, name, **_: (None, [], {})),
+            ]:
+                patches.enter_context(mock.patch.object(owner, name, function))
+            yield
+
+    return stack_settings.parse(raw, "dev", folder), cloud

@@ -1,0 +1,216 @@
+"""The search for chips over a stack's places (`tpu-grpo:fallback`): `invoke up` and a recovery try each place in
+turn, classify each refusal (refusals.py) and skip every place it rules out, one line per attempt, and record the
+place that got chips in the stack file (`tpu-grpo:placed`), which every later task and `up` read.
+
+The data disk is zonal: a place in another zone either makes it anew (allowed when the disk holds nothing that is
+not saved elsewhere: the caller's guard, `down`'s), or moves it (a snapshot, then the new zone's disk made from it:
+infra/tpu_host.py). A place where the data disk already is comes first, so that no search moves it needlessly and
+none comes back to a zone it moved out of.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tpu_grpo.catalog.capacity import CAPACITIES
+from tpu_grpo.cloud import stack
+from tpu_grpo.cloud.refusals import CAPACITY, EVERYWHERE, MEANINGS, REGION, UNKNOWN, ZONE, Refusal, classify
+from tpu_grpo.config import laptop_paths, settings
+from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.keys import Place
+from tpu_grpo.config.settings import PLACED, Settings
+from tpu_grpo.config.stack_file import project_root, read_stack_file
+
+#: An attempt's `replaces:` line for a data disk an earlier attempt of the same search made, which holds nothing.
+NEW_DISK = "the data disk an earlier attempt made (empty) is made anew in this zone"
+#: The laptop's records of searches (`invoke timeline` shows the one that made the VM).
+SEARCHES = "searches"
+
+
+#: What the search does after a refusal, by what it rules out.
+NEXT = {
+    ZONE: "another place",
+    REGION: "a place outside {0.region} or of another quota",
+    CAPACITY: "a place of another capacity than {0.capacity}",
+    EVERYWHERE: "none, no other place can do better",
+}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One place tried: when, for how long, and the refusal (None: it got chips)."""
+
+    place: Place
+    started: float
+    seconds: float
+    refusal: Refusal | None
+
+    @property
+    def line(self) -> str:
+        """Where, what, why and how long, in plain words: `spot in us-east5-b: no chips there now
+        (ZONE_RESOURCE_POOL_EXHAUSTED), 41 s; next: another place`."""
+        took = f"{self.seconds:.0f} s"
+        refusal = self.refusal
+        if refusal is None:
+            return f"{self.place}: got chips, {took}"
+        meaning = MEANINGS[refusal.kind]
+        return f"{self.place}: {meaning} ({refusal.said}), {took}; next: {NEXT[refusal.rules_out].format(self.place)}"
+
+    def to_json(self) -> dict:
+        refusal = self.refusal
+        return {
+            "place": self.place.to_json(),
+            "started": round(self.started, 3),
+            "seconds": round(self.seconds, 3),
+            "refusal": None if refusal is None else {"kind": refusal.kind, "message": refusal.message},
+        }
+
+
+def rules_out(attempt: Attempt, other: Place) -> bool:
+    """Whether the refusal of `attempt` rules out `other` too: the same zone and capacity (a stockout), the same
+    region and quota (a regional quota), the same capacity anywhere (a reservation's trouble), or every place."""
+    refusal, tried = attempt.refusal, attempt.place
+    if refusal is None:
+        return False
+    if refusal.rules_out == ZONE:
+        return other.same(tried)
+    if refusal.rules_out == REGION:
+        return other.region == tried.region and CAPACITIES[str(other.capacity)].quota == (
+            CAPACITIES[str(tried.capacity)].quota
+        )
+    if refusal.rules_out == CAPACITY:
+        return other.capacity == tried.capacity
+    return True
+
+
+def ends_the_search(refusal: Refusal) -> bool:
+    """A refusal after which no place can do better: one that rules out every place (a permission, a global quota,
+    an error no marker knows, which would recur everywhere)."""
+    return refusal.rules_out == EVERYWHERE
+
+
+def order(places: Sequence[Place], first_zone: str | None) -> list[Place]:
+    """The places in the stack's order, those in `first_zone` (the data disk's, or the VM's last) first."""
+    return sorted(places, key=lambda place: place.zone != first_zone)
+
+
+def search(
+    places: Sequence[Place], attempt: Callable[[Place], tuple[int, list[str]]], say: Callable[[str], None]
+) -> list[Attempt]:
+    """Try each place in turn until one gets chips (exit 0) or a refusal ends the search, never a place an earlier
+    refusal ruled out; `say` one line per attempt. `attempt(place)` is Pulumi's exit code and error messages."""
+    attempts: list[Attempt] = []
+    for place in places:
+        if any(rules_out(earlier, place) for earlier in attempts):
+            continue
+        started = time.time()
+        code, messages = attempt(place)
+        refusal = None if code == 0 else first_refusal(messages)
+        attempts.append(Attempt(place, started, time.time() - started, refusal))
+        say(attempts[-1].line)
+        if refusal is None or ends_the_search(refusal):
+            break
+    return attempts
+
+
+def first_refusal(messages: list[str]) -> Refusal:
+    """The first of Pulumi's error messages that a marker knows, else the first (or none) as it is."""
+    classified = [classify(message) for message in messages]
+    known = [refusal for refusal in classified if refusal.kind != UNKNOWN]
+    return (known or classified or [classify("")])[0]
+
+
+def record_place(stack_name: str, place: Place) -> None:
+    """Write `place` into the stack file as `tpu-grpo:placed` (`pulumi config set`, which wants the passphrase of a
+    passphrase-protected stack, as `up` does: pulumi/pulumi#9612)."""
+    done = subprocess.run(
+        ["pulumi", "config", "set", PLACED, json.dumps(place.to_json()), "--stack", stack_name],
+        cwd=project_root(),
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise UserError(f"could not record {place} in stack '{stack_name}': {done.stderr.strip()}")
+
+
+def record_search(chosen: Settings, attempts: list[Attempt]) -> None:
+    """The search, on the laptop, for `invoke timeline`."""
+    if attempts:
+        path = laptop_paths.state() / SEARCHES / f"{chosen.stack}-{attempts[0].started:.3f}.json"
+        laptop_paths.write_record(path, {"stack": chosen.stack, "attempts": [each.to_json() for each in attempts]})
+
+
+@dataclass
+class Outcome:
+    """How a search ended: Pulumi's exit code, the last attempt's error messages and settings, and the attempts."""
+
+    code: int
+    messages: list[str]
+    settings: Settings
+    attempts: list[Attempt]
+
+    @property
+    def explanations(self) -> list[str]:
+        return stack.explanations(self.settings, self.messages) if self.code else []
+
+
+def find_chips(
+    chosen: Settings,
+    *,
+    yes: bool,
+    move: bool,
+    keep_data: Callable[[Settings], None],
+    say: Callable[[str], None],
+    stdout=None,
+) -> Outcome:
+    """`pulumi up` at each of the stack's places in turn (search), the stack selected and refreshed already. An
+    attempt that would make the data disk anew elsewhere first calls `keep_data` (which raises while the disk holds
+    what is saved nowhere else), unless `move`: then the disk follows, made from a snapshot of the old one. A stack
+    with no fallback is one attempt, as before, and its file is never written."""
+    disk_zone = None if chosen.tpu_slice else stack.data_disk_zone(chosen.stack)
+    first_zone = disk_zone or chosen.zone
+    last: dict = {"code": 0, "messages": [], "settings": chosen}
+    kept, recorded = disk_zone is None, chosen.placed or chosen.home
+
+    from infra import offline, replacements
+
+    def attempt(place: Place) -> tuple[int, list[str]]:
+        nonlocal kept, recorded
+        moving = move and disk_zone is not None and place.zone != disk_zone
+        placed = Place(place.zone, place.capacity, disk_zone if moving else None)
+        raw = {
+            **read_stack_file(chosen.stack, project_root()),
+            **({PLACED: placed.to_json()} if chosen.fallback else {}),
+        }
+        at = settings.parse(raw, chosen.stack, project_root())
+        changes = stack.preview(at, offline.run(raw, chosen.stack)[1])
+        for change in changes:
+            made_here = kept and disk_zone is None and change.type == replacements.DISK
+            say(f"replaces: {made_here and NEW_DISK or stack.describe(change)}")
+        if stack.strips_a_grant(changes):
+            raise UserError(
+                f"refusing to update stack '{chosen.stack}': it would delete a grant it declares under another "
+                "name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which adopts "
+                "the renamed resources), then change it again"
+            )
+        if stack.data_disk_lost(changes) and not moving and not kept:
+            keep_data(at)  # before the stack file says anything new
+            kept = True
+        if chosen.fallback and recorded != placed:
+            record_place(chosen.stack, placed)
+            recorded = placed
+        code, messages = stack.up(at, yes=yes, say=say, stdout=stdout)
+        last.update(code=code, messages=messages, settings=at)
+        return code, messages
+
+    places = order(chosen.candidates, first_zone)
+    attempts = search(places, attempt, say if chosen.fallback else lambda line: None)
+    if chosen.fallback:
+        record_search(chosen, attempts)
+        if attempts and attempts[-1].refusal is None and len(attempts) > 1:
+            say(f"the VM is in {attempts[-1].place.zone} ({attempts[-1].place.capacity}), recorded as {PLACED}")
+    return Outcome(last["code"], last["messages"], last["settings"], attempts)
