@@ -492,6 +492,30 @@ def disk_store(stack_dir) -> Path:
     return stack_dir
 
 
+def test_the_pipeline_exports_the_best_scored_checkpoint_and_a_rerun_keeps_it(workload_host, disk_store, tmp_path):
+    """Checkpoints every 2 steps, the newest 2 kept: 2 and 4. The stand-in's intermediate evaluations score both 0%
+    (after batches 2 and 4), so the earlier is the best: the pipeline exports checkpoint 2, says so, saves it, and a
+    second run of the same pipeline finds it done; `export --last` converts 4."""
+    host = workload_host
+    done = host.invoke("pipeline", "--run-name", "peak", "--batches", "4", *FAST, project=disk_store)
+    assert done.returncode == 0, done.stderr
+    assert "export: exports checkpoint 2, the best its intermediate evaluations scored" in done.stdout
+    [export] = [r for r in host.records() if r["module"].endswith("to_huggingface")]
+    assert export["env"]["POST_TRAIN_PATH"].endswith("/peak/checkpoints/actor/2/model_params")
+    saved_with = host.host.user.home / "tpu-grpo/runs/peak/saved-with.json"
+    assert json.loads(saved_with.read_text())["step"] == 2
+    again = host.invoke("pipeline", "--run-name", "peak", "--batches", "4", *FAST, project=disk_store)
+    assert again.returncode == 0, again.stderr
+    assert "export: done (done before)" in again.stdout and "save: done (done before)" in again.stdout
+    fetched = host.invoke("fetch", "--run", "peak", "--to", str(tmp_path / "models"), project=disk_store)
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "models" / "peak" / "config.json").is_file()
+    last = host.invoke("export", "--run-name", "peak", "--last", project=disk_store)
+    assert last.returncode == 0, last.stderr
+    assert host.records()[-1]["env"]["POST_TRAIN_PATH"].endswith("/peak/checkpoints/actor/4/model_params")
+    assert "exports checkpoint" not in last.stdout
+
+
 def train_steps(log: bytes) -> list[int]:
     return [int(step) for step in re.findall(rb"\] Train step (\d+) ", log)]
 

@@ -414,3 +414,26 @@ def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending
     if hangs:
         with pytest.raises(subprocess.TimeoutExpired):  # the command line without it
             subprocess.run([sys.executable, "-m", "module"], cwd=tmp_path, timeout=run_module.GRACE_SECONDS + 5)
+
+
+@pytest.mark.parametrize(
+    "period, iterations, interval",
+    [(50, "1", None), (10, "1", None), (2, "1", "2"), (4, "2", "2"), (25, "1", "25"), (40, "2", None)],
+)
+def test_every_checkpoint_is_scored_by_an_intermediate_evaluation(period, iterations, interval):
+    """eval_interval counts batches, checkpoint_period train steps (rl.num_iterations a batch): MaxText's own 10
+    when it divides the batches between checkpoints (nothing passed), else those batches."""
+    run = dataclasses.replace(RUN, checkpoint_period=period, sets={"train": {"rl.num_iterations": iterations}})
+    assert maxtext.overrides(run, "train").get("eval_interval") == interval
+    assert (period // int(iterations)) % run.eval_interval == 0
+
+
+def test_the_export_converts_the_best_scored_checkpoint_and_says_so():
+    run = dataclasses.replace(RUN, scored_step=20)
+    script = maxtext.script(run, "export")
+    assert "/checkpoints/actor/20/model_params" in script
+    assert 'echo "tpu-grpo: exports checkpoint 20, the best its intermediate evaluations scored;' in script
+    for chosen in (dataclasses.replace(run, last=True), dataclasses.replace(run, step=30)):
+        assert "exports checkpoint 20" not in maxtext.script(chosen, "export")
+    assert dataclasses.replace(run, last=True).export_step == RUN.train_steps
+    assert dataclasses.replace(RUN, sets={"train": {"rl.num_iterations": "2"}}).export_step == 2 * RUN.batches

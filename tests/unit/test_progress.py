@@ -353,3 +353,54 @@ def test_the_compile_cache_line_is_the_remote_programs(tmp_path):
     (tmp_path / folder / "jit_step-abc123-cache").write_bytes(b"x" * 1000)
     (tmp_path / folder / "jit_step-abc123-atime").write_bytes(b"t" * 8)  # JAX's access time: no entry
     assert run("look") == (folder, {"warm": True, "entries": 1, "bytes": 1000, "folder": folder})
+
+
+def intermediate(step: int, accuracy: float) -> str:
+    """An intermediate evaluation's line as MaxText 0.2.3's hooks.py:98 logs it (absl prefix and all)."""
+    return (
+        f"W1202 14:23:21.662907 140671093824384 hooks.py:98] Intermediate Eval (step={step}): corr=1, total=4, "
+        f"accuracy={accuracy}%, partial_accuracy={accuracy}%, format_accuracy=50.0%, mean_reward=0.5000"
+    )
+
+
+def test_the_best_checkpoint_is_the_peak_of_the_scores_not_the_last():
+    events = progress.parse_lines([intermediate(10, 40.0), intermediate(20, 62.5), intermediate(30, 50.0)])
+    found = progress.best(events, [10, 20, 30])
+    assert found is not None and (found.step, found.accuracy) == (20, 62.5)
+
+
+def test_a_tie_goes_to_the_earlier_step_and_only_saved_steps_count():
+    events = progress.parse_lines([intermediate(10, 50.0), intermediate(20, 70.0), intermediate(30, 70.0)])
+    assert progress.best(events, [10, 20, 30]).step == 20  # type: ignore[union-attr]
+    assert progress.best(events, [10, 30]).step == 30  # type: ignore[union-attr]  # step 20's checkpoint is gone
+    assert progress.best(events, [5]) is None
+    assert progress.best(events, [40, 60], iterations=2).step == 20  # type: ignore[union-attr]  # batch 20: train step 40
+
+
+def test_a_failed_intermediate_eval_is_shown_as_such_and_never_chosen():
+    """hooks.py:104 logs `[intermediate-eval] step=N failed: {e!r}` and training goes on."""
+    failed = "W1202 14:23:21.7 1 hooks.py:104] [intermediate-eval] step=20 failed: RuntimeError('vLLM went away')"
+    events = progress.parse_lines([intermediate(10, 30.0), failed])
+    assert events[1] == progress.EvalFailed(20, "RuntimeError('vLLM went away')")
+    assert progress.best(events, [10, 20]).step == 10  # type: ignore[union-attr]
+    tracker = progress.Tracker(20)
+    tracker.feed(failed, now=0.0)
+    assert tracker.failed_evals == [events[1]] and tracker.evals == []
+
+
+def test_the_real_logs_intermediate_evals_score_its_checkpoints(raw_lines):
+    """The recorded MaxText 0.2.3 run (4 batches, checkpoint_period 2, eval_interval 2): steps 2 and 4 scored, all
+    0% with the stand-in's rollout, so the earlier wins."""
+    events = progress.parse_lines(raw_lines)
+    scored = [e.step for e in events if isinstance(e, progress.Eval) and e.stage == "intermediate"]
+    assert scored == [2, 4]
+    assert progress.best(events, [1, 2, 4]).step == 2  # type: ignore[union-attr]
+
+
+def test_status_says_the_best_scored_batch_so_far():
+    tracker = progress.Tracker(30)
+    for line in (intermediate(10, 40.0), intermediate(20, 62.5), intermediate(30, 62.5)):
+        tracker.feed(line, now=0.0)
+    best = tracker.summary(now=0.0)["best"]
+    assert (best["step"], best["accuracy"]) == (20, 62.5)
+    assert progress.Tracker(30).summary(now=0.0)["best"] is None

@@ -298,3 +298,22 @@ def test_the_hub_id_rule_is_huggingface_hubs(repo):
     except values.Refused:
         ours = False
     assert ours == hub_takes
+
+
+def test_the_card_scores_the_checkpoint_it_holds_the_best_not_the_last():
+    """A model saved from checkpoint 20 of 50 (the best scored) is described by the intermediate evaluation after
+    batch 20, not by the evaluation after training, which scored the last weights."""
+    trained = {"model": "llama3.1-8b-Instruct", "batches": 50, "test_batches": 10, "machine": "ct6e-standard-8t",
+               "store": "disk", "use_pathways": False, "convert_set": {}, "train_set": {}}  # fmt: skip
+    saved = {**trained, "export_model": "llama3.1-8b", "step": 20, "export_set": {}}
+    peak = Eval("intermediate", 20, 3, 4, 75.0, 75.0, 100.0, 1.5)
+    later = Eval("intermediate", 30, 1, 4, 25.0, 25.0, 100.0, 0.5)
+    found = publish.Facts(
+        "r", trained, saved, "spot", "0.2.3", 600.0, 1, pre=_eval("pre", 1), post=_eval("post", 2),
+        intermediate=[peak, later],
+    )  # fmt: skip
+    text = publish.card(found)
+    assert "of the exported checkpoint (step 20, scored by the intermediate evaluation after its batch)" in text
+    assert "| accuracy | 25% (1/4) | 75% (3/4) |" in text
+    last = publish.card(dataclasses.replace(found, saved={**saved, "step": 50}))
+    assert "(step 50, the last)" in last and "| accuracy | 25% (1/4) | 50% (2/4) |" in last

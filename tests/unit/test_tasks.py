@@ -542,3 +542,9 @@ def test_a_vm_made_outside_the_state_is_named_with_the_command_that_deletes_it(
         "--project=grpo-lab-123",
         "--quiet",
     ]
+
+
+def test_export_takes_step_or_last_not_both(stack_dir):
+    result = invoke("export", "--step", "20", "--last", "--host", "tpu@203.0.113.9", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr == "error: --step 20 and --last both choose the checkpoint; fix: give one of them\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_grpo.config import laptop_paths, settings, stack_file
-from tpu_grpo.config.errors import SettingsError
+from tpu_grpo.config.errors import SettingsError, UserError
 from tpu_grpo.config.keys import PROJECT
 
 if TYPE_CHECKING:
@@ -113,9 +113,15 @@ def step_run(
     return run, where
 
 
-def check_export(step=None, **flags) -> tuple[Run, Where]:
-    """The export's run (its checkpoint `--step`, else the training's last) and the host."""
-    return step_run("export", export_step=step, **flags)
+def check_export(step=None, last=False, **flags) -> tuple[Run, Where]:
+    """The export's run (its checkpoint `--step`, the training's last with `--last`, else the best scored) and the
+    host."""
+    from dataclasses import replace
+
+    if step is not None and last:
+        raise UserError(f"--step {step} and --last both choose the checkpoint; fix: give one of them")
+    run, where = step_run("export", export_step=step, **flags)
+    return replace(run, last=bool(last)), where
 
 
 def check_pipeline(

@@ -68,7 +68,8 @@ def train(
     help=flag_help(
         *STEP_FLAGS,
         run_name="the trained run to export (default: the newest)",
-        step="checkpoint step to export (default: the run's last, num_batches)",
+        step="checkpoint step to export (default: the best its intermediate evaluations scored, else the last)",
+        last="export the training's last checkpoint, not the best scored one",
     ),
     check=check_export,
 )
@@ -76,6 +77,7 @@ def export(
     c,
     run_name=None,
     step=None,
+    last=False,
     host=None,
     identity=None,
     stack=None,
@@ -85,7 +87,10 @@ def export(
     verbose=False,
     wait=None,
 ):
-    """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6)."""
+    """Convert a trained checkpoint back to Hugging Face format in /dev/shm (the tutorial's section 6).
+
+    By default the checkpoint its intermediate evaluations scored best (the earlier on a tie); --last or --step N
+    chooses another."""
     _launch("export", dry_run, detach, verbose)
 
 

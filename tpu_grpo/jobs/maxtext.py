@@ -54,6 +54,7 @@ OWNED_KEYS = {
     "load_parameters_path": "--step (export) or the converted checkpoint (train)",
     "base_output_directory": "tpu-grpo:checkpointStore",
     "checkpoint_period": "tpu-grpo:checkpointPeriod",
+    "eval_interval": "tpu-grpo:checkpointPeriod (every checkpoint is scored)",
     "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
     "num_test_batches": "tpu-grpo:testBatches",
     "eval_dataset_name": "tpu-grpo:dataset",
@@ -69,6 +70,8 @@ GRPO_DEFAULTS = {
     "batch_size": "1",
     "rl.num_iterations": "1",
 }
+#: MaxText 0.2.3's rl.yml eval_interval: an intermediate evaluation every 10 outer steps (batches).
+MAXTEXT_EVAL_INTERVAL = 10
 #: A folder being written is NAME.partial until it is complete (tpu_grpo.host.artifacts.save_script).
 RESERVED_SUFFIX = ".partial"
 #: A MaxText config key: names joined by single dots (`rl.num_generations`), as its pyconfig reads them.
@@ -126,7 +129,9 @@ class Run(Training):
     #: the same inputs, else a new one named by its start time (pipeline)
     run_name: str | None = None
     sets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # step -> key -> value
-    step: int | None = None  # the checkpoint to export (default: the last, num_batches)
+    step: int | None = None  # the checkpoint to export, `--step` (default: the best scored one, else the last)
+    last: bool = False  # `--last`: the training's last checkpoint, not the best scored one
+    scored_step: int | None = None  # the best scored checkpoint, once read from the training's log (pipeline.scored)
 
     @classmethod
     def of(cls, training: Training, **own) -> Run:
@@ -169,11 +174,25 @@ class Run(Training):
     @property
     def train_steps(self) -> int:
         """The training's GRPO steps, for the progress bar (rl.num_iterations checked by parse_sets)."""
-        return total_steps(self.batches, int(self.sets.get("train", {}).get("rl.num_iterations", 1)))
+        return total_steps(self.batches, self.iterations)
+
+    @property
+    def iterations(self) -> int:
+        """rl.num_iterations: the train steps of each batch (checked a count by parse_sets)."""
+        return int(self.sets.get("train", {}).get("rl.num_iterations", 1))
+
+    @property
+    def eval_interval(self) -> int:
+        """The batches between intermediate evaluations, so that each checkpoint is scored (MaxText's eval_interval
+        counts outer steps, its checkpoint_period train steps: a batch is rl.num_iterations of them): MaxText's own
+        when it divides the batches between checkpoints, else those batches."""
+        between = max(1, self.checkpoint_period // self.iterations)
+        return MAXTEXT_EVAL_INTERVAL if between % MAXTEXT_EVAL_INTERVAL == 0 else between
 
     @property
     def export_step(self) -> int:
-        return self.step or self.batches
+        """The checkpoint the export converts: `--step`, else the best scored (unless `--last`), else the last."""
+        return self.step or (None if self.last else self.scored_step) or self.train_steps
 
     def to_record(self) -> dict:
         """Every input of the run, as a job's record keeps it (JSON); `Run.from_record` makes the same Run again."""
@@ -191,7 +210,9 @@ class Run(Training):
     def export_of(self, trained: Run) -> Run:
         """The export of a trained run: everything as the training had it (model, export name, tokenizer, data,
         store, batches, its `--set`s), and what this export asks itself (its `--set`s, the checkpoint step)."""
-        return replace(trained, step=self.step, sets={**trained.sets, "export": self.sets.get("export", {})})
+        return replace(
+            trained, step=self.step, last=self.last, sets={**trained.sets, "export": self.sets.get("export", {})}
+        )
 
     def inputs(self, step: str) -> dict:
         """What a step's result depends on: equal inputs mean a done step can be reused."""
@@ -379,6 +400,10 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
         mapping.update({key: _q(value) for key, value in added.items()})
         if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
             mapping["checkpoint_period"] = str(run.checkpoint_period)
+        # an intermediate evaluation at least after each checkpoint's batch (trainers/post_train/rl/hooks.py), on
+        # the test set of the pre- and post-training ones: `invoke export` exports the best scored checkpoint
+        if run.eval_interval != MAXTEXT_EVAL_INTERVAL:
+            mapping["eval_interval"] = str(run.eval_interval)
         if run.checkpoints_to_keep != MAXTEXT_CHECKPOINTS_TO_KEEP:
             mapping["max_num_checkpoints_to_keep"] = str(run.checkpoints_to_keep)
         # MaxText 0.2.3 (model_creation_utils.create_models_and_meshes) clones the reference model into the actor on
@@ -533,6 +558,11 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     if step == "export":
         after = trained_tokenizer(run)
+        if run.export_step == run.scored_step and not run.step:  # said in the job's log and as it is followed
+            lines.append(
+                f'echo "tpu-grpo: exports checkpoint {run.scored_step}, the best its intermediate evaluations scored; '
+                f'--last exports the last ({run.train_steps}), --step N another"'
+            )
     arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
     if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
         before = [

@@ -18,7 +18,7 @@ from tpu_grpo.catalog import release, stores
 from tpu_grpo.config import host_paths, settings, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
-from tpu_grpo.jobs import maxtext, vm_jobs
+from tpu_grpo.jobs import maxtext, progress, vm_jobs
 
 PIPELINE = ("convert", "train", "export", "save")
 MODELS = f"{vm_jobs.ROOT}/models"
@@ -171,8 +171,9 @@ def probe_script(run: maxtext.Run) -> str:
 
 
 def pipeline_inputs(run: maxtext.Run) -> dict:
-    """A pipeline's identity, run name aside: the same flags resume the same run."""
-    inputs = run.inputs("export")
+    """A pipeline's identity, run name aside: the same flags resume the same run, whichever checkpoint its
+    training's scores chose (pipelines recorded before the choice existed name the last, as these do)."""
+    inputs = replace(run, scored_step=None).inputs("export")
     inputs.pop("run_name")
     return inputs
 
@@ -405,6 +406,7 @@ def run_pipeline(
     """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
     A run name that was trained or saved with other inputs is refused before anything starts. The run is named
     (named_pipeline)."""
+    run = scored(session.connection, run)  # a finished training's best checkpoint is what its export converts
     probed = probe(session.connection, run)
     probed.check_name(run)
     done = probed.done
@@ -430,6 +432,8 @@ def run_pipeline(
             outcome.saved = save(session.connection, run, keep_checkpoint, replace=not saved_before)
             outcome.steps.append(StepOutcome(step, "ran", detail=outcome.saved))
         else:
+            if step == "export":  # the training just finished: its scores choose the checkpoint
+                run = scored(session.connection, run)
             job = attach.get(step)
             job_id = job.id if job else start_step(session.connection, run, step)
             code = follow(job_id, step)
@@ -500,8 +504,25 @@ def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
     )
 
 
+def scored(connection, run: maxtext.Run) -> maxtext.Run:
+    """The run with its best scored checkpoint (progress.best over its trainings' intermediate evaluations and the
+    checkpoints in its store) when the export's step is not chosen (`--step`, `--last`) and a training of it
+    finished; else the run as it is (its export then takes the last checkpoint)."""
+    if run.step or run.last or run.run_name is None:
+        return run
+    trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run.run_name]
+    if not any(job.state == "finished" and job.exit_code == 0 for job in trainings):
+        return run
+    lines = [
+        line for job in trainings for line in vm_jobs.read_log(connection, job.id).decode(errors="replace").splitlines()
+    ]
+    found = progress.best(progress.parse_lines(lines), checkpoint_steps(connection, run), run.iterations)
+    return replace(run, scored_step=found.step * run.iterations) if found and found.step else run
+
+
 def for_export(connection, run: maxtext.Run) -> maxtext.Run:
-    """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for."""
+    """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for: its best
+    scored one unless `--step` or `--last` says otherwise (scored)."""
     trained = [meta for meta in trained_runs(connection) if run.run_name in (None, meta["run"])]
     if not trained:
         which = "any run" if run.run_name is None else f"run {run.run_name!r}"
@@ -509,7 +530,7 @@ def for_export(connection, run: maxtext.Run) -> maxtext.Run:
             f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
             "(or name a trained run: uv run invoke status)"
         )
-    run = run.export_of(_trained_as(trained[-1], run))
+    run = scored(connection, run.export_of(_trained_as(trained[-1], run)))
     steps = checkpoint_steps(connection, run)
     if run.export_step not in steps:
         raise PipelineError(

@@ -27,6 +27,8 @@ EVAL = re.compile(
     r"(?:(?P<pre>Pre)|(?P<post>Post)) RL Training: (?P<fields>.*)"
     r"|Intermediate Eval \(step=(?P<step>\d+)\): (?P<ifields>.*)"
 )
+#: MaxText 0.2.3's intermediate evaluation that raised (trainers/post_train/rl/hooks.py): the training goes on.
+EVAL_FAILED = re.compile(r"\[intermediate-eval\] step=(?P<step>\d+) failed: (?P<error>.*)")
 EVAL_FIELD = re.compile(r"(\w+)=\s*([-+\w.]+)%?")
 EVAL_KEYS = ("corr", "total", "accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
 STARTED = "Starting RL training..."
@@ -48,7 +50,8 @@ class TrainStep:
 class Eval:
     """One evaluation pass. Accuracies are percentages (0-100), as MaxText prints them.
 
-    `step` is the train step for intermediate evals; the log gives none for pre and post.
+    `step` is the outer step (the batch) of an intermediate eval, scored on the weights after it (MaxText 0.2.3's
+    RLTrainingHooks counts rl_cluster.global_steps); the log gives none for pre and post.
     """
 
     stage: Stage
@@ -59,6 +62,14 @@ class Eval:
     partial_accuracy: float
     format_accuracy: float
     mean_reward: float
+
+
+@dataclass(frozen=True)
+class EvalFailed:
+    """An intermediate evaluation that raised: shown as such, never a checkpoint's score."""
+
+    step: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class Resumed:
     step: int
 
 
-Event = TrainStep | Eval | Started | Completed | Resumed
+Event = TrainStep | Eval | EvalFailed | Started | Completed | Resumed
 
 
 def message(line: str) -> str:
@@ -100,6 +111,8 @@ def parse_line(line: str) -> Event | None:
         return TrainStep(int(match["step"]), float(match["loss"]), float(match["perplexity"]))
     if match := EVAL.match(text):
         return _eval(match)
+    if match := EVAL_FAILED.match(text):
+        return EvalFailed(int(match["step"]), match["error"])
     return None
 
 
@@ -134,6 +147,19 @@ def parse_lines(lines: Iterable[str]) -> list[Event]:
     return [event for line in lines if (event := parse_line(line)) is not None]
 
 
+def best(events: Iterable[Event], checkpoints: Iterable[int], iterations: int = 1) -> Eval | None:
+    """The intermediate evaluation of highest accuracy among those of a step with a checkpoint (an eval scores the
+    weights after its outer step, which the checkpoint of train step outer step x rl.num_iterations holds), the
+    earlier on a tie (a later one has not shown it is better); None when no checkpoint was scored."""
+    saved = set(checkpoints)
+    scored = [
+        each
+        for each in events
+        if isinstance(each, Eval) and each.stage == "intermediate" and (each.step or 0) * iterations in saved
+    ]
+    return max(scored, key=lambda each: (each.accuracy, -(each.step or 0)), default=None)
+
+
 def total_steps(num_batches: int, num_iterations: int = 1, train_fraction: float = 1.0, num_epochs: int = 1) -> int:
     """Train steps of a run, as train_rl.py works them out (`max_train_steps`, truncated)."""
     return int(num_batches * num_iterations * train_fraction * num_epochs)
@@ -153,6 +179,7 @@ class Tracker:
     loss: float | None = None
     perplexity: float | None = None
     evals: list[Eval] = field(default_factory=list)
+    failed_evals: list[EvalFailed] = field(default_factory=list)
     started: bool = False
     completed: bool = False
     started_at: float | None = None
@@ -174,6 +201,8 @@ class Tracker:
             self.completed = True
         elif isinstance(event, Eval):
             self.evals.append(event)
+        elif isinstance(event, EvalFailed):
+            self.failed_evals.append(event)
         elif isinstance(event, Resumed):
             self.step = self.resumed_from = event.step
         elif isinstance(event, TrainStep):
@@ -205,6 +234,12 @@ class Tracker:
         return max(0.0, finish - now)
 
     @property
+    def best_so_far(self) -> Eval | None:
+        """The intermediate evaluation scored best so far, the earlier on a tie (each follows a checkpoint's batch:
+        maxtext.Run.eval_interval)."""
+        return best(self.evals, [each.step or 0 for each in self.evals])
+
+    @property
     def latest_accuracy(self) -> float | None:
         return self.evals[-1].accuracy if self.evals else None
 
@@ -228,6 +263,7 @@ class Tracker:
             "eta_seconds": None if eta is None else round(eta, 1),
             "latest_accuracy": self.latest_accuracy,
             "evals": [asdict(e) for e in self.evals],
+            "best": asdict(found) if (found := self.best_so_far) else None,
         }
 
 

@@ -22,6 +22,7 @@ from tpu_grpo.jobs.progress import (
     STARTUP_LINES,
     Completed,
     Eval,
+    EvalFailed,
     Resumed,
     Started,
     Tracker,
@@ -129,6 +130,11 @@ class JobView(LogView):
             self.progress.console.print(
                 f"{self.step}: {event.stage} eval{where}: accuracy {event.accuracy:g}% "
                 f"({event.correct}/{event.total}), format {event.format_accuracy:g}%"
+            )
+        elif isinstance(event, EvalFailed):
+            self.progress.console.print(
+                f"{self.step}: intermediate eval (step {event.step}) failed, training goes on: {event.error}",
+                markup=False,
             )
         elif isinstance(event, (Started, Completed)):
             self.progress.console.print(f"{self.step}: {line.split('] ', 1)[-1].strip()}")
@@ -273,12 +279,16 @@ def print_status(
     if not found:
         return
     if progress:
-        evals = ", ".join(f"{e['stage']} {e['accuracy']:g}%" for e in progress.get("evals", []))
-        resumed = progress.get("resumed_from")
+        evals = ", ".join(
+            f"{e['stage']}{'' if e['step'] is None else ' ' + str(e['step'])} {e['accuracy']:g}%"
+            for e in progress.get("evals", [])
+        )
+        resumed, best = progress.get("resumed_from"), progress.get("best")
         console.print(
             f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
             + (f" (resumed after checkpoint {resumed})" if resumed else "")
             + (f"; eval accuracy: {evals}" if evals else "")
+            + (f"; best so far: batch {best['step']}, {best['accuracy']:g}%" if best else "")
         )
         if said := startup_text(progress.get("startup")):
             console.print(f"start-up: {said}")

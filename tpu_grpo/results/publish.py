@@ -98,12 +98,30 @@ class Facts:
     pre: Eval | None = None
     post: Eval | None = None
     startup: dict | None = None  # the last training's start (tpu_grpo.jobs.progress.startup)
+    intermediate: list[Eval] = field(default_factory=list)  # every training's, oldest first
+
+    @property
+    def exported(self) -> Eval | None:
+        """The evaluation of the weights the saved model holds: the intermediate one after its checkpoint's batch
+        when it is not the last (the best scored: pipeline.scored), else the evaluation after training."""
+        if self.exports_the_last:
+            return self.post
+        step, iterations = self.saved.get("step"), self._iterations
+        return next((e for e in reversed(self.intermediate) if (e.step or 0) * iterations == step), None)
+
+    @property
+    def _iterations(self) -> int:
+        return int(self.trained.get("train_set", {}).get("rl.num_iterations", 1))
+
+    @property
+    def exports_the_last(self) -> bool:
+        return self.saved.get("step") == int(self.trained.get("batches") or 0) * self._iterations
 
 
 def facts(connection, run: str) -> Facts:
     """Two round trips: the run's training jobs, then their eval lines, its records and MaxText's version."""
     trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run]
-    wanted = f"Pre RL Training|Post RL Training|{STARTUP_LINES}"
+    wanted = f"Pre RL Training|Intermediate Eval|Post RL Training|{STARTUP_LINES}"
     lines = [f"echo job {job.id}; grep -aE '{wanted}' {vm_jobs.JOBS}/{job.id}/log || true" for job in trainings]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
@@ -153,6 +171,7 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
         trainings=len(trainings),
         pre=next((e for e in first if e.stage == "pre"), None),
         post=next((e for e in reversed(last) if e.stage == "post"), None),
+        intermediate=[e for job in trainings for e in evals.get(job.id, []) if e.stage == "intermediate"],
         startup=startup(logs.get(trainings[-1].id, []), time.gmtime(trainings[-1].started).tm_year)
         if trainings
         else None,
@@ -249,7 +268,7 @@ def card(found: Facts) -> str:
         ("start-up", startup_text(found.startup) or "not in the log"),
     ]
     evals = [
-        (label, _score(found.pre, name), _score(found.post, name))
+        (label, _score(found.pre, name), _score(found.exported, name))
         for label, name in (
             ("accuracy", "accuracy"),
             ("partial accuracy", "partial_accuracy"),
@@ -276,7 +295,9 @@ def card(found: Facts) -> str:
         "## Evaluation",
         "",
         f"MaxText's own {named} evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
-        "before training and after it, as the training log reports them:",
+        f"before training and of the exported checkpoint (step {found.saved.get('step')}, "
+        + ("the last" if found.exports_the_last else "scored by the intermediate evaluation after its batch")
+        + "), as the training log reports them:",
         "",
         "| | before | after |",
         "|---|---|---|",
