@@ -188,10 +188,11 @@ def test_plot_writes_a_png_with_every_panel(run, raw, tmp_path):
 
 
 def test_eval_panel_puts_pre_at_zero_and_post_at_the_last_step(run):
+    """The recorded run's intermediate evaluations score 0% after batches 2 and 4: the earlier is the best."""
     last = max(row.step for row in run.rows)
     assert metrics.eval_points(run) == [
         (0, run.evals[0].accuracy, "pre"),
-        (run.evals[1].step, run.evals[1].accuracy, "intermediate"),
+        (run.evals[1].step, run.evals[1].accuracy, "best"),
         (run.evals[2].step, run.evals[2].accuracy, "intermediate"),
         (last, run.evals[3].accuracy, "post"),
     ]
@@ -200,7 +201,7 @@ def test_eval_panel_puts_pre_at_zero_and_post_at_the_last_step(run):
     (line,) = ax.get_lines()
     assert list(line.get_xdata()) == [0, 2, 4, 4]
     assert list(line.get_ydata()) == [e.accuracy for e in run.evals]
-    assert {t.get_text() for t in ax.texts} == {"pre", "post"}
+    assert {t.get_text() for t in ax.texts} == {"pre", "best", "post"}
 
 
 def test_missing_series_say_no_data(tmp_path):

@@ -199,3 +199,20 @@ def test_up_and_down_keep_what_only_the_data_disk_holds(answer):
         assert "\n  - run r1: trained" in said and said.endswith("\nfix: FIX-UNSAVED")
     else:
         assert "(u@h: cannot connect (timed out)); fix: FIX-UNKNOWN" in said
+
+
+def test_runs_say_the_best_scored_batch_and_hold_the_curve():
+    """The recorded host (tests/facts/runs.HostRuns): each training's intermediate evaluations after batches 2 and 4,
+    0% with the stand-in's rollout, so the best is the earlier; --json holds the curve."""
+    import json as json_module
+
+    from tests.unit.test_facts import RECORDED
+    from tpu_grpo.host import facts
+    from tpu_grpo.results import runs
+
+    case = json_module.loads((RECORDED / "runs.HostRuns" / "saved-failed-and-trained.json").read_text())
+    rows = {row.run: row for row in runs.HostRuns.parse(facts.Answer(case["stdout"], case["stderr"], case["exited"]))}
+    saved = rows["saved"]
+    assert [point.step for point in saved.curve] == [2, 4]
+    assert (saved.best_batch, saved.best_accuracy) == (2, 0.0)
+    assert saved.to_json()["curve"][0]["accuracy"] == 0.0

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.jobs import progress
 from tpu_grpo.jobs.progress import Eval, parse_lines
 
 if TYPE_CHECKING:
@@ -211,12 +212,14 @@ def table(metrics: Metrics) -> Table:
 
 
 def eval_points(metrics: Metrics) -> list[tuple[int, float, str]]:
-    """(step, accuracy %, stage) of each eval: pre at step 0, post at the run's last step."""
+    """(step, accuracy %, stage) of each eval: pre at step 0, post at the run's last step; the intermediate one scored
+    best (the checkpoint `invoke export` converts) is marked `best`."""
     last = metrics.last_step()
+    best = progress.best(metrics.evals, [e.step or 0 for e in metrics.evals])
     points: list[tuple[int, float, str]] = []
     for e in metrics.evals:
         step = e.step if e.step is not None else (0 if e.stage == "pre" else last)
-        points.append((step, e.accuracy, e.stage))
+        points.append((step, e.accuracy, "best" if e is best else e.stage))
     return points
 
 

@@ -17,11 +17,11 @@ from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config import keys, laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import facts
-from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
-from tpu_grpo.jobs.progress import STARTUP_LINES, Tracker, duration, startup
+from tpu_grpo.jobs import maxtext, pipeline, progress, vm_jobs
+from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, Tracker, duration, startup
 
-#: What a run's log says of it: its start, its steps and its evaluations before and after training.
-_LOG_LINES = f"Pre RL Training|Post RL Training|{STARTUP_LINES}"
+#: What a run's log says of it: its start, its steps and its evaluations before, during and after training.
+_LOG_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|{STARTUP_LINES}"
 
 
 @dataclass
@@ -36,7 +36,10 @@ class RunRow:
     steps: int | None = None  # GRPO steps done, of total_steps
     total_steps: int | None = None
     accuracy_before: float | None = None  # MaxText's own evaluations, %
-    accuracy_after: float | None = None
+    accuracy_after: float | None = None  # of the last weights
+    best_batch: int | None = None  # the intermediate evaluation scored best, the earlier on a tie
+    best_accuracy: float | None = None
+    curve: list[Eval] = field(default_factory=list)  # each intermediate evaluation, its `step` the batch
     job_hours: float = 0.0  # the wall time of the run's jobs on the host
     chips: int | None = None
     capacity: str = ""
@@ -122,6 +125,9 @@ def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
         if row.accuracy_before is None and pre:
             row.accuracy_before = pre[0]
         row.accuracy_after = post[-1] if post else row.accuracy_after
+        row.curve += [e for e in tracker.evals if e.stage == "intermediate"]  # a resumed run's jobs, in order
+        best = progress.best(row.curve, [e.step or 0 for e in row.curve])
+        row.best_batch, row.best_accuracy = (best.step, best.accuracy) if best else (None, None)
         row.startup = startup(log, time.gmtime(job.started).tm_year)
         failed = job.state == "finished" and job.exit_code != 0
         done = "failed" if failed else "trained"
@@ -243,7 +249,7 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         "state",
         "steps",
         "start-up",
-        "accuracy before -> after",
+        "accuracy before -> after (best)",
         "job hours",
         "chip-hours",
         "cost",
@@ -261,7 +267,10 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
             row.state,
             steps,
             started(row.startup),
-            f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
+            (
+                f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
+                + ("" if row.best_accuracy is None else f" ({percent(row.best_accuracy)} after batch {row.best_batch})")
+            )
             if row.accuracy_before is not None or row.accuracy_after is not None
             else "",
             f"{row.job_hours:.2f}",
