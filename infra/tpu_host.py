@@ -10,6 +10,7 @@ command the tutorial types, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from typing import cast
 
@@ -58,9 +59,10 @@ SCOPES = (  # Cloud Storage for checkpoints and models; logs and metrics for the
 
 
 def moved_snapshot_name(vm_name: str, moved_from: str) -> str:
-    """The snapshot a moved data disk was made from: named by the zone it left, as snapshot names are the
-    project's (a later move from another zone makes a new one before the old goes)."""
-    return f"{vm_name}-data-from-{moved_from}"
+    """The snapshot a moved data disk was made from: named by the zone it left (a digest, short enough for any
+    vmName: keys.DERIVED_SUFFIXES), as snapshot names are the project's (a later move from another zone makes a new
+    one before the old goes)."""
+    return f"{vm_name}-data-{hashlib.sha256(moved_from.encode()).hexdigest()[:8]}"
 
 
 def ssh_tag(settings: Settings) -> str:
@@ -245,7 +247,9 @@ def gcloud_create_command(settings: Settings) -> list[str]:
 def dict_flag(name: str, values: dict[str, str]) -> str:
     """A gcloud dictionary flag: `--NAME=k1=v1,k2=v2`, or with a delimiter that no value holds (`--NAME=^;^k1=v1;k2=v2`,
     `gcloud topic escaping`) when one holds a comma (an SSH key's comment may)."""
-    delimiter = next(each for each in (",", ";", "|", "~", "::") if not any(each in value for value in values.values()))
+    text = "".join(f"{key}={value}" for key, value in values.items())
+    # gcloud takes any delimiter between the carets: a run of `#` longer than any in the text is always free
+    delimiter = next(each for each in (",", ";", "|", "~", "::", "#" * (text.count("#") + 1)) if each not in text)
     items = delimiter.join(f"{key}={value}" for key, value in values.items())
     return f"--{name}={items}" if delimiter == "," else f"--{name}=^{delimiter}^{items}"
 

@@ -499,7 +499,7 @@ def test_the_pipeline_exports_the_best_scored_checkpoint_and_a_rerun_keeps_it(wo
     host = workload_host
     done = host.invoke("pipeline", "--run-name", "peak", "--batches", "4", *FAST, project=disk_store)
     assert done.returncode == 0, done.stderr
-    assert "export: exports checkpoint 2, the best its intermediate evaluations scored" in done.stdout
+    assert "export: exports checkpoint 2, the best scored of those in the store" in done.stdout
     [export] = [r for r in host.records() if r["module"].endswith("to_huggingface")]
     assert export["env"]["POST_TRAIN_PATH"].endswith("/peak/checkpoints/actor/2/model_params")
     saved_with = host.host.user.home / "tpu-grpo/runs/peak/saved-with.json"

@@ -432,7 +432,7 @@ def test_the_export_converts_the_best_scored_checkpoint_and_says_so():
     run = dataclasses.replace(RUN, scored_step=20)
     script = maxtext.script(run, "export")
     assert "/checkpoints/actor/20/model_params" in script
-    assert 'echo "tpu-grpo: exports checkpoint 20, the best its intermediate evaluations scored;' in script
+    assert 'echo "tpu-grpo: exports checkpoint 20, the best scored of those in the store;' in script
     for chosen in (dataclasses.replace(run, last=True), dataclasses.replace(run, step=30)):
         assert "exports checkpoint 20" not in maxtext.script(chosen, "export")
     assert dataclasses.replace(run, last=True).export_step == RUN.train_steps

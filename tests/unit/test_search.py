@@ -4,6 +4,7 @@ search over generated places and refusals."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def test_move_disk_makes_the_new_zones_disk_from_a_snapshot_of_the_old(spot_stac
     assert placed == {"zone": "us-east5-a", "capacity": "spot", "movedFrom": "us-east5-b"}
     made = state_of(cli)
     assert made["Snapshot"] == {
-        "name": "tpu-grpo-data-from-us-east5-b",
+        "name": "tpu-grpo-data-" + hashlib.sha256(b"us-east5-b").hexdigest()[:8],
         "sourceDisk": "tpu-grpo-data",
         "zone": "us-east5-b",
         "project": "grpo-lab-123",

@@ -23,6 +23,7 @@ from invoke import task as invoke_task
 
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
+from tpu_grpo.config.secrets import conceal
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p
@@ -84,7 +85,7 @@ def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
     except keep:
         raise
     except UserError as error:
-        raise Exit(f"error: {error}" if str(error) else None, code=error.exit_code) from None
+        raise Exit(f"error: {conceal(str(error))}" if str(error) else None, code=error.exit_code) from None
 
 
 class CheckingExecutor(Executor):

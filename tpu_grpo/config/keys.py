@@ -264,8 +264,16 @@ def _placed(value: Any) -> Place:
 OWN_LABELS = ("app", "stack")
 
 
+#: Compute Engine's most labels on a resource ("Labels": up to 64), the project's own included.
+MAX_LABELS = 64
+
+
 def _labels(value: Any) -> dict:
     labels = _mapping(value)
+    if len(labels) + len(OWN_LABELS) > MAX_LABELS:
+        raise Refused(
+            f"holds {len(labels)} labels; with tpu-grpo's own {len(OWN_LABELS)} a resource takes at most {MAX_LABELS}"
+        )
     for label, text in labels.items():
         if not (_GCE_LABEL_KEY.fullmatch(str(label)) and _GCE_LABEL_VALUE.fullmatch(str(text))):
             raise Refused(f"holds {label}={text}, not a label (lowercase letters, digits, '_', '-'; at most 63)")

@@ -13,7 +13,8 @@ from tpu_grpo.config.stack_file import STATE_ENV, project_root
 
 
 def state() -> Path:
-    return Path(os.environ.get(STATE_ENV) or project_root() / ".tpu-grpo")
+    given = os.environ.get(STATE_ENV)  # `~` is the home (as the check reads it), never a folder named `~` here
+    return Path(os.path.expanduser(given)) if given else project_root() / ".tpu-grpo"
 
 
 def writable_state() -> Path:

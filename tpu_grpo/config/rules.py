@@ -126,6 +126,34 @@ def check_model(values: dict[str, Any]) -> None:
         )
 
 
+#: The names the stack makes of vmName for the one VM (infra/common.py, infra/tpu_host.py: its network, subnetwork,
+#: firewall, data disk, and a moved disk's snapshot, `-data-` and 8 hex digits), each a Compute Engine name of at most
+#: 63 characters; and for a slice, its GKE cluster and node pools (`-np-N`: catalog/accelerators.py), at most 40
+#: (GKE's "Creating a zonal cluster": a cluster name has at most 40 characters; a node pool's name, the same).
+VM_SUFFIXES = ("-net", "-subnet", "-ssh", "-data", "-data-" + "0" * 8)
+MAX_GCE_NAME, MAX_GKE_NAME = 63, 40
+
+
+def check_names(values: dict[str, Any]) -> None:
+    """Every name made of vmName fits its resource's rule: refused now, not by the cloud midway through `up`."""
+    name = values["vmName"]
+    if not isinstance(name, str):
+        return
+    if values["slice"] in SLICES:
+        longest, most, made = f"{name}-np-{(values['numSlices'] or 1) - 1}", MAX_GKE_NAME, "its GKE node pools"
+    else:
+        longest, most, made = name + max(VM_SUFFIXES, key=len), MAX_GCE_NAME, "its data disk's snapshot"
+    if len(longest) > most:
+        key = KEY[f"{PROJECT}:vmName"]
+        raise SettingsError(
+            key.name,
+            name,
+            f"is too long: {made} would be named {longest!r}, {len(longest)} characters, where at most {most} are "
+            "taken",
+            key.set_command(name[: len(name) - (len(longest) - most)].rstrip("-")),
+        )
+
+
 def check_slice(values: dict[str, Any]) -> None:
     """A multi-host slice runs under Pathways on GKE, with its runs in a bucket; the one VM takes no slice count."""
     named = values["slice"]
@@ -172,12 +200,18 @@ def check_slice(values: dict[str, Any]) -> None:
 
 
 def open_to_everyone(ranges: list) -> list[str]:
-    """The ranges that admit every address (0.0.0.0/0, ::/0); a placeholder is none of them."""
-    wide = []
+    """The ranges that together admit every IPv4 or every IPv6 address (0.0.0.0/0, or 0.0.0.0/1 with 128.0.0.0/1);
+    a placeholder is none of them."""
+    networks = []
     for cidr in ranges:
         try:
-            if ipaddress.ip_network(str(cidr), strict=True).prefixlen == 0:
-                wide.append(str(cidr))
+            networks.append((str(cidr), ipaddress.ip_network(str(cidr), strict=True)))
         except ValueError:
             continue
+    wide = []
+    for version in (4, 6):
+        given = [(text, net) for text, net in networks if net.version == version]
+        merged = list(ipaddress.collapse_addresses(net for _, net in given))  # type: ignore[type-var]
+        if merged and merged[0].prefixlen == 0:  # said by the /0 itself, else by the ranges that add up to it
+            wide += [text for text, net in given if net.prefixlen == 0] or [text for text, _ in given]
     return wide

@@ -41,7 +41,7 @@ from tpu_grpo.catalog.models import MODELS, Model
 from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, Place, StackValues
-from tpu_grpo.config.rules import check_capacity, check_model, check_slice, open_to_everyone
+from tpu_grpo.config.rules import check_capacity, check_model, check_names, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.values import NotAFile, Refused, existing_file
 
@@ -373,6 +373,7 @@ def _parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fa
         )
     check_capacity(values)
     check_slice(values)
+    check_names(values)
     check_model(values)
     if values["subnetwork"] and not values["network"]:
         raise SettingsError(

@@ -51,6 +51,10 @@ class StackFileLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):  # `!!int 1:`, `!!binary ...:`, `? [a, b]`: no setting's name, nor hashable
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found a key that is not text ({type(key).__name__})", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"found the key {key!r} twice", key_node.start_mark)
             seen.add(key)
@@ -58,6 +62,36 @@ class StackFileLoader(yaml.SafeLoader):
 
 
 StackFileLoader.yaml_implicit_resolvers = {}  # no int, bool, float or null: text, as the Pulumi CLI passes it
+#: The most values a stack file may hold once its aliases are expanded: a few YAML lines of aliases to aliases would
+#: otherwise make millions ("billion laughs"); a real stack file holds tens.
+MAX_VALUES = 10_000
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int] | None = None) -> int:
+    """The values a composed YAML node stands for with every alias expanded, counted without expanding them (an
+    alias is the node it names: each is counted once, then reused)."""
+    sizes = {} if sizes is None else sizes
+    if id(node) not in sizes:
+        sizes[id(node)] = 0  # a node that holds itself (`&a [*a]`) counts once
+        children = (
+            [part for pair in node.value for part in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
+        sizes[id(node)] = min(MAX_VALUES + 1, 1 + sum(expanded_size(child, sizes) for child in children))
+    return sizes[id(node)]
+
+
+def load_stack_yaml(text: str):
+    """A stack file's document, refused when its aliases expand beyond MAX_VALUES."""
+    loader = StackFileLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and expanded_size(node) > MAX_VALUES:
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_VALUES} values")
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
 
 
 def new_stack(stack: str) -> str:
@@ -94,17 +128,19 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
             STACK_ENV, stack, f"has no stack file {path.name}", f"{new_stack(stack)} (or {STACK_ENV}={DEFAULT_STACK})"
         )
     try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=StackFileLoader) or {}
+        document = load_stack_yaml(path.read_text(encoding="utf-8")) or {}
+    except RecursionError:
+        raise SettingsError(path.name, stack, "is nested too deep to be a stack file", f"fix {path.name}") from None
     except UnicodeDecodeError as error:
         raise SettingsError(
             path.name, stack, f"is not UTF-8 text (byte {error.start})", f"save {path.name} as UTF-8"
         ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "somewhere"
-        problem = getattr(error, "problem", None) or "unreadable"
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error) or "unreadable"
         raise SettingsError(
-            path.name, stack, f"is not valid YAML ({problem} at {where})", f"fix {path.name} at {where}"
+            path.name, stack, f"is not valid YAML ({problem}{where})", f"fix {path.name}{where}"
         ) from None
     if not isinstance(document, dict):
         raise SettingsError(

@@ -60,6 +60,7 @@ OWNED_KEYS = {
     "eval_dataset_name": "tpu-grpo:dataset",
     "chips_per_vm": "tpu-grpo:machineType (or slice)",
     "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)",
+    "lazy_load_tensors": "tpu-grpo:lazyLoadTensors",
 }
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
 GRPO_DEFAULTS = {
@@ -311,6 +312,10 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
                 COUNT_KEYS[key](value)
             except values.Refused as problem:
                 raise CommandError(f"--set {item!r}: {key} {problem}; fix: e.g. --set {key}=1") from None
+        if key in sets.get(step, {}):  # as a flag given twice is refused, not the last one kept
+            raise CommandError(
+                f"--set {item!r} sets {step}'s {key} again (it was {sets[step][key]!r}); fix: give it once"
+            )
         sets.setdefault(step, {})[key] = value
     return sets
 
@@ -560,7 +565,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         after = trained_tokenizer(run)
         if run.export_step == run.scored_step and not run.step:  # said in the job's log and as it is followed
             lines.append(
-                f'echo "tpu-grpo: exports checkpoint {run.scored_step}, the best its intermediate evaluations scored; '
+                f'echo "tpu-grpo: exports checkpoint {run.scored_step}, the best scored of those in the store; '
                 f'--last exports the last ({run.train_steps}), --step N another"'
             )
     arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]

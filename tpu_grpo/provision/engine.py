@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tpu_grpo.config import values
+from tpu_grpo.config import secrets, values
 from tpu_grpo.config.host_paths import PROVISIONING
 from tpu_grpo.host import hosts
 from tpu_grpo.provision.playbook import Playbook, PlaybookError, Step, applies, render, selected
@@ -46,18 +45,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]")
 def local_secret(source: str) -> str | None:
     """The Hugging Face token as huggingface_hub finds it: env HF_TOKEN, else the token file."""
     assert source == "hf_token"
-    token = os.environ.get("HF_TOKEN", "").strip()
-    if token:
-        return token
-    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    path = Path(os.environ.get("HF_TOKEN_PATH") or home / "token").expanduser()
-    if not path.is_file():
-        return None
     try:
-        return values.text_of(path).strip() or None
+        return secrets.hub_token()
     except values.Refused as problem:
         raise PlaybookError(
-            f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH) {problem}; fix: save the "
+            f"the Hugging Face token file {str(secrets.hub_token_path())!r} (HF_TOKEN_PATH) {problem}; fix: save the "
             "token in it alone, as UTF-8 text (or set HF_TOKEN)"
         ) from None
 
