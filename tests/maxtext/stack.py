@@ -79,7 +79,6 @@ def tier_sets(family: Family, data: Path, in_slice: bool) -> dict[str, dict[str,
             "batch_size": "4",  # 4 prompts x 2 generations: one sequence for each of the trainer's 8 devices
             "max_prefill_predict_length": "128",
             "max_target_length": "160",  # short sequences compile in seconds
-            "eval_interval": "2",  # an intermediate evaluation between the first step and the last
             "learning_rate": "1e-3",  # 4 steps at 3e-6 would not move a weight past bfloat16's rounding in the export
         },
         # MaxText's export calls jax.distributed.initialize() for hardware=tpu (max_utils.

@@ -81,8 +81,8 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
         checkpoints = host.path(where["checkpoints"])
         found = pipeline.Checkpoints.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
     assert found[-1] == stack.BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
-    # each checkpoint scored (eval_interval from checkpointPeriod): MaxText's hook fired after batches 2 and 4, and the
-    # stand-in rollout's 0% everywhere makes the earlier the best
+    # each checkpoint scored (eval_interval from checkpointPeriod 2, no --set): the hook fired after batches 2 and 4;
+    # the stand-in rollout's 0% everywhere makes the earlier the best
     scored = [event.step for event in evals if event.stage == "intermediate"]
     assert scored == [step for step in found if step % 2 == 0] == [2, 4]
     best = progress.best(events, found, run.iterations)
