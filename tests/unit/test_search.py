@@ -358,7 +358,7 @@ def spot_stack_values(tmp_path_factory):
                 (search, "record_place", lambda name, place: None),
                 (search, "read_stack_file", lambda name, root: dict(raw)),
                 (search, "project_root", lambda: folder),
-                (offline, "run", lambda raw, name, **_: (None, [], {})),
+                (offline, "run", lambda raw, name, **_: (stack_settings.parse(raw, name, folder), [], {})),
             ]:
                 patches.enter_context(mock.patch.object(owner, name, function))
             yield

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import stack
 from tpu_grpo.cloud.refusals import CAPACITY, EVERYWHERE, MEANINGS, REGION, UNKNOWN, ZONE, Refusal, classify
-from tpu_grpo.config import laptop_paths, settings
+from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.keys import Place
 from tpu_grpo.config.settings import PLACED, Settings
@@ -186,8 +186,8 @@ def find_chips(
             **read_stack_file(chosen.stack, project_root()),
             **({PLACED: placed.to_json()} if chosen.fallback else {}),
         }
-        at = settings.parse(raw, chosen.stack, project_root())
-        changes = stack.preview(at, offline.run(raw, chosen.stack)[1])
+        at, declared, _ = offline.run(raw, chosen.stack)  # the program's own settings there, parsed once
+        changes = stack.preview(at, declared)
         for change in changes:
             made_here = kept and disk_zone is None and change.type == replacements.DISK
             say(f"replaces: {made_here and NEW_DISK or stack.describe(change)}")
