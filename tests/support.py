@@ -191,3 +191,13 @@ def write_book(tmp_path: Path, text: str, dedent: bool = True) -> Path:
     path = tmp_path / "book.yml"
     path.write_text(textwrap.dedent(text) if dedent else text)
     return path
+
+
+def is_report(record: dict) -> bool:
+    """The stand-in's record of an export's report evaluation: train_rl of no batches (tpu_grpo/jobs/maxtext.py)."""
+    return record["module"].endswith(".train_rl") and "num_batches=0" in record["argv"]
+
+
+def modules(records: list[dict]) -> list[str]:
+    """Each MaxText run the stand-in recorded, by its module's last name; an export's report evaluation `report`."""
+    return ["report" if is_report(record) else record["module"].rsplit(".", 1)[-1] for record in records]

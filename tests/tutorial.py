@@ -107,8 +107,8 @@ def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dic
         call = json.loads(line)
         argv = call["argv"]
         # MaxText's modules (the training's through run_module: `python3 - MODULE`); not the convert job's
-        # `python3 -` asking its version
-        if argv[0] == "-m" or argv[1:2] == [maxtext.MODULES["train"]]:
+        # `python3 -` asking its version, nor the export's report evaluation (a second train_rl, test_maxtext.py's)
+        if (argv[0] == "-m" or argv[1:2] == [maxtext.MODULES["train"]]) and argv[1] not in found:
             found[argv[1]] = {"argv": argv[2:], "env": call["env"]}
     return found
 

@@ -22,7 +22,7 @@ from tests.doubles.pulumi_cli import INSTANCE, PulumiCli
 from tests.doubles.wheels import WORKLOAD_STANDIN, workload_standin_wheel
 from tests.host.conftest import invoke_on_stack as invoke
 from tests.host.rootfs import TEST_VARS
-from tests.support import FIXTURES, MODELS_KNOWN, wait_for
+from tests.support import FIXTURES, MODELS_KNOWN, modules, wait_for
 
 STORE = "/mnt/disks/data/tpu-grpo/maxtext/llama3.1-8b-Instruct"  # the disk store, as the host names it
 
@@ -68,9 +68,9 @@ def lost_at(host, point: tuple[str, int]) -> bool:
 @pytest.mark.parametrize(
     "losses, modules_after",
     [
-        ([("train", 4, None)], ["train_rl", "to_huggingface"]),
-        ([("train", 4, None), ("train", 6, "TERMINATED")], ["train_rl", "to_huggingface"]),
-        ([("export", 0, None)], ["to_huggingface"]),
+        ([("train", 4, None)], ["train_rl", "report", "to_huggingface"]),
+        ([("train", 4, None), ("train", 6, "TERMINATED")], ["train_rl", "report", "to_huggingface"]),
+        ([("export", 0, None)], ["report", "to_huggingface"]),
     ],
     ids=["once-in-training", "deleted-then-stopped", "during-export"],
 )
@@ -164,7 +164,7 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
             assert (resumed["from_checkpoint"], resumed["steps_redone"]) == (8, 0)  # training was done
     host = hosts[-1]
     records = [json.loads(line) for line in (host.user.home / ".standin/records.jsonl").read_text().splitlines()]
-    assert [record["module"].rsplit(".", 1)[-1] for record in records] == modules_after
+    assert modules(records) == modules_after
     trainings = sorted(
         job for job in host.vm.path("/mnt/disks/data/tpu-grpo/jobs").iterdir() if job.name.endswith("-train")
     )

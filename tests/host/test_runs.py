@@ -25,6 +25,8 @@ def test_runs_lists_the_host_runs_then_the_laptops_copy_when_the_host_is_gone(wo
     assert (row["steps"], row["total_steps"], row["accuracy_before"], row["accuracy_after"]) == (4, 4, 0.0, 0.0)
     assert (row["chips"], row["capacity"], row["where"]) == (8, "reservation", ["host: ~/tpu-grpo/models/gsm8k-4"])
     assert row["job_hours"] >= 0 and row["cost_usd"] is not None
+    # its export scored the checkpoint it converted on the test examples after the 10 that chose it
+    assert (row["report"]["start"], row["report"]["stop"], row["report"]["score"]["stage"]) == (10, 20, "pre")
 
     fetched = host.invoke("fetch", "--run", "gsm8k-4", "--to", str(tmp_path / "model"))
     assert fetched.returncode == 0, fetched.stderr

@@ -20,7 +20,7 @@ import yaml
 
 from tests import tutorial
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import FAST, FIXTURES, TEST_TOKEN, job_dirs, scan_for_token, wait_for
+from tests.support import FAST, FIXTURES, TEST_TOKEN, is_report, job_dirs, modules, scan_for_token, wait_for
 from tests.tutorial import assert_same_as_tutorial
 from tpu_grpo.jobs import vm_jobs
 
@@ -51,7 +51,10 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert "train: pre eval: accuracy 0% (0/4)" in out
     assert "train: intermediate eval (step 25): accuracy 0% (0/4)" in out
     assert "train: post eval: accuracy 0% (0/4)" in out
-    records = host.records()
+    # the tutorial's three modules, and before the conversion the export's report evaluation (a train_rl of no
+    # batches: tests/unit/test_maxtext.py holds its argv)
+    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
+    records = [record for record in host.records() if not is_report(record)]
     assert [record["module"] for record in records] == list(tutorial.MODULES)
 
     # Each step got the tutorial's argv and environment, character for character.
@@ -86,7 +89,7 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     again = host.invoke("pipeline", "--batches", "50", *FAST)
     assert again.returncode == 0, again.stderr
     assert all(f"{step}: done (done before)" in again.stdout for step in ("convert", "train", "export", "save"))
-    assert len(host.records()) == 3 and len(job_dirs(host)) == 3
+    assert len(host.records()) == 4 and len(job_dirs(host)) == 3  # the export's report among them
 
     status = json.loads(host.invoke("status", "--json").stdout)
     assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]
@@ -243,10 +246,11 @@ def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
         ("save", "ran", None),
     ]
     assert outcome["saved"] == f"~/tpu-grpo/models/{outcome['run']}"
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+    assert modules(host.records()) == [
         "to_maxtext",
         "train_rl",
         "train_rl",
+        "report",
         "to_huggingface",
     ]
 
@@ -261,7 +265,7 @@ def test_killing_the_pipeline_during_training_then_rerunning_skips_convert(workl
     rerun = host.invoke("pipeline", "--batches", "8", *FAST)
     assert rerun.returncode == 0, rerun.stderr
     assert "convert: done (done before)" in rerun.stdout
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl", "to_huggingface"]
+    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
     assert "train: GRPO step 8/8" in rerun.stdout
 
 
@@ -269,7 +273,7 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_
     host = workload_host
     chained = host.chain(("convert",), ("train", "--batches", "4"))  # a finished step lets the next one run
     assert chained.returncode == 0, chained.stderr
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == ["to_maxtext", "train_rl"]
+    assert modules(host.records()) == ["to_maxtext", "train_rl"]
     missing = host.invoke("export", "--step", "3")
     assert missing.returncode == 1
     # rl.yml's checkpoint_period 50: Orbax saved the first step and the last
@@ -295,10 +299,12 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_
     finished = host.invoke(*fix.split("fix: uv run invoke ")[1].split(" (")[0].split(), *FAST)
     assert finished.returncode == 0, finished.stderr
     assert "train: done (done before)" in finished.stdout
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+    assert modules(host.records()) == [
         "to_maxtext",
         "train_rl",
+        "report",
         "to_huggingface",
+        "report",
         "to_huggingface",
     ]
     assert (host.host.user.home / "tpu-grpo/models" / run_name / "SHA256SUMS").is_file()
@@ -397,10 +403,6 @@ def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
     assert host.records() == [] and job_dirs(host) == []
 
 
-def modules(host) -> list[str]:
-    return [record["module"].rsplit(".", 1)[-1] for record in host.records()]
-
-
 # ---------------------------------------------------------------- a run name names one training
 
 
@@ -442,7 +444,7 @@ def test_a_trained_run_name_is_not_trained_again_under_other_inputs(workload_hos
     assert host.records() == ran and len(job_dirs(host)) == 2
     finished = host.invoke("pipeline", "--run-name", "x", "--batches", "8", *FAST)
     assert finished.returncode == 0, finished.stderr
-    assert modules(host) == ["to_maxtext", "train_rl", "to_huggingface"]
+    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
 
 
 def test_export_of_another_run_is_never_saved_as_this_runs_model(workload_host):
@@ -548,10 +550,11 @@ def test_a_run_on_the_disk_store_survives_losing_the_vm_and_resumes_from_its_che
     assert resumed.returncode == 0, resumed.stderr
     assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
     assert re.search(r"train: resumes after checkpoint \d of 8 \(MaxText restores it\)", resumed.stdout)
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+    assert modules(host.records()) == [
         "to_maxtext",
         "train_rl",
         "train_rl",
+        "report",
         "to_huggingface",
     ]
     again = [job for job in job_dirs(host) if job.name.endswith("-train") and job != lost_job]
@@ -617,10 +620,11 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     resumed = host.invoke("pipeline", "--run-name", "cloud", "--batches", "8", *FAST, project=bucket_store, env=laptop)
     assert resumed.returncode == 0, resumed.stderr
     assert "convert: done (done before)" in resumed.stdout and "train: GRPO step 8/8" in resumed.stdout
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()] == [
+    assert modules(host.records()) == [
         "to_maxtext",
         "train_rl",
         "train_rl",
+        "report",
         "to_huggingface",
     ]
     trained = host.records()[2]
@@ -651,9 +655,10 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     before = len(host.records())
     again = host.invoke("pipeline", "--run-name", "cloud2", "--batches", "2", *FAST, project=bucket_store, env=laptop)
     assert again.returncode == 0, again.stderr
-    assert [r["module"].rsplit(".", 1)[-1] for r in host.records()[before:]] == [
+    assert modules(host.records()[before:]) == [
         "to_maxtext",
         "train_rl",
+        "report",
         "to_huggingface",
     ]
     assert any(name.startswith(f"{store}/mt-format/0/items/") for name in names())

@@ -54,6 +54,7 @@ def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
             "tpu-grpo:model": model,
             "tpu-grpo:batches": BATCHES,
             "tpu-grpo:testBatches": 2,
+            "tpu-grpo:reportBatches": 1,
             "tpu-grpo:checkpointPeriod": 2,
             "tpu-grpo:checkpointsToKeep": 3,
         }

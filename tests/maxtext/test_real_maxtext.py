@@ -26,6 +26,10 @@ def tail(done, lines: int = 40) -> str:
     return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
 
 
+def tail_lines(lines: list[str], count: int = 60) -> str:
+    return "\n".join(lines[-count:])
+
+
 def readback(*args, env=None) -> dict:
     """A check of tests/maxtext/readback.py, in the tier's venv."""
     return json.loads(
@@ -122,7 +126,16 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
     if in_slice:
         host.bring_back_compile_caches(root)
 
-    step("export", longer)
+    exported = step("export", longer)
+    # a VM's export scores the checkpoint it converts on the 4 test rows after the training's 8, training nothing
+    report = progress.report(exported)
+    if in_slice:  # its export runs on a CPU pod
+        assert report is None
+    else:
+        assert report is not None and (report.step, report.start, report.stop) == (longer.export_step, 8, 12)
+        assert report.score is not None and report.score.total == 4, tail_lines(exported)
+        assert not any(isinstance(e, progress.TrainStep) for e in progress.parse_lines(exported))
+        assert f"{progress.REPORT_LINE} done" in "\n".join(exported)
     if in_slice:  # brought to the laptop as `invoke fetch` brings a slice's export
         export = tmp_path / "fetched"
         gcs.fetch_folder(maxtext.paths(longer)["run_export"], export, lambda *_: None)

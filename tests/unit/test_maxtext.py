@@ -19,7 +19,7 @@ from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo.catalog import stores
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.config import settings
-from tpu_grpo.jobs import maxtext
+from tpu_grpo.jobs import maxtext, progress
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
 OURS_ONLY = {
@@ -40,6 +40,35 @@ def test_every_step_gets_the_tutorials_argv_and_environment(tmp_path):
         extra = set(ours[module]["env"]) - set(theirs[module]["env"]) - {"PWD", "SHLVL", "_", "OLDPWD"}
         assert extra <= OURS_ONLY, (module, extra - OURS_ONLY)
         assert tutorial_only & set(theirs[module]["env"]) <= set(ours[module]["env"])
+
+
+def test_the_export_scores_its_checkpoint_on_the_report_examples_with_the_trainings_own_argv(tmp_path):
+    """Before converting, a VM's export runs train_rl as the training ran it, but loading the checkpoint it exports,
+    training no batch, in a folder of its own, and evaluating the test examples after those the training scored:
+    MaxText's slice [test_batch_start_index : num_test_batches x batch] (the end is not shifted)."""
+    env, record = job_home(tmp_path)
+    for step in maxtext.STEPS:
+        subprocess.run(["bash", "-c", maxtext.script(RUN, step)], check=True, cwd=env["HOME"], env=env)
+    train = maxtext.MODULES["train"]
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    trained, scored = [call for call in calls if call["argv"][1:2] == [train]]
+    changed = {"load_parameters_path", "base_output_directory", "num_batches", "num_test_batches",
+               "test_batch_start_index", "eval_interval"}  # fmt: skip
+
+    def keyed(argv):
+        return dict(arg.split("=", 1) for arg in argv[2:])
+
+    ran = keyed(scored["argv"])
+    assert ran["num_batches"] == "0" and ran["num_test_batches"] == "20" and ran["test_batch_start_index"] == "10"
+    assert ran["load_parameters_path"].endswith(f"/{RUN.run_name}/checkpoints/actor/50/model_params")
+    assert ran["base_output_directory"].startswith("/tmp/") and not Path(ran["base_output_directory"]).exists()
+    assert {k: v for k, v in ran.items() if k not in changed} == {
+        k: v for k, v in keyed(trained["argv"]).items() if k not in changed
+    }
+    said = script_output(tmp_path / "again", maxtext.script(RUN, "export"))
+    assert f"{progress.REPORT_LINE} 50 on test examples 10 to 20" in said
+    assert "the report evaluation failed: the export goes on" in said  # python3 here records, scores nothing
+    assert progress.REPORT_LINE not in maxtext.script(dataclasses.replace(RUN, report_batches=0), "export")
 
 
 def test_the_conversion_reads_the_model_provisioning_downloaded_the_one_argument_the_tutorial_lacks(tmp_path):

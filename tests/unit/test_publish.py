@@ -3,7 +3,9 @@ write (the upload itself runs against a throwaway host: tests/host/test_publish.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config import errors, stack_file
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host.remote.hub import refusal
+from tpu_grpo.jobs import progress, vm_jobs
 from tpu_grpo.jobs.progress import Eval
 from tpu_grpo.results import publish
 
@@ -144,12 +147,13 @@ def test_the_card_is_in_the_hubs_format_and_says_what_was_trained():
         f"| cost | {3725 / 3600 * 8:.2f} chip-hours of training at the spot price: "
         f"${round(3725 / 3600 * 8 * CAPACITIES['spot'].usd_per_chip_hour, 2):,.2f} "
         f"({CAPACITIES['spot'].price_source}) |",
-        "| accuracy | 25% (1/4) | 75% (3/4) |",
-        "| format accuracy | 100% | 100% |",
+        "| accuracy | 25% (1/4) | 75% (3/4) | not measured |",
+        "| format accuracy | 100% | 100% | not measured |",
         "`train:rl.num_generations=4`, `train:learning_rate=1e-6`, `export:weight_dtype=bfloat16`",
         "MaxText 0.2.3",
         "Built with Llama",
-        "on 10 test batches",
+        "on 10 batches of the test split",
+        "It was not scored on a report set",
         "uv run invoke pipeline --run-name gsm8k-50 --batches 50 --set train:rl.num_generations=4",
     ):
         assert row in text, row
@@ -313,7 +317,40 @@ def test_the_card_scores_the_checkpoint_it_holds_the_best_not_the_last():
         intermediate=[peak, later],
     )  # fmt: skip
     text = publish.card(found)
-    assert "of the exported checkpoint (step 20, scored by the intermediate evaluation after its batch)" in text
-    assert "| accuracy | 25% (1/4) | 75% (3/4) |" in text
+    assert "the exported checkpoint (step 20, the best scored) was chosen on them" in text
+    assert "| accuracy | 25% (1/4) | 75% (3/4) | not measured |" in text
     last = publish.card(dataclasses.replace(found, saved={**saved, "step": 50}))
-    assert "(step 50, the last)" in last and "| accuracy | 25% (1/4) | 50% (2/4) |" in last
+    assert "(step 50, the last)" in last and "| accuracy | 25% (1/4) | 50% (2/4) | not measured |" in last
+
+
+def test_the_card_quotes_the_report_sets_score_of_the_saved_step_beside_the_choosing_one():
+    """The newest export's report evaluation (read from the host's answer, as `facts` asks for it) is the card's
+    score to quote, with the examples it was measured on; a report of another step than the saved one is not."""
+    trained = {"model": "llama3.1-8b-Instruct", "batches": 50, "test_batches": 10, "machine": "ct6e-standard-8t",
+               "store": "disk", "use_pathways": False, "convert_set": {}, "train_set": {}}  # fmt: skip
+    saved = {**trained, "export_model": "llama3.1-8b", "step": 20, "export_set": {}}
+    training = vm_jobs.Job("t1", "train", "r", "finished", 0, 1000.0, 1600.0, 100)
+    absl = "W1206 20:35:10.347785 139769738177408 train_rl.py:716] "
+    answer = "\n".join(
+        [
+            "job t1",
+            absl + "Pre RL Training: corr=1, total=4, accuracy=25.0%, partial_accuracy=25.0%, "
+            "format_accuracy=100.0%, mean_reward=0.5",
+            absl.replace("train_rl.py:716", "hooks.py:98") + "Intermediate Eval (step=20): corr=3, total=4, "
+            "accuracy=75.0%, partial_accuracy=75.0%, format_accuracy=100.0%, mean_reward=1.5",
+            "job e1",
+            f"{progress.REPORT_LINE} 20 on test examples 10 to 20",
+            absl + "Pre RL Training: corr=6, total=10, accuracy=60.0%, partial_accuracy=60.0%, "
+            "format_accuracy=90.0%, mean_reward=1.0",
+            "saved " + base64.b64encode(json.dumps(saved).encode()).decode(),
+            "trained " + base64.b64encode(json.dumps(trained).encode()).decode(),
+        ]
+    )
+    found = publish.read_facts("r", [training], answer, "e1")
+    assert found.pre is not None and found.pre.accuracy == 25.0  # the training's, not the export's evaluation
+    assert found.report is not None and found.report.score is not None and found.report.score.correct == 6
+    text = publish.card(found)
+    assert "| accuracy | 25% (1/4) | 75% (3/4) | 60% (6/10) |" in text
+    assert "test examples 10 to 20 of MaxText's shuffled test split, chose nothing" in text
+    other = publish.read_facts("r", [training], answer.replace("checkpoint 20 on", "checkpoint 50 on"), "e1")
+    assert other.report is None and "| 75% (3/4) | not measured |" in publish.card(other)

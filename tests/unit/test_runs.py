@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 
 from tests.tutorial import RUN
 from tpu_grpo.catalog.capacity import CAPACITIES
@@ -216,3 +217,11 @@ def test_runs_say_the_best_scored_batch_and_hold_the_curve():
     assert [point.step for point in saved.curve] == [2, 4]
     assert (saved.best_batch, saved.best_accuracy) == (2, 0.0)
     assert saved.to_json()["curve"][0]["accuracy"] == 0.0
+    # its export scored the checkpoint it converted on the report examples, after the 10 that chose it
+    assert saved.report is not None and (saved.report.step, saved.report.start, saved.report.stop) == (4, 10, 20)
+    assert saved.report.score is not None and saved.report.score.total == 4
+    assert rows["only-trained"].report is None  # not exported
+    console = Console(width=400, record=True)
+    runs.show(console, [saved, rows["only-trained"]], {"host": "answered"})
+    shown = console.export_text()
+    assert "0% -> 0% (0% after batch 2; test 0% at step 4)" in shown and "reportBatches" in shown

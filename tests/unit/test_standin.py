@@ -258,6 +258,16 @@ def test_train_rl_fewer_steps_drops_repeated_step_lines(home, num_batches, steps
     assert tree(home / "post-train" / "smoke") == expected_tree(checkpoints)
 
 
+def test_train_rl_of_no_batches_evaluates_then_fails_as_maxtext_does(home):
+    """num_batches=0 (the export's report evaluation): the evaluation before training, no step, no checkpoint, then
+    the StopIteration the real-MaxText tier saw, exit 1."""
+    out = run(home, TRAIN_RL, *train_args(home, 0))
+    assert out.returncode == 1 and out.stderr.rstrip().endswith(b"StopIteration")
+    assert b"Pre RL Training: corr=" in out.stderr and b"Starting RL training..." in out.stderr
+    assert not TRAIN_STEP.search(out.stderr) and b"Post RL Training" not in out.stderr
+    assert not (home / "post-train" / "smoke" / "checkpoints").exists()
+
+
 def test_train_rl_fails_without_the_checkpoint_to_load(home):
     missing = home / "nowhere" / "0" / "items"
     out = run(home, TRAIN_RL, *train_args(home, 50, load=missing))

@@ -584,10 +584,17 @@ class StackValues:
     )
     test_batches: int = setting(
         f"{PROJECT}:testBatches",
-        "evaluation batches (num_test_batches)",
+        "evaluation batches that choose the checkpoint exported (num_test_batches; docs/training.md, Two sets)",
         "10",
         default="10",
         rule=whole(1, MAX_BATCHES),
+    )
+    report_batches: int = setting(
+        f"{PROJECT}:reportBatches",
+        "test batches after testBatches' that score the exported checkpoint once (0: no such score)",
+        "10",
+        default="10",
+        rule=whole(0, MAX_BATCHES),
     )
     use_pathways: bool = setting(
         f"{PROJECT}:usePathways", "run with Pathways (true) or McJAX (false)", "false", default="false"

@@ -61,6 +61,7 @@ class Training:
     store: Store = STORES["shm"]
     checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
     checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
+    report_batches: int = 10  # tpu-grpo:reportBatches (a run recorded before it: the default)
     capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
     tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's
     dataset: str | None = None  # tpu-grpo:dataset; None: MaxText's default, GSM8K

@@ -33,7 +33,7 @@ from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_
 from tpu_grpo.config.keys import MAX_BATCHES
 from tpu_grpo.config.settings import Training
 from tpu_grpo.host import remote
-from tpu_grpo.jobs.progress import RESUMES, total_steps
+from tpu_grpo.jobs.progress import PRE_EVAL, REPORT_LINE, RESUMES, total_steps
 
 STEPS = ("convert", "train", "export")
 MODULES = {
@@ -57,6 +57,7 @@ OWNED_KEYS = {
     "eval_interval": "tpu-grpo:checkpointPeriod (every checkpoint is scored)",
     "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
     "num_test_batches": "tpu-grpo:testBatches",
+    "test_batch_start_index": "tpu-grpo:testBatches and reportBatches (docs/training.md, Two sets)",
     "eval_dataset_name": "tpu-grpo:dataset",
     "chips_per_vm": "tpu-grpo:machineType (or slice)",
     "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)",
@@ -78,7 +79,7 @@ RESERVED_SUFFIX = ".partial"
 #: A MaxText config key: names joined by single dots (`rl.num_generations`), as its pyconfig reads them.
 _SET_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: `--set` keys whose value tpu-grpo itself reads (the progress bar's total), so must be counts.
-COUNT_KEYS = {"rl.num_iterations": values.whole(1, 999_999)}
+COUNT_KEYS = {key: values.whole(1, 999_999) for key in ("rl.num_iterations", "batch_size", "eval_batch_size")}
 
 #: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
 #: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
@@ -189,6 +190,21 @@ class Run(Training):
         when it divides the batches between checkpoints, else those batches."""
         between = max(1, self.checkpoint_period // self.iterations)
         return MAXTEXT_EVAL_INTERVAL if between % MAXTEXT_EVAL_INTERVAL == 0 else between
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Examples per evaluation batch: MaxText's eval_batch_size, whose default (-1) is the training's batch_size."""
+        train = self.sets.get("train", {})
+        return int(train.get("eval_batch_size") or train.get("batch_size") or GRPO_DEFAULTS["batch_size"])
+
+    @property
+    def report_examples(self) -> range:
+        """The test split's examples that score the exported checkpoint (once, in the export's job): those after the
+        testBatches ones every evaluation of the training scores and the best checkpoint is chosen on. MaxText takes
+        test_dataset[test_batch_start_index : num_test_batches * eval_batch_size] of its shuffled test split
+        (train_rl.prepare_datasets: the end is not shifted by the start)."""
+        start = self.test_batches * self.eval_batch_size
+        return range(start, start + self.report_batches * self.eval_batch_size)
 
     @property
     def export_step(self) -> int:
@@ -563,6 +579,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
     before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
     if step == "export":
         after = trained_tokenizer(run)
+        before = [] if in_slice or not run.report_batches else report_lines(run)
         if run.export_step == run.scored_step and not run.step:  # said in the job's log and as it is followed
             lines.append(
                 f'echo "tpu-grpo: exports checkpoint {run.scored_step}, the best scored of those in the store; '
@@ -588,6 +605,37 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         command = [FORWARD_TERM, *command, *WAIT_CHILD]
     lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
     return "\n".join(lines) + "\n"
+
+
+def report_lines(run: Run) -> list[str]:
+    """Bash before a VM's export: train_rl scores the exported checkpoint on the report examples, once, and trains
+    nothing (num_batches 0: its trainer then raises StopIteration on the empty data, after the score): its
+    "Pre RL Training" evaluation is the score a user quotes, on examples no choice was made on. A failure leaves the
+    export without that score, never without its model."""
+    examples = run.report_examples
+    mapping = {
+        **overrides(run, "train"),
+        "load_parameters_path": '"${POST_TRAIN_PATH?}"',
+        # a folder of its own, removed after: train_rl would restore a checkpoint it found in its run's folder
+        "base_output_directory": '"${report?}"',
+        "num_batches": "0",
+        "num_test_batches": str(examples.stop // run.eval_batch_size),
+        "test_batch_start_index": str(examples.start),
+        "eval_interval": "0",
+    }
+    call = " \\\n".join([MODULES["train"], *(f"    {key}={value}" for key, value in mapping.items())])
+    return [
+        f'echo "{REPORT_LINE} {run.export_step} on test examples {examples.start} to {examples.stop}"',
+        *compile_cache_lines(run, "train"),
+        "report=$(mktemp -d)",
+        remote.run("run_module", command_line=call, then=' 2>&1 | tee "$report/log" || true'),
+        f'if grep -q "{PRE_EVAL}" "$report/log"; then',
+        f'  echo "{REPORT_LINE} done: train_rl then stops at its training of no batches (StopIteration), as meant"',
+        "else",
+        '  echo "tpu-grpo: the report evaluation failed: the export goes on, without its score"',
+        "fi",
+        'rm -rf "$report"',
+    ]
 
 
 def trained_tokenizer(run: Run) -> list[str]:

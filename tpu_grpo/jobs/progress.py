@@ -23,6 +23,7 @@ ABSL_PREFIX = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\] 
 TRAIN_STEP = re.compile(
     r"Train step (?P<step>\d+) training loss: (?P<loss>\S+)\s+- training perplexity: (?P<perplexity>\S+)"
 )
+PRE_EVAL = "Pre RL Training: "
 EVAL = re.compile(
     r"(?:(?P<pre>Pre)|(?P<post>Post)) RL Training: (?P<fields>.*)"
     r"|Intermediate Eval \(step=(?P<step>\d+)\): (?P<ifields>.*)"
@@ -37,6 +38,10 @@ COMPLETED = "RL Training Completed Successfully!"
 #: train_rl will restore (tpu_grpo/jobs/maxtext.py): the steps up to it are done.
 RESUMES = "tpu-grpo: training resumes after checkpoint"
 RESUMED = re.compile(re.escape(RESUMES) + r" (?P<step>\d+)")
+#: What an export's script prints before it scores the exported checkpoint on the report examples
+#: (tpu_grpo/jobs/maxtext.py's report_lines): MaxText's next "Pre RL Training" line is that score.
+REPORT_LINE = "tpu-grpo: report evaluation of checkpoint"
+REPORT = re.compile(re.escape(REPORT_LINE) + r" (?P<step>\d+) on test examples (?P<start>\d+) to (?P<stop>\d+)")
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,28 @@ def _eval(match: re.Match[str]) -> Eval | None:
 
 def parse_lines(lines: Iterable[str]) -> list[Event]:
     return [event for line in lines if (event := parse_line(line)) is not None]
+
+
+@dataclass(frozen=True)
+class Report:
+    """The exported checkpoint (train step `step`) scored once on test examples [start, stop), which chose nothing;
+    `score` None when that evaluation did not finish."""
+
+    step: int
+    start: int
+    stop: int
+    score: Eval | None = None
+
+
+def report(lines: Iterable[str]) -> Report | None:
+    """The last report evaluation in an export's log lines: its line, then the "Pre RL Training" one after it."""
+    found = None
+    for line in lines:
+        if said := REPORT.match(message(line)):
+            found = Report(int(said["step"]), int(said["start"]), int(said["stop"]))
+        elif found and not found.score and isinstance(event := parse_line(line), Eval) and event.stage == "pre":
+            found = Report(found.step, found.start, found.stop, event)
+    return found
 
 
 def best(events: Iterable[Event], checkpoints: Iterable[int], iterations: int = 1) -> Eval | None:

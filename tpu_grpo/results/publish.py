@@ -27,7 +27,7 @@ from tpu_grpo.config import host_paths, laptop_paths, stack_file, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
-from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, parse_line, startup, startup_text
+from tpu_grpo.jobs.progress import REPORT_LINE, STARTUP_LINES, Eval, Report, parse_line, report, startup, startup_text
 from tpu_grpo.results import retrieval
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
@@ -99,6 +99,7 @@ class Facts:
     post: Eval | None = None
     startup: dict | None = None  # the last training's start (tpu_grpo.jobs.progress.startup)
     intermediate: list[Eval] = field(default_factory=list)  # every training's, oldest first
+    report: Report | None = None  # the newest export's score of its checkpoint on the report examples
 
     @property
     def exported(self) -> Eval | None:
@@ -120,21 +121,27 @@ class Facts:
 
 def facts(connection, run: str) -> Facts:
     """Two round trips: the run's training jobs, then their eval lines, its records and MaxText's version."""
-    trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run]
-    wanted = f"Pre RL Training|Intermediate Eval|Post RL Training|{STARTUP_LINES}"
-    lines = [f"echo job {job.id}; grep -aE '{wanted}' {vm_jobs.JOBS}/{job.id}/log || true" for job in trainings]
+    jobs = [job for job in vm_jobs.list_jobs(connection) if job.run == run]
+    trainings = [job for job in jobs if job.step == "train"]
+    exports = [job for job in jobs if job.step == "export" and job.finished and job.exit_code == 0]
+    wanted = f"Pre RL Training|Intermediate Eval|Post RL Training|{REPORT_LINE}|{STARTUP_LINES}"
+    lines = [
+        f"echo job {job.id}; grep -aE '{wanted}' {vm_jobs.JOBS}/{job.id}/log || true" for job in [*trainings, *exports]
+    ]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")
     lines.append(
         f"echo maxtext $({remote.run('maxtext_version', python=f'{host_paths.VENV}/bin/python')}\n"
         ") 2>/dev/null || echo maxtext unknown"
     )
-    return read_facts(run, trainings, hosts.run_script(connection, "\n".join(lines) + "\ntrue").stdout)
+    answer = hosts.run_script(connection, "\n".join(lines) + "\ntrue").stdout
+    return read_facts(run, trainings, answer, exports[-1].id if exports else None)
 
 
-def read_facts(run: str, trainings: list, answer: str) -> Facts:
+def read_facts(run: str, trainings: list, answer: str, export: str | None = None) -> Facts:
     """The facts in the host's answer to `facts`' script, for the run's training jobs (oldest first): before
-    training as the first training measured it, after as the last one did."""
+    training as the first training measured it, after as the last one did; the report evaluation of its newest
+    successful export (job id `export`) when it scored the saved model's step."""
     records: dict[str, dict] = {}
     evals: dict[str | None, list[Eval]] = {}
     logs: dict[str | None, list[str]] = {}
@@ -159,6 +166,7 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
             "status"
         )
     finished = [job for job in trainings if job.finished]
+    reported = report(logs.get(export, [])) if export else None
     first = evals.get(trainings[0].id, []) if trainings else []
     last = evals.get(trainings[-1].id, []) if trainings else []
     return Facts(
@@ -172,6 +180,7 @@ def read_facts(run: str, trainings: list, answer: str) -> Facts:
         pre=next((e for e in first if e.stage == "pre"), None),
         post=next((e for e in reversed(last) if e.stage == "post"), None),
         intermediate=[e for job in trainings for e in evals.get(job.id, []) if e.stage == "intermediate"],
+        report=reported if reported and reported.step == records["saved"].get("step") else None,
         startup=startup(logs.get(trainings[-1].id, []), time.gmtime(trainings[-1].started).tm_year)
         if trainings
         else None,
@@ -185,7 +194,7 @@ def _duration(seconds: float) -> str:
 
 def _score(found: Eval | None, field_name: str) -> str:
     if found is None:
-        return "not in the log"
+        return "not measured"
     value = getattr(found, field_name)
     return f"{value:g}% ({found.correct}/{found.total})" if field_name == "accuracy" else f"{value:g}%"
 
@@ -267,8 +276,9 @@ def card(found: Facts) -> str:
         ("cost", _cost(found.train_seconds, machine, found.capacity)),
         ("start-up", startup_text(found.startup) or "not in the log"),
     ]
+    tested = found.report.score if found.report else None
     evals = [
-        (label, _score(found.pre, name), _score(found.exported, name))
+        (label, _score(found.pre, name), _score(found.exported, name), _score(tested, name))
         for label, name in (
             ("accuracy", "accuracy"),
             ("partial accuracy", "partial_accuracy"),
@@ -294,14 +304,22 @@ def card(found: Facts) -> str:
         "",
         "## Evaluation",
         "",
-        f"MaxText's own {named} evaluation, on {found.trained.get('test_batches')} test batches (`num_test_batches`), "
-        f"before training and of the exported checkpoint (step {found.saved.get('step')}, "
-        + ("the last" if found.exports_the_last else "scored by the intermediate evaluation after its batch")
-        + "), as the training log reports them:",
+        f"MaxText's own {named} evaluation (greedy), as the logs report it. The training scored the model before "
+        f"training and after each checkpoint's batch on {found.trained.get('test_batches')} batches of the test "
+        "split (`num_test_batches`), and the exported checkpoint "
+        f"(step {found.saved.get('step')}, "
+        + ("the last" if found.exports_the_last else "the best scored")
+        + ") was chosen on them. "
+        + (
+            f"The report set, test examples {found.report.start} to {found.report.stop} of MaxText's shuffled test "
+            "split, chose nothing: its score is the one to quote."
+            if found.report
+            else "It was not scored on a report set (tpu-grpo:reportBatches 0, or its export ran elsewhere)."
+        ),
         "",
-        "| | before | after |",
-        "|---|---|---|",
-        *(f"| {label} | {before} | {after} |" for label, before, after in evals),
+        "| | before | exported, as chosen | exported, report set |",
+        "|---|---|---|---|",
+        *(f"| {label} | {before} | {after} | {tested} |" for label, before, after, tested in evals),
         "",
         "## Reproduce",
         "",

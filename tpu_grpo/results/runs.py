@@ -20,8 +20,9 @@ from tpu_grpo.host import facts
 from tpu_grpo.jobs import maxtext, pipeline, progress, vm_jobs
 from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, Tracker, duration, startup
 
-#: What a run's log says of it: its start, its steps and its evaluations before, during and after training.
-_LOG_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|{STARTUP_LINES}"
+#: What a run's logs say of it: its start, its steps and its evaluations before, during and after training; the
+#: exported checkpoint's score on the report examples (an export's).
+_LOG_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|{progress.REPORT_LINE}|{STARTUP_LINES}"
 
 
 @dataclass
@@ -38,7 +39,8 @@ class RunRow:
     accuracy_before: float | None = None  # MaxText's own evaluations, %
     accuracy_after: float | None = None  # of the last weights
     best_batch: int | None = None  # the intermediate evaluation scored best, the earlier on a tie
-    best_accuracy: float | None = None
+    best_accuracy: float | None = None  # on the test examples every evaluation of the training scores
+    report: progress.Report | None = None  # the exported checkpoint's score on the examples after those
     curve: list[Eval] = field(default_factory=list)  # each intermediate evaluation, its `step` the batch
     job_hours: float = 0.0  # the wall time of the run's jobs on the host
     chips: int | None = None
@@ -56,7 +58,8 @@ class RunRow:
 def _script() -> str:
     return (
         f"( {vm_jobs.Jobs.script()} ) | sed 's/^/job\t/'\n"
-        f'for log in {vm_jobs.JOBS}/*-train/log; do [ -f "$log" ] || continue; job=${{log%/log}}; '
+        f"for log in {vm_jobs.JOBS}/*-train/log {vm_jobs.JOBS}/*-export/log; do "
+        '[ -f "$log" ] || continue; job=${log%/log}; '
         f'grep -aE \'{_LOG_LINES}\' "$log" | sed "s|^|line ${{job##*/}} |"; done\n'
         f"ls -1 {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | sed 's/^/saved /'\ntrue"
     )
@@ -132,8 +135,9 @@ def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
         failed = job.state == "finished" and job.exit_code != 0
         done = "failed" if failed else "trained"
         row.state = {"running": "training", "lost": "lost", "cancelled": "failed"}.get(job.state, done)
-    elif job.step == "export" and job.state == "finished" and job.exit_code == 0 and row.state == "trained":
-        row.state = "exported"
+    elif job.step == "export" and job.state == "finished" and job.exit_code == 0:
+        row.report = progress.report(log) or row.report
+        row.state = "exported" if row.state == "trained" else row.state
     elif job.step == "convert" and not row.state:
         row.state = "converted" if job.state == "finished" and job.exit_code == 0 else "failed"
 
@@ -225,6 +229,15 @@ def newest_first(rows) -> list[RunRow]:
     return sorted(rows, key=lambda row: (row.started or 0, row.run), reverse=True)
 
 
+def scores(row: RunRow) -> str:
+    """` (58% after batch 20; test 61.5% at step 20)`: the best intermediate evaluation, and the exported checkpoint's
+    score on the report examples, those it has."""
+    said = [] if row.best_accuracy is None else [f"{row.best_accuracy:g}% after batch {row.best_batch}"]
+    if row.report and row.report.score:
+        said.append(f"test {row.report.score.accuracy:g}% at step {row.report.step}")
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
     from rich.table import Table
 
@@ -249,7 +262,7 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         "state",
         "steps",
         "start-up",
-        "accuracy before -> after (best)",
+        "accuracy before -> after (best; test)",
         "job hours",
         "chip-hours",
         "cost",
@@ -267,10 +280,7 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
             row.state,
             steps,
             started(row.startup),
-            (
-                f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}"
-                + ("" if row.best_accuracy is None else f" ({percent(row.best_accuracy)} after batch {row.best_batch})")
-            )
+            f"{percent(row.accuracy_before)} -> {percent(row.accuracy_after)}{scores(row)}"
             if row.accuracy_before is not None or row.accuracy_after is not None
             else "",
             f"{row.job_hours:.2f}",
@@ -281,6 +291,10 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
     console.print(table)
     for source, said in sources.items():
         console.print(f"{source}: {said}")
+    console.print(
+        "accuracy: MaxText's evaluations of the training, on the test examples that choose the checkpoint exported; "
+        f"test: that checkpoint's on the {keys.PROJECT}:reportBatches examples after them (docs/training.md, Two sets)"
+    )
     console.print(
         f"cost: chip-hours of the run's jobs at its capacity's price ({keys.PROJECT}:capacity; "
         "docs/capacity.md); start-up: its newest training's time to its first step, and whether its "

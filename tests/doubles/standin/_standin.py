@@ -435,9 +435,11 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         num_batches = int(args.get("num_batches", str(REHEARSAL_STEPS)))
     except ValueError:
         raise StandinError(f"stand-in: num_batches must be an integer, got {args['num_batches']!r}") from None
-    if num_batches < 1:
-        raise StandinError(f"stand-in: num_batches must be at least 1, got {num_batches}")
+    if num_batches < 0:
+        raise StandinError(f"stand-in: num_batches must be at least 0, got {num_batches}")
     check_load_path(args)
+    if num_batches == 0:
+        return evaluate_only(fixtures, out)
     run = store_path(os.path.join(base, run_name))
     if args.get("jax_cache_dir"):  # JAX's persistent cache (jax/_src/lru_cache.py): a KEY-cache file per program
         cache = Path(os.path.expanduser(args["jax_cache_dir"]))
@@ -513,6 +515,26 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
             out.emit(line)
     train_through(num_batches)  # a log without the step lines still trains every step
     write_tree(run, debug, {rel: False for rel in debug})
+
+
+#: How MaxText 0.2.3's train_rl ends with num_batches=0, after its evaluation before training (seen in the real-MaxText
+#: tier): tunix's RLLearner.train takes the first batch of an empty dataset.
+EMPTY_TRAINING = """Traceback (most recent call last):
+  File "/maxtext/trainers/post_train/rl/train_rl.py", line 731, in _rl_train_impl
+    rl_trainer.train(train_dataset)
+  File "/tunix/rl/rl_learner.py", line 529, in train
+    first_item = next(full_batch_iterator)
+StopIteration"""
+
+
+def evaluate_only(fixtures: Path, out: Replayer) -> None:
+    """train_rl of no batches: the recording up to the training's start (the evaluation before training among it),
+    then the real one's StopIteration; it writes no checkpoint."""
+    for line in read_log(fixtures / "train_rl.cpu-rehearsal.log"):
+        out.emit(line)
+        if b"Starting RL training..." in line:
+            break
+    raise StandinError(EMPTY_TRAINING)
 
 
 def to_huggingface(args: dict[str, str], control: dict, out: Replayer) -> None:
