@@ -50,8 +50,9 @@ class Host:
     def run(
         self, script: str, added: Mapping[str, str], in_slice: bool = False, timeout: int = 900
     ) -> subprocess.CompletedProcess:
-        """The script as the job (or the pod) runs it, its environment and `added` (stack.script's): bash, in its own
-        mounts with the host's /dev/shm, JAX on the CPU (stack.cpu_environment)."""
+        """The script as the job (or the pod) runs it, its environment and `added` (stack.script's), its output and
+        errors one stream as a job's log is: bash, in its own mounts with the host's /dev/shm, JAX on the CPU
+        (stack.cpu_environment)."""
         env = {
             "HOME": str(self.home),
             "PATH": f"{VENV / 'bin'}:/usr/bin:/bin" if in_slice else "/usr/bin:/bin",
@@ -76,18 +77,18 @@ class Host:
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # one stream in the order written, as a job's log (job_wrapper.sh)
             text=True,
             env=env,
             cwd=self.home,
             start_new_session=True,
         ) as process:
             try:
-                stdout, stderr = process.communicate(script, timeout=timeout)
+                stdout, _ = process.communicate(script, timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)  # MaxText and its pools too, not the shell alone
                 raise
-        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        return subprocess.CompletedProcess(command, process.returncode, stdout, "")
 
     @property
     def rollout_log(self) -> Path:

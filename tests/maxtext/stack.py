@@ -46,7 +46,7 @@ def placements(models) -> list[tuple[str, str]]:
 
 def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
     """The stack a user would write for this run: the shipped Pulumi.dev.yaml with the model and a short run (a
-    checkpoint every 2 steps, 3 kept); a slice's is the smallest slice that holds the model, with its runs in
+    checkpoint every 2 steps, 3 kept, 1 on a VM); a slice's is the smallest slice that holds the model, with its runs in
     gs://`bucket` and Pathways (which the settings require of a slice)."""
     raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     raw.update(
@@ -56,7 +56,8 @@ def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
             "tpu-grpo:testBatches": 2,
             "tpu-grpo:reportBatches": 1,
             "tpu-grpo:checkpointPeriod": 2,
-            "tpu-grpo:checkpointsToKeep": 3,
+            # one VM keeps the newest only: its training's keeper keeps the best scored (remote/keep_best.py)
+            "tpu-grpo:checkpointsToKeep": 1 if placement == "vm" else 3,
         }
     )
     if placement == "slice":

@@ -5,6 +5,7 @@ a model that learned from its rewards and carries the tokenizer it trained with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -82,8 +83,12 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
     if in_slice:
         found = pipeline.checkpoint_steps(None, run)
     else:
-        checkpoints = host.path(where["checkpoints"])
-        found = pipeline.Checkpoints.parse(facts.Answer("\n".join(os.listdir(checkpoints))), str(checkpoints))
+        # Orbax kept the newest (checkpointsToKeep 1); the keeper, the best scored one's weights, hard-linked
+        assert sorted(os.listdir(host.path(where["checkpoints"]))) == [str(stack.BATCHES)]
+        assert os.listdir(host.path(where["kept"])) == ["2"]
+        names = os.listdir(host.path(where["checkpoints"])) + os.listdir(host.path(where["kept"]))
+        found = pipeline.Checkpoints.parse(facts.Answer("\n".join(names)), "")
+        assert "tpu-grpo: keeps checkpoint 2, the best scored so far" in "\n".join(log)
     assert found[-1] == stack.BATCHES and set(found) <= {1, 2, 4}  # every checkpoint_period steps and the last
     # each checkpoint scored (eval_interval from checkpointPeriod 2, no --set): the hook fired after batches 2 and 4;
     # the stand-in rollout's 0% everywhere makes the earlier the best
@@ -158,3 +163,11 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
     learned = readback("learned", host.model_folder, export, host.rollout_log)
     assert learned["changed"] and not learned["unchanged"], learned["unchanged"]
     assert learned["pairs"] and learned["margin_after"] > learned["margin_before"], learned
+
+    if not in_slice:
+        # the best scored checkpoint, which Orbax deleted and the keeper kept through the resumed training, converts
+        best_exported = step("export", dataclasses.replace(longer, scored_step=2))
+        assert os.listdir(host.path(where["kept"])) == ["2"]
+        assert any(line.startswith(f"{progress.REPORT_LINE} 2 on test examples 8 to 12") for line in best_exported)
+        assert any("kept/2/model_params" in line for line in best_exported)
+        assert (host.path(maxtext.paths(longer)["hf_export"]) / "config.json").is_file()

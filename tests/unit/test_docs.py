@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, invoke
 from tpu_grpo.config.keys import KEYS
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -352,3 +352,17 @@ def test_the_settings_table_says_which_keys_a_stack_must_set_and_each_default():
             assert rows[key.name] == f"no: `{key.default}`", key.name
         elif key.required:
             assert rows[key.name] == ("one VM" if key.vm_only else "yes"), key.name
+
+
+def test_the_free_space_defaults_said_are_the_codes():
+    """docs/training.md and `pipeline --help` give --need-gb's defaults for the 8B as the code works them out."""
+    from tpu_grpo.catalog.models import DEFAULT_MODEL, MODELS
+    from tpu_grpo.catalog.stores import default_need_text
+
+    said = default_need_text(MODELS[DEFAULT_MODEL])
+    assert said == "100.4,36.1 on shm, 20.1,148.5 on disk"
+    assert f"for the 8B: {said.replace(' on shm', ' GB on shm')})" in " ".join(
+        (ROOT / "docs/training.md").read_text().split()
+    )
+    shown = invoke("--help", "pipeline", cwd=ROOT).stdout
+    assert said in " ".join(shown.split())

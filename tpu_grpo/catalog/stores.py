@@ -97,11 +97,23 @@ def need_gb(store: Store, checkpoints_to_keep: int, weights_gb: float, checkpoin
     the converted checkpoint, one training checkpoint (a run of the tutorial's length keeps only its last) and the
     export in /dev/shm, and keeps a copy of the conversion on the data disk beside the saved model; the disk store
     writes the conversion and the kept checkpoints to the data disk, the export to /dev/shm; a bucket's space is not
-    the VM's."""
+    the VM's. Beside a one-VM store's checkpoints, the weights of the best scored one once the manager deletes it (the
+    training's keeper, tpu_grpo/host/remote/keep_best.py)."""
+    kept = weights_gb
     if store.name == "shm":
-        need = {"shm": weights_gb + checkpoint_gb + weights_gb, "data": weights_gb + weights_gb}
+        need = {"shm": weights_gb + checkpoint_gb + kept + weights_gb, "data": weights_gb + weights_gb}
     elif store.name == "gs":
         need = {"shm": weights_gb, "data": weights_gb}
     else:
-        need = {"shm": weights_gb, "data": weights_gb + weights_gb + checkpoint_gb * checkpoints_to_keep}
+        need = {"shm": weights_gb, "data": weights_gb + weights_gb + checkpoint_gb * checkpoints_to_keep + kept}
     return {where: round(gb + MARGIN_GB, 1) for where, gb in need.items()}
+
+
+def default_need_text(model) -> str:
+    """`100.4,36.1 on shm, 20.1,148.5 on disk`: what `--need-gb` defaults to for `model` (a model table row) on each
+    store of one VM, as the help and the docs say it."""
+    found = {
+        name: need_gb(store, store.checkpoints_to_keep, model.weights_gb, model.checkpoint_gb)
+        for name, store in STORES.items()
+    }
+    return ", ".join(f"{need['shm']:g},{need['data']:g} on {name}" for name, need in found.items())

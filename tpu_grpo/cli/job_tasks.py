@@ -7,6 +7,8 @@ import sys
 from dataclasses import replace
 from functools import partial
 
+from tpu_grpo.catalog.models import DEFAULT_MODEL, MODELS
+from tpu_grpo.catalog.stores import default_need_text
 from tpu_grpo.cli.checks import check_export, check_hosts, check_job, check_pipeline, step_run
 from tpu_grpo.cli.flags import HOST_FLAGS, STEP_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config.printing import terminal
@@ -108,8 +110,8 @@ def export(
         recover="N: bring a lost VM back (invoke up, provision) and go on, up to N times; with the disk store, "
         "training resumes after its newest checkpoint (needs the Pulumi CLI)",
         var="KEY=VALUE, repeatable: a playbook variable for the provisioning --recover runs (as invoke provision's)",
-        need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the 8B model "
-        "needs with the stack's checkpointStore, 120,36 with shm)",
+        need_gb="free GB preflight requires in /dev/shm and on the data disk, as SHM,DATA (default: what the stack's "
+        f"model needs with its checkpointStore; the 8B: {default_need_text(MODELS[DEFAULT_MODEL])})",
         keep_checkpoint="save also copies the last training checkpoint to the data disk (~/tpu-grpo/runs/RUN/)",
     ),
 )

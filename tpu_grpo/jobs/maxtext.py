@@ -33,7 +33,7 @@ from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_
 from tpu_grpo.config.keys import MAX_BATCHES
 from tpu_grpo.config.settings import Training
 from tpu_grpo.host import remote
-from tpu_grpo.jobs.progress import PRE_EVAL, REPORT_LINE, RESUMES, total_steps
+from tpu_grpo.jobs.progress import EVAL, EVAL_FIELD, PRE_EVAL, REPORT_LINE, RESUMES, total_steps
 
 STEPS = ("convert", "train", "export")
 MODULES = {
@@ -84,6 +84,8 @@ COUNT_KEYS = {key: values.whole(1, 999_999) for key in ("rl.num_iterations", "ba
 #: A store's layout: {root}/{model}/RUNS_FOLDER/{run}/ holds a run's checkpoints, TensorBoard events and (a slice's)
 #: EXPORT_FOLDER, as the host's shell writes them (BASE_OUTPUT_DIRECTORY); `paths` and `runs_folder` say them.
 RUNS_FOLDER, EXPORT_FOLDER = "post-train", "hf-trained"
+#: A run's folder's best scored checkpoint, kept from the checkpoint manager's deletion (keeper_lines), by step.
+KEPT_FOLDER = "kept"
 #: Where a slice's export writes the Hugging Face model. to_huggingface uploads to gs:// with the path's own object
 #: names (checkpoint_conversion/utils/utils.upload_file_to_gcs), `//` and all, where Orbax's paths go through pathlib,
 #: which folds a `//`; BASE_OUTPUT_DIRECTORY ends in `/`, so the run's name follows it directly, one folder down.
@@ -567,6 +569,10 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         if in_slice and name in ONE_VM_ONLY:
             continue
         lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
+    if step == "export" and kept_here(run, in_slice):
+        kept = f'"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{KEPT_FOLDER}/{run.export_step}/model_params"'
+        # the best scored checkpoint, kept from the manager's deletion (keeper_lines)
+        lines.append(f'[ -d "$POST_TRAIN_PATH" ] || [ ! -d {kept} ] || POST_TRAIN_PATH={kept}')
     if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
         newest = " | grep -E '^[0-9]+$' | sort -n | tail -1"
         listing = (  # a bucket's steps: with its client, which `ls` is not
@@ -596,15 +602,39 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
     call = " \\\n".join([MODULES[step], *arguments])
     background = " &" if in_slice else ""
     # the training through run_module, which ends the process MaxText's grading pool would keep from exiting
-    command = [
-        remote.run("run_module", command_line=call, then=background)
-        if step == "train"
-        else f"python3 -m {call}{background}"
-    ]
+    command = [f"python3 -m {call}{background}"]
+    if step == "train":
+        written, keeper = keeper_lines(run, in_slice)
+        piped = f" 2>&1 | {keeper}" if keeper else ""
+        command = [*written, remote.run("run_module", command_line=call, then=piped or background)]
     if in_slice:
         command = [FORWARD_TERM, *command, *WAIT_CHILD]
     lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
     return "\n".join(lines) + "\n"
+
+
+def kept_here(run: Run, in_slice: bool = False) -> bool:
+    """Whether the training keeps its best scored checkpoint from the manager's deletion (remote/keep_best.py): on one
+    VM whose store is its own filesystem, where a hard link keeps it for nothing; a bucket keeps what Orbax keeps."""
+    return not in_slice and run.store.name != "gs"
+
+
+def keeper_lines(run: Run, in_slice: bool) -> tuple[list[str], str]:
+    """(bash that writes the keeper, the command the training's output is piped into), or nothing to pipe into."""
+    if not kept_here(run, in_slice):
+        return [], ""
+    where = paths(run)
+    data = {
+        "checkpoints": where["checkpoints"],
+        "kept": where["kept"],
+        "iterations": run.iterations,
+        "period": run.checkpoint_period,
+        "last": run.train_steps,
+        "pattern": EVAL.pattern,
+        "field": EVAL_FIELD.pattern,
+    }
+    written, command = remote.filter_into("keep_best", data, "keeper")
+    return [f'mkdir -p "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{KEPT_FOLDER}"', written], command
 
 
 def report_lines(run: Run) -> list[str]:
@@ -660,6 +690,7 @@ def paths(run: Run) -> dict[str, str]:
         "checkpoint": values["MAXTEXT_CKPT_PATH"],
         "run": folder,
         "checkpoints": f"{folder}/checkpoints/actor",
+        "kept": f"{folder}/{KEPT_FOLDER}",
         "post_train": values["POST_TRAIN_PATH"],
         "hf_export": values["HF_EXPORT"],
         "run_export": f"{folder}/{EXPORT_FOLDER}",

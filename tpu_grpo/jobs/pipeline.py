@@ -117,7 +117,8 @@ def output_test(run: maxtext.Run, step: str) -> str:
     paths = maxtext.paths(run)
     record = f"{vm_jobs.DONE}/{record_key(run, step)}"
     if step in ("convert", "train"):  # a bucket's folders are looked at from the laptop (probe)
-        folder = paths["checkpoint"] if step == "convert" else paths["post_train"]
+        # a training's last checkpoint, which the checkpoint manager keeps whatever it deletes
+        folder = paths["checkpoint"] if step == "convert" else f"{paths['checkpoints']}/{run.train_steps}/model_params"
         return f"[ -f {record} ]" + ("" if in_bucket(run) else f" && [ -d {folder} ]")
     if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
         return (
@@ -148,16 +149,19 @@ def _steps(names: list[str]) -> list[int]:
 
 
 class Checkpoints(facts.Fact):
-    """The checkpoints in a folder of the host's disk (or /dev/shm), by step."""
+    """The checkpoints in folders of the host's disk (or /dev/shm), by step."""
 
-    script = staticmethod(lambda folder: f"ls -1 {folder} 2>/dev/null; true")
-    parse = staticmethod(lambda answer, folder: _steps(answer.stdout.split()))
+    script = staticmethod(lambda *folders: f"ls -1 {' '.join(folders)} 2>/dev/null; true")
+    parse = staticmethod(lambda answer, *folders: sorted(set(_steps(answer.stdout.split()))))
 
 
 def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
-    """The training checkpoints of the run in its store, by step."""
-    folder = maxtext.paths(run)["checkpoints"]
-    return _steps(gcs.children(folder)) if in_bucket(run) else Checkpoints.read(connection, folder)
+    """The training checkpoints of the run in its store, by step: the manager's, and the best scored one it would have
+    deleted, kept (maxtext.keeper_lines)."""
+    where = maxtext.paths(run)
+    if in_bucket(run):
+        return _steps(gcs.children(where["checkpoints"]))
+    return Checkpoints.read(connection, where["checkpoints"], *([where["kept"]] if maxtext.kept_here(run) else []))
 
 
 def probe_script(run: maxtext.Run) -> str:

@@ -14,6 +14,7 @@ variables that `shell` sets (each quoted here; a path keeps its `~`, which the s
     folder_children.py  a gs:// folder's children, the steps of a bucket's checkpoints (tpu_grpo/jobs/maxtext.py)
     compile_cache.py    a step's compile cache, named by versions and settings, warm or cold (tpu_grpo/jobs/maxtext.py)
     run_module.py       the training's module, run as `python3 -m` runs it, ending once done (tpu_grpo/jobs/maxtext.py)
+    keep_best.py        the training's output passed through, keeping its best scored checkpoint (jobs/maxtext.py)
     preflight.sh        what keeps the host from running a run (tpu_grpo/jobs/pipeline.py's Preflight)
     jobs.sh             every job on the host and its state (tpu_grpo/jobs/vm_jobs.py's Jobs)
     start_job.sh        a job started detached under the TPU's lock, job_wrapper.sh its run.sh (jobs/vm_jobs.py)
@@ -46,6 +47,14 @@ def run(name: str, data: dict | None = None, *, python: str = "python3", then: s
     end = f"TPU_GRPO_{name.upper()}"
     call = " ".join(filter(None, [f"{given}{python}", "-", command_line]))
     return f"{call} <<'{end}'{then}\n{text(name)}{end}"
+
+
+def filter_into(name: str, data: dict, variable: str) -> tuple[str, str]:
+    """A program that reads another's output on its standard input, which its text cannot then come through: (bash
+    that writes its text to a new file named by $`variable`, the command that runs it with `data`, to follow a `|`)."""
+    end = f"TPU_GRPO_{name.upper()}"
+    written = f"{variable}=$(mktemp)\ncat > \"${variable}\" <<'{end}'\n{text(name)}{end}"
+    return written, f'{INPUT}={shlex.quote(json.dumps(data, sort_keys=True))} python3 "${variable}"'
 
 
 def shell(name: str, *libraries: str, **inputs: object) -> str:
