@@ -728,6 +728,9 @@ def test_tensorboard_syncs_only_new_event_bytes_and_serves_the_runs_scalars(work
                 return []
 
         wait_for(lambda: scalars() == expected, what="TensorBoard to serve the run's loss")
+        # and its evaluations, from its log (the stand-in's 0%): before (0), after batches 2 and 4, after training
+        url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?tag=eval/accuracy&run=tb/tensorboard"
+        wait_for(lambda: sorted(scalars()) == [(0, 0.0), (2, 0.0), (4, 0.0), (4, 0.0)], what="the evaluations")
         served.send_signal(signals.SIGINT)
         _, err = served.communicate(timeout=30)
     finally:

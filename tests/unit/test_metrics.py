@@ -386,3 +386,23 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
     for group in sessions.values():
         [reward] = [value for value in group["metricValues"] if value["name"]["tag"] == "rewards/train/mean"]
         assert reward["value"] == pytest.approx(last_reward)
+
+
+def test_a_trainings_evaluations_reach_tensorboard_as_scalars_once_each(tmp_path):
+    """write_evals puts each evaluation at the train step it scored (0 before, batch x iterations, the last after),
+    writes only those not written yet, and MaxText's own series are read as before beside them."""
+    from tpu_grpo.jobs.progress import Eval
+
+    def scored(stage, step, accuracy):
+        return Eval(stage, step, 1, 4, accuracy, accuracy, 100.0, accuracy / 100)
+
+    first = [scored("pre", None, 25.0), scored("intermediate", 10, 50.0)]
+    assert metrics.write_evals(tmp_path, "job-1", first, 2, 100, 1000.0) == 2
+    assert metrics.write_evals(tmp_path, "job-1", first, 2, 100, 1000.0) == 0  # a sync with nothing new
+    later = [*first, scored("intermediate", 20, 75.0), scored("post", None, 60.0)]
+    assert metrics.write_evals(tmp_path, "job-1", later, 2, 100, 1000.0) == 2
+    read = metrics.read_scalars(tmp_path)
+    assert read["eval/accuracy"] == [(0, 25.0), (20, 50.0), (40, 75.0), (100, 60.0)]
+    assert read["eval/mean_reward"][1] == (20, pytest.approx(0.5))
+    assert {tag.split("/")[1] for tag in read} == set(metrics.EVAL_SCALARS)
+    assert metrics.rows_from_scalars(read) == []  # no series of MaxText's taken from them

@@ -548,3 +548,26 @@ def test_export_takes_step_or_last_not_both(stack_dir):
     result = invoke("export", "--step", "20", "--last", "--host", "tpu@203.0.113.9", cwd=stack_dir)
     assert result.returncode == 2
     assert result.stderr == "error: --step 20 and --last both choose the checkpoint; fix: give one of them\n"
+
+
+def test_plan_says_what_evaluating_costs_and_what_trades_it(stack_dir):
+    """The tutorial's 50 batches: before, after batches 10 to 50 and after, 7 passes over the 10 choosing examples,
+    and 10 report examples: 80 greedy answers beside 50 x 1 prompt x 2 generations; fewer test batches, fewer."""
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    assert plan["evaluation"] == {
+        "passes": 7,
+        "choosing_examples": 10,
+        "report_examples": 10,
+        "eval_answers": 80,
+        "train_answers": 100,
+    }
+    text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
+    assert "80 greedy answers beside the training's 100 sampled ones, 44% of what the run generates" in text
+    stack = stack_dir / "Pulumi.dev.yaml"
+    stack.write_text(
+        stack.read_text().replace(
+            "config:\n", "config:\n  tpu-grpo:testBatches: '2'\n  tpu-grpo:reportBatches: '0'\n", 1
+        )
+    )
+    fewer = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["evaluation"]
+    assert (fewer["eval_answers"], fewer["report_examples"]) == (14, 0)

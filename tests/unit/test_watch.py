@@ -145,3 +145,45 @@ def test_a_job_table_reads_hours_and_a_job_that_ended_unseen_shows_no_growing_du
     cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in console.file.getvalue().splitlines()]
     took = {row[0]: row[-1] for row in cells if row and row[0] in ("done", "going", "gone", "jobset")}
     assert took == {"done": "1h00m", "going": "1h05m", "gone": "", "jobset": ""}
+
+
+def test_status_shows_the_curve_so_far_the_best_marked_and_what_evaluating_cost():
+    """A training's log read as status reads it (watch.TrainingProgress's parse, at the log's own times): each
+    evaluation with its accuracy, format accuracy and reward, the best marked, and the evaluations' share of the
+    training's time, from the step each follows to its line."""
+    from tpu_grpo.host import facts
+    from tpu_grpo.jobs.watch import TrainingProgress, print_status
+
+    def at(second: int, text: str) -> str:
+        return f"I1206 10:00:{second:02d}.000000 1 train_rl.py:1] {text}"
+
+    def scored(stage: str, correct: int, reward: float) -> str:
+        return (
+            f"{stage}: corr={correct}, total=4, accuracy={25.0 * correct}%, partial_accuracy=0.0%, "
+            f"format_accuracy=100.0%, mean_reward={reward}"
+        )
+
+    log = [
+        at(0, scored("Pre RL Training", 1, 0.5)),
+        at(1, "Starting RL training..."),
+        at(10, "Train step 1 training loss: 0.1  - training perplexity: 1.1"),
+        at(20, "Train step 2 training loss: 0.1  - training perplexity: 1.1"),
+        at(26, scored("Intermediate Eval (step=2)", 3, 1.5)),
+        at(36, "Train step 3 training loss: 0.1  - training perplexity: 1.1"),
+        at(46, "Train step 4 training loss: 0.1  - training perplexity: 1.1"),
+        at(50, scored("Intermediate Eval (step=4)", 2, 1.0)),
+        at(51, "RL Training Completed Successfully!"),
+        at(55, scored("Post RL Training", 2, 1.0)),
+    ]
+    found = TrainingProgress.parse(facts.Answer("\n".join(log)), "20261206-100000.000-train", 4)
+    assert (found["eval_seconds"], found["training_seconds"]) == (14.0, 54.0)  # 6 + 4 + 4 of the 54 since the start
+    console = Console(file=io.StringIO(), force_terminal=False, width=400)
+    job = JobRecord("20261206-100000.000-train", "train", "r", "finished", 0, "", None, 4, None)
+    print_status(console, "vm", [job], {"run": "r", **found})
+    shown = console.file.getvalue()
+    assert "training r: step 4/4; best so far: batch 2, 75%" in shown
+    assert "  before training: accuracy 25% (1/4), format 100%, reward 0.5\n" in shown
+    assert "  after batch 2: accuracy 75% (3/4), format 100%, reward 1.5  <- best\n" in shown
+    assert "  after batch 4: accuracy 50% (2/4), format 100%, reward 1\n" in shown
+    assert "  after training: accuracy 50% (2/4)" in shown
+    assert "evaluation: 0m14s of the training's 0m54s so far (26%;" in shown

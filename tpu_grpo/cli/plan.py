@@ -30,6 +30,7 @@ from tpu_grpo.catalog.capacity import (
 from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
+from tpu_grpo.jobs.maxtext import Run
 
 #: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
 TUTORIAL_RUN_MINUTES = 15
@@ -69,6 +70,7 @@ class Plan:
     provision: list[dict[str, Any]]
     jobs: list[dict[str, str]]
     compile_cache: str
+    evaluation: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +123,7 @@ def build(stack: str | None = None) -> Plan:
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
         jobs=[] if multi_host else job_scripts(settings),
         compile_cache=compile_cache_note(settings),
+        evaluation=Run.of(settings.training).evaluation_load(),
     )
 
 
@@ -302,6 +305,17 @@ def render_places(plan: Plan, console: Console) -> None:
     )
 
 
+def evaluation_text(load: dict[str, int]) -> str:
+    """What the run's evaluations generate beside its training, and what trades it."""
+    share = load["eval_answers"] / (load["eval_answers"] + load["train_answers"])
+    return (
+        f"evaluation: {load['passes']} passes over the {load['choosing_examples']} examples that choose the checkpoint "
+        f"and {load['report_examples']} that score it: {load['eval_answers']} greedy answers beside the training's "
+        f"{load['train_answers']} sampled ones, {share:.0%} of what the run generates; fewer with "
+        f"{keys.PROJECT}:testBatches, reportBatches or a longer checkpointPeriod (docs/training.md, Two sets)"
+    )
+
+
 def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
@@ -387,6 +401,7 @@ def render(plan: Plan, console: Console) -> None:
                     ),
                     f"{cost.disks_usd_per_hour:.3f}",
                 ),
+                evaluation_text(plan.evaluation),
                 f"quota: {cost.quota}",
                 styled("[dim]price: {}[/]", cost.price_source),
                 styled("[dim]disks' price: {}[/]", cost.disks_price_source),

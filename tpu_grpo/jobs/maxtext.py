@@ -208,6 +208,18 @@ class Run(Training):
         start = self.test_batches * self.eval_batch_size
         return range(start, start + self.report_batches * self.eval_batch_size)
 
+    def evaluation_load(self) -> dict[str, int]:
+        """What evaluating costs the run, in answers generated beside the training's: every evaluation of the
+        training (before, after each eval_interval batches, after) answers the choosing examples greedily once, the
+        export's report its examples; the training samples rl.num_generations answers to each prompt of each batch."""
+        train = {**GRPO_DEFAULTS, **self.sets.get("train", {})}
+        passes = 2 + self.batches // self.eval_interval
+        chooses = self.test_batches * self.eval_batch_size
+        answers = passes * chooses + len(self.report_examples)
+        trained = self.batches * int(train["batch_size"]) * int(train["rl.num_generations"])
+        return {"passes": passes, "choosing_examples": chooses, "report_examples": len(self.report_examples),
+                "eval_answers": answers, "train_answers": trained}  # fmt: skip
+
     @property
     def export_step(self) -> int:
         """The checkpoint the export converts: `--step`, else the best scored (unless `--last`), else the last."""

@@ -214,6 +214,9 @@ class Tracker:
     first_step: int | None = None
     last_step_at: float | None = None
     resumed_from: int | None = None
+    #: The time the evaluations during and after training took: from the step (or the end) they follow to their line.
+    eval_seconds: float = 0.0
+    completed_at: float | None = None
 
     def feed(self, line: str, now: float | None = None) -> Event | None:
         event = parse_line(line)
@@ -225,9 +228,11 @@ class Tracker:
         if isinstance(event, Started):
             self.started, self.started_at = True, now
         elif isinstance(event, Completed):
-            self.completed = True
+            self.completed, self.completed_at = True, now
         elif isinstance(event, Eval):
             self.evals.append(event)
+            since = {"intermediate": self.last_step_at, "post": self.completed_at}.get(event.stage)
+            self.eval_seconds += max(0.0, now - since) if since is not None else 0.0
         elif isinstance(event, EvalFailed):
             self.failed_evals.append(event)
         elif isinstance(event, Resumed):
@@ -291,6 +296,8 @@ class Tracker:
             "latest_accuracy": self.latest_accuracy,
             "evals": [asdict(e) for e in self.evals],
             "best": asdict(found) if (found := self.best_so_far) else None,
+            "eval_seconds": round(self.eval_seconds, 1),
+            "training_seconds": None if self.started_at is None else round((now or self.clock()) - self.started_at, 1),
         }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tpu_grpo.config import host_paths, laptop_paths
+from tpu_grpo.config import host_paths, keys, laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.config.printing import styled
 from tpu_grpo.host import facts, remote
@@ -29,6 +29,7 @@ from tpu_grpo.jobs.progress import (
     TrainStep,
     absl_seconds,
     compile_cache,
+    duration,
     startup,
     startup_text,
 )
@@ -279,16 +280,24 @@ def print_status(
     if not found:
         return
     if progress:
-        evals = ", ".join(
-            f"{e['stage']}{'' if e['step'] is None else ' ' + str(e['step'])} {e['accuracy']:g}%"
-            for e in progress.get("evals", [])
-        )
         resumed, best = progress.get("resumed_from"), progress.get("best")
         console.print(
             f"training {progress['run']}: step {progress.get('step', 0)}/{progress.get('total_steps')}"
             + (f" (resumed after checkpoint {resumed})" if resumed else "")
-            + (f"; eval accuracy: {evals}" if evals else "")
             + (f"; best so far: batch {best['step']}, {best['accuracy']:g}%" if best else "")
         )
+        for each in progress.get("evals", []):  # the curve so far
+            where = "before training" if each["stage"] == "pre" else "after training"
+            where = f"after batch {each['step']}" if each["step"] is not None else where
+            console.print(
+                f"  {where}: accuracy {each['accuracy']:g}% ({each['correct']}/{each['total']}), format "
+                f"{each['format_accuracy']:g}%, reward {each['mean_reward']:g}" + ("  <- best" if each == best else "")
+            )
+        spent, training = progress.get("eval_seconds"), progress.get("training_seconds")
+        if spent and training:
+            console.print(
+                f"evaluation: {duration(spent)} of the training's {duration(training)} so far ({spent / training:.0%}; "
+                f"{keys.PROJECT}:testBatches and checkpointPeriod trade it)"
+            )
         if said := startup_text(progress.get("startup")):
             console.print(f"start-up: {said}")

@@ -340,6 +340,37 @@ def write_hparams(folder: Path, given: dict, started: float) -> Path | None:
     return folder
 
 
+#: The suffix of the events files holding a training job's evaluations as scalars, with the job's id and how many.
+EVALS_SUFFIX = ".tpu-grpo-evals"
+#: The scalars each evaluation gives TensorBoard (`eval/NAME`), as MaxText's log says them.
+EVAL_SCALARS = ("accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
+
+
+def write_evals(folder: Path, job_id: str, evals: list[Eval], iterations: int, last_step: int, at: float) -> int:
+    """A training job's evaluations as TensorBoard scalars beside MaxText's events, which hold none (its log does):
+    `eval/accuracy` and the rest at the train step each scored (0 before training; after batch N, N x
+    rl.num_iterations; after training, the last). An events file only grows, so those not written yet go into a
+    file of their own, named by the job and the count written. Returns how many it wrote."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    folder = Path(folder)
+    suffix = f"{EVALS_SUFFIX}-{job_id}-"
+    written = max((int(path.name.rsplit("-", 1)[1]) for path in folder.glob(f"events.*{suffix}*")), default=0)
+    new = evals[written:]
+    if not new:
+        return 0
+    writer = EventFileWriter(str(folder), filename_suffix=f"{suffix}{len(evals)}")
+    for each in new:
+        step = {"pre": 0, "post": last_step}.get(each.stage, (each.step or 0) * iterations)
+        values = [
+            summary_pb2.Summary.Value(tag=f"eval/{name}", simple_value=getattr(each, name)) for name in EVAL_SCALARS
+        ]
+        writer.add_event(event_pb2.Event(wall_time=at, step=step, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    return len(new)
+
+
 #: What a comparison overlays: the series a person reads a GRPO run by, then its evaluations.
 COMPARED = ("reward", "kl", "completion_length")
 

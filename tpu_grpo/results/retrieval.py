@@ -218,9 +218,14 @@ def _events_folder(connection, sftp, job: vm_jobs.Job) -> tuple[str, list]:
     )
 
 
+#: The log lines of a training's evaluations, which TensorBoard gets as scalars.
+EVAL_LINES = "Pre RL Training|Intermediate Eval|Post RL Training"
+
+
 def sync_events(connection, job: vm_jobs.Job) -> int:
     """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
-    events file only grows), read from the offset the local copy has; and its hparams beside them (once).
+    events file only grows), read from the offset the local copy has; its hparams beside them (once), and its
+    evaluations as scalars (those its log added since).
     Returns the bytes copied."""
     from tpu_grpo.results import metrics
 
@@ -234,6 +239,10 @@ def sync_events(connection, job: vm_jobs.Job) -> int:
     else:
         copied = _events_over_sftp(connection, job, board)
     metrics.write_hparams(board, given(job.meta.get("inputs", {})), job.started)
+    lines = hosts.run_script(connection, f"grep -aE '{EVAL_LINES}' {vm_jobs.JOBS}/{job.id}/log; true").stdout
+    iterations = int(job.meta.get("inputs", {}).get("train_set", {}).get("rl.num_iterations", 1))
+    evals = metrics.evals_from_log(lines)
+    metrics.write_evals(board, job.id, evals, iterations, job.meta.get("total_steps") or 0, job.started)
     return copied
 
 
