@@ -237,3 +237,107 @@ def test_every_setting_through_the_tasks_keeps_the_contract(project, key, value)
     for argv in (["settings", "--stack", "fuzz"], ["plan", "--stack", "fuzz"]):
         result = invoke(*argv, cwd=folder, env={"HF_TOKEN": TEST_TOKEN, "HOME": str(folder.parent)})
         check_contract(argv, result, listener.accepted, listener)
+
+
+#: Raw YAML a person (or a paste) puts where a stack file's key goes: names of settings, in this project's namespace
+#: misspelt, in none, in another; YAML's own tags and complex keys; names that are environment variables.
+RAW_KEYS = st.sampled_from(
+    [
+        *(key.name for key in KEYS[:12]),
+        "tpu-grpo:zone",
+        "tpu_grpo:model",
+        "TPU-GRPO:batches",
+        "capacity",
+        "gcp:region",
+        "tpu-grpo:hfToken",
+        "tpu-grpo:sshKey",
+        "aws:region",
+        "!!int 123",
+        "!!binary aGk=",
+        "? [a, b]\n   ",
+        "'quoted:key'",
+        '"tpu-grpo:\\u2010batches"',
+    ]
+)
+#: Raw YAML values: plain and quoted text, numbers, tags, flow collections, anchors and aliases, deep nesting.
+RAW_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "x",
+            "''",
+            "~",
+            "12",
+            "-1",
+            "1e309",
+            ".nan",
+            "true",
+            "yes",
+            "!!str 5",
+            "!!float 5",
+            "!!python/object:os.system ['id']",
+            "[a, b]",
+            "{a: b}",
+            "&x [1, 2]",
+            "*x",
+            "*nosuch",
+            "[" * 200 + "]" * 200,
+            "'" + "a" * 3000 + "'",
+            '"\\u2010"',
+            "|\n    two\n    lines",
+            "us\u2010east5-b",
+            "hf_" + "t" * 30,
+        ]
+    ),
+    HOSTILE.map(lambda text: yaml.safe_dump(text, default_style='"').strip()),
+)
+
+
+@st.composite
+def raw_stack_files(draw, config: dict):
+    """A stack file written as text: the good stack's lines, some replaced or added as raw YAML, and aliases above."""
+    lines = [f"  {line}" for line in yaml.safe_dump(config).splitlines()]
+    for _ in range(draw(st.integers(1, 3))):
+        line = f"  {draw(RAW_KEYS)}: {draw(RAW_VALUES)}"
+        lines.insert(draw(st.integers(0, len(lines))), line)
+    head = draw(st.sampled_from(["", "anchors: &x [1, 2]\n", "a: &a [x, x]\nb: [*a, *a, *a]\n"]))
+    return head + "config:\n" + "\n".join(lines) + "\n"
+
+
+def wrongly_accepted(text: str) -> str | None:
+    """An oracle that does not use the project's parser: what a stack file the settings took must not hold. A key
+    that is text in a namespace, and not this project's (misspelt or not) unless it is one of its settings; gcp:
+    keys the provider reads (pulumi-gcp's gcp:region, gcp:credentials, ...) are the provider's to judge."""
+    try:
+        config = (yaml.safe_load(text) or {}).get("config") or {}
+    except (yaml.YAMLError, RecursionError, AttributeError):
+        return "YAML PyYAML refuses (or no mapping) was taken"
+    known = {key.name for key in KEYS}
+    for name in config:
+        if not isinstance(name, str) or ":" not in name:
+            return f"key {name!r} (no namespace, or not text) was taken"
+        namespace = name.split(":", 1)[0].lower().replace("_", "-")
+        if namespace == "tpu-grpo" and name not in known:  # gcp: holds the provider's own keys (gcp:region) too
+            return f"key {name!r} of no setting was taken"
+    return None
+
+
+@hypothesis_settings(
+    max_examples=EXAMPLES // 10 or 150,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(data=st.data())
+def test_a_stack_file_written_as_raw_text_keeps_the_contract_and_no_wrong_acceptance(project, data):
+    """Tags, complex keys, deep nesting, aliases and misnamed keys, as text no yaml.safe_dump writes: `settings`
+    exits 0 or 2 in one line (never a traceback, never the token), and what it takes, the oracle takes too."""
+    folder, config, listener = project
+    text = data.draw(raw_stack_files(config))
+    (folder / "Pulumi.fuzz.yaml").write_text(text)
+    argv = ["settings", "--stack", "fuzz"]
+    result = invoke(*argv, cwd=folder, env={"HF_TOKEN": TEST_TOKEN, "HOME": str(folder.parent)})
+    check_contract([*argv, text], result, listener.accepted, listener)
+    assert "hf_" + "t" * 30 not in result.stderr  # a token-like value under a key that means the token
+    if result.returncode == 0:
+        assert wrongly_accepted(text) is None, (text, wrongly_accepted(text))

@@ -136,3 +136,189 @@ def test_a_state_folder_under_the_home_is_made_there_not_in_the_checkout(stack_d
     monkeypatch.chdir(stack_dir)
     assert laptop_paths.writable_state() == tmp_path / "home" / "state"
     assert not (stack_dir / "~").exists()
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("clusters: [\n", "is not YAML at line 2"),
+        ("- a\n- b\n", "is not a kubeconfig"),
+        ("apiVersion: v1\nkind: Config\nclusters: []\ncurrent-context: x\n", "has no current context naming a cluster"),
+    ],
+    ids=["invalid-yaml", "a-list", "no-clusters"],
+)
+def test_a_kubeconfig_the_client_cannot_use_is_one_line(tmp_path, text, said):
+    from tpu_grpo.cloud import kube
+
+    (tmp_path / "config").write_text(text)
+    with pytest.raises(kube.KubeconfigError) as refused:
+        kube.given_kubeconfig(str(tmp_path / "config"))
+    assert (
+        refused.value.exit_code == 2
+        and said in str(refused.value)
+        and "fix: point TPU_GRPO_KUBECONFIG" in str(refused.value)
+    )
+
+
+def test_a_kubeconfig_of_a_cluster_is_taken(tmp_path):
+    from tpu_grpo.cloud import kube
+    from tpu_grpo.config.kubeconfig import kubeconfig
+
+    (tmp_path / "config").write_text(kubeconfig("c", "203.0.113.5", "Q0E="))
+    assert kube.given_kubeconfig(str(tmp_path / "config"))["current-context"] == "c"
+
+
+@pytest.mark.parametrize("where", ["flag", "environment"])
+def test_a_stack_named_by_a_path_is_refused_before_connecting_with_host_too(stack_dir, where):
+    """--host skips the stack's settings, not the check of its name: `--stack ../x` or TPU_GRPO_STACK=../../etc/passwd
+    would otherwise be taken; the host is never reached (a documentation address that would time out)."""
+    flag = ("--stack", "../x") if where == "flag" else ()
+    env = {"TPU_GRPO_STACK": "../../etc/passwd"} if where == "environment" else {}
+    for task in ("ssh", "status", "logs", "timeline"):
+        result = invoke(task, "--host", "tpu@203.0.113.9", *flag, cwd=stack_dir, env=env)
+        named = "--stack='../x'" if where == "flag" else "TPU_GRPO_STACK='../../etc/passwd'"
+        assert (result.returncode, result.stderr.split(" is not")[0]) == (2, f"error: {named}"), result.stderr
+    taken = invoke("status", "--host", "tpu@203.0.113.9", "--stack", "prod", "--json", "--wait", "0", cwd=stack_dir)
+    assert "is not a Pulumi stack name" not in taken.stderr  # a name, though no stack file holds it: the host decides
+
+
+def test_what_follows_a_double_dash_is_refused_not_dropped(stack_dir):
+    result = invoke("ssh", "--host", "tpu@203.0.113.9", "--", "df", "-h", cwd=stack_dir)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: `-- df -h`: no task reads what follows --; fix: uv run invoke ssh --command 'df -h' runs a command "
+        "on the VM (every task takes flags only)\n"
+    )
+    empty = invoke("ssh", "--host", "tpu@203.0.113.9", "--command", "", cwd=stack_dir)
+    assert empty.returncode == 2 and empty.stderr.startswith("error: --command '' is empty; fix:")
+
+
+GOOD_PLAYBOOK = "vars:\n  who: {default: a}\nsteps:\n  - name: hello\n    check: 'false'\n    run: echo {{ who }}\n"
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("steps:\n  - {name: a, check: x, run: y}\n1: x\n", "unknown key 1"),
+        ("vars: [a, b]\nsteps: []\n", "vars is a list, not a mapping"),
+        ("steps: 3\n", "steps is a number, not a list"),
+        ("prelude: [a]\n" + GOOD_PLAYBOOK, "prelude is a list, not text"),
+        (GOOD_PLAYBOOK.replace("{default: a}", "{default: a, pattern: '[a-'}"), "pattern '[a-' is not a regular"),
+        (GOOD_PLAYBOOK.replace("{default: a}", "{default: a, choices: 5}"), "choices is a number, not a list"),
+        (GOOD_PLAYBOOK.replace("name: hello", "name: [hello]"), "step 1's name is a list, not text"),
+        (GOOD_PLAYBOOK.replace("check: 'false'", "check: 5"), "check is a number, not text"),
+    ],
+    ids=["mixed-keys", "vars-list", "steps-number", "prelude-list", "bad-pattern", "choices-number", "name", "check"],
+)
+def test_a_playbook_of_the_wrong_types_is_one_line_naming_what_it_holds(stack_dir, text, said):
+    (stack_dir / "book.yml").write_text(text)
+    result = invoke("provision", "--playbook", "book.yml", "--host", "tpu@203.0.113.9", cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert said in result.stderr and "fix: " in result.stderr
+
+
+def test_a_playbook_of_the_right_types_is_taken(stack_dir):
+    from tpu_grpo.provision import playbook
+
+    (stack_dir / "book.yml").write_text(GOOD_PLAYBOOK.replace("{default: a}", "{default: a, pattern: '[a-z]+'}"))
+    book = playbook.load(stack_dir / "book.yml")
+    assert [step.name for step in book.steps] == ["hello"] and book.vars["who"].pattern == "[a-z]+"
+
+
+def test_settings_json_says_the_problems_settings_and_plan_say(stack_dir, stack_values):
+    """A stack still holding a placeholder: `settings` and `plan --json` list it as pending, and so does
+    `settings --json`, beside the settings."""
+    import json
+
+    write_config(stack_dir, {**stack_values, "gcp:project": "YOUR_PROJECT"})
+    said = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
+    planned = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    assert said["pending"] == planned["pending"] and any("gcp:project" in each for each in said["pending"])
+    assert said["warnings"] == planned["warnings"]
+    assert said["settings"]["gcp:project"] == {"value": "YOUR_PROJECT", "default": None}
+    assert "gcp:project" in invoke("settings", cwd=stack_dir).stdout.split("still to set before `pulumi up`: ")[1]
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_that_cannot_say_every_character_gets_a_question_mark_not_a_traceback(stack_dir, encoding):
+    import subprocess
+    import sys
+
+    from tests.support import ROOT, task_environment
+
+    for task in ("settings", "plan"):
+        result = subprocess.run(
+            [sys.executable, "-m", "invoke", "-r", str(ROOT), task],
+            cwd=stack_dir,
+            env=task_environment({"PYTHONIOENCODING": encoding, "COLUMNS": "200"}),
+            capture_output=True,
+            encoding=encoding,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr and "gcp:zone" in result.stdout
+
+
+@pytest.mark.parametrize("folder", ["x" * 300, 12, ["a"], "a\0b", "/nonexistent/fetched"])
+def test_a_damaged_fetch_record_is_no_reason_for_runs_to_fail(stack_dir, tmp_path, folder):
+    """A fetched/RUN.json whose `dir` is a name too long for the filesystem, no text, or holds a NUL names no copy;
+    `runs` lists the rest (the good record beside it)."""
+    import json
+
+    state = tmp_path / "state"
+    (state / "fetched").mkdir(parents=True)
+    (state / "fetched/bad.json").write_text(json.dumps({"dir": folder}))
+    (tmp_path / "copy").mkdir()
+    (state / "fetched/good.json").write_text(json.dumps({"dir": str(tmp_path / "copy")}))
+    env = {"TPU_GRPO_STATE": str(state)}
+    result = invoke("runs", "--json", "--host", "tpu@203.0.113.9", "--wait", "0", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    said = json.loads(result.stdout)
+    assert [(row["run"], row["state"]) for row in said["runs"]] == [("good", "fetched")]
+    # a partial answer exits 0 (the README's table says so), naming the source that did not answer
+    assert said["sources"]["host"].startswith("no answer: ") and said["sources"]["laptop"] == "answered"
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        (
+            "tpu-grpo:zone",
+            "us-east5-b",
+            "did you mean gcp:zone? pulumi config rm tpu-grpo:zone, then pulumi config set gcp:zone",
+        ),
+        ("tpu-grpo:sshKey", "~/.ssh/id.pub", "did you mean sshPublicKeyPath?"),
+        ("tpu-grpo:hfToken", "hf_typedbyhand", "it is HF_TOKEN, the Hugging Face token, which never goes into a stack"),
+        ("tpu-grpo:stack", "prod", "it is TPU_GRPO_STACK, the stack a task acts on"),
+        ("tpu-grpo:machinetype", "ct6e-standard-4t", "did you mean machineType?"),
+    ],
+)
+def test_an_unknown_key_is_matched_by_its_name_across_namespaces_and_the_environment(
+    stack_dir, stack_values, key, value, said
+):
+    write_config(stack_dir, {**stack_values, key: value})
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert "hf_typedbyhand" not in result.stderr
+
+
+def test_an_unnamespaced_key_is_told_its_namespaced_name(stack_dir, stack_values):
+    write_config(stack_dir, {**stack_values, "capacity": "spot"})
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and result.stderr.rstrip().endswith("fix: name it tpu-grpo:capacity"), result.stderr
+    write_config(stack_dir, {**stack_values, "flavour": "x"})
+    assert "or name it e.g. gcp:zone" in invoke("settings", cwd=stack_dir).stderr  # nothing of that name
+
+
+@pytest.mark.parametrize(
+    "zone, marked",
+    [("us\u2010east5-b", "(holds U+2010 HYPHEN)"), ("us-\u0435ast5-b", "(holds U+0435 CYRILLIC SMALL LETTER IE)")],
+)
+def test_a_look_alike_character_is_marked_where_the_value_is_echoed(stack_dir, stack_values, zone, marked):
+    write_config(stack_dir, {**stack_values, "gcp:zone": zone})
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and f"gcp:zone='{zone}' {marked} is not" in result.stderr, result.stderr
+    write_config(stack_dir, stack_values)
+    flagged = invoke("train", "--batches", "5\u0035\u0660", "--host", "tpu@203.0.113.9", cwd=stack_dir)
+    assert flagged.returncode == 2 and "(holds U+0660 ARABIC-INDIC DIGIT ZERO)" in flagged.stderr
+    assert "holds" not in invoke("train", "--batches", "x", "--host", "tpu@203.0.113.9", cwd=stack_dir).stderr

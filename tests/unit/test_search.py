@@ -73,7 +73,7 @@ def test_three_places_whose_first_two_are_out_of_chips_end_with_a_vm_in_the_thir
     assert made["Instance"]["zone"] == made["Disk"]["zone"] == "us-central1-b"
     assert made["Instance"]["scheduling"]["provisioningModel"] == "STANDARD"
     assert made["Subnetwork"]["region"] == "us-central1"  # the VM's subnet follows it; the stack's bucket does not
-    settings_now = json.loads(invoke("settings", "--json", cwd=stack_dir, env=env).stdout)
+    settings_now = json.loads(invoke("settings", "--json", cwd=stack_dir, env=env).stdout)["settings"]
     assert settings_now["gcp:zone"]["value"] == "us-east5-b"  # the stack's own first choice stays as written
     [record] = (Path(env["TPU_GRPO_STATE"]) / "searches").glob("dev-*.json")
     attempts = json.loads(record.read_text())["attempts"]

@@ -386,7 +386,7 @@ def test_settings_say_what_an_unset_key_comes_to_in_the_table_and_in_json_alike(
 
     values = {**stack_values, "tpu-grpo:machineType": "ct6e-standard-1t", "tpu-grpo:model": "qwen3-0.6b"}
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
+    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)["settings"]
     assert found["tpu-grpo:dataset"] == {"value": "openai/gsm8k", "default": "MaxText's default"}
     assert found["tpu-grpo:datasetConfig"] == {"value": "main", "default": "MaxText's default"}
     assert found["tpu-grpo:lossAlgo"] == {"value": "grpo", "default": "MaxText's default"}
@@ -413,7 +413,7 @@ def test_a_new_stack_names_only_what_is_its_own_and_the_rest_is_the_tutorials(st
 
     own = ("gcp:project", "gcp:zone", "tpu-grpo:reservation", "tpu-grpo:sshPublicKeyPath", "tpu-grpo:sshSourceRanges")
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {key: stack_values[key] for key in own}}))
-    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)
+    found = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)["settings"]
     tutorial = {
         "tpu-grpo:vmName": "tpu-grpo",
         "tpu-grpo:machineType": "ct6e-standard-8t",

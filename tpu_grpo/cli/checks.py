@@ -28,6 +28,7 @@ def check_hosts(
     from tpu_grpo.host import hosts
     from tpu_grpo.jobs import targets
 
+    stack_file.stack_name(stack)  # a path in --stack or $TPU_GRPO_STACK is refused with --host too
     flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
     laptop_paths.writable_state()  # the host's key is recorded there at first contact
     chosen = settings.load(stack, lenient=True) if with_stack or not host else None

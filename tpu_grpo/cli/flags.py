@@ -10,8 +10,10 @@ task's flags first, then hands them to an executor: ours (named in `invoke.yaml`
 from __future__ import annotations
 
 import functools
+import io
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -92,6 +94,16 @@ class CheckingExecutor(Executor):
     """Checks the flags of every task on the command line before running the first one."""
 
     def execute(self, *tasks):
+        for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii: a `?` for what it cannot say, no traceback
+            if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+                stream.reconfigure(errors="replace")
+        remainder = getattr(self.core, "remainder", "")
+        if remainder:  # Invoke keeps what follows `--` and hands it to no task: `ssh -- df -h` would drop `df -h`
+            raise Exit(
+                f"error: `-- {conceal(remainder)}`: no task reads what follows --; fix: uv run invoke ssh --command "
+                f"{shlex.quote(conceal(remainder))} runs a command on the VM (every task takes flags only)",
+                code=UserError.exit_code,
+            )
         for call in self.normalize(tasks):
             if isinstance(call.task, FlagTask):
                 with one_line_errors():

@@ -108,6 +108,10 @@ def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
 
     with one_line_errors():
         where = checked(check_vm)
+        if command is not None and not command.strip():
+            raise UserError(
+                "--command '' is empty; fix: e.g. --command 'df -h ~/tpu-grpo', or no --command for a shell"
+            )
         [target] = where.flags.hosts(where.settings)
         client = shutil.which("ssh")
         if client is None:

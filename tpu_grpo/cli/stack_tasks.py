@@ -40,7 +40,12 @@ def settings(c, stack=None, json_=False):
             value, whence = chosen.default(key) or (None, "unset")
             return {"value": value, "default": whence}
 
-        print(json.dumps({key.name: shown(key) for key in keys.KEYS}, indent=2))
+        said = {
+            "settings": {key.name: shown(key) for key in keys.KEYS},
+            "pending": [str(pending) for pending in chosen.pending],  # as plan --json says them
+            "warnings": chosen.warnings,
+        }
+        print(json.dumps(said, indent=2))
         return
     from rich.table import Table
 

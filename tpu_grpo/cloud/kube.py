@@ -44,6 +44,37 @@ def _stack_kubeconfig(stack: str) -> dict:
     return yaml.safe_load(kubeconfig(made["name"], made["endpoint"], made["cluster_ca_certificate"]))
 
 
+class KubeconfigError(UserError):
+    """$TPU_GRPO_KUBECONFIG names no kubeconfig the client can use: bad input, nothing done (exit 2)."""
+
+
+def given_kubeconfig(path: str) -> dict:
+    """The kubeconfig $TPU_GRPO_KUBECONFIG names, checked as the Kubernetes client reads one: a YAML mapping whose
+    current context names a cluster with a server."""
+    fix = f"fix: point {KUBECONFIG_ENV} at a kubeconfig (kubectl config view --raw > FILE), or unset it"
+    said = f"{KUBECONFIG_ENV}={path!r}"
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise KubeconfigError(f"{said} cannot be read ({error.__class__.__name__}); {fix}") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where else ""
+        raise KubeconfigError(f"{said} is not YAML{line}; {fix}") from None
+    if not isinstance(config, dict):
+        raise KubeconfigError(f"{said} is not a kubeconfig (no mapping of clusters, contexts, users); {fix}")
+    contexts = {c.get("name"): c.get("context") for c in config.get("contexts") or [] if isinstance(c, dict)}
+    clusters = {c.get("name"): c.get("cluster") for c in config.get("clusters") or [] if isinstance(c, dict)}
+    context = contexts.get(config.get("current-context"))
+    cluster = clusters.get(context.get("cluster")) if isinstance(context, dict) else None
+    if not isinstance(cluster, dict) or not cluster.get("server"):
+        raise KubeconfigError(
+            f"{said} has no current context naming a cluster with a server "
+            f"({len(clusters)} clusters, current-context {config.get('current-context')!r}); {fix}"
+        )
+    return config
+
+
 class Cluster:
     """The JobSets, pods, logs and the token Secret of one namespace."""
 
@@ -60,11 +91,7 @@ class Cluster:
     @classmethod
     def of_stack(cls, stack: str) -> Cluster:
         path = os.environ.get(KUBECONFIG_ENV)
-        if path:
-            if not Path(path).is_file():
-                raise ClusterError(f"{KUBECONFIG_ENV}={path} is not a file; fix: unset it to use the stack's cluster")
-            return cls(yaml.safe_load(Path(path).read_text()))
-        return cls(_stack_kubeconfig(stack))
+        return cls(given_kubeconfig(path)) if path else cls(_stack_kubeconfig(stack))
 
     def _request(
         self,

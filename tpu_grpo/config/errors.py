@@ -30,4 +30,14 @@ class SettingsError(UserError, ValueError):
     def __init__(self, key: str, value: Any, problem: str, fix: str):
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
         shown = "(missing)" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
-        super().__init__(f"{key}={shown} {problem}; fix: {fix}")
+        super().__init__(f"{key}={shown}{not_ascii(value)} {problem}; fix: {fix}")
+
+
+def not_ascii(value: Any) -> str:
+    """` (holds U+2010 HYPHEN)`: what in an echoed value is not ASCII, which a look-alike (a Unicode hyphen, a
+    Cyrillic letter) would hide beside a fix that looks the same; "" for a value all ASCII."""
+    import unicodedata
+
+    found = dict.fromkeys(char for char in value if ord(char) > 127) if isinstance(value, str) else {}
+    named = [f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed')}" for char in list(found)[:3]]
+    return f" (holds {', '.join(named)}{', ...' if len(found) > 3 else ''})" if named else ""

@@ -627,3 +627,40 @@ def keys_of(values: type) -> tuple[Key, ...]:
 
 KEYS = keys_of(StackValues)
 KEY = {key.name: key for key in KEYS}
+
+
+#: What tpu-grpo reads from the environment, never from a stack file, by the name a person might give it as a key.
+ENVIRONMENT = {
+    "hftoken": ("HF_TOKEN", "the Hugging Face token, which never goes into a stack file"),
+    "token": ("HF_TOKEN", "the Hugging Face token, which never goes into a stack file"),
+    "stack": ("TPU_GRPO_STACK", "the stack a task acts on, or --stack"),
+    "state": ("TPU_GRPO_STATE", "the laptop's folder of host keys and records"),
+    "kubeconfig": ("TPU_GRPO_KUBECONFIG", "a kubeconfig that reaches a slice's cluster another way"),
+    "hfendpoint": ("HF_ENDPOINT", "another Hugging Face Hub"),
+    "passphrase": ("PULUMI_CONFIG_PASSPHRASE", "the passphrase of the stack's secrets"),
+    "configpassphrase": ("PULUMI_CONFIG_PASSPHRASE", "the passphrase of the stack's secrets"),
+}
+
+
+def _words(name: str) -> set[str]:
+    """`sshPublicKeyPath` -> {ssh, public, key, path}."""
+    return {word.lower() for word in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)}
+
+
+def environment_variable(name: str) -> tuple[str, str] | None:
+    """The environment variable a key's name means (`tpu-grpo:hfToken`: HF_TOKEN), with what it is."""
+    return ENVIRONMENT.get(re.sub(r"[^a-z0-9]", "", name.split(":", 1)[-1].lower()))
+
+
+def meant(name: str) -> Key | None:
+    """The setting a name that is none most likely means, by the part after its namespace, in any namespace: the same
+    name in other letters' case (`tpu-grpo:zone`: gcp:zone), the one setting whose words hold all of its words
+    (`sshKey`: sshPublicKeyPath), else the closest spelling."""
+    import difflib
+
+    short = name.split(":", 1)[-1]
+    same = [key for key in KEYS if key.short.lower() == short.lower()]
+    holding = [key for key in KEYS if _words(short) and _words(short) <= _words(key.short)]
+    close = difflib.get_close_matches(short.lower(), [key.short.lower() for key in KEYS], n=1, cutoff=0.8)
+    found = same or (holding if len(holding) == 1 else []) or [key for key in KEYS if [key.short.lower()] == close]
+    return found[0] if found else None

@@ -65,6 +65,16 @@ def read_record(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def recorded_folder(record: dict) -> Path | None:
+    """The folder a fetch record names (`dir`), when it is text naming a folder that is there: a damaged record (a
+    number, a name too long for the filesystem, a NUL in it) names none, as read_record promises."""
+    folder = record.get("dir")
+    try:
+        return Path(folder) if isinstance(folder, str) and folder and Path(folder).is_dir() else None
+    except (OSError, ValueError):
+        return None
+
+
 def records(kind: str, folder: Path | None = None) -> list[Path]:
     """Every `fetched` or `published` record, by run name."""
     return sorted(((folder or state()) / kind).glob("*.json"))

@@ -10,7 +10,6 @@ the cloud or sent to a host, and a bad one stops with one line that names the ke
 from __future__ import annotations
 
 import base64
-import difflib
 import math
 import os
 import re
@@ -40,7 +39,19 @@ from tpu_grpo.catalog.capacity import (
 from tpu_grpo.catalog.models import MODELS, Model
 from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.errors import SettingsError
-from tpu_grpo.config.keys import KEY, KEYS, KINDS, PLACEHOLDER, PROJECT, PUBLIC_KEY_TYPES, Key, Place, StackValues
+from tpu_grpo.config.keys import (
+    KEY,
+    KEYS,
+    KINDS,
+    PLACEHOLDER,
+    PROJECT,
+    PUBLIC_KEY_TYPES,
+    Key,
+    Place,
+    StackValues,
+    environment_variable,
+    meant,
+)
 from tpu_grpo.config.rules import check_capacity, check_model, check_names, check_slice, open_to_everyone
 from tpu_grpo.config.stack_file import chosen_stack, project_root, read_stack_file
 from tpu_grpo.config.values import NotAFile, Refused, existing_file
@@ -234,17 +245,23 @@ def _namespace_of(name: str) -> str:
 
 
 def unknown_key(name: str, value: Any) -> SettingsError:
-    """A key of this project's namespace that is no setting: a typo `pulumi up` would silently drop."""
-    names = {key.name.lower(): key.name for key in KEYS}
-    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.8)
-    close = close or [known for known in names if known.split(":")[1] == name.lower().split(":", 1)[1]]
-    meant = names[close[0]] if close else ""
+    """A key of this project's namespace that is no setting: a typo `pulumi up` would silently drop. A name that means
+    an environment variable is told so, its value not echoed (it may be the token)."""
+    removed = f"pulumi config rm {shlex.quote(name)}"
+    if variable := environment_variable(name):
+        said, meaning = variable
+        return SettingsError(
+            name,
+            "(not shown)",
+            "is not a setting of this project",
+            f"it is {said}, {meaning}: {removed}, then export it",
+        )
+    key = meant(name)
     fix = (
-        f"did you mean {meant if name.split(':')[0] != PROJECT else meant.split(':', 1)[1]}? "
-        f"pulumi config rm {shlex.quote(name)}, then "
-        f"{KEY[names[close[0]]].set_command()}"
-        if close
-        else f"pulumi config rm {shlex.quote(name)} (settings: `invoke settings`)"
+        f"did you mean {key.short if key.namespace == name.split(':')[0] else key.name}? {removed}, then "
+        f"{key.set_command()}"
+        if key
+        else f"{removed} (settings: `invoke settings`)"
     )
     return SettingsError(name, value, "is not a setting of this project", fix)
 

@@ -154,18 +154,21 @@ def read_stack_file(stack: str, root: Path) -> dict[str, Any]:
         raise SettingsError(path.name, stack, "has a `config:` that is not a mapping", f"fix {path.name}")
     for name in config:
         if not _CONFIG_KEY.fullmatch(name):
+            from tpu_grpo.config.keys import meant
+
+            key = meant(str(name))
             raise SettingsError(
                 f"{path.name} config",
                 name,
                 "is not a setting's name (NAMESPACE:NAME, as the Pulumi CLI wants it)",
-                f"remove it from {path.name}, or name it e.g. gcp:zone",
+                f"name it {key.name}" if key else f"remove it from {path.name}, or name it e.g. gcp:zone",
             )
     return config
 
 
-def chosen_stack(flag: str | None, root: Path) -> str:
-    """The stack a task acts on: --stack, else $TPU_GRPO_STACK, else dev; a bad name or a missing stack file is
-    blamed on whichever of them named it."""
+def stack_name(flag: str | None) -> tuple[str, str, str]:
+    """The stack a task names: --stack, else $TPU_GRPO_STACK, else dev, checked to be a stack's name (never a path),
+    with what named it and the other way to name one: (stack, said, other). A task given --host checks it too."""
     env = os.environ.get(STACK_ENV)
     stack, said = (
         (flag, "--stack") if flag is not None else (env, STACK_ENV) if env else (DEFAULT_STACK, "the default stack")
@@ -178,6 +181,13 @@ def chosen_stack(flag: str | None, root: Path) -> str:
             "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
             f"e.g. {other} (pulumi stack ls lists them)",
         )
+    return stack, said, other
+
+
+def chosen_stack(flag: str | None, root: Path) -> str:
+    """The stack a task acts on (stack_name), whose stack file must exist; a bad name or a missing stack file is
+    blamed on whichever of them named it."""
+    stack, said, other = stack_name(flag)
     if not stack_path(stack, root).is_file():
         raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml", f"{new_stack(stack)} (or {other})")
     return stack

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.errors import UserError, not_ascii
 
 T = TypeVar("T")
 Parser = Callable[[Any], T]
@@ -54,7 +54,7 @@ def flag(name: str, text: Any, parse: Parser[T], example: str, fix: str | None =
     try:
         return parse(text)
     except Refused as problem:
-        raise UserError(f"{name} {text!r} {problem}; fix: {fix or f'e.g. {name} {example}'}") from None
+        raise UserError(f"{name} {text!r}{not_ascii(text)} {problem}; fix: {fix or f'e.g. {name} {example}'}") from None
 
 
 def _ranged(

@@ -140,11 +140,17 @@ def load(path: Path | None = None) -> Playbook:
             f"{path}: a playbook is a mapping with {', '.join(sorted(PLAYBOOK_KEYS))}; fix: see playbooks/host.yml"
         )
     book = Playbook(path, "", {}, ())
-    _unknown_keys(document, PLAYBOOK_KEYS, book.where(document["__line__"]))
+    top = book.where(document["__line__"])
+    _unknown_keys(document, PLAYBOOK_KEYS, top)
+    _of_kind(document, "vars", dict, top, "vars: {name: {default: ..., help: ...}}")
+    _of_kind(document, "steps", list, top, "steps: [{name: ..., check: ..., run: ...}]")
+    _of_kind(document, "prelude", str, top, "prelude: | (bash run before every step)")
     variables = {}
     for name, spec in (document.get("vars") or {}).items():
         if name == "__line__":
             continue
+        if not isinstance(name, str):
+            raise PlaybookError(f"{top}: variable {name!r} is {_kind(name)}, not a name; fix: name it in words")
         if not isinstance(spec, dict) or "default" not in spec:
             raise PlaybookError(
                 f"{book.where(document['vars']['__line__'])}: variable '{name}' needs a mapping with "
@@ -163,6 +169,16 @@ def load(path: Path | None = None) -> Playbook:
                     "tpu_grpo/catalog/release.py; fix: default: ~"
                 )
             default = RELEASE_DEFAULTS[name]
+        where = f"{book.where(spec['__line__'])}: variable '{name}'"
+        _of_kind(spec, "pattern", str, where, "pattern: '[a-z]+' (a regular expression the value matches)")
+        _of_kind(spec, "choices", list, where, "choices: [a, b]")
+        if spec.get("pattern") is not None:
+            try:
+                re.compile(spec["pattern"])
+            except re.error as problem:
+                raise PlaybookError(
+                    f"{where}: pattern {spec['pattern']!r} is not a regular expression ({problem}); fix: correct it"
+                ) from None
         var = Var(name, default, spec.get("help", ""), spec.get("pattern"), tuple(spec.get("choices") or ()))
         if isinstance(var.default, str):
             var.validate(var.default, f"{book.where(spec['__line__'])}: default")
@@ -178,8 +194,21 @@ def load(path: Path | None = None) -> Playbook:
     return Playbook(path, prelude, variables, tuple(steps))
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, as a person says it: `a list`, `a number`, `text`."""
+    kinds = {bool: "true or false", int: "a number", float: "a number", str: "text", list: "a list", dict: "a mapping"}
+    return kinds.get(type(value), "empty" if value is None else type(value).__name__)
+
+
+def _of_kind(mapping: dict, key: str, kind: type, where: str, example: str) -> None:
+    """A key that, when given, holds a value of `kind`; else one line saying what it holds."""
+    value = mapping.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise PlaybookError(f"{where}: {key} is {_kind(value)}, not {_kind(kind())}; fix: {example}")
+
+
 def _unknown_keys(mapping: dict, allowed: set, where: str) -> None:
-    unknown = sorted(set(mapping) - allowed - {"__line__"})
+    unknown = sorted(set(mapping) - allowed - {"__line__"}, key=str)
     if unknown:
         raise PlaybookError(f"{where}: unknown key {unknown[0]!r}; fix: use only {', '.join(sorted(allowed))}")
 
@@ -195,7 +224,9 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
         raise PlaybookError(f"{book.path}: step {index + 1} is not a mapping; fix: '- name: ...' with check and run")
     line = raw["__line__"]
     name = raw.get("name")
-    if not isinstance(name, str) or not name:
+    if name is not None and not isinstance(name, str):
+        raise PlaybookError(f"{book.where(line)}: step {index + 1}'s name is {_kind(name)}, not text; fix: name: ...")
+    if not name:
         raise PlaybookError(f"{book.where(line)}: step {index + 1} has no name; fix: add 'name: ...'")
     step = Step(index, name, line)
     where = book.where(line, step)
@@ -223,6 +254,7 @@ def _step(book: Playbook, index: int, raw: Any, known: set, variables: dict) -> 
         secret = {"source": secret["source"], "dest": dest}
     else:
         for key in ("check", "run"):
+            _of_kind(raw, key, str, where, f"{key}: | (bash)")
             if not isinstance(raw.get(key), str) or not raw[key].strip():
                 raise PlaybookError(
                     f"{where}: '{key}' is missing; fix: give a bash {'test' if key == 'check' else 'script'}"

@@ -92,8 +92,8 @@ def finish_command(meta: dict) -> str:
 
 
 def is_fetched(run: str) -> bool:
-    folder = laptop_paths.read_record(laptop_paths.fetched_record(run)).get("dir")
-    return bool(folder) and artifacts.verify_local(Path(str(folder)))
+    folder = laptop_paths.recorded_folder(laptop_paths.read_record(laptop_paths.fetched_record(run)))
+    return folder is not None and artifacts.verify_local(folder)
 
 
 def unfetched(session: vm_jobs.Session) -> list[str]:

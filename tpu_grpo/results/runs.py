@@ -146,9 +146,8 @@ def laptop_runs(state: Path) -> dict[str, str]:
     """The runs fetched to this laptop whose copy is still there: run -> its folder."""
     found = {}
     for record in laptop_paths.records("fetched", state):
-        folder = str(laptop_paths.read_record(record).get("dir") or "")
-        if folder and Path(folder).is_dir():
-            found[record.stem] = folder
+        if folder := laptop_paths.recorded_folder(laptop_paths.read_record(record)):
+            found[record.stem] = str(folder)
     return found
 
 
