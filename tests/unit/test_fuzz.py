@@ -341,3 +341,52 @@ def test_a_stack_file_written_as_raw_text_keeps_the_contract_and_no_wrong_accept
     assert "hf_" + "t" * 30 not in result.stderr  # a token-like value under a key that means the token
     if result.returncode == 0:
         assert wrongly_accepted(text) is None, (text, wrongly_accepted(text))
+
+
+#: Raw YAML for a playbook's parts: each of its keys given a value of every kind.
+RAW_PLAYBOOK_PARTS = st.fixed_dictionaries(
+    {
+        "vars": st.sampled_from(["{who: {default: a}}", "[a]", "3", "{who: {default: a, pattern: '[a-'}}",
+                                 "{who: {default: a, choices: 5}}", "{1: {default: a}}", "{who: a}"]),
+        "steps": st.sampled_from(["[{name: s, check: 'false', run: 'true'}]", "3", "[[a]]", "[{name: [s]}]",
+                                  "[{name: s, check: 5, run: x}]", "[{name: s, check: x, run: x, when: x}]", "{}"]),
+        "prelude": st.sampled_from(["''", "[a]", "'echo {{ nosuch }}'", "5"]),
+    }
+)  # fmt: skip
+#: What the laptop's records and environment may hold: a damaged record, a state folder, a stack name, a kubeconfig.
+RAW_RECORDS = st.sampled_from(
+    ['{"dir": "' + "x" * 300 + '"}', '{"dir": 12}', '{"dir": "a\\u0000b"}', "[1]", "not json", '{"url": 5}', ""]
+)
+
+
+@hypothesis_settings(
+    max_examples=EXAMPLES // 10 or 60,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(parts=RAW_PLAYBOOK_PARTS, record=RAW_RECORDS, stack=HOSTILE_RELATIVE, kubeconfig=RAW_VALUES)
+def test_a_playbook_records_and_an_environment_written_as_raw_text_keep_the_contract(
+    project, parts, record, stack, kubeconfig
+):
+    """A user's own playbook, a damaged record on the laptop, TPU_GRPO_STACK and TPU_GRPO_KUBECONFIG of any text:
+    one line and exit 2 (or the answer), never a traceback, never a connection before a refusal."""
+    folder, _, listener = project
+    (folder / "book.yml").write_text("".join(f"{key}: {value}\n" for key, value in parts.items()))
+    state = folder / ".tpu-grpo-raw"
+    for kind in ("fetched", "published"):
+        (state / kind).mkdir(parents=True, exist_ok=True)
+        (state / kind / "r.json").write_text(record)
+    (folder / "kubeconfig").write_text(kubeconfig)
+    env = {
+        "HF_TOKEN": TEST_TOKEN,
+        "HOME": str(folder.parent),
+        "TPU_GRPO_STATE": str(state),
+        "TPU_GRPO_STACK": stack,
+        "TPU_GRPO_KUBECONFIG": str(folder / "kubeconfig"),
+    }
+    host = ["--host", f"nobody@127.0.0.1:{listener.port}", "--wait", "0"]
+    for argv in (["provision", "--playbook", "book.yml", *host], ["runs", "--json", *host], ["settings"]):
+        result = invoke(*argv, cwd=folder, env=env)
+        check_contract(argv, result, listener.accepted, listener)
