@@ -34,6 +34,11 @@ def check_hosts(
     chosen = settings.load(stack, lenient=True) if with_stack or not host else None
     if needs_vm and chosen and not host:
         hosts.require_vm(chosen)
+    if host and chosen and chosen.tpu_slice:  # a step's script for one VM, made of a slice's settings
+        raise hosts.HostError(
+            f"--host runs the step on one VM, but stack '{chosen.stack}' is slice {chosen.slice} on GKE, whose "
+            "steps run as JobSets; fix: drop --host, or name a one-VM stack with --stack"
+        )
     return targets.Where(flags, chosen)
 
 

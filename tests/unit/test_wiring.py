@@ -1,0 +1,154 @@
+"""Promises a user feels that sit where a tested function is called (issue 68): each held through the task that calls
+it, the acceptance beside each refusal, at the lowest tier that sees it. docs/development.md says how a breakage of
+one was shown to fail its test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.doubles.pulumi_cli import PulumiCli
+from tests.support import TEST_TOKEN, invoke
+
+
+@pytest.fixture
+def cloud(tmp_path, home):
+    cli = PulumiCli(tmp_path / "pulumi", {"external_ip": "127.0.0.1", "ssh_user": "ubuntu"})
+    cli.gets_chips_anywhere()
+    return cli, {**home, **cli.env(), "HF_TOKEN": TEST_TOKEN, "TPU_GRPO_STATE": str(tmp_path / "state")}
+
+
+def write(stack_dir, values: dict, name: str = "dev") -> None:
+    (stack_dir / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": values}))
+
+
+def test_an_exported_passphrase_lets_up_and_a_recovery_go_ahead(stack_dir, cloud):
+    """Promise 1: a stack under a passphrase is refused by `up --yes` and `pipeline --recover` only while no variable
+    gives it; exported, both go ahead (up calls the CLI's `up`)."""
+    cli, env = cloud
+    stack_file = stack_dir / "Pulumi.dev.yaml"
+    stack_file.write_text(stack_file.read_text() + "encryptionsalt: v1:Zm9v:v1:YmFy:YmF6\n")
+    given = {**env, "PULUMI_CONFIG_PASSPHRASE": "s3cret"}
+    up = invoke("up", "--yes", cwd=stack_dir, env=given)
+    assert up.returncode == 0, up.stderr
+    assert any(call.startswith("up ") for call in cli.calls())
+    recover = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=given)
+    assert recover.returncode == 0, recover.stderr
+    refused = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=env)
+    assert refused.returncode == 2 and "keeps its secrets under the passphrase" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "capacity, meaning",
+    [
+        ("spot", "spot capacity comes and goes"),
+        ("flex-start", "a zone that offers v6e flex-start"),
+        ("on-demand", "a reservation is what guarantees capacity"),
+    ],
+)
+def test_up_out_of_chips_tells_the_stack_its_own_capacitys_meaning(stack_dir, stack_values, cloud, capacity, meaning):
+    """Promise 2: `up` passes the stack's capacity to the message, not the reservation's."""
+    cli, env = cloud
+    values = {key: value for key, value in stack_values.items() if key != "tpu-grpo:reservation"}
+    zone = "us-central2-b" if capacity == "flex-start" else values["gcp:zone"]
+    extra = {"tpu-grpo:maxRunHours": 24} if capacity == "flex-start" else {}
+    write(stack_dir, {**values, **extra, "tpu-grpo:capacity": capacity, "gcp:zone": zone})
+    cli.answer_at(zone, capacity, "stockout")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode != 0
+    said = result.stdout + result.stderr
+    assert meaning in said and "no capacity outside reservations" not in said, said
+
+
+@pytest.mark.parametrize("name, taken", [(".", False), ("-x", False), (".hidden", False), ("a.b-1", True)])
+def test_a_run_name_never_begins_with_a_dot_or_a_dash(stack_dir, name, taken):
+    """Promise 3: `--run-name .` would make the saved model's path the models folder itself, which save replaces."""
+    result = invoke("pipeline", "--run-name", name, "--dry-run", cwd=stack_dir)
+    assert result.returncode == (0 if taken else 2), result.stderr
+    if not taken:
+        assert result.stderr.startswith(f"error: --run-name {name!r} is not a name")
+
+
+def test_the_stack_flag_wins_over_the_environment(stack_dir, stack_values, cloud):
+    """Promise 4: `--stack test` with TPU_GRPO_STACK=prod exported acts on test: its settings, and `down`'s destroy."""
+    cli, env = cloud
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"}, "test")
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-c"}, "prod")
+    env = {**env, "TPU_GRPO_STACK": "prod"}
+    shown = json.loads(invoke("settings", "--json", "--stack", "test", cwd=stack_dir, env=env).stdout)
+    assert shown["settings"]["gcp:zone"]["value"] == "us-east5-a"
+    assert json.loads(invoke("settings", "--json", cwd=stack_dir, env=env).stdout)["settings"]["gcp:zone"]["value"] == (
+        "us-east5-c"
+    )
+    down = invoke("down", "--yes", "--force", "--stack", "test", cwd=stack_dir, env=env)
+    assert down.returncode == 0, down.stderr
+    assert [call for call in cli.calls() if call.startswith("destroy")] == ["destroy --stack test --yes --skip-preview"]
+
+
+def test_a_broken_stack_file_names_the_line_a_person_sees(stack_dir):
+    """Promise 5: YAML's marks count from 0; the message counts lines as an editor does."""
+    (stack_dir / "Pulumi.dev.yaml").write_text("config:\n  gcp:project: grpo-lab-123\n  gcp:zone: [us-east5-b\n")
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and "line 4" in result.stderr, result.stderr  # the unclosed [ runs to the end
+
+
+def test_host_on_a_slice_stack_is_refused_for_a_step_and_honoured_for_the_host_alone(stack_dir, stack_values, cloud):
+    """Promise 6: a step's --host on a slice stack would run a one-VM script of a slice's settings: refused; a task
+    that only reads the host named (status) acts on that host."""
+    _, env = cloud
+    slice_values = {
+        **stack_values,
+        "tpu-grpo:slice": "v6e-16",
+        "tpu-grpo:usePathways": "true",
+        "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs",
+    }
+    write(stack_dir, slice_values)
+    host = ("--host", "tpu@203.0.113.9")
+    for args in (("train", "--dry-run"), ("pipeline", "--dry-run"), ("export", "--dry-run")):
+        result = invoke(*args, *host, cwd=stack_dir, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: --host runs the step on one VM, but stack 'dev' is slice v6e-16")
+    status = invoke("status", *host, "--wait", "0", cwd=stack_dir, env=env)
+    assert status.returncode == 1 and status.stderr.startswith("error: tpu@203.0.113.9: cannot connect")
+    write(stack_dir, stack_values)
+    assert invoke("train", "--dry-run", *host, cwd=stack_dir, env=env).returncode == 0
+
+
+def test_recover_on_a_slice_stack_is_refused_with_its_reason(stack_dir, stack_values, cloud):
+    """Promise 8: a slice's JobSet restarts its own pods; --recover, which brings a VM back, is refused, saying so."""
+    _, env = cloud
+    write(
+        stack_dir,
+        {**stack_values, "tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true",
+         "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs"},
+    )  # fmt: skip
+    result = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=env)
+    assert result.returncode == 2
+    assert "a slice's JobSet restarts its own pods (its failure policy); fix: run without --recover" in result.stderr
+
+
+def test_a_recovery_brings_the_vm_back_unasked(stack_dir, cloud, monkeypatch):
+    """Held by the host tier before, here by the decision itself: nobody is there to answer Pulumi's question, so the
+    recovery's `pulumi up` goes ahead with --yes (without it the CLI waits at its prompt for hours), after a refresh;
+    the old host keys are forgotten and the VM provisioned again."""
+    from tpu_grpo.config import settings as settings_module
+    from tpu_grpo.host import hosts
+    from tpu_grpo.jobs import recovery
+
+    cli, env = cloud
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(stack_dir)
+    provisioned, forgotten = [], []
+    monkeypatch.setattr(recovery, "provision_again", lambda values, found, say: provisioned.append(found))
+    monkeypatch.setattr(hosts, "forget_host_key", forgotten.append)
+    chosen = settings_module.load("dev", stack_dir)
+    target = hosts.parse("ubuntu@127.0.0.1", None)
+    recovery.bring_back(chosen, lambda: [target], {}, say=lambda line: None)
+    ran = [call.split()[0] for call in cli.calls() if call.split()[0] in ("refresh", "up")]
+    assert ran == ["refresh", "up"]
+    [up] = [call for call in cli.calls() if call.startswith("up ")]
+    assert "--yes" in up.split() and "--skip-preview" in up.split()
+    assert forgotten == [target] and provisioned == [[target]]
