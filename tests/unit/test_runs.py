@@ -216,6 +216,9 @@ def test_runs_say_the_best_scored_batch_and_hold_the_curve():
     saved = rows["saved"]
     assert [point.step for point in saved.curve] == [2, 4]
     assert (saved.best_batch, saved.best_accuracy) == (2, 0.0)
+    # the evaluations before and after training, read from the answer (a parse that lost them fails here, whatever
+    # the recording says)
+    assert (saved.accuracy_before, saved.accuracy_after) == (0.0, 0.0)
     assert saved.to_json()["curve"][0]["accuracy"] == 0.0
     # its export scored the checkpoint it converted on the report examples, after the 10 that chose it
     assert saved.report is not None and (saved.report.step, saved.report.start, saved.report.stop) == (4, 10, 20)

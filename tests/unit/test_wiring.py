@@ -152,3 +152,77 @@ def test_a_recovery_brings_the_vm_back_unasked(stack_dir, cloud, monkeypatch):
     [up] = [call for call in cli.calls() if call.startswith("up ")]
     assert "--yes" in up.split() and "--skip-preview" in up.split()
     assert forgotten == [target] and provisioned == [[target]]
+
+
+@pytest.mark.parametrize(
+    "status, lost", [("RUNNING", None), ("TERMINATED", "TERMINATED"), ("STOPPED", "STOPPED"), (None, "DELETED")]
+)
+def test_a_deleted_or_stopped_vm_is_lost_and_a_running_one_is_not(stack_dir, cloud, monkeypatch, status, lost):
+    """Held by the host tier before: after a refresh, a VM gone from the state (Compute Engine deleted it) is lost,
+    never taken for one that runs; a stopped one is lost too (no TPU VM is started again)."""
+    from tpu_grpo.config import settings as settings_module
+    from tpu_grpo.jobs import recovery
+
+    cli, env = cloud
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(stack_dir)
+    cli.set_status(status)
+    assert recovery.gone(settings_module.load("dev", stack_dir)) == lost
+    assert [call.split()[0] for call in cli.calls()] == ["refresh", "stack"]  # refreshed, then read
+
+
+def test_a_failed_step_shows_the_last_lines_of_its_log(monkeypatch):
+    """Held by the host tier before: the error names the job and its exit, and quotes the log's last lines (where
+    MaxText's traceback ends), not its first."""
+    from tpu_grpo.jobs import pipeline, vm_jobs
+
+    log = "\n".join(f"line {number}" for number in range(1, 101)).encode()
+    monkeypatch.setattr(vm_jobs, "read_log", lambda connection, job_id: log)
+    said = str(pipeline.failure(None, "20261206-1-train", "train", 3))
+    assert said.startswith("train failed (job 20261206-1-train, exit 3); last lines of its log:\n  line 86\n")
+    assert "  line 100\n" in said and "line 85\n" not in said and said.endswith("finished steps are skipped")
+
+
+def test_freeze_writes_its_lock_to_a_new_file(tmp_path):
+    """Held by the host tier before: `--lock` may name a file that does not exist yet (checked before anything
+    connects), and the lock is written there whole, no temporary file left."""
+    from tpu_grpo.provision.lock import check_lock_path, write_lock
+
+    path = check_lock_path(str(tmp_path / "new.lock.txt"))
+    assert write_lock(path, "# made\nfabric==3.2.2\ninvoke==2.2.0\n") == (path, 2)
+    assert path.read_text().endswith("invoke==2.2.0\n") and [p.name for p in tmp_path.iterdir()] == ["new.lock.txt"]
+
+
+def test_an_export_is_done_only_while_dev_shm_holds_that_runs_model(tmp_path):
+    """What the probe concludes from a host's answer, not the script's text: /dev/shm/.../hf-trained holds the newest
+    export only, so a run's export counts as done only when its record is the newest; another run exported since
+    holds it now."""
+    import dataclasses
+    import os
+    import subprocess
+    import time
+
+    from tests.tutorial import RUN
+    from tpu_grpo.jobs import pipeline
+
+    home, shm = tmp_path / "home", tmp_path / "shm"
+    ours, theirs = RUN.named("ours"), dataclasses.replace(RUN, run_name="theirs")
+
+    def done(run) -> bool:
+        test = pipeline.output_test(run, "export").replace("/dev/shm/", f"{shm}/")
+        return subprocess.run(["bash", "-c", test], env={"HOME": str(home), "PATH": "/usr/bin:/bin"}).returncode == 0
+
+    records = home / "tpu-grpo/done"
+    records.mkdir(parents=True)
+    export = shm / f"{RUN.model}/hf-trained"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (records / pipeline.record_key(ours, "export")).write_text("{}")
+    assert done(ours)
+    later = records / pipeline.record_key(theirs, "export")
+    later.write_text("{}")
+    os.utime(later, (time.time() + 5, time.time() + 5))
+    assert not done(ours) and done(theirs)
+    (export / "config.json").unlink()
+    assert not done(theirs)  # a restart emptied /dev/shm
