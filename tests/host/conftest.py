@@ -327,7 +327,7 @@ def invoke_on_stack(host, cloud, project: Path, *args: str, **popen) -> subproce
 
 @pytest.fixture
 def bridge():
-    made = sshd.Bridge(("a",))
+    made = sshd.Bridge(("a", "b", "c"))  # a VM, and the VMs brought back at new addresses
     try:
         yield made.up()
     finally:

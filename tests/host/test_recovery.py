@@ -78,16 +78,14 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
     make_host, bridge, spot_project, tmp_path, losses, modules_after
 ):
     address = bridge.address("a")
-    cloud = PulumiCli(
-        tmp_path / "cloud",
-        {
-            "external_ip": address,
-            "ssh_user": "tpu",
-            "machine_type": "ct6e-standard-8t",
-            "zone": "us-east5-b",
-            "capacity": "spot",
-        },
-    )
+    cloud_outputs = {
+        "external_ip": address,
+        "ssh_user": "tpu",
+        "machine_type": "ct6e-standard-8t",
+        "zone": "us-east5-b",
+        "capacity": "spot",
+    }
+    cloud = PulumiCli(tmp_path / "cloud", cloud_outputs)
     cloud.hold_up()
     wheels = tmp_path / "wheels"
     workload_standin_wheel(wheels)
@@ -117,15 +115,23 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
 
     def the_cloud() -> None:
         """Loses the VM at each point (deleted, as a spot preemption with instance_termination_action DELETE, or
-        stopped: TERMINATED); creates it anew (the same data disk) when `up` asks."""
+        stopped: TERMINATED); creates it anew (the same data disk) when `up` asks, as Compute Engine does: another
+        ephemeral address and a new host key, so a session or key kept from the lost VM reaches nothing."""
         for number, (step, at, status) in enumerate(losses, 1):
             point = (step, at)
             wait_for(lambda: lost_at(hosts[-1], point), 300, f"the run to reach {point}")
             cloud.set_status(status)
             hosts[-1].vm.lose()
             wait_for(lambda: sum(call.startswith("up --refresh") for call in cloud.calls()) == number, 300, "pulumi up")
+            label = "abc"[number]
+            cloud.set_outputs({**cloud_outputs, "external_ip": bridge.address(label)})
             host = make_host(
-                boot=False, disk=first.disk, address=address, port=22, netns=bridge.netns("a"), uid=first.user.uid
+                boot=False,
+                disk=first.disk,
+                address=bridge.address(label),
+                port=22,
+                netns=bridge.netns(label),
+                uid=first.user.uid,
             )
             vm_image(host, wheels)
             host.vm.boot()

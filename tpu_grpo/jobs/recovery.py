@@ -145,7 +145,8 @@ def bring_back(
     stdout=None,
 ) -> None:
     """`invoke up`, then provisioning with the `provisioning` values. The VM is always new (deleted, or stopped
-    and replaced), with a new host key, so the old one of each of its `targets` (resolved once the VM is up) is
+    and replaced), with a new host key and perhaps a new address (Compute Engine's ephemeral IP), so the keys
+    recorded for its `targets` before and after the update (the outputs resolved again once the VM is up) are
     forgotten first (the next connection records the new one and says so). Nobody is there to answer Pulumi's
     question, so the update goes ahead unasked (`--yes`), but never one that deletes the data disk (the stack file
     changed since the run began): that waits for a person. With tpu-grpo:fallback, a place with no chips is
@@ -159,6 +160,10 @@ def bring_back(
             "up yourself, then the same pipeline again"
         )
 
+    try:
+        lost = targets()  # where the lost VM was, as the stack's outputs still say before the update
+    except UserError:
+        lost = []
     code, meanings = stack.select_and_refresh(chosen, stdout=stdout), list[str]()
     if code == 0:
         move = bool(chosen.fallback)  # a zone the stack lists, never one it was changed to while the run went on
@@ -171,7 +176,7 @@ def bring_back(
             + "; fix: uv run invoke up, then run the same pipeline again"
         )
     found = targets()
-    for target in found:
+    for target in [*lost, *(target for target in found if target not in lost)]:  # the old VM's, the new one's
         hosts.forget_host_key(target)
     provision_again(provisioning, found, say)
 
