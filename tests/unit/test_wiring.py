@@ -226,3 +226,25 @@ def test_an_export_is_done_only_while_dev_shm_holds_that_runs_model(tmp_path):
     assert not done(ours) and done(theirs)
     (export / "config.json").unlink()
     assert not done(theirs)  # a restart emptied /dev/shm
+
+
+def test_a_host_whose_step_failed_is_summarised_as_failed_with_the_steps_last_lines():
+    """Held by the host tier before: the provisioning summary's line for a host one of whose steps failed says
+    FAILED (a host that connected and ran every other step is still failed), with the step's exit and last lines;
+    a host whose steps all passed says done."""
+    import io
+
+    from rich.console import Console
+
+    from tpu_grpo.provision.engine import HostReport, Report, StepResult
+    from tpu_grpo.provision.report import print_summary
+
+    output = "\n".join(f"apt line {number}" for number in range(1, 41))
+    failed = HostReport("a", [StepResult("uv", "ok"), StepResult("apt", "failed", exit_code=100, output=output)])
+    passed = HostReport("b", [StepResult("uv", "ok"), StepResult("apt", "changed")])
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    print_summary(Report("playbooks/host.yml", False, [failed, passed]), console)
+    said = console.file.getvalue()
+    assert "a: 'apt' failed with exit code 100\n" in said and "    apt line 40\n" in said and "apt line 1\n" not in said
+    assert "a: FAILED  1 ok, 0 changed, 1 failed, 0 skipped" in said
+    assert "b: done  1 ok, 1 changed, 0 failed, 0 skipped" in said

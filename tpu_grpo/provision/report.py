@@ -71,7 +71,9 @@ def print_summary(report: Report, console) -> None:
                 heading = f"{host.host}: '{result.step}' {verb}" + (
                     f" with exit code {result.exit_code}" if result.exit_code else ""
                 )
-                note = "" if result.note in {f"exit code {result.exit_code}", "would change"} else f": {result.note}"
+                note = (
+                    "" if result.note in {"", f"exit code {result.exit_code}", "would change"} else f": {result.note}"
+                )
                 console.print(styled("[bold]{}[/]{}", heading, note), soft_wrap=True)
                 for line in result.output.splitlines()[-OUTPUT_TAIL_LINES:]:
                     console.print(f"    {line}", soft_wrap=True)
