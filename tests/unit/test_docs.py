@@ -366,3 +366,10 @@ def test_the_free_space_defaults_said_are_the_codes():
     )
     shown = invoke("--help", "pipeline", cwd=ROOT).stdout
     assert said in " ".join(shown.split())
+
+
+def test_the_readmes_task_listing_runs_as_printed():
+    """`invoke --list` alone finds no invoke on a fresh machine (uv installs it in the project's environment)."""
+    readme = (ROOT / "README.md").read_text()
+    assert "`uv run invoke --list` shows every task" in readme and "`invoke --list`" not in readme
+    assert invoke("--list", cwd=ROOT).returncode == 0

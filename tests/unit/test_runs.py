@@ -228,3 +228,19 @@ def test_runs_say_the_best_scored_batch_and_hold_the_curve():
     runs.show(console, [saved, rows["only-trained"]], {"host": "answered"})
     shown = console.export_text()
     assert "0% -> 0% (0% after batch 2; test 0% at step 4)" in shown and "reportBatches" in shown
+
+
+def test_no_runs_says_so_and_the_command_that_makes_one(stack_dir):
+    """Not thirteen empty columns; and the command given runs as printed (here with --dry-run, which starts nothing)."""
+    from tests.support import invoke
+
+    console = Console(width=200, record=True)
+    runs.show(console, [], {"host": "answered", "laptop": "answered"})
+    said = console.export_text().splitlines()
+    assert said == [
+        "no runs yet; make one: uv run invoke pipeline --batches 50 (docs/training.md)",
+        "host: answered",
+        "laptop: answered",
+    ]
+    command = said[0].split("make one: uv run invoke ")[1].split(" (")[0].split()
+    assert invoke(*command, "--dry-run", cwd=stack_dir).returncode == 0

@@ -251,6 +251,11 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         ready = "" if found.get("to_first_step") is None else duration(found["to_first_step"])
         return " ".join(filter(None, (ready, cache and ("warm" if cache["warm"] else "cold"))))
 
+    if not rows:  # thirteen empty columns say nothing
+        console.print("no runs yet; make one: uv run invoke pipeline --batches 50 (docs/training.md)")
+        for source, said in sources.items():
+            console.print(f"{source}: {said}")
+        return
     table = Table(title="runs, newest first", title_justify="left")
     for column in (
         "run",
