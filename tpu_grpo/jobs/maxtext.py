@@ -200,13 +200,18 @@ class Run(Training):
         return int(train.get("eval_batch_size") or train.get("batch_size") or GRPO_DEFAULTS["batch_size"])
 
     @property
+    def choosing_examples(self) -> int:
+        """The test split's first examples, which every evaluation of the training scores and the best checkpoint is
+        chosen on."""
+        return self.test_batches * self.eval_batch_size
+
+    @property
     def report_examples(self) -> range:
         """The test split's examples that score the exported checkpoint (once, in the export's job): those after the
         testBatches ones every evaluation of the training scores and the best checkpoint is chosen on. MaxText takes
         test_dataset[test_batch_start_index : num_test_batches * eval_batch_size] of its shuffled test split
         (train_rl.prepare_datasets: the end is not shifted by the start)."""
-        start = self.test_batches * self.eval_batch_size
-        return range(start, start + self.report_batches * self.eval_batch_size)
+        return range(self.choosing_examples, self.choosing_examples + self.report_batches * self.eval_batch_size)
 
     def evaluation_load(self) -> dict[str, int]:
         """What evaluating costs the run, in answers generated beside the training's: every evaluation of the
@@ -214,11 +219,15 @@ class Run(Training):
         export's report its examples; the training samples rl.num_generations answers to each prompt of each batch."""
         train = {**GRPO_DEFAULTS, **self.sets.get("train", {})}
         passes = 2 + self.batches // self.eval_interval
-        chooses = self.test_batches * self.eval_batch_size
-        answers = passes * chooses + len(self.report_examples)
+        answers = passes * self.choosing_examples + len(self.report_examples)
         trained = self.batches * int(train["batch_size"]) * int(train["rl.num_generations"])
-        return {"passes": passes, "choosing_examples": chooses, "report_examples": len(self.report_examples),
-                "eval_answers": answers, "train_answers": trained}  # fmt: skip
+        return {
+            "passes": passes,
+            "choosing_examples": self.choosing_examples,
+            "report_examples": len(self.report_examples),
+            "eval_answers": answers,
+            "train_answers": trained,
+        }
 
     @property
     def export_step(self) -> int:

@@ -340,6 +340,10 @@ STARTUP_LINES = "|".join(
         "tpu-grpo: compile cache",
     ]
 )
+#: What a run's logs are grepped for (a fact's script, one grep): its evaluations before, during and after training
+#: (EVAL_LINES, which TensorBoard gets as scalars), an export's report evaluation, and the training's start.
+EVAL_LINES = "Pre RL Training|Intermediate Eval|Post RL Training"
+RUN_LOG_LINES = f"{EVAL_LINES}|{REPORT_LINE}|{STARTUP_LINES}"
 
 
 def compile_cache(line: str) -> dict | None:

@@ -18,6 +18,7 @@ from tpu_grpo.host import facts, remote
 from tpu_grpo.jobs import job_records, maxtext, vm_jobs
 from tpu_grpo.jobs.job_records import JobRecord
 from tpu_grpo.jobs.progress import (
+    EVAL_LINES,
     RESUMES,
     STARTUP_LINES,
     Completed,
@@ -169,7 +170,7 @@ def follow(
     return code
 
 
-PROGRESS_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|Completed Successfully|{RESUMES}|{STARTUP_LINES}"
+PROGRESS_LINES = f"{EVAL_LINES}|Completed Successfully|{RESUMES}|{STARTUP_LINES}"
 
 
 def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:

@@ -27,7 +27,7 @@ from tpu_grpo.config import host_paths, laptop_paths, stack_file, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
-from tpu_grpo.jobs.progress import REPORT_LINE, STARTUP_LINES, Eval, Report, parse_line, report, startup, startup_text
+from tpu_grpo.jobs.progress import RUN_LOG_LINES, Eval, Report, parse_line, report, startup, startup_text
 from tpu_grpo.results import retrieval
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
@@ -124,9 +124,9 @@ def facts(connection, run: str) -> Facts:
     jobs = [job for job in vm_jobs.list_jobs(connection) if job.run == run]
     trainings = [job for job in jobs if job.step == "train"]
     exports = [job for job in jobs if job.step == "export" and job.finished and job.exit_code == 0]
-    wanted = f"Pre RL Training|Intermediate Eval|Post RL Training|{REPORT_LINE}|{STARTUP_LINES}"
     lines = [
-        f"echo job {job.id}; grep -aE '{wanted}' {vm_jobs.JOBS}/{job.id}/log || true" for job in [*trainings, *exports]
+        f"echo job {job.id}; grep -aE '{RUN_LOG_LINES}' {vm_jobs.JOBS}/{job.id}/log || true"
+        for job in [*trainings, *exports]
     ]
     for kind, path in (("trained", pipeline.trained_record(run)), ("saved", pipeline.saved_record(run))):
         lines.append(f"[ -f {path} ] && echo {kind} $(base64 -w0 {path})")

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from tpu_grpo.config import laptop_paths, stack_file, values
 from tpu_grpo.host import artifacts, facts, gcs, hosts
-from tpu_grpo.jobs import maxtext, pipeline, vm_jobs
+from tpu_grpo.jobs import maxtext, pipeline, progress, vm_jobs
 
 
 def destination(run: str | None, to: str | None) -> Path:
@@ -218,10 +218,6 @@ def _events_folder(connection, sftp, job: vm_jobs.Job) -> tuple[str, list]:
     )
 
 
-#: The log lines of a training's evaluations, which TensorBoard gets as scalars.
-EVAL_LINES = "Pre RL Training|Intermediate Eval|Post RL Training"
-
-
 def sync_events(connection, job: vm_jobs.Job) -> int:
     """Bring the run's event files on the laptop up to the host's: only the bytes not here yet (an
     events file only grows), read from the offset the local copy has; its hparams beside them (once), and its
@@ -239,7 +235,7 @@ def sync_events(connection, job: vm_jobs.Job) -> int:
     else:
         copied = _events_over_sftp(connection, job, board)
     metrics.write_hparams(board, given(job.meta.get("inputs", {})), job.started)
-    lines = hosts.run_script(connection, f"grep -aE '{EVAL_LINES}' {vm_jobs.JOBS}/{job.id}/log; true").stdout
+    lines = hosts.run_script(connection, f"grep -aE '{progress.EVAL_LINES}' {vm_jobs.JOBS}/{job.id}/log; true").stdout
     iterations = int(job.meta.get("inputs", {}).get("train_set", {}).get("rl.num_iterations", 1))
     evals = metrics.evals_from_log(lines)
     metrics.write_evals(board, job.id, evals, iterations, job.meta.get("total_steps") or 0, job.started)

@@ -18,11 +18,7 @@ from tpu_grpo.config import keys, laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import facts
 from tpu_grpo.jobs import maxtext, pipeline, progress, vm_jobs
-from tpu_grpo.jobs.progress import STARTUP_LINES, Eval, Tracker, duration, startup
-
-#: What a run's logs say of it: its start, its steps and its evaluations before, during and after training; the
-#: exported checkpoint's score on the report examples (an export's).
-_LOG_LINES = f"Pre RL Training|Intermediate Eval|Post RL Training|{progress.REPORT_LINE}|{STARTUP_LINES}"
+from tpu_grpo.jobs.progress import Eval, Tracker, duration, startup
 
 
 @dataclass
@@ -60,7 +56,7 @@ def _script() -> str:
         f"( {vm_jobs.Jobs.script()} ) | sed 's/^/job\t/'\n"
         f"for log in {vm_jobs.JOBS}/*-train/log {vm_jobs.JOBS}/*-export/log; do "
         '[ -f "$log" ] || continue; job=${log%/log}; '
-        f'grep -aE \'{_LOG_LINES}\' "$log" | sed "s|^|line ${{job##*/}} |"; done\n'
+        f'grep -aE \'{progress.RUN_LOG_LINES}\' "$log" | sed "s|^|line ${{job##*/}} |"; done\n'
         f"ls -1 {pipeline.MODELS} 2>/dev/null | grep -v '[.]partial$' | sed 's/^/saved /'\ntrue"
     )
 
