@@ -309,7 +309,8 @@ def difference(before, after) -> object:
 
 def machine_state() -> dict[str, object]:
     """What the test machine must have exactly as before the throwaway hosts' tests: its packages,
-    users and groups, every file of /etc and /usr/local (size, mode, mtime), and its mounts. Another
+    users and groups, every file of /etc and /usr/local (size, mode, mtime), its mounts and the folders of its
+    /dev/shm. Another
     test session's throwaway hosts and network namespaces, and the /run/netns that `ip netns` shares
     among all sessions, are not this session's to answer for."""
 
@@ -340,4 +341,5 @@ def machine_state() -> dict[str, object]:
         "etc": tree("/etc"),
         "usr_local": tree("/usr/local"),
         "mounts": sorted(mounts),
+        "shm": sorted(entry.name for entry in os.scandir("/dev/shm") if entry.is_dir()),  # a script's /dev/shm/MODEL
     }

@@ -31,10 +31,12 @@ def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
 
 
 def start_sshd(argv: list[str], log: Path) -> subprocess.Popen:
-    """Start an sshd in the foreground (`-D -e`), its messages to `log`; returns once it listens."""
+    """Start an sshd in the foreground (`-D -e`), its messages to `log`; returns once it listens (this start's
+    line: a host booted again appends to its log)."""
+    started = log.read_text(errors="replace").count("Server listening") if log.exists() else 0
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("ab"))
     deadline = time.monotonic() + 10
-    while "Server listening" not in log.read_text(errors="replace"):
+    while log.read_text(errors="replace").count("Server listening") <= started:
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"sshd did not start ({' '.join(argv)}): {log.read_text()}")
         time.sleep(0.02)

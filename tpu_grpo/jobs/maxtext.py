@@ -655,7 +655,7 @@ def keeper_lines(run: Run, in_slice: bool) -> tuple[list[str], str]:
         "field": EVAL_FIELD.pattern,
     }
     written, command = remote.filter_into("keep_best", data, "keeper")
-    return [f'mkdir -p "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{KEPT_FOLDER}"', written], command
+    return [written], command
 
 
 def report_lines(run: Run) -> list[str]:
