@@ -183,7 +183,7 @@ class WorkloadHost:
         return self.host.invoke(task, *args, vars=False, timeout=timeout, env=env, project=project)
 
     def chain(self, *tasks: tuple[str, ...]) -> subprocess.CompletedProcess:
-        """Several tasks in one `invoke` command line, as the README's quick start runs them."""
+        """Several tasks in one `invoke` command line, as the README's one-command run does."""
         argv = self.host.argv(*tasks[0], vars=False)
         for task, *args in tasks[1:]:
             argv += [task, "--host", self.host.spec, "--identity", str(self.host.key), *args]

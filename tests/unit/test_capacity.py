@@ -391,6 +391,10 @@ def test_no_code_branches_on_a_capacitys_name():
     [
         ({}, [("boot disk", 200), ("data disk", 500)]),
         (
+            {**SPOT, "tpu-grpo:dataDiskIops": "4000", "tpu-grpo:dataDiskThroughputMibps": "240"},
+            [("boot disk", 200), ("data disk", 500)],
+        ),
+        (
             {
                 "tpu-grpo:slice": "v6e-16",
                 "tpu-grpo:usePathways": "true",
@@ -403,13 +407,55 @@ def test_no_code_branches_on_a_capacitys_name():
 def test_plan_prices_every_disk_beside_the_chips(stack_dir, stack_values, extra, disks):
     """Disks are billed while they exist, VM or not: `plan` shows each with its size and price, and the source: a
     TPU VM's and TPU host's are Hyperdisk Balanced ($0.08 a GiB-month), a slice's CPU host's a balanced persistent
-    disk ($0.10 a GB-month), sized by the model (tests/unit/test_slices.py)."""
+    disk ($0.10 a GB-month), sized by the model (tests/unit/test_slices.py); the data disk's IOPS above 3,000
+    ($0.005 an IOPS-month) and throughput above 140 MiB/s ($0.04 a MiB/s-month) are priced on top."""
     with_capacity(stack_dir, stack_values, extra)
     cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
     assert [(disk["disk"], disk["gb"]) for disk in cost["disks"]] == disks
     price = {name: 0.10 if "CPU host" in name else 0.08 for name, _ in disks}
-    assert all(disk["usd_per_hour"] == round(disk["gb"] * price[disk["disk"]] / 730, 4) for disk in cost["disks"])
-    assert cost["disks_usd_per_hour"] == round(sum(gb * price[name] for name, gb in disks) / 730, 3)
-    assert "Hyperdisk Balanced capacity $0.08 per GiB-month" in cost["disks_price_source"]
+    iops, throughput = (
+        int(extra.get("tpu-grpo:dataDiskIops", 3000)),
+        int(extra.get("tpu-grpo:dataDiskThroughputMibps", 140)),
+    )
+    performance = {"data disk": (iops - 3000) * 0.005 + (throughput - 140) * 0.04}  # $ a month
+    per_month = {name: gb * price[name] + performance.get(name, 0) for name, gb in disks}
+    assert [disk["usd_per_hour"] for disk in cost["disks"]] == [round(per_month[name] / 730, 4) for name, _ in disks]
+    assert cost["disks_usd_per_hour"] == round(sum(per_month.values()) / 730, 3)
+    assert (
+        "Hyperdisk Balanced $0.08 per GiB-month, $0.005 per provisioned IOPS-month above 3,000"
+        in cost["disks_price_source"]
+    )
     text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
     assert f"${cost['disks_usd_per_hour']:.3f} per hour while they exist" in text
+    assert (
+        f"{iops} IOPS, {throughput} MiB/s provisioned: ${performance['data disk'] / 730:.3f} per hour of it" in text
+    ) == ("tpu-grpo:dataDiskIops" in extra)
+
+
+@pytest.mark.parametrize(
+    "extra, measured",
+    [
+        ({}, True),
+        (ON_DEMAND, True),
+        ({"tpu-grpo:machineType": "ct6e-standard-4t", "tpu-grpo:model": "qwen3-0.6b"}, False),
+        ({"tpu-grpo:model": "qwen3-8b"}, False),
+    ],
+)
+def test_plan_prices_a_run_only_by_a_time_measured_on_its_model_and_machine(stack_dir, stack_values, extra, measured):
+    """The one duration known is the tutorial's (its 8B on a v6e-8): `plan` prices a run by it there, and elsewhere
+    says a run's price per hour instead of multiplying another machine's time by this one's price. It shows what the
+    conversion downloads, the model table's size."""
+    from tpu_grpo.catalog.models import MODELS
+
+    with_capacity(stack_dir, stack_values, extra)
+    cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
+    text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
+    if measured:
+        assert cost["usd_per_tutorial_run"] == round(cost["usd_per_hour"] / 4, 2)
+        assert f"≈15 min of conversion and training, ≈ ${cost['usd_per_tutorial_run']:.2f} at this price" in text
+    else:
+        assert cost["usd_per_tutorial_run"] is None
+        assert f"not for this model and machine: a run here costs ${cost['usd_per_hour']:.2f} for each hour" in text
+    model = MODELS[extra.get("tpu-grpo:model", "llama3.1-8b-Instruct")]
+    assert cost["download"]["model"] == model.hf_id and cost["download"]["gb"] >= round(model.weights_gb, 1)
+    assert f"the model's download: {model.hf_id}, about {cost['download']['gb']:g} GB" in text

@@ -12,6 +12,8 @@ from tests.support import ROOT, invoke
 from tpu_grpo.config.keys import KEYS
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: The command line's rules, the exit codes and the --json list: linked from the README, said only there.
+REFERENCE = ROOT / "docs/reference.md"
 
 
 def documentation() -> str:
@@ -40,11 +42,111 @@ def test_every_link_between_the_pages_lands_on_a_heading():
 
 
 def test_the_readme_is_what_a_newcomer_reads_first():
-    """What the project is, the quick start (the offline plan first), the two commands, the map of docs/."""
+    """What it is in one paragraph, what you need before the first command, what it costs, the commands from nothing
+    to a model with `down` beside them (the offline plan first), the tests' command, the map of docs/; short enough
+    to read in two minutes, the reference material on its own page."""
     readme = (ROOT / "README.md").read_text()
-    assert len(readme) < 12_000
+    assert len(readme) < 8_000 and "| code | meaning |" not in readme and "┏" not in readme
+    sections = re.findall(r"^## (.+)$", readme, re.MULTILINE)
+    assert sections[:3] == ["What you need", "What it costs", "From nothing to a model"], sections
+    intro = readme.split("\n## ", 1)[0].split("\n\n")
+    assert len(intro) == 2  # the title and one paragraph
+    steps = readme[readme.index("## From nothing to a model") :].split("```")[1]
+    assert [line.split("#")[0].split()[3] for line in steps.strip().splitlines()] == [
+        "plan", "up", "provision", "pipeline", "fetch", "down",
+    ]  # fmt: skip
+    assert readme.index("## What you need") < readme.index("uv run invoke up")
     assert readme.index("uv run invoke plan") < readme.index("uv run invoke up provision --wait 120 pipeline")
     assert "```\ntests/run\n```" in readme and "## Documentation" in readme
+
+
+@pytest.fixture
+def default_cost(stack_values, tmp_path, monkeypatch) -> dict:
+    """What the committed stack (the tutorial's reservation-bound v6e-8) costs, as `invoke plan --json` says it."""
+    import yaml
+
+    from tpu_grpo.cli import plan
+
+    folder = tmp_path / "default"
+    folder.mkdir()
+    (folder / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (folder / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": stack_values}))
+    monkeypatch.chdir(folder)
+    return plan.build("dev").to_json()["cost"]
+
+
+def test_the_readmes_costs_are_what_plan_says(first_run, default_cost):
+    """The front page's prices: the default stack's (a reservation-bound v6e-8) and the cheap first run's, each as
+    `invoke plan` works it out."""
+    cost = default_cost
+    words = " ".join((ROOT / "README.md").read_text().split()).split("## What it costs", 1)[1].split("##")[0]
+    assert f"{cost['chips']} chips × ${cost['usd_per_chip_hour']:.2f} = ${cost['usd_per_hour']:.2f} an hour" in words
+    assert f"its disks ${cost['disks_usd_per_hour']:.3f} an hour" in words
+    cheap = first_run["cost"]
+    assert f"costs ${cheap['usd_per_hour']:.2f} an hour while the VM runs" in words
+    assert f"${cheap['disks_usd_per_hour']:.3f} an hour for its disks until `down`" in words
+
+
+def test_each_fact_is_said_once_and_linked_from_elsewhere():
+    """What a stopped TPU VM becomes, what `down` refuses, and that the token is on no command line: each said on one
+    page (settings.md, results.md, training.md), the others link there."""
+    text = " ".join(documentation().split()).lower()
+    assert text.count("started again:") + text.count("never started again") == 1
+    assert text.count("refuses to run `pulumi destroy` while") == 1 and "refuses while a trained" not in text
+    assert text.count("never travels on a command line") == 1 and "on no command line" not in text
+    assert "(settings.md#what-pulumi-up-creates)" in text and "(training.md#the-token)" in text
+
+
+def test_one_table_of_roles():
+    """The IAM roles a path needs are one table (settings.md), which the other pages link; no page asks for roles
+    the program does not need (the Cloud TPU API's TPU Admin, Compute Editor)."""
+    pages = {page.name: page.read_text() for page in PAGES}
+    assert [name for name, text in pages.items() if "| path | roles |" in text] == ["settings.md"]
+    assert "Compute Editor" not in documentation()
+    assert "(settings.md#roles)" in pages["first-run.md"] and "(docs/settings.md#roles)" in pages["README.md"]
+
+
+def test_the_readmes_plot_is_drawn_by_the_command_it_gives():
+    """The README's plot is MaxText 0.2.3's recorded run, drawn by the command beside it: run as printed, it writes
+    that PNG, titled by the run its alt text names, with the evaluations the recorded log holds."""
+    import shlex
+
+    from tpu_grpo.results import metrics
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    command = re.search(r"drawn by `(uv run invoke metrics [^`]+)`", readme)[1]
+    picture = re.search(r"!\[[^\]]+\]\(([^)]+)\)", readme)[1]
+    argv = shlex.split(command)
+    assert argv[argv.index("--out") + 1] == picture
+    committed = (ROOT / picture).read_bytes()
+    try:
+        done = subprocess.run([*argv, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    finally:
+        (ROOT / picture).write_bytes(committed)
+    import json
+
+    drawn = json.loads(done.stdout)
+    assert drawn["plot"] == picture and drawn["run"] == "maxtext-0.2.3" and "MaxText 0.2.3's recorded run" in readme
+    recorded = metrics.evals_from_log((ROOT / argv[argv.index("--log") + 1]).read_text())
+    assert recorded and len(drawn["evals"]) == len(recorded)
+
+
+def test_the_slice_settings_values_are_what_settings_shows(stack_dir, stack_values):
+    """docs/settings.md's slice row names what `invoke settings` shows for the one VM: its machine's accelerator
+    type (v6e-1 on a one-chip machine), not only v6e-8."""
+    import json
+
+    import yaml
+
+    from tpu_grpo.catalog.accelerators import MACHINES
+
+    row = next(line for line in (ROOT / "docs/settings.md").read_text().splitlines() if "| `tpu-grpo:slice` |" in line)
+    assert all(f"`{machine.accelerator_type}`" in row for machine in MACHINES.values())
+    config = {**stack_values, "tpu-grpo:machineType": "ct6e-standard-1t", "tpu-grpo:model": "qwen3-0.6b"}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": config}))
+    shown = json.loads(invoke("settings", "--json", cwd=stack_dir).stdout)["settings"]["tpu-grpo:slice"]
+    assert shown["value"] == "v6e-1" and "`v6e-1`" in row
 
 
 def test_readme_documents_every_setting():
@@ -117,9 +219,8 @@ def test_readme_names_the_current_hugging_face_login():
     assert "huggingface-cli" not in readme and "hf auth login" in readme
 
 
-def test_readme_states_the_exit_codes_once():
-    readme = (ROOT / "README.md").read_text()
-    assert readme.count("| 130 |") == 1 and "Exit codes: 2" not in readme
+def test_the_exit_codes_are_stated_once():
+    assert documentation().count("| 130 |") == 1 and "Exit codes: 2" not in documentation()
 
 
 def test_the_exit_code_table_is_the_codes_the_tasks_exit_with():
@@ -128,9 +229,11 @@ def test_the_exit_code_table_is_the_codes_the_tasks_exit_with():
     from tpu_grpo.config.errors import BROKEN_PIPE, INTERRUPTED, UserError
     from tpu_grpo.host.hosts import ConnectError
 
-    readme = (ROOT / "README.md").read_text()
+    readme = REFERENCE.read_text()
     table = readme[readme.index("| code | meaning |") :].split("\n\n", 1)[0]
     codes = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    bad_input = table.splitlines()[3]  # what `up` exits with for a missing Pulumi CLI (test_tasks.py) is said there
+    assert "this laptop lacks" in bad_input and "the Pulumi CLI" in bad_input
     assert codes == [
         "0",
         str(UserError.exit_code),
@@ -192,23 +295,25 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
     (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": {**config, **FIRST_RUN}}))
     monkeypatch.chdir(tmp_path)
     cost = plan.build("dev").to_json()["cost"]
-    boot, data = (disk["gb"] for disk in cost["disks"])
+    (boot, data), performance = (disk["gb"] for disk in cost["disks"]), cost["disks"][1]["performance"]
     hour, disks = cost["usd_per_hour"], cost["disks_usd_per_hour"]
     model = MODELS[FIRST_RUN["tpu-grpo:model"]]
     lines = [
         f"| the chip | {cost['chips']} v6e chip × ${cost['usd_per_chip_hour']:.2f} per chip-hour = ${hour:.2f} an hour "
         "while the VM runs |",
-        f"| the disks | boot {boot} GB + data {data} GB ≈ ${disks:.3f} an hour while they exist, VM or not "
-        f"(≈ ${24 * disks:.2f} a day) |",
+        f"| the disks | boot {boot} GB + data {data} GB ({performance}) ≈ ${disks:.3f} an hour while they exist, VM "
+        f"or not (≈ ${24 * disks:.2f} a day) |",
         f"| an hour of the VM, disks included | ≈ ${hour + disks:.2f} |",
-        f"| the model's download | {model.hf_id}, about {model.weights_gb:g} GB (bf16 safetensors) "
-        "onto the data disk |",
+        f"| the model's download | {cost['download']['model']}, about {cost['download']['gb']:g} GB (bf16 "
+        "safetensors), onto the data disk |",
         f"prices read {PRICES_READ}",
         *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()),
         "pulumi config rm tpu-grpo:reservation",
     ]
     assert cost["slice"] == "v6e-1" and cost["capacity"] == "spot"
+    assert cost["download"]["model"] == model.hf_id
     return {
+        "cost": cost,
         "lines": lines,
         "figures": {f"${figure:.2f}" for figure in (hour, hour + disks, 24 * disks)} | {f"${disks:.3f}"},
     }
@@ -238,7 +343,7 @@ def test_the_first_run_maps_every_step_of_the_tutorial_and_the_keys_it_owns():
     ] == []
 
 
-def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run):
+def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first_run, default_cost):
     """The README types no price of its own: each figure is a capacity's price per chip-hour, a v6e-8's hour
     at it, a slice's other costs, the README's v6e-16 example, the first run's, or a moved data disk's snapshot, from
     tpu_grpo/catalog/capacity.py (the first run's through `invoke plan`)."""
@@ -249,6 +354,7 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
         f"${figure:.2f}"
         for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR)
     } | first_run["figures"]
+    known |= {f"${default_cost['disks_usd_per_hour']:.3f}", f"${default_cost['usd_per_tutorial_run']:.2f}"}
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
     known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
@@ -272,7 +378,7 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
         assert f"${capacity.usd_per_chip_hour:.2f}" in row, name
         assert ("| preemptible |" in row) == ("preemptible" in capacity.quota), name
         assert f"| {capacity.idle_stop_minutes} min |" in row if capacity.idle_stop_minutes else "| off |" in row
-        assert all(f"`{zone}`" in row for zone in capacity.zones[:2]), name  # Google's own list
+        assert all(f"`{zone}`" in row for zone in capacity.zones), name  # every zone the code warns of none in
 
 
 def test_invoke_list_shows_each_task_in_a_first_line_that_stands_alone():
@@ -306,8 +412,8 @@ def _tasks_with(flag: str) -> set[str]:
     return {name for name in tasks.ns.task_names if flag in inspect.signature(tasks.ns.tasks[name].body).parameters}
 
 
-def test_the_readmes_json_list_is_every_task_that_takes_json():
-    readme = (ROOT / "README.md").read_text()
+def test_the_references_json_list_is_every_task_that_takes_json():
+    readme = REFERENCE.read_text()
     said = readme[readme.index("**`--json`** (on ") + len("**`--json`** (on ") :].split(")", 1)[0]
     listed = {name.split()[0] for name in re.findall(r"`([a-z-]+(?: --dry-run)?)`", said)}
     assert listed == _tasks_with("json_")
@@ -373,3 +479,15 @@ def test_the_readmes_task_listing_runs_as_printed():
     readme = (ROOT / "README.md").read_text()
     assert "`uv run invoke --list` shows every task" in readme and "`invoke --list`" not in readme
     assert invoke("--list", cwd=ROOT).returncode == 0
+
+
+def test_a_flex_start_vm_is_said_to_run_uninterrupted_until_its_end():
+    """Google's "About Flex-start VMs": they "run uninterrupted for up to seven days", then are stopped or deleted. The
+    page that offers flex-start for work that must not be interrupted does not then say it may be taken back."""
+    text = " ".join(documentation().split()).lower()
+    assert not re.search(r"flex-start vms? (may|might|can) (also )?be (taken back|preempted)", text)
+    assert "flex-start vms may also be taken back" not in text and "run uninterrupted for up to seven days" in text
+    row = next(
+        line for line in (ROOT / "docs/capacity.md").read_text().splitlines() if line.startswith("| `flex-start`")
+    )
+    assert "uninterrupted" in row and "preempted" not in row

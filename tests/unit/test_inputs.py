@@ -275,7 +275,7 @@ def test_a_damaged_fetch_record_is_no_reason_for_runs_to_fail(stack_dir, tmp_pat
     assert result.returncode == 0, result.stderr
     said = json.loads(result.stdout)
     assert [(row["run"], row["state"]) for row in said["runs"]] == [("good", "fetched")]
-    # a partial answer exits 0 (the README's table says so), naming the source that did not answer
+    # a partial answer exits 0 (docs/reference.md's exit codes say so), naming the source that did not answer
     assert said["sources"]["host"].startswith("no answer: ") and said["sources"]["laptop"] == "answered"
 
 

@@ -467,3 +467,29 @@ def test_the_export_converts_the_best_scored_checkpoint_and_says_so():
         assert "exports checkpoint 20" not in maxtext.script(chosen, "export")
     assert dataclasses.replace(run, last=True).export_step == RUN.train_steps
     assert dataclasses.replace(RUN, sets={"train": {"rl.num_iterations": "2"}}).export_step == 2 * RUN.batches
+
+
+@pytest.mark.parametrize("model, needed", [("llama3.1-8b-Instruct", True), ("qwen3-0.6b", False)])
+def test_only_a_gated_models_job_needs_the_hosts_token(tmp_path, model, needed):
+    """Qwen's weights are public, so a VM provisioned without a token (checks.require_token asks none for it) converts
+    anyway, without HF_TOKEN; a gated model's job stops at once, naming the fix. With the token file both read it."""
+    run = dataclasses.replace(RUN, model=model, export_model=model)
+    env, record = tutorial.job_home(tmp_path)
+    token = Path(env["HOME"]) / ".cache/huggingface/token"
+    token.unlink()
+    done = subprocess.run(
+        ["bash", "-c", maxtext.script(run, "convert")], env=env, cwd=env["HOME"], capture_output=True, text=True
+    )
+    if needed:
+        assert (
+            done.returncode == 1 and "no Hugging Face token in ~/.cache/huggingface/token on this host" in done.stderr
+        )
+        assert not record.exists()
+    else:
+        assert done.returncode == 0, done.stderr
+        assert all("HF_TOKEN" not in json.loads(line)["env"] for line in record.read_text().splitlines())
+    token.write_text(TEST_TOKEN)
+    record.unlink(missing_ok=True)
+    again = subprocess.run(["bash", "-c", maxtext.script(run, "convert")], env=env, cwd=env["HOME"])
+    assert again.returncode == 0
+    assert all(json.loads(line)["env"]["HF_TOKEN"] == TEST_TOKEN for line in record.read_text().splitlines())

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpu_grpo.catalog.stores import INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS
+
 #: gcloud's and the API's names for the reservation the VM consumes.
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 #: The range of `tpu-grpo:maxRunHours`: flex-start VMs run for at most 7 days (Cloud TPU
@@ -215,15 +217,19 @@ class Capacity:
 #: (64 vCPU x $0.031611 + 256 GB x $0.004237, Compute Engine's N2 list prices in us-central1), and GKE's
 #: cluster management fee ($0.10 per cluster-hour; GKE's free tier credits one zonal cluster).
 CPU_HOST_USD_PER_HOUR = 3.11
-#: Hyperdisk Balanced, every disk of a TPU VM (v6e takes no other): provisioned capacity at $0.08 a GiB-month, the
-#: us-central1 list price of its capacity SKU as a public cost note quotes it; performance above what a volume
-#: includes is billed on top (Google's "About Hyperdisk Balanced"). Billed while the disk exists, VM or not.
+#: Hyperdisk Balanced, every disk of a TPU VM (v6e takes no other): provisioned capacity at $0.08 a GiB-month, and
+#: provisioned performance above what a volume includes (tpu_grpo/catalog/stores.py's INCLUDED_*: Google's "About
+#: Hyperdisk Balanced") at $0.005 an IOPS-month and $0.04 a MiB/s-month: the us-central1 list prices of its capacity,
+#: IOPS and throughput SKUs as public cost notes quote them. Billed while the disk exists, VM or not.
 HYPERDISK_USD_PER_GIB_MONTH = 0.08
+HYPERDISK_USD_PER_IOPS_MONTH = 0.005
+HYPERDISK_USD_PER_MIBPS_MONTH = 0.04
 HYPERDISK_PRICE_SOURCE = (
-    "Hyperdisk Balanced capacity $0.08 per GiB-month, us-central1 list price (as quoted "
-    f"publicly, read {PRICES_READ}); provisioned IOPS above 3,000 and throughput above 140 MiB/s "
-    "are billed on top (Google's \"About Hyperdisk Balanced\"), not counted here; a slice's CPU host boots from a "
-    "balanced persistent disk, $0.10 per GB-month"
+    f"Hyperdisk Balanced ${HYPERDISK_USD_PER_GIB_MONTH:.2f} per GiB-month, ${HYPERDISK_USD_PER_IOPS_MONTH} per "
+    f"provisioned IOPS-month above {INCLUDED_IOPS:,} and ${HYPERDISK_USD_PER_MIBPS_MONTH:.2f} per provisioned "
+    f'MiB/s-month above {INCLUDED_THROUGHPUT_MIBPS} (what a volume includes, Google\'s "About Hyperdisk Balanced"), '
+    f"us-central1 list prices (as quoted publicly, read {PRICES_READ}); a boot disk has Compute Engine's default "
+    "performance, priced as included; a slice's CPU host boots from a balanced persistent disk, $0.10 per GB-month"
 )
 #: Balanced persistent disk, a slice's CPU host's boot disk (GKE's default node boot disk since 1.24, "Configuring a
 #: custom boot disk"): $0.10 a GB-month, the us-central1 list price. Billed while the node exists.

@@ -187,11 +187,11 @@ def check_publish(repo=None, run=None, **flags) -> Where:
 
 
 def check_metrics(
-    run=None, out=None, events=None, force=False, compare=None, **flags
+    run=None, out=None, events=None, log=None, force=False, compare=None, **flags
 ) -> tuple[Path | None, Where | None]:
     from tpu_grpo.results import retrieval
 
-    path = retrieval.check_metrics_flags(run, out, events, force, compare)
+    path = retrieval.check_metrics_flags(run, out, events, force, compare, log)
     if events is None:
         return path, check_hosts(**flags)  # which checks the state folder too
     laptop_paths.writable_state()  # the plot's default place; a local events folder: no host

@@ -23,17 +23,23 @@ from tpu_grpo.catalog.capacity import (
     HOURS_PER_MONTH,
     HYPERDISK_PRICE_SOURCE,
     HYPERDISK_USD_PER_GIB_MONTH,
+    HYPERDISK_USD_PER_IOPS_MONTH,
+    HYPERDISK_USD_PER_MIBPS_MONTH,
     PD_BALANCED_USD_PER_GB_MONTH,
     PRICES_READ,
     SNAPSHOT_USD_PER_GB_MONTH,
 )
+from tpu_grpo.catalog.models import DEFAULT_MODEL
+from tpu_grpo.catalog.stores import INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS
 from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs.maxtext import Run
 
-#: The tutorial's timing on v6e-8: conversion about 5 minutes, training about 10.
+#: The tutorial's timing (its model, on a v6e-8): conversion about 5 minutes, training about 10. The only duration
+#: measured: `plan` prices a run by it only for that model on that machine.
 TUTORIAL_RUN_MINUTES = 15
+TUTORIAL_MACHINE = "v6e-8"
 HIDDEN_INPUTS = {"project", "name"}
 
 
@@ -45,7 +51,10 @@ class Cost:
     chips: int
     usd_per_chip_hour: float
     usd_per_hour: float
-    usd_per_tutorial_run: float
+    #: The tutorial's run at this price, where it was measured (its model on its machine), else None.
+    usd_per_tutorial_run: float | None
+    #: What the conversion downloads from the Hub: {"model": the Hub id, "gb": its size}.
+    download: dict[str, Any]
     price_source: str
     quota: str
     note: str
@@ -111,7 +120,13 @@ def build(stack: str | None = None) -> Plan:
             chips=settings.chips,
             usd_per_chip_hour=obtained.usd_per_chip_hour,
             usd_per_hour=settings.usd_per_hour,
-            usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2),
+            usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2)
+            if settings.model == DEFAULT_MODEL and not multi_host and machine.accelerator_type == TUTORIAL_MACHINE
+            else None,
+            download={
+                "model": settings.model_row.hf_id,
+                "gb": round(settings.model_row.conversion_download_gb(settings.lazy_conversion), 1),
+            },
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             quota=obtained.quota,
             note=cost_note(settings),
@@ -178,17 +193,28 @@ def disks(settings) -> list[dict[str, Any]]:
     if settings.tpu_slice:
         hosts = settings.tpu_slice.hosts * settings.num_slices
         found = [
-            (f"boot disks of the {hosts} TPU hosts", settings.boot_disk_gb * hosts, "", HYPERDISK_USD_PER_GIB_MONTH),
-            ("boot disk of the CPU host", settings.cpu_pool_disk_gb, "", PD_BALANCED_USD_PER_GB_MONTH),
+            (
+                f"boot disks of the {hosts} TPU hosts",
+                settings.boot_disk_gb * hosts,
+                "",
+                HYPERDISK_USD_PER_GIB_MONTH,
+                0.0,
+            ),
+            ("boot disk of the CPU host", settings.cpu_pool_disk_gb, "", PD_BALANCED_USD_PER_GB_MONTH, 0.0),
         ]
     else:
+        iops, throughput = settings.data_disk_iops, settings.data_disk_throughput_mibps
+        performance_usd_per_month = (iops - INCLUDED_IOPS) * HYPERDISK_USD_PER_IOPS_MONTH + (
+            throughput - INCLUDED_THROUGHPUT_MIBPS
+        ) * HYPERDISK_USD_PER_MIBPS_MONTH
         found = [
-            ("boot disk", settings.boot_disk_gb, "", HYPERDISK_USD_PER_GIB_MONTH),
+            ("boot disk", settings.boot_disk_gb, "", HYPERDISK_USD_PER_GIB_MONTH, 0.0),
             (
                 "data disk",
                 settings.data_disk_gb,
-                f"{settings.data_disk_iops} IOPS, {settings.data_disk_throughput_mibps} MiB/s provisioned",
+                f"{iops} IOPS, {throughput} MiB/s provisioned",
                 HYPERDISK_USD_PER_GIB_MONTH,
+                performance_usd_per_month,
             ),
         ]
     return [
@@ -196,9 +222,10 @@ def disks(settings) -> list[dict[str, Any]]:
             "disk": name,
             "gb": gb,
             "performance": performance,
-            "usd_per_hour": round(gb * usd_per_gb_month / HOURS_PER_MONTH, 4),
+            "performance_usd_per_hour": round(performance_usd_per_month / HOURS_PER_MONTH, 4),
+            "usd_per_hour": round((gb * usd_per_gb_month + performance_usd_per_month) / HOURS_PER_MONTH, 4),
         }
-        for name, gb, performance, usd_per_gb_month in found
+        for name, gb, performance, usd_per_gb_month, performance_usd_per_month in found
     ]
 
 
@@ -221,7 +248,7 @@ def cost_note(settings) -> str:
         f"it powers itself off after {settings.idle_stop_minutes} minutes without a job or a terminal (SSH "
         "login) session (tpu-grpo:idleStopMinutes)"
         if settings.idle_stop_minutes
-        else "tpu-grpo:idleStopMinutes is 0, so it never powers itself off"
+        else "it never powers itself off (tpu-grpo:idleStopMinutes is 0)"
     )
     waits = f" {obtained.waits}" if obtained.waits else ""
     return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
@@ -316,6 +343,21 @@ def evaluation_text(load: dict[str, int]) -> str:
     )
 
 
+def run_time_text(cost: Cost) -> str:
+    """What a run costs, from the one duration measured (the tutorial's): never another machine's time at this
+    price."""
+    tutorial = (
+        f"the tutorial's run ({DEFAULT_MODEL} on a {TUTORIAL_MACHINE}): "
+        f"≈{TUTORIAL_RUN_MINUTES} min of conversion and training"
+    )
+    if cost.usd_per_tutorial_run is None:
+        return (
+            f"run time: measured only for {tutorial}, not for this model and machine: a run here costs "
+            f"${cost.usd_per_hour:.2f} for each hour it takes"
+        )
+    return f"run time: {tutorial}, ≈ ${cost.usd_per_tutorial_run:.2f} at this price"
+
+
 def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
@@ -390,13 +432,18 @@ def render(plan: Plan, console: Console) -> None:
                     extra,
                     f"{cost.usd_per_hour:.2f}",
                 ),
-                f"the tutorial's run (Llama 3.1 8B on a v6e-8: ≈{TUTORIAL_RUN_MINUTES} min of conversion and training; "
-                f"another model or machine takes another time) at this price ≈ ${cost.usd_per_tutorial_run:.2f}",
+                run_time_text(cost),
+                f"the model's download: {cost.download['model']}, about {cost.download['gb']:g} GB (bf16 safetensors)",
                 cost.note,
                 styled(
                     "disks: {} ≈ [bold]${} per hour[/] while they exist, running or not",
                     ", ".join(
-                        f"{disk['disk']} {disk['gb']} GB" + (f" ({disk['performance']})" if disk["performance"] else "")
+                        f"{disk['disk']} {disk['gb']} GB"
+                        + (
+                            f" ({disk['performance']}: ${disk['performance_usd_per_hour']:.3f} per hour of it)"
+                            if disk["performance_usd_per_hour"]
+                            else ""
+                        )
                         for disk in cost.disks
                     ),
                     f"{cost.disks_usd_per_hour:.3f}",

@@ -112,6 +112,7 @@ def publish(
         out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
         force="let --out overwrite any existing file",
         events="read a local folder of TensorBoard events instead of the host's",
+        log="with --events: the training's log (train_rl's output), whose evaluations the plot shows",
     ),
 )
 def metrics(
@@ -119,6 +120,7 @@ def metrics(
     run=None,
     out=None,
     events=None,
+    log=None,
     force=False,
     host=None,
     identity=None,
@@ -139,7 +141,7 @@ def metrics(
             found = [source.metrics(name, None)[0] for name in compare]
             path = plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
         elif events:  # a folder here: no host, no cluster
-            found, path = retrieval.metrics_of_events(run, events, path)
+            found, path = retrieval.metrics_of_events(run, events, log, path)
         else:
             found, path = sources.of(targets.pick(where)).metrics(run, path)
     if json_:

@@ -17,7 +17,7 @@ from tpu_grpo.catalog.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
 from tpu_grpo.catalog.capacity import CAPACITIES, MAX_RUN_HOURS
 from tpu_grpo.catalog.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
-from tpu_grpo.catalog.stores import BUCKET_URL, STORES
+from tpu_grpo.catalog.stores import BUCKET_URL, INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS, STORES
 from tpu_grpo.config.values import Parser, Refused, bucket, hub_id, name, whole
 
 PROJECT = "tpu-grpo"
@@ -32,10 +32,10 @@ MAX_DISK_GB = 65_536
 MAX_BATCHES = 100_000
 #: The most training steps between checkpoints: a run's steps are at most its batches times rl.num_iterations.
 MAX_STEPS = 10**9
-#: Hyperdisk Balanced's provisioned performance: at most 160,000 IOPS and 2,400 MiB/s per volume, and
-#: 3,000 IOPS and 140 MiB/s included at no charge (Compute Engine's "About Hyperdisk Balanced").
-DATA_DISK_IOPS = (3000, 160_000)
-DATA_DISK_THROUGHPUT_MIBPS = (140, 2400)
+#: Hyperdisk Balanced's provisioned performance: at most 160,000 IOPS and 2,400 MiB/s per volume, and at least what
+#: it includes at no charge (Compute Engine's "About Hyperdisk Balanced").
+DATA_DISK_IOPS = (INCLUDED_IOPS, 160_000)
+DATA_DISK_THROUGHPUT_MIBPS = (INCLUDED_THROUGHPUT_MIBPS, 2400)
 #: The key types of an OpenSSH public key file.
 PUBLIC_KEY_TYPES = (
     "ssh-ed25519",
@@ -391,8 +391,8 @@ class StackValues:
     )
     slice: str = setting(
         f"{PROJECT}:slice",
-        f"TPU slice: {ONE_VM} (default: the one VM of machineType, the tutorial's) or a multi-host slice "
-        "on GKE with Pathways: " + ", ".join(SLICES),
+        f"TPU slice: unset (or {ONE_VM}, the tutorial's), the one VM of machineType, shown by its accelerator type "
+        "(v6e-8, v6e-4, v6e-1); or a multi-host slice on GKE with Pathways: " + ", ".join(SLICES),
         "v6e-16",
         rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")"),
         unset=_one_vm_unless_a_slice,

@@ -462,12 +462,17 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
     return mapping
 
 
-def token_lines() -> list[str]:
-    """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line."""
+def token_lines(needed: bool) -> list[str]:
+    """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line. A job
+    that `needed` it (a gated model's: checks.require_token asks the laptop for it first) stops without it; another
+    uses it if it is there."""
+    exported = f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"
+    if not needed:
+        return [f"[ ! -s {TOKEN_FILE} ] || {{ {exported}; }}"]
     return [
         f"[ -s {TOKEN_FILE} ] || {{ echo 'no Hugging Face token in {TOKEN_FILE} on this host; "
         "fix: HF_TOKEN=... uv run invoke provision --tags token' >&2; exit 1; }",
-        f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN",
+        exported,
     ]
 
 
@@ -583,7 +588,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         "set -eo pipefail",
         *([] if in_slice else [f"source {VENV}/bin/activate"]),
         "set -u",
-        *([POD_TOKEN_CHECK] if in_slice else token_lines()),
+        *([POD_TOKEN_CHECK] if in_slice else token_lines(needed=run.row.gated)),
         "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
     ]
     for name, value in environment(run, step, in_slice):

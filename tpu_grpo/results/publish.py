@@ -66,7 +66,7 @@ def license_note(repo_id: str, license_id: str) -> str | None:
 
 def _environment(hub: str | None) -> list[str]:
     """The Hub program's environment on the host: the token from its file, the Hub, no tqdm bars in a log."""
-    lines = maxtext.token_lines() + ["export HF_HUB_DISABLE_PROGRESS_BARS=1 PYTHONUNBUFFERED=1"]
+    lines = maxtext.token_lines(needed=True) + ["export HF_HUB_DISABLE_PROGRESS_BARS=1 PYTHONUNBUFFERED=1"]
     return lines + ([f"export HF_ENDPOINT={hub}"] if hub else [])
 
 

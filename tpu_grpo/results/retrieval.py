@@ -25,7 +25,12 @@ def destination(run: str | None, to: str | None) -> Path:
 
 
 def check_metrics_flags(
-    run: str | None, out: str | None, events: str | None, force: bool, compare: list[str] | None = None
+    run: str | None,
+    out: str | None,
+    events: str | None,
+    force: bool,
+    compare: list[str] | None = None,
+    log: str | None = None,
 ) -> Path | None:
     """`invoke metrics`' flags, checked before anything is read or connected; returns the --out path."""
     from tpu_grpo.results import metrics
@@ -47,6 +52,15 @@ def check_metrics_flags(
     if events is not None:
         values.flag(
             "--events", events, values.existing_folder, "", "give the run's tensorboard folder, copied from the VM"
+        )
+    if log is not None and events is None:
+        raise metrics.MetricsError(
+            f"--log {log!r} is the log of a local --events folder (the host's run brings its own); "
+            "fix: add --events FOLDER, or leave --log out"
+        )
+    if log is not None:
+        values.flag(
+            "--log", log, values.existing_file, "", "give the training's log, e.g. .tpu-grpo/runs/RUN/train.log"
         )
     return metrics.check_plot_path(out, force) if out is not None else None
 
@@ -285,12 +299,12 @@ def _plotted(found, out: Path | None):
     return found, metrics.plot(found, path)
 
 
-def metrics_of_events(run: str | None, events: Path, out: Path | None):
-    """Load a run's metrics from a local folder of TensorBoard events and write its plot; returns (metrics, png
-    path). The flags were checked by check_metrics_flags."""
+def metrics_of_events(run: str | None, events: Path, log: str | None, out: Path | None):
+    """Load a run's metrics from a local folder of TensorBoard events (and its evaluations from a local log) and write
+    its plot; returns (metrics, png path). The flags were checked by check_metrics_flags."""
     from tpu_grpo.results import metrics
 
-    found = metrics.load(Path(events).expanduser(), run=run)
+    found = metrics.load(Path(events).expanduser(), Path(log).expanduser() if log else None, run=run)
     if not found.rows:
         raise metrics.MetricsError(
             f"--events {str(events)!r} holds no MaxText scalar (none of "
