@@ -413,6 +413,8 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
         (("metrics", "--out", "/proc/nope/x.png", "--events", "events"), "'/proc/nope/x.png'"),
         (("metrics", "--events", "/nope"), "'/nope'"),
         (("metrics", "--events", "damaged"), "damaged/events."),
+        (("metrics", "--log", "train.log", *host), "'train.log'"),  # a host's run brings its own log
+        (("metrics", "--events", "events", "--log", "/nope.log"), "'/nope.log'"),
         (("down", "--identity", "/nope"), "'/nope'"),
         (("down", "--wait", "z", *host), "'z'"),
         (("up", "provision", "pipeline", "--batches", "0"), "'0'"),
