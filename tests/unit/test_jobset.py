@@ -138,7 +138,10 @@ def test_the_pathways_jobset_is_xpks_with_each_difference_named(
     assert head["env"][:4] == [{**e, "value": e["value"].strip()} if "value" in e else e for e in their_head["env"]]
     assert head["env"][4:] == [
         {"name": "ENABLE_PATHWAYS_PERSISTENCE", "value": "1"},
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tpu-grpo-hf-token", "key": "token"}}},
+        {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "tpu-grpo-hf-token", "key": "token", "optional": True}},
+        },
     ]
     assert their_head["securityContext"] == {"privileged": True} and "securityContext" not in head
     # The Pathways images are pinned, never `latest`, and the worker count is the slice's.

@@ -394,6 +394,23 @@ def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, ku
     assert kube.jobsets == {} and kube.secrets == {}
 
 
+def test_a_public_models_job_runs_without_a_token(slice_stack, stack_values, bucket, kube):
+    """Qwen's weights are public: with no token here and no Secret in the cluster, its job is created anyway, its
+    pods read the Secret as optional and its script asks for no token (a gated model's is refused, above)."""
+    folder, _, _ = slice_stack
+    values = {**stack_values, **SLICE, "tpu-grpo:checkpointStore": f"gs://{bucket}/runs", "tpu-grpo:model": "qwen3-8b"}
+    (folder / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG)
+    result = run_task(slice_stack, "train", "--batches", "4", "--run-name", "qwen-1", env={"HF_TOKEN": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    [head, _] = kube.jobsets[jobset.job_name("train", "qwen-1")]["spec"]["replicatedJobs"]
+    [container, *_] = head["template"]["spec"]["template"]["spec"]["containers"]
+    assert "no Hugging Face token in this pod" not in container["command"][2] and kube.secrets == {}
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {**jobset.TOKEN_ENV["valueFrom"]["secretKeyRef"]}}} in (
+        container["env"]
+    )
+
+
 def test_cloud_build_without_a_gcloud_login_is_refused_before_gcloud_runs(slice_stack, kube):
     """No Docker daemon and no gcloud login: one line naming `gcloud auth login`, and gcloud never runs (it would
     write its configuration folder and print its own errors)."""

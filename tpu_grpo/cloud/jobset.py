@@ -41,7 +41,9 @@ def _env(**values) -> list[dict]:
     ]
 
 
-TOKEN_ENV = {"valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": TOKEN_KEY}}}
+#: Optional: a public model's pods run without the Secret (HF_TOKEN then unset); a gated model's job is refused without
+#: one before it is created (slice_jobs.put_token), and its script stops at once (maxtext.POD_TOKEN_CHECK).
+TOKEN_ENV = {"valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": TOKEN_KEY, "optional": True}}}
 _SHARED_TMP = (
     {"name": "shared-tmp", "mountPath": "/tmp"},
     {"name": "shared-tmp", "hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}},

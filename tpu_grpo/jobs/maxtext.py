@@ -588,7 +588,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         "set -eo pipefail",
         *([] if in_slice else [f"source {VENV}/bin/activate"]),
         "set -u",
-        *([POD_TOKEN_CHECK] if in_slice else token_lines(needed=run.row.gated)),
+        *(([POD_TOKEN_CHECK] if run.row.gated else []) if in_slice else token_lines(needed=run.row.gated)),
         "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
     ]
     for name, value in environment(run, step, in_slice):

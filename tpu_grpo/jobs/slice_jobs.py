@@ -198,15 +198,15 @@ def _script_exit_code(pods: list[dict]) -> int | None:
     return None
 
 
-def put_token(cluster: Cluster) -> None:
+def put_token(cluster: Cluster, needed: bool) -> None:
     """The laptop's Hugging Face token (as huggingface_hub finds it) into the cluster's Secret, replaced when
-    given again; a job without one is refused before it is created."""
+    given again; a job that `needed` one (a gated model's) without one is refused before it is created."""
     from tpu_grpo.provision.engine import local_secret
 
     token = local_secret("hf_token")
     if token:
         cluster.put_token(token)
-    elif not cluster.has_token():
+    elif needed and not cluster.has_token():
         raise maxtext.CommandError(
             "no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
             f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline"
@@ -219,7 +219,7 @@ def start(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str) -> 
     image = images.post_training_image(settings.project, settings.region)
     if cluster.image_record().get("image") != image:
         raise maxtext.CommandError(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
-    put_token(cluster)
+    put_token(cluster, needed=run.row.gated)
     name = wanted["metadata"]["name"]
     before = cluster.jobset(name)
     if before is not None:
