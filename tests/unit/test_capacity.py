@@ -458,4 +458,8 @@ def test_plan_prices_a_run_only_by_a_time_measured_on_its_model_and_machine(stac
         assert f"not for this model and machine: a run here costs ${cost['usd_per_hour']:.2f} for each hour" in text
     model = MODELS[extra.get("tpu-grpo:model", "llama3.1-8b-Instruct")]
     assert cost["download"]["model"] == model.hf_id and cost["download"]["gb"] >= round(model.weights_gb, 1)
-    assert f"the model's download: {model.hf_id}, about {cost['download']['gb']:g} GB" in text
+    assert (
+        f"the model's download: {model.hf_id}, about {cost['download']['gb']:g} GB ({cost['download']['what']})" in text
+    )
+    # on one VM, provisioning fetches the safetensors the conversion reads
+    assert cost["download"] == {"model": model.hf_id, "gb": round(model.weights_gb, 1), "what": "bf16 safetensors"}

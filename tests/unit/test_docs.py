@@ -304,8 +304,8 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
         f"| the disks | boot {boot} GB + data {data} GB ({performance}) ≈ ${disks:.3f} an hour while they exist, VM "
         f"or not (≈ ${24 * disks:.2f} a day) |",
         f"| an hour of the VM, disks included | ≈ ${hour + disks:.2f} |",
-        f"| the model's download | {cost['download']['model']}, about {cost['download']['gb']:g} GB (bf16 "
-        "safetensors), onto the data disk |",
+        f"| the model's download | {cost['download']['model']}, about {cost['download']['gb']:g} GB "
+        f"({cost['download']['what']}), onto the data disk |",
         f"prices read {PRICES_READ}",
         *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()),
         "pulumi config rm tpu-grpo:reservation",

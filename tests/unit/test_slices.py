@@ -476,6 +476,8 @@ def test_the_cpu_host_is_sized_for_the_models_conversion(stack_dir, stack_values
     [container] = pod["containers"]
     assert container["resources"]["limits"]["memory"] == "230G"
     assert f"LAZY_LOAD_TENSORS={'True' if lazy else 'False'}" in container["command"][2]
+    download = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]["download"]  # plan says it too
+    assert download["gb"] == round(settings.model_row.conversion_download_gb(lazy), 1)
 
 
 def test_the_kubeconfig_of_a_slices_stack_reaches_the_gke_endpoint_over_https(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ class Cost:
     usd_per_hour: float
     #: The tutorial's run at this price, where it was measured (its model on its machine), else None.
     usd_per_tutorial_run: float | None
-    #: What the conversion downloads from the Hub: {"model": the Hub id, "gb": its size}.
+    #: What the conversion downloads from the Hub: {"model": the Hub id, "gb": its size, "what": which files}.
     download: dict[str, Any]
     price_source: str
     quota: str
@@ -123,10 +123,7 @@ def build(stack: str | None = None) -> Plan:
             usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2)
             if settings.model == DEFAULT_MODEL and not multi_host and machine.accelerator_type == TUTORIAL_MACHINE
             else None,
-            download={
-                "model": settings.model_row.hf_id,
-                "gb": round(settings.model_row.conversion_download_gb(settings.lazy_conversion), 1),
-            },
+            download=download(settings),
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             quota=obtained.quota,
             note=cost_note(settings),
@@ -140,6 +137,16 @@ def build(stack: str | None = None) -> Plan:
         compile_cache=compile_cache_note(settings),
         evaluation=Run.of(settings.training).evaluation_load(),
     )
+
+
+def download(settings: Settings) -> dict[str, Any]:
+    """What is downloaded from the Hub: on one VM `invoke provision` fetches the bf16 safetensors, which the conversion
+    reads; a slice's conversion downloads the model itself (an eager one, the whole repository where it also holds
+    the original checkpoint)."""
+    row = settings.model_row
+    gb = row.conversion_download_gb(settings.lazy_conversion) if settings.tpu_slice else row.weights_gb
+    what = "bf16 safetensors" if gb == row.weights_gb else "the whole repository, which an eager conversion downloads"
+    return {"model": row.hf_id, "gb": round(gb, 1), "what": what}
 
 
 def places(chosen: Settings, raw: dict, root) -> list[dict[str, Any]]:
@@ -433,7 +440,8 @@ def render(plan: Plan, console: Console) -> None:
                     f"{cost.usd_per_hour:.2f}",
                 ),
                 run_time_text(cost),
-                f"the model's download: {cost.download['model']}, about {cost.download['gb']:g} GB (bf16 safetensors)",
+                f"the model's download: {cost.download['model']}, about {cost.download['gb']:g} GB "
+                f"({cost.download['what']})",
                 cost.note,
                 styled(
                     "disks: {} ≈ [bold]${} per hour[/] while they exist, running or not",
