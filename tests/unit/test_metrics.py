@@ -285,6 +285,8 @@ def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_wha
         ]
         evals = [
             Eval("pre", None, 1, 4, 25.0, 25.0, 100.0, 0.5),
+            Eval("intermediate", 1, 2, 4, 50.0, 50.0, 100.0, 1.0),
+            Eval("intermediate", 2, 3, 4, 75.0 * scale, 75.0, 100.0, 1.5),
             Eval("post", None, 3, 4, 75.0 * scale, 75.0, 100.0, 1.5),
         ]
         return metrics.Metrics(
@@ -309,7 +311,11 @@ def test_runs_compared_are_one_line_each_in_every_panel_and_the_legend_names_wha
         for line, found in zip(ax.get_lines(), (first, second)):
             assert list(zip(line.get_xdata(), line.get_ydata())) == found.series(name)
     accuracy = [list(line.get_ydata()) for line in panels[-1].get_lines()]
-    assert accuracy == [[25.0, 75.0], [25.0, 37.5]]
+    assert accuracy == [[25.0, 50.0, 75.0, 75.0], [25.0, 50.0, 37.5, 37.5]]
+    # each run's best evaluation (the checkpoint its export converts) is marked, in its line's colour
+    marks = [(text.get_text(), text.xy, text.get_color()) for text in panels[-1].texts]
+    colors = [line.get_color() for line in panels[-1].get_lines()]
+    assert marks == [("best", (2, 75.0), colors[0]), ("best", (1, 50.0), colors[1])]
     path = metrics.plot([first, second], tmp_path / "compare.png")
     assert metrics.is_our_plot(path)
 

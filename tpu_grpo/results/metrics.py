@@ -383,7 +383,8 @@ def differing(given: list[dict]) -> list[str]:
 
 
 def compare_figure(runs: list[Metrics]) -> Figure:
-    """One panel per compared series and one for eval accuracy, a line per run, the legend naming what differs."""
+    """One panel per compared series and one for eval accuracy, a line per run (its best evaluation marked), the
+    legend naming what differs."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -399,7 +400,14 @@ def compare_figure(runs: list[Metrics]) -> Figure:
             if points := metrics.series(name):
                 ax.plot(*zip(*points), marker="o", label=label)
         if evals := eval_points(metrics):
-            axes[-1].plot([step for step, _, _ in evals], [value for _, value, _ in evals], marker="o", label=label)
+            [line] = axes[-1].plot(
+                [step for step, _, _ in evals], [value for _, value, _ in evals], marker="o", label=label
+            )
+            for step, value, stage in evals:  # the checkpoint each run's export converts
+                if stage == "best":
+                    axes[-1].annotate(
+                        "best", (step, value), textcoords="offset points", xytext=(4, 6), color=line.get_color()
+                    )
     for ax, name in zip(axes, COMPARED):
         ax.set_title(f"{LABELS[name]}: {SERIES[name]}", fontsize="medium")
         ax.set_ylabel(LABELS[name])
