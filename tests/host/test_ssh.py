@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+from tests.support import ROOT
+
 
 def test_ssh_runs_a_command_as_the_hosts_user_and_passes_its_exit_code_on(make_host):
     host = make_host(disk_mb=0)
@@ -25,3 +27,16 @@ def test_ssh_refuses_a_host_key_other_than_the_one_recorded(make_host, tmp_path)
     done = host.invoke("ssh", "--command", "echo never", vars=False)
     assert done.returncode == 1 and "never" not in done.stdout
     assert len(done.stderr.strip().splitlines()) == 1 and "ssh-keygen -R" in done.stderr
+
+
+def test_the_fix_printed_for_a_command_after_a_double_dash_runs_it_as_pasted(make_host):
+    """`invoke ssh --host H --identity K -- echo ...` drops nothing silently: it is refused with the line as typed,
+    the command moved to --command, and that line, pasted into bash as printed, runs the command on the host."""
+    host = make_host(disk_mb=0)
+    refused = host.invoke("ssh", "--", "echo", "pasted", "from", "$(whoami)", vars=False)
+    assert refused.returncode == 2, refused.stderr
+    fix = refused.stderr.split("fix: ", 1)[1].split(" runs a command on the VM")[0]
+    assert fix.startswith("uv run invoke ssh --host ") and "--command" in fix
+    done = subprocess.run(["bash", "-c", fix], cwd=ROOT, env=host.env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"pasted from {host.user.name}"

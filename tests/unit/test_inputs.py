@@ -183,12 +183,15 @@ def test_a_stack_named_by_a_path_is_refused_before_connecting_with_host_too(stac
 
 
 def test_what_follows_a_double_dash_is_refused_not_dropped(stack_dir):
-    result = invoke("ssh", "--host", "tpu@203.0.113.9", "--", "df", "-h", cwd=stack_dir)
+    """The fix is the line as typed, what followed `--` as ssh's --command (tests/host/test_ssh.py runs it)."""
+    result = invoke("ssh", "--host", "tpu@203.0.113.9", "-s", "dev", "--wait", "5", "--", "df", "-h", cwd=stack_dir)
     assert result.returncode == 2
     assert result.stderr == (
-        "error: `-- df -h`: no task reads what follows --; fix: uv run invoke ssh --command 'df -h' runs a command "
-        "on the VM (every task takes flags only)\n"
+        "error: `-- df -h`: no task reads what follows --; fix: uv run invoke ssh --host tpu@203.0.113.9 --stack dev "
+        "--wait 5 --command 'df -h' runs a command on the VM (every task takes flags only)\n"
     )
+    elsewhere = invoke("status", "--host", "tpu@203.0.113.9", "--", "df", "-h", cwd=stack_dir)
+    assert "fix: uv run invoke ssh --command 'df -h' runs a command on the VM" in elsewhere.stderr
     empty = invoke("ssh", "--host", "tpu@203.0.113.9", "--command", "", cwd=stack_dir)
     assert empty.returncode == 2 and empty.stderr.startswith("error: --command '' is empty; fix:")
 

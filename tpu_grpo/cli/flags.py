@@ -90,6 +90,22 @@ def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
         raise Exit(f"error: {conceal(str(error))}" if str(error) else None, code=error.exit_code) from None
 
 
+def with_command(contexts, remainder: str) -> str:
+    """The command line as typed, what followed `--` given to ssh as its --command (to paste as printed); a line
+    without ssh gets ssh's own."""
+    words = ["uv", "run", "invoke"]
+    for context in contexts if any(context.name == "ssh" for context in contexts) else []:
+        words.append(context.name)
+        for argument in context.args.values():
+            if argument.got_value and argument.names[0] != "command":
+                flag = f"--{argument.names[0]}"
+                values = argument.value if argument.kind is list else [argument.value]
+                words += [flag] if argument.kind is bool else [part for value in values for part in (flag, str(value))]
+        if context.name == "ssh":
+            words += ["--command", remainder]
+    return shlex.join(words if len(words) > 3 else [*words, "ssh", "--command", remainder])
+
+
 class CheckingExecutor(Executor):
     """Checks the flags of every task on the command line before running the first one."""
 
@@ -100,8 +116,8 @@ class CheckingExecutor(Executor):
         remainder = getattr(self.core, "remainder", "")
         if remainder:  # Invoke keeps what follows `--` and hands it to no task: `ssh -- df -h` would drop `df -h`
             raise Exit(
-                f"error: `-- {conceal(remainder)}`: no task reads what follows --; fix: uv run invoke ssh --command "
-                f"{shlex.quote(conceal(remainder))} runs a command on the VM (every task takes flags only)",
+                f"error: `-- {conceal(remainder)}`: no task reads what follows --; fix: "
+                f"{conceal(with_command(tasks, remainder))} runs a command on the VM (every task takes flags only)",
                 code=UserError.exit_code,
             )
         for call in self.normalize(tasks):
