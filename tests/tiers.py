@@ -44,12 +44,17 @@ TIERS = (
 )
 
 
+#: pytest's options whose value is the next argument: `-k tests` selects by name, it names no folder.
+VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-o", "-c", "-W", "--deselect", "--ignore", "--maxfail", "--basetemp"}
+
+
 def named_tests(args: list[str]) -> list[Path]:
-    """The tests the arguments name (paths, node ids), rather than only options."""
+    """The tests the arguments name (paths, node ids), rather than only options and their values."""
+    values = {index + 1 for index, arg in enumerate(args) if arg in VALUE_OPTIONS}
     return [
         (ROOT / arg.split("::")[0]).resolve()
-        for arg in args
-        if not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()
+        for index, arg in enumerate(args)
+        if index not in values and not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()
     ]
 
 

@@ -7,6 +7,7 @@ from tests import tiers
 
 def test_paths_run_on_their_tiers_workers_and_options_alone_run_every_tier():
     assert tiers.named_tests(["-x", "-p", "randomly", "--randomly-seed=3"]) == []
+    assert tiers.named_tests(["-k", "tests", "-m", "docs"]) == []  # a name to select by, though ROOT/tests exists
     unit = tiers.named_tests(["tests/unit/test_fuzz.py::test_every_setting_is_parsed_or_refused_in_one_line", "-x"])
     assert tiers.tier_holding(unit).name == "unit"
     assert tiers.tier_holding(tiers.named_tests(["tests/maxtext"])).workers == tiers.CORES
