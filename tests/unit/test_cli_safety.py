@@ -675,6 +675,11 @@ def test_the_command_that_forgets_a_host_key_works_pasted_into_a_shell(tmp_path,
             "error: this task acts on one host, got 2 (a@192.0.2.1, b@192.0.2.2); fix: pass one --host",
         ),
         (
+            ("ssh", "--host", "a@192.0.2.1", "--command", ""),
+            False,
+            "error: --command '' is empty; fix: e.g. --command 'df -h ~/tpu-grpo', or no --command for a shell",
+        ),
+        (
             ("timeline",),
             True,
             "error: stack 'dev' is slice v6e-16 on GKE, which has no VM to log into; fix: run this "
@@ -686,7 +691,7 @@ def test_a_later_task_refused_by_its_flags_stops_the_chain_before_the_first_acts
     stack_dir, stack_values, later, slice_stack, message
 ):
     """The whole command line is checked first: a task after `metrics` that cannot run (two hosts where one is
-    needed; a VM's task on a slice's stack) ends the chain before the plot is written."""
+    needed; an empty command; a VM's task on a slice's stack) ends the chain before the plot is written."""
     if slice_stack:
         (stack_dir / "Pulumi.dev.yaml").write_text(
             yaml.safe_dump(

@@ -47,6 +47,13 @@ def check_vm(**flags) -> Where:
     return check_hosts(needs_vm=True, **flags)
 
 
+def check_ssh(command=None, **flags) -> Where:
+    """`invoke ssh`'s flags: an empty --command is refused with the rest of the command line, before any task acts."""
+    if command is not None and not command.strip():
+        raise UserError("--command '' is empty; fix: e.g. --command 'df -h ~/tpu-grpo', or no --command for a shell")
+    return check_vm(**flags)
+
+
 def check_settings(stack=None, **_) -> settings.Settings:
     return settings.load(stack, lenient=True)
 

@@ -93,17 +93,23 @@ def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
 def with_command(contexts, remainder: str) -> str:
     """The command line as typed, what followed `--` given to ssh as its --command (to paste as printed); a line
     without ssh gets ssh's own."""
+    if not any(context.name == "ssh" for context in contexts):
+        return shlex.join(["uv", "run", "invoke", "ssh", "--command", remainder])
     words = ["uv", "run", "invoke"]
-    for context in contexts if any(context.name == "ssh" for context in contexts) else []:
+    for context in contexts:
         words.append(context.name)
         for argument in context.args.values():
-            if argument.got_value and argument.names[0] != "command":
-                flag = f"--{argument.names[0]}"
+            if not argument.got_value or argument.names[0] == "command":
+                continue
+            flag = f"--{argument.names[0]}"
+            if argument.kind is bool:
+                words.append(flag)
+            else:
                 values = argument.value if argument.kind is list else [argument.value]
-                words += [flag] if argument.kind is bool else [part for value in values for part in (flag, str(value))]
+                words += [part for value in values for part in (flag, str(value))]
         if context.name == "ssh":
             words += ["--command", remainder]
-    return shlex.join(words if len(words) > 3 else [*words, "ssh", "--command", remainder])
+    return shlex.join(words)
 
 
 class CheckingExecutor(Executor):

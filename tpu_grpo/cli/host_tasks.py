@@ -6,7 +6,7 @@ import json
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import check_freeze, check_provision, check_vm
+from tpu_grpo.cli.checks import check_freeze, check_provision, check_ssh
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
 from tpu_grpo.config.printing import terminal
 
@@ -92,7 +92,7 @@ def freeze(c, host=None, identity=None, stack=None, var=None, playbook=None, loc
 
 @task(
     iterable=["host"],
-    check=check_vm,
+    check=check_ssh,
     help=flag_help(*HOST_FLAGS, command="a command to run on the VM instead of a login shell, e.g. 'df -h ~/tpu-grpo'"),
 )
 def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
@@ -107,11 +107,7 @@ def ssh(c, host=None, identity=None, stack=None, wait=None, command=None):
     from tpu_grpo.host import hosts
 
     with one_line_errors():
-        where = checked(check_vm)
-        if command is not None and not command.strip():
-            raise UserError(
-                "--command '' is empty; fix: e.g. --command 'df -h ~/tpu-grpo', or no --command for a shell"
-            )
+        where = checked(check_ssh)
         [target] = where.flags.hosts(where.settings)
         client = shutil.which("ssh")
         if client is None:

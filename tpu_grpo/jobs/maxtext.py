@@ -462,10 +462,12 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
     return mapping
 
 
-def token_lines(needed: bool) -> list[str]:
+def token_lines(needed: bool, in_slice: bool = False) -> list[str]:
     """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line. A job
     that `needed` it (a gated model's: checks.require_token asks the laptop for it first) stops without it; another
-    uses it if it is there."""
+    uses it if it is there. A slice's pod has HF_TOKEN from its Secret already, or not at all."""
+    if in_slice:
+        return [POD_TOKEN_CHECK] if needed else []
     exported = f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"
     if not needed:
         return [f"[ ! -s {TOKEN_FILE} ] || {{ {exported}; }}"]
@@ -588,7 +590,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
         "set -eo pipefail",
         *([] if in_slice else [f"source {VENV}/bin/activate"]),
         "set -u",
-        *(([POD_TOKEN_CHECK] if run.row.gated else []) if in_slice else token_lines(needed=run.row.gated)),
+        *token_lines(needed=run.row.gated, in_slice=in_slice),
         "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
     ]
     for name, value in environment(run, step, in_slice):
