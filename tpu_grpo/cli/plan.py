@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpu_grpo.catalog.accelerators import SLICES
+from tpu_grpo.catalog.accelerators import MACHINES, SLICES
 from tpu_grpo.catalog.capacity import (
     CPU_HOST_USD_PER_HOUR,
     GKE_CLUSTER_USD_PER_HOUR,
@@ -39,7 +39,7 @@ from tpu_grpo.jobs.maxtext import Run
 #: The tutorial's timing (its model, on a v6e-8): conversion about 5 minutes, training about 10. The only duration
 #: measured: `plan` prices a run by it only for that model on that machine.
 TUTORIAL_RUN_MINUTES = 15
-TUTORIAL_MACHINE = "v6e-8"
+TUTORIAL_MACHINE = MACHINES[str(keys.KEY[f"{keys.PROJECT}:machineType"].default)].accelerator_type
 HIDDEN_INPUTS = {"project", "name"}
 
 
