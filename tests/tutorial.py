@@ -113,9 +113,16 @@ def run_ours(folder, run: maxtext.Run, env: dict | None = None) -> dict[str, dic
     return found
 
 
-#: Our deliberate additions to the tutorial's argv: the compile cache (every step), one restore of the weights and the
-#: learning rate's schedule over the run (train_rl), tpu_grpo/jobs/maxtext.py.
-OURS_ADDED = ("jax_cache_dir=", "load_checkpoint_only_once=", "learning_rate_schedule_steps=")
+#: Our deliberate additions to the tutorial's argv: the compile cache (every step), one restore of the weights, the
+#: learning rate's schedule over the run and a checkpoint every 10 steps, the newest 2 kept, each scored (train_rl;
+#: tpu_grpo/jobs/maxtext.py, tpu_grpo/catalog/stores.py).
+TRAINING_ADDED = (
+    "load_checkpoint_only_once",
+    "learning_rate_schedule_steps",
+    "checkpoint_period",
+    "max_num_checkpoints_to_keep",
+)
+OURS_ADDED = ("jax_cache_dir=", *(f"{name}=" for name in TRAINING_ADDED))
 
 
 def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
@@ -127,9 +134,7 @@ def assert_same_as_tutorial(ours: dict[str, dict], theirs: dict[str, dict]) -> N
         expected = [arg for arg in theirs[module]["argv"] if not arg.startswith("hf_access_token=")]
         assert [arg for arg in ours[module]["argv"] if not arg.startswith(OURS_ADDED)] == expected, module
         added = {arg.partition("=")[0] for arg in ours[module]["argv"] if arg.startswith(OURS_ADDED)}
-        assert added == {"jax_cache_dir"} | (
-            {"load_checkpoint_only_once", "learning_rate_schedule_steps"} if module == MODULES[1] else set()
-        )
+        assert added == {"jax_cache_dir"} | (set(TRAINING_ADDED) if module == MODULES[1] else set())
         for name in names:
             if name in theirs[module]["env"]:
                 assert ours[module]["env"].get(name) == theirs[module]["env"][name], (module, name)

@@ -495,10 +495,11 @@ def disk_store(stack_dir) -> Path:
 
 
 def test_the_pipeline_exports_the_best_scored_checkpoint_and_a_rerun_keeps_it(workload_host, disk_store, tmp_path):
-    """Checkpoints every 2 steps, the newest 2 kept: 2 and 4. The stand-in's intermediate evaluations score both 0%
-    (after batches 2 and 4), so the earlier is the best: the pipeline exports checkpoint 2, says so, saves it, and a
-    second run of the same pipeline finds it done; `export --last` converts 4."""
+    """Checkpoints every 2 steps, the newest 2 kept: 2 and 4. The intermediate evaluations after batches 2 and 4
+    score 50% and 25%, so 2 is the best: the pipeline exports checkpoint 2, says so, saves it, and a second run of the
+    same pipeline finds it done; `export --last` converts 4, and `export` with no step the best again."""
     host = workload_host
+    host.control(eval_accuracy={"2": 50.0, "4": 25.0})
     done = host.invoke("pipeline", "--run-name", "peak", "--batches", "4", *FAST, project=disk_store)
     assert done.returncode == 0, done.stderr
     assert "export: exports checkpoint 2, the best scored of those in the store" in done.stdout
@@ -515,7 +516,11 @@ def test_the_pipeline_exports_the_best_scored_checkpoint_and_a_rerun_keeps_it(wo
     last = host.invoke("export", "--run-name", "peak", "--last", project=disk_store)
     assert last.returncode == 0, last.stderr
     assert host.records()[-1]["env"]["POST_TRAIN_PATH"].endswith("/peak/checkpoints/actor/4/model_params")
-    assert "exports checkpoint" not in last.stdout
+    assert "exports checkpoint 4, the last, as --last asked" in last.stdout
+    best = host.invoke("export", "--run-name", "peak", project=disk_store)
+    assert best.returncode == 0, best.stderr
+    assert host.records()[-1]["env"]["POST_TRAIN_PATH"].endswith("/peak/checkpoints/actor/2/model_params")
+    assert "exports checkpoint 2, the best scored of those in the store" in best.stdout
 
 
 def train_steps(log: bytes) -> list[int]:

@@ -466,7 +466,7 @@ def test_the_free_space_defaults_said_are_the_codes():
     from tpu_grpo.catalog.stores import default_need_text
 
     said = default_need_text(MODELS[DEFAULT_MODEL])
-    assert said == "100.4,36.1 on shm, 20.1,148.5 on disk"
+    assert said == "148.5,36.1 on shm, 20.1,148.5 on disk"
     assert f"for the 8B: {said.replace(' on shm', ' GB on shm')})" in " ".join(
         (ROOT / "docs/training.md").read_text().split()
     )

@@ -448,11 +448,11 @@ def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending
 
 @pytest.mark.parametrize(
     "period, iterations, interval",
-    [(50, "1", None), (10, "1", None), (2, "1", "2"), (4, "2", "2"), (25, "1", "25"), (40, "2", None)],
+    [(50, "1", "50"), (10, "1", None), (2, "1", "2"), (4, "2", "2"), (25, "1", "25"), (40, "2", "20")],
 )
 def test_every_checkpoint_is_scored_by_an_intermediate_evaluation(period, iterations, interval):
-    """eval_interval counts batches, checkpoint_period train steps (rl.num_iterations a batch): MaxText's own 10
-    when it divides the batches between checkpoints (nothing passed), else those batches."""
+    """eval_interval counts batches, checkpoint_period train steps (rl.num_iterations a batch): the batches between
+    checkpoints, so no evaluation scores weights that are not saved (nothing passed when that is MaxText's own 10)."""
     run = dataclasses.replace(RUN, checkpoint_period=period, sets={"train": {"rl.num_iterations": iterations}})
     assert maxtext.overrides(run, "train").get("eval_interval") == interval
     assert (period // int(iterations)) % run.eval_interval == 0
@@ -463,8 +463,17 @@ def test_the_export_converts_the_best_scored_checkpoint_and_says_so():
     script = maxtext.script(run, "export")
     assert "/checkpoints/actor/20/model_params" in script
     assert 'echo "tpu-grpo: exports checkpoint 20, the best scored of those in the store;' in script
-    for chosen in (dataclasses.replace(run, last=True), dataclasses.replace(run, step=30)):
-        assert "exports checkpoint 20" not in maxtext.script(chosen, "export")
+    said = {
+        "last": 'exports checkpoint 50, the last, as --last asked"',
+        "step": 'exports checkpoint 30, as --step asked"',
+        "unscored": 'exports checkpoint 50, the last: no checkpoint of the run was scored"',
+    }
+    for why, chosen in (
+        ("last", dataclasses.replace(run, last=True)),
+        ("step", dataclasses.replace(run, step=30)),
+        ("unscored", RUN),
+    ):
+        assert said[why] in maxtext.script(chosen, "export")
     assert dataclasses.replace(run, last=True).export_step == RUN.train_steps
     assert dataclasses.replace(RUN, sets={"train": {"rl.num_iterations": "2"}}).export_step == 2 * RUN.batches
 

@@ -394,6 +394,25 @@ def test_tensorboard_compares_runs_by_what_they_were_given(tmp_path, monkeypatch
         assert reward["value"] == pytest.approx(last_reward)
 
 
+def test_a_run_of_several_iterations_a_batch_plots_each_evaluation_at_the_train_step_it_scored():
+    """With rl.num_iterations 2, the evaluation after batch 5 scored train step 10, where the TensorBoard sync and
+    the export put it too; the best is the one export converts."""
+    from tpu_grpo.jobs.progress import Eval
+
+    def scored(stage, step, accuracy):
+        return Eval(stage, step, 1, 4, accuracy, accuracy, 100.0, accuracy / 100)
+
+    evals = [scored("pre", None, 10.0), scored("intermediate", 5, 60.0), scored("intermediate", 10, 40.0)]
+    evals.append(scored("post", None, 40.0))
+    run = metrics.Metrics("r", [metrics.Row(step) for step in range(1, 21)], evals, iterations=2)
+    assert metrics.eval_points(run) == [
+        (0, 10.0, "pre"),
+        (10, 60.0, "best"),
+        (20, 40.0, "intermediate"),
+        (20, 40.0, "post"),
+    ]
+
+
 def test_a_trainings_evaluations_reach_tensorboard_as_scalars_once_each(tmp_path):
     """write_evals puts each evaluation at the train step it scored (0 before, batch x iterations, the last after),
     writes only those not written yet, and MaxText's own series are read as before beside them."""

@@ -11,7 +11,8 @@ from datetime import datetime
 import pytest
 
 from tests.support import FIXTURES
-from tpu_grpo.jobs import progress
+from tests.tutorial import RUN
+from tpu_grpo.jobs import pipeline, progress
 from tpu_grpo.jobs.progress import Completed, Eval, Started, Tracker, TrainStep, parse_line
 
 LOG = FIXTURES / "train_rl.cpu-rehearsal.log"
@@ -375,6 +376,22 @@ def test_a_tie_goes_to_the_earlier_step_and_only_saved_steps_count():
     assert progress.best(events, [10, 30]).step == 30  # type: ignore[union-attr]  # step 20's checkpoint is gone
     assert progress.best(events, [5]) is None
     assert progress.best(events, [40, 60], iterations=2).step == 20  # type: ignore[union-attr]  # batch 20: train step 40
+
+
+def test_the_choice_never_reads_the_report_examples_score():
+    """An export's report evaluation (its own log: the report line, then train_rl's Pre RL Training on the report
+    examples) scores 100% here; the choice among checkpoints is still the training's own best, and the report is read
+    as the chosen checkpoint's score."""
+    export_log = [
+        f"{progress.REPORT_LINE} 10 on test examples 10 to 20",
+        "W1202 14:30:00.000000 1 train_rl.py:716] Pre RL Training: corr=4, total=4, accuracy=100.0%, "
+        "partial_accuracy=100.0%, format_accuracy=100.0%, mean_reward=1.0000",
+    ]
+    lines = [intermediate(10, 40.0), intermediate(20, 30.0), *export_log]
+    chosen = pipeline.best_of(RUN, lines, [10, 20])
+    assert chosen.scored_step == 10 and chosen.export_step == 10
+    reported = progress.report(lines)
+    assert reported and (reported.step, reported.start, reported.stop, reported.score.accuracy) == (10, 10, 20, 100.0)
 
 
 def test_a_failed_intermediate_eval_is_shown_as_such_and_never_chosen():

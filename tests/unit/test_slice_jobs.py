@@ -213,6 +213,58 @@ def test_a_slice_export_of_a_step_with_no_checkpoint_in_the_bucket_is_refused_be
     assert "RUN_NAME=NEWEST" in dry.stdout
 
 
+def peaked(log: list[str], accuracy: dict[int | str, float]) -> list[str]:
+    """The recorded training log with the accuracy given of its intermediate evaluation after each batch, and of its
+    evaluations before and after training ("pre", "post")."""
+
+    def scored(line: str) -> str:
+        found = re.search(r"Intermediate Eval \(step=(\d+)\)|(Pre|Post) RL Training:", line)
+        key = found and (int(found[1]) if found[1] else found[2].lower())
+        if key not in accuracy:
+            return line
+        return re.sub(r"accuracy=[0-9.]+%", f"accuracy={accuracy[key]}%", line, count=1)
+
+    return [scored(line) for line in log]
+
+
+def export_script(kube, run: str) -> str:
+    made = kube.jobsets[jobset.job_name("export", run)]
+    return made["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+
+
+def test_a_slice_export_converts_the_best_scored_checkpoint_in_the_bucket_as_one_vms_does(slice_stack, kube):
+    """The training's evaluations after batches 2 and 4 score 50% and 25%: export converts 2 and says why, --last
+    converts 4; status and runs show the curve and the best beside before and after; the pipeline's export chooses
+    the same way."""
+    kube.scenario = kubeapi.Scenario(log=peaked(TRAIN_LOG, {"pre": 5.0, 2: 50.0, 4: 25.0, "post": 20.0}))
+    bucket = slice_stack[2]
+    assert run_task(slice_stack, "train", "--run-name", "peak", "--batches", "4").returncode == 0
+    progress = json.loads(run_task(slice_stack, "status", "--json").stdout)["progress"]
+    assert (progress["run"], progress["step"], progress["best"]["step"], progress["best"]["accuracy"]) == (
+        "peak",
+        4,
+        2,
+        50,
+    )
+    assert [each["accuracy"] for each in progress["evals"]] == [5, 50, 25, 20]
+    checkpoints_in_bucket(bucket, "peak", 2, 4)
+    best = run_task(slice_stack, "export")
+    assert best.returncode == 0, best.stderr
+    assert "/checkpoints/actor/2/model_params" in export_script(kube, "peak")
+    assert "exports checkpoint 2, the best scored of those in the store" in export_script(kube, "peak")
+    [row] = json.loads(run_task(slice_stack, "runs", "--json").stdout)["runs"]
+    assert (row["accuracy_before"], row["best_batch"], row["best_accuracy"], row["accuracy_after"]) == (5, 2, 50, 20)
+    assert [(each["step"], each["accuracy"]) for each in row["curve"]] == [(2, 50.0), (4, 25.0)]
+    last = run_task(slice_stack, "export", "--last")
+    assert last.returncode == 0, last.stderr
+    assert "/checkpoints/actor/$NUM_BATCHES/model_params" in export_script(kube, "peak")
+    assert "exports checkpoint 4, the last, as --last asked" in export_script(kube, "peak")
+
+    checkpoints_in_bucket(bucket, "piped", 2)  # the training's last (4) is not there yet: the pipeline trains
+    assert run_task(slice_stack, "pipeline", "--run-name", "piped", "--batches", "4").returncode == 0
+    assert "exports checkpoint 2, the best scored of those in the store" in export_script(kube, "piped")
+
+
 def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(slice_stack, kube):
     from google.cloud import storage
 

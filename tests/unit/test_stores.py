@@ -25,8 +25,8 @@ def settings_for(stack_values, **changes):
 @pytest.mark.parametrize(
     "changes, store, period, keep",
     [
-        ({}, "shm", 50, 10),
-        (ON_DEMAND, "shm", 50, 10),
+        ({}, "shm", 10, 2),
+        (ON_DEMAND, "shm", 10, 2),
         (SPOT, "disk", 10, 2),
         (FLEX, "disk", 10, 2),
         ({"tpu-grpo:checkpointStore": "disk"}, "disk", 10, 2),
@@ -154,9 +154,9 @@ def differences(ours: dict, theirs: dict) -> dict[str, dict[str, tuple]]:
 @pytest.mark.parametrize("setting", ["disk", "gs://grpo-ckpts/runs"])
 def test_a_store_moves_only_the_checkpoints_and_runs(tmp_path, setting):
     """Convert's output, train's input and output, and export's input go to the store (the data disk's
-    ~/tpu-grpo/maxtext, or the bucket); every other argument stays the tutorial's, and MaxText gets the
-    store's checkpointing."""
-    run = dataclasses.replace(RUN, store=stores.store_for(setting), checkpoint_period=10, checkpoints_to_keep=2)
+    ~/tpu-grpo/maxtext, or the bucket); every other argument stays the tutorial's (our additions aside: the
+    checkpointing is every store's)."""
+    run = dataclasses.replace(RUN, store=stores.store_for(setting))
     theirs = tutorial.calls(tmp_path, TEST_TOKEN, RUN.run_name)
     ours = run_ours(tmp_path, run)
     home = ours[tutorial.MODULES[0]]["env"]["HOME"]
@@ -169,9 +169,7 @@ def test_a_store_moves_only_the_checkpoints_and_runs(tmp_path, setting):
         },
         "maxtext.trainers.post_train.rl.train_rl": {
             "base_output_directory": (f"{shm}/post-train/", f"{store}/post-train/"),
-            "checkpoint_period": (None, "10"),
             "load_parameters_path": (f"{shm}/mt-format//0/items", f"{store}/mt-format//0/items"),
-            "max_num_checkpoints_to_keep": (None, "2"),
         },
         "maxtext.checkpoint_conversion.to_huggingface": {
             "load_parameters_path": (
@@ -184,10 +182,14 @@ def test_a_store_moves_only_the_checkpoints_and_runs(tmp_path, setting):
     assert keyed(export["argv"])["base_output_directory"] == f"{shm}/hf-trained/"  # the export stays in RAM
 
 
-def test_the_shm_store_with_maxtexts_checkpointing_is_the_tutorial_exactly(tmp_path):
+def test_the_shm_store_is_the_tutorial_exactly_but_for_checkpoints_every_10_steps_each_scored(tmp_path):
     theirs = tutorial.calls(tmp_path, TEST_TOKEN, RUN.run_name)
     assert RUN.store is stores.STORES["shm"]
-    assert differences(run_ours(tmp_path, RUN), theirs) == {module: {} for module in tutorial.MODULES}
+    ours = run_ours(tmp_path, RUN)
+    assert differences(ours, theirs) == {module: {} for module in tutorial.MODULES}
+    train = keyed(ours[tutorial.MODULES[1]]["argv"])
+    assert (train["checkpoint_period"], train["max_num_checkpoints_to_keep"]) == ("10", "2")
+    assert "eval_interval" not in train  # MaxText's own 10: each checkpoint is scored
 
 
 def test_a_run_name_trained_on_one_store_is_another_training_on_another(tmp_path):
@@ -203,11 +205,11 @@ def test_a_run_name_trained_on_one_store_is_another_training_on_another(tmp_path
 @pytest.mark.parametrize(
     "model, store, keep, need",
     [
-        ("llama3.1-8b-Instruct", "shm", 10, {"shm": 100.4, "data": 36.1, "download": 32.1}),
+        ("llama3.1-8b-Instruct", "shm", 2, {"shm": 148.5, "data": 36.1, "download": 32.1}),
         ("llama3.1-8b-Instruct", "disk", 2, {"shm": 20.1, "data": 148.5, "download": 32.1}),
         ("llama3.1-8b-Instruct", "disk", 3, {"shm": 20.1, "data": 196.7, "download": 32.1}),
         ("qwen3-0.6b", "disk", 2, {"shm": 5.2, "data": 14.8, "download": 1.2}),
-        ("llama3.1-70b", "shm", 10, {"shm": 850.6, "data": 286.2, "download": 282.2}),
+        ("llama3.1-70b", "shm", 1, {"shm": 850.6, "data": 286.2, "download": 282.2}),
     ],
 )
 def test_preflight_asks_for_the_space_the_model_and_store_need(model, store, keep, need):

@@ -187,3 +187,24 @@ def test_status_shows_the_curve_so_far_the_best_marked_and_what_evaluating_cost(
     assert "  after batch 4: accuracy 50% (2/4), format 100%, reward 1\n" in shown
     assert "  after training: accuracy 50% (2/4)" in shown
     assert "evaluation: 0m14s of the training's 0m54s so far (26%;" in shown
+
+
+def test_status_shows_a_failed_evaluation_as_such_and_never_as_the_best():
+    """hooks.py logs `[intermediate-eval] step=N failed: ...` and the training goes on: status says it failed."""
+    from tpu_grpo.host import facts
+    from tpu_grpo.jobs.watch import TrainingProgress, print_status
+
+    log = [
+        "I1206 10:00:01.000000 1 train_rl.py:1] Starting RL training...",
+        "I1206 10:00:10.000000 1 peft_trainer.py:1] Train step 1 training loss: 0.1  - training perplexity: 1.1",
+        "W1206 10:00:12.000000 1 hooks.py:104] [intermediate-eval] step=1 failed: RuntimeError('vLLM went away')",
+    ]
+    found = TrainingProgress.parse(facts.Answer("\n".join(log)), "20261206-100000.000-train", 2)
+    assert found["failed_evals"] == [{"step": 1, "error": "RuntimeError('vLLM went away')"}] and found["best"] is None
+    console = Console(file=io.StringIO(), force_terminal=False, width=400)
+    job = JobRecord("20261206-100000.000-train", "train", "r", "running", None, "", None, 2, None)
+    print_status(console, "vm", [job], {"run": "r", **found})
+    assert (
+        "  after batch 1: the evaluation failed (RuntimeError('vLLM went away')); never chosen\n"
+        in console.file.getvalue()
+    )

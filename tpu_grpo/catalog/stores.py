@@ -1,6 +1,6 @@
 """Where MaxText's converted checkpoint and training runs live (`tpu-grpo:checkpointStore`: /dev/shm,
 the data disk or a gs:// bucket), what survives there, and how often a training run writes a
-checkpoint by default.
+checkpoint by default (on every store alike).
 
 MaxText 0.2.3's `train_rl`, restarted with the same run_name and base_output_directory,
 restores the newest checkpoint under `checkpoints/actor/` and goes on from its step; it writes
@@ -17,6 +17,11 @@ from dataclasses import dataclass
 #: MaxText 0.2.3's rl.yml defaults, which the tutorial's command line leaves as they are.
 MAXTEXT_CHECKPOINT_PERIOD = 50
 MAXTEXT_CHECKPOINTS_TO_KEEP = 10
+#: tpu-grpo's: a checkpoint every 10 steps, each scored by an intermediate evaluation (MaxText's eval_interval is
+#: 10), so the tutorial's 50 batches have five to choose the best from where MaxText's 50 gives one; the newest 2
+#: kept, and the best beside them (the keeper); a lost VM's run resumes at most 10 steps back.
+CHECKPOINT_PERIOD = 10
+CHECKPOINTS_TO_KEEP = 2
 #: Room left over beside what a run writes, GB.
 MARGIN_GB = 4.0
 #: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (the bucket's name checked by values.bucket).
@@ -35,8 +40,6 @@ class Store:
     #: `$MODEL_NAME/post-train/` (the runs), as the host's shell writes it.
     root: str
     survives: str
-    checkpoint_period: int
-    checkpoints_to_keep: int
     #: The data disk's provisioned performance by default: what the store writes there. Only the disk store writes
     #: checkpoints to it (paid IOPS and throughput: a checkpoint of the 8B model in about 20 s); the others, a saved
     #: model now and then, which the included performance serves.
@@ -52,8 +55,6 @@ STORES: dict[str, Store] = {
             "shm",
             "/dev/shm",
             "nothing: a reboot, a preemption or the VM's end empties /dev/shm",
-            MAXTEXT_CHECKPOINT_PERIOD,
-            MAXTEXT_CHECKPOINTS_TO_KEEP,
         ),
         # ~/tpu-grpo is the data disk's (playbooks/host.yml, "caches on the data disk"), which outlives the
         # VM and is attached to the next one.
@@ -61,8 +62,6 @@ STORES: dict[str, Store] = {
             "disk",
             "~/tpu-grpo/maxtext",
             "a reboot, a preemption and the VM's deletion: the data disk stays",
-            10,
-            2,
             disk_iops=10_000,
             disk_throughput_mibps=2400,
         ),
@@ -80,8 +79,6 @@ def store_for(value: str) -> Store:
         "gs",
         value.rstrip("/"),
         "everything: a bucket outlives the VM, its disks and the stack",
-        STORES["disk"].checkpoint_period,
-        STORES["disk"].checkpoints_to_keep,
     )
 
 
@@ -93,27 +90,27 @@ def bucket_of(store: Store) -> str | None:
 
 def need_gb(store: Store, checkpoints_to_keep: int, weights_gb: float, checkpoint_gb: float) -> dict[str, float]:
     """Free space (GB) a run needs in /dev/shm and on the data disk, from the model's bfloat16 weights (the converted
-    checkpoint, the export, the saved model) and one training checkpoint (weights and moments): the shm store holds
-    the converted checkpoint, one training checkpoint (a run of the tutorial's length keeps only its last) and the
-    export in /dev/shm, and keeps a copy of the conversion on the data disk beside the saved model; the disk store
-    writes the conversion and the kept checkpoints to the data disk, the export to /dev/shm; a bucket's space is not
-    the VM's. Beside a one-VM store's checkpoints, the weights of the best scored one once the manager deletes it (the
-    training's keeper, tpu_grpo/host/remote/keep_best.py)."""
+    checkpoint, the export, the saved model) and a training checkpoint (weights and moments): the shm store holds
+    the converted checkpoint, the kept training checkpoints and the export in /dev/shm, and keeps a copy of the
+    conversion on the data disk beside the saved model; the disk store writes the conversion and the kept
+    checkpoints to the data disk, the export to /dev/shm; a bucket's space is not the VM's. Beside a one-VM store's
+    checkpoints, the weights of the best scored one once the manager deletes it (the training's keeper,
+    tpu_grpo/host/remote/keep_best.py)."""
     kept = weights_gb
     if store.name == "shm":
-        need = {"shm": weights_gb + checkpoint_gb + kept + weights_gb, "data": weights_gb + weights_gb}
+        need = {"shm": weights_gb + checkpoint_gb * checkpoints_to_keep + kept + weights_gb, "data": 2 * weights_gb}
     elif store.name == "gs":
         need = {"shm": weights_gb, "data": weights_gb}
     else:
-        need = {"shm": weights_gb, "data": weights_gb + weights_gb + checkpoint_gb * checkpoints_to_keep + kept}
+        need = {"shm": weights_gb, "data": 2 * weights_gb + checkpoint_gb * checkpoints_to_keep + kept}
     return {where: round(gb + MARGIN_GB, 1) for where, gb in need.items()}
 
 
 def default_need_text(model) -> str:
-    """`100.4,36.1 on shm, 20.1,148.5 on disk`: what `--need-gb` defaults to for `model` (a model table row) on each
+    """`148.5,36.1 on shm, 20.1,148.5 on disk`: what `--need-gb` defaults to for `model` (a model table row) on each
     store of one VM, as the help and the docs say it."""
     found = {
-        name: need_gb(store, store.checkpoints_to_keep, model.weights_gb, model.checkpoint_gb)
+        name: need_gb(store, CHECKPOINTS_TO_KEEP, model.weights_gb, model.checkpoint_gb)
         for name, store in STORES.items()
     }
     return ", ".join(f"{need['shm']:g},{need['data']:g} on {name}" for name, need in found.items())

@@ -17,7 +17,14 @@ from tpu_grpo.catalog.accelerators import MACHINES, MAX_SLICES, ONE_VM, SLICES
 from tpu_grpo.catalog.capacity import CAPACITIES, MAX_RUN_HOURS
 from tpu_grpo.catalog.capacity import DEFAULT as DEFAULT_CAPACITY
 from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, LOSS_ALGOS, MODELS
-from tpu_grpo.catalog.stores import BUCKET_URL, INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS, STORES
+from tpu_grpo.catalog.stores import (
+    BUCKET_URL,
+    CHECKPOINT_PERIOD,
+    CHECKPOINTS_TO_KEEP,
+    INCLUDED_IOPS,
+    INCLUDED_THROUGHPUT_MIBPS,
+    STORES,
+)
 from tpu_grpo.config.values import Parser, Refused, bucket, hub_id, name, whole
 
 PROJECT = "tpu-grpo"
@@ -431,17 +438,19 @@ class StackValues:
     )
     checkpoint_period: int = setting(
         f"{PROJECT}:checkpointPeriod",
-        "training steps between checkpoints, MaxText's checkpoint_period (default 50 on shm, 10 on disk)",
+        f"training steps between checkpoints, MaxText's checkpoint_period (default {CHECKPOINT_PERIOD}: each "
+        "checkpoint is scored, the best exported)",
         "10",
         rule=whole(1, MAX_STEPS, " steps"),
-        unset=_from_store("checkpoint_period"),
+        default=str(CHECKPOINT_PERIOD),
     )
     checkpoints_to_keep: int = setting(
         f"{PROJECT}:checkpointsToKeep",
-        "newest checkpoints kept, max_num_checkpoints_to_keep (default 10 on shm, 2 on disk)",
+        f"newest checkpoints kept, max_num_checkpoints_to_keep (default {CHECKPOINTS_TO_KEEP}; on one VM the best "
+        "scored is kept beside them)",
         "2",
         rule=whole(1, 1000),
-        unset=_from_store("checkpoints_to_keep"),
+        default=str(CHECKPOINTS_TO_KEEP),
     )
     boot_disk_gb: int = setting(
         f"{PROJECT}:bootDiskGb",

@@ -74,10 +74,6 @@ def check_store(values: dict[str, Any], capacity: Capacity) -> None:
             f"asks for a bucket, but checkpointStore is {chosen.name}",
             f"{store.set_command('gs://BUCKET/runs')} (or pulumi config rm {bucket.name})",
         )
-    if values["checkpointPeriod"] is None:
-        values["checkpointPeriod"] = chosen.checkpoint_period
-    if values["checkpointsToKeep"] is None:
-        values["checkpointsToKeep"] = chosen.checkpoints_to_keep
     values["dataDiskIops"] = values["dataDiskIops"] or chosen.disk_iops
     values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or chosen.disk_throughput_mibps
 

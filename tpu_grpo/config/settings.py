@@ -37,7 +37,7 @@ from tpu_grpo.catalog.capacity import (
     DEFAULT as DEFAULT_CAPACITY,
 )
 from tpu_grpo.catalog.models import MODELS, Model
-from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, STORES, Store, store_for
+from tpu_grpo.catalog.stores import CHECKPOINT_PERIOD, CHECKPOINTS_TO_KEEP, STORES, Store, store_for
 from tpu_grpo.config.errors import SettingsError
 from tpu_grpo.config.keys import (
     KEY,
@@ -60,7 +60,7 @@ from tpu_grpo.config.values import NotAFile, Refused, existing_file
 @dataclass(frozen=True)
 class Training:
     """The stack's values a run is made of: the model and its data, the machine, where its checkpoints go and how
-    often (a run, tpu_grpo.jobs.maxtext.Run, is these and its own flags). The defaults are MaxText's."""
+    often (a run, tpu_grpo.jobs.maxtext.Run, is these and its own flags). The defaults are a new stack's."""
 
     model: str
     export_model: str
@@ -70,8 +70,8 @@ class Training:
     lazy_load_tensors: bool
     machine: Accelerator
     store: Store = STORES["shm"]
-    checkpoint_period: int = MAXTEXT_CHECKPOINT_PERIOD
-    checkpoints_to_keep: int = MAXTEXT_CHECKPOINTS_TO_KEEP
+    checkpoint_period: int = CHECKPOINT_PERIOD
+    checkpoints_to_keep: int = CHECKPOINTS_TO_KEEP
     report_batches: int = 10  # tpu-grpo:reportBatches (a run recorded before it: the default)
     capacity: str = DEFAULT_CAPACITY  # how the chips were had: said in a job's record, no input of a step
     tokenizer: str | None = None  # tpu-grpo:tokenizer; None: the model table's

@@ -182,16 +182,14 @@ class Run(Training):
 
     @property
     def iterations(self) -> int:
-        """rl.num_iterations: the train steps of each batch (checked a count by parse_sets)."""
-        return int(self.sets.get("train", {}).get("rl.num_iterations", 1))
+        return iterations(self.sets.get("train", {}))
 
     @property
     def eval_interval(self) -> int:
-        """The batches between intermediate evaluations, so that each checkpoint is scored (MaxText's eval_interval
-        counts outer steps, its checkpoint_period train steps: a batch is rl.num_iterations of them): MaxText's own
-        when it divides the batches between checkpoints, else those batches."""
-        between = max(1, self.checkpoint_period // self.iterations)
-        return MAXTEXT_EVAL_INTERVAL if between % MAXTEXT_EVAL_INTERVAL == 0 else between
+        """The batches between intermediate evaluations: those between checkpoints, so that each checkpoint is scored
+        and no evaluation is of weights nobody can export (MaxText's eval_interval counts outer steps, its
+        checkpoint_period train steps: a batch is rl.num_iterations of them)."""
+        return max(1, self.checkpoint_period // self.iterations)
 
     @property
     def eval_batch_size(self) -> int:
@@ -281,6 +279,20 @@ class Run(Training):
             "step": self.export_step,
             "export_set": dict(self.sets.get("export", {})),
         }
+
+
+def export_reason(run: Run) -> str:
+    """Why the export converts the checkpoint it does, as its log says it."""
+    if run.step:
+        return "as --step asked"
+    if run.export_step == run.scored_step:
+        return f"the best scored of those in the store; --last exports the last ({run.train_steps}), --step N another"
+    return "the last, as --last asked" if run.last else "the last: no checkpoint of the run was scored"
+
+
+def iterations(train_sets: Mapping[str, str]) -> int:
+    """rl.num_iterations of a training's `--set`s (checked a count by parse_sets): the train steps of each batch."""
+    return int(train_sets.get("rl.num_iterations", 1))
 
 
 def trained_on(inputs: dict) -> dict[str, str]:
@@ -444,7 +456,7 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
         mapping.update({key: _q(value) for key, value in added.items()})
         if run.checkpoint_period != MAXTEXT_CHECKPOINT_PERIOD:
             mapping["checkpoint_period"] = str(run.checkpoint_period)
-        # an intermediate evaluation at least after each checkpoint's batch (trainers/post_train/rl/hooks.py), on
+        # an intermediate evaluation after each checkpoint's batch (trainers/post_train/rl/hooks.py), on
         # the test set of the pre- and post-training ones: `invoke export` exports the best scored checkpoint
         if run.eval_interval != MAXTEXT_EVAL_INTERVAL:
             mapping["eval_interval"] = str(run.eval_interval)
@@ -614,11 +626,7 @@ def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -
     if step == "export":
         after = trained_tokenizer(run)
         before = [] if in_slice or not run.report_batches else report_lines(run)
-        if run.export_step == run.scored_step and not run.step:  # said in the job's log and as it is followed
-            lines.append(
-                f'echo "tpu-grpo: exports checkpoint {run.scored_step}, the best scored of those in the store; '
-                f'--last exports the last ({run.train_steps}), --step N another"'
-            )
+        lines.append(f'echo "tpu-grpo: exports checkpoint {run.export_step}, {export_reason(run)}"')  # in its log
     arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
     if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
         before = [

@@ -520,8 +520,14 @@ def scored(connection, run: maxtext.Run) -> maxtext.Run:
     lines = [
         line for job in trainings for line in vm_jobs.read_log(connection, job.id).decode(errors="replace").splitlines()
     ]
-    found = progress.best(progress.parse_lines(lines), checkpoint_steps(connection, run), run.iterations)
-    return replace(run, scored_step=found.step * run.iterations) if found and found.step else run
+    return best_of(run, lines, checkpoint_steps(connection, run))
+
+
+def best_of(run: maxtext.Run, lines: list[str], checkpoints: list[int]) -> maxtext.Run:
+    """The run with the checkpoint its trainings' log lines score best among `checkpoints` (progress.best) as its
+    scored step; else as it is, exporting its last. A VM's export and a slice's choose by this."""
+    found = progress.best(progress.parse_lines(lines), checkpoints, run.iterations)
+    return replace(run, scored_step=progress.scored_step(found, run.iterations)) if found and found.step else run
 
 
 def for_export(connection, run: maxtext.Run) -> maxtext.Run:

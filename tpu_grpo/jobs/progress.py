@@ -174,15 +174,25 @@ def report(lines: Iterable[str]) -> Report | None:
     return found
 
 
+def scored_step(each: Eval, iterations: int = 1, last_step: int = 0) -> int:
+    """The train step whose weights an evaluation scored: 0 before training, `last_step` after it, and after outer
+    step N (an intermediate one) N x rl.num_iterations, the step of the checkpoint that holds them. The plot, the
+    TensorBoard scalars, the export's choice and the model card all place an evaluation by this."""
+    if each.stage == "pre":
+        return 0
+    if each.stage == "intermediate" and each.step is not None:
+        return each.step * iterations
+    return last_step
+
+
 def best(events: Iterable[Event], checkpoints: Iterable[int], iterations: int = 1) -> Eval | None:
-    """The intermediate evaluation of highest accuracy among those of a step with a checkpoint (an eval scores the
-    weights after its outer step, which the checkpoint of train step outer step x rl.num_iterations holds), the
+    """The intermediate evaluation of highest accuracy among those of a step with a checkpoint (scored_step), the
     earlier on a tie (a later one has not shown it is better); None when no checkpoint was scored."""
     saved = set(checkpoints)
     scored = [
         each
         for each in events
-        if isinstance(each, Eval) and each.stage == "intermediate" and (each.step or 0) * iterations in saved
+        if isinstance(each, Eval) and each.stage == "intermediate" and scored_step(each, iterations) in saved
     ]
     return max(scored, key=lambda each: (each.accuracy, -(each.step or 0)), default=None)
 
@@ -295,6 +305,7 @@ class Tracker:
             "eta_seconds": None if eta is None else round(eta, 1),
             "latest_accuracy": self.latest_accuracy,
             "evals": [asdict(e) for e in self.evals],
+            "failed_evals": [asdict(e) for e in self.failed_evals],  # shown as such, never a checkpoint's score
             "best": asdict(found) if (found := self.best_so_far) else None,
             "eval_seconds": round(self.eval_seconds, 1),
             "training_seconds": None if self.started_at is None else round((now or self.clock()) - self.started_at, 1),

@@ -263,6 +263,7 @@ def pipeline(
     the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped.
     Returns the exit code and what happened, step by step."""
     from tpu_grpo.host import gcs
+    from tpu_grpo.jobs import pipeline
 
     for step in maxtext.STEPS:
         manifest(settings, run, step)  # every step's input checked before the first is created
@@ -274,6 +275,8 @@ def pipeline(
             console.print(f"{step}: skipped ({output} is in the store)")
             outcome["steps"].append({"step": step, "state": "skipped", "job": None})
             continue
+        if step == "export":
+            run = scored(cluster, run, pipeline.checkpoint_steps(None, run))
         code = launch(cluster, settings, run, step, console, verbose=verbose)
         outcome["steps"].append(
             {
@@ -394,7 +397,7 @@ def read_log(cluster: Cluster, name: str):
 
 def for_export(cluster: Cluster, run: maxtext.Run, capacity: str) -> maxtext.Run:
     """The run to export (the named one, else the newest whose training finished on the cluster), at the checkpoint
-    asked for (default: its newest), checked to be in the bucket."""
+    asked for (default: the best scored in the bucket, as on one VM: pipeline.best_of), checked to be there."""
     from tpu_grpo.jobs import pipeline
 
     trained = [
@@ -415,13 +418,45 @@ def for_export(cluster: Cluster, run: maxtext.Run, capacity: str) -> maxtext.Run
         else dataclasses.replace(run, run_name=trained[-1].run)
     )
     steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
-    if not steps or (run.step is not None and run.step not in steps):
+    if not record and steps:  # its batches unknown: its newest checkpoint is its last
+        run = dataclasses.replace(run, step=run.step or steps[-1])
+    else:
+        run = scored(cluster, run, steps)
+    if run.export_step not in steps:
         raise maxtext.CommandError(
-            f"run {run.name} has no checkpoint at step {run.step or 'any'} in "
+            f"run {run.name} has no checkpoint at step {run.export_step} in "
             f"{maxtext.paths(run)['checkpoints']}; it has: "
             f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}"
         )
-    return dataclasses.replace(run, step=run.step or steps[-1])
+    return run
+
+
+def progress_of(cluster: Cluster, records: list[JobRecord]) -> dict | None:
+    """Where the running (else newest) training on the cluster stands, from its log: the curve so far and its best,
+    as a VM's status says them (watch.log_progress)."""
+    trains = [record for record in records if record.step == "train" and record.state != "pending"]
+    if not trains:
+        return None
+    job = next((record for record in reversed(trains) if record.state == "running"), trains[-1])
+    lines = train_log(cluster, job.run).decode(errors="replace").splitlines()
+    year = int(job.started[:4]) if job.started[:4].isdigit() else time.gmtime().tm_year
+    return {"job": job.id, "run": job.run, **watch.log_progress(lines, job.total_steps or 0, year)}
+
+
+def trained(cluster: Cluster, run: str, capacity: str) -> maxtext.Run | None:
+    """The run its newest training JobSet ran, from its record (None: no training, or one made before records)."""
+    records = [job.trained for job in jobs_on(cluster, capacity) if job.step == "train" and job.run == run]
+    return maxtext.Run.from_record(records[-1]) if records and records[-1] else None
+
+
+def scored(cluster: Cluster, run: maxtext.Run, checkpoints: list[int]) -> maxtext.Run:
+    """The run with its best scored checkpoint among those in the bucket, read from its training's log, unless
+    `--step` or `--last` chose one."""
+    from tpu_grpo.jobs import pipeline
+
+    if run.step or run.last:
+        return run
+    return pipeline.best_of(run, train_log(cluster, run.name).decode(errors="replace").splitlines(), checkpoints)
 
 
 def newest_run(cluster: Cluster, step: str, capacity: str) -> str:

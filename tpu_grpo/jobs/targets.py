@@ -391,9 +391,11 @@ class SliceTarget:
     def status(self) -> Status:
         from tpu_grpo.jobs import slice_jobs
 
+        records = slice_jobs.status(self.cluster, self.settings.capacity)
         return Status(
             self.settings.vm_name,
-            tuple(slice_jobs.status(self.cluster, self.settings.capacity)),
+            tuple(records),
+            progress=slice_jobs.progress_of(self.cluster, records),
             slice=f"{self.settings.slice} x{self.settings.num_slices}",
             capacity=self.settings.capacity,
             compile_cache=slice_jobs.next_start(self.settings),

@@ -173,15 +173,19 @@ def follow(
 PROGRESS_LINES = f"{EVAL_LINES}|Completed Successfully|{RESUMES}|{STARTUP_LINES}"
 
 
-def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
-    """The lines fed at their log's own times (the year from the job id), so the rate is the training's and the
-    ETA counts from its last logged step; and how its start went."""
-    tracker, at, year = Tracker(total_steps), 0.0, int(job_id[:4])
-    lines = answer.stdout.splitlines()
+def log_progress(lines: list[str], total_steps: int, year: int) -> dict:
+    """Where a training stands, from its log's lines fed at their own times (absl's lines name no year), so the rate
+    is the training's and the ETA counts from its last logged step; and how its start went. A VM's status and a
+    slice's read it alike."""
+    tracker, at = Tracker(total_steps), 0.0
     for line in lines:
         at = absl_seconds(line, year) or at
         tracker.feed(line, now=at)
     return {**tracker.summary(now=at), "startup": startup(lines, year)}
+
+
+def _progress(answer: facts.Answer, job_id: str, total_steps: int) -> dict:
+    return log_progress(answer.stdout.splitlines(), total_steps, int(job_id[:4]))  # the job id begins with its year
 
 
 class TrainingProgress(facts.Fact):
@@ -294,6 +298,8 @@ def print_status(
                 f"  {where}: accuracy {each['accuracy']:g}% ({each['correct']}/{each['total']}), format "
                 f"{each['format_accuracy']:g}%, reward {each['mean_reward']:g}" + ("  <- best" if each == best else "")
             )
+        for each in progress.get("failed_evals", []):
+            console.print(f"  after batch {each['step']}: the evaluation failed ({each['error']}); never chosen")
         spent, training = progress.get("eval_seconds"), progress.get("training_seconds")
         if spent and training:
             console.print(

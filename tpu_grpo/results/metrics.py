@@ -69,13 +69,14 @@ class Metrics:
     rows: list[Row]
     evals: list[Eval] = field(default_factory=list)
     trained_on: dict[str, str] = field(default_factory=dict)  # model, dataset, loss, tokenizer, where known
+    iterations: int = 1  # rl.num_iterations: the train steps of a batch, which an intermediate evaluation counts
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one row field, skipping steps without it."""
         return [(row.step, value) for row in self.rows if (value := getattr(row, name)) is not None]
 
     def last_step(self) -> int:
-        steps = [row.step for row in self.rows] + [e.step for e in self.evals if e.step is not None]
+        steps = [row.step for row in self.rows] + [e.step * self.iterations for e in self.evals if e.step is not None]
         return max(steps, default=0)
 
     def to_json(self) -> dict[str, Any]:
@@ -178,11 +179,11 @@ def run_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "tensorboard" else folder.name
 
 
-def load(folder: Path, log: Path | None = None, run: str | None = None) -> Metrics:
+def load(folder: Path, log: Path | None = None, run: str | None = None, iterations: int = 1) -> Metrics:
     """A run's metrics from its TensorBoard folder and, when given, its train_rl log."""
     rows = rows_from_scalars(read_scalars(folder))
     evals = evals_from_log(Path(log).read_text(errors="replace")) if log is not None else []
-    return Metrics(run=run or run_name(folder), rows=rows, evals=evals)
+    return Metrics(run=run or run_name(folder), rows=rows, evals=evals, iterations=iterations)
 
 
 def _cell(value: float | None) -> str:
@@ -212,15 +213,12 @@ def table(metrics: Metrics) -> Table:
 
 
 def eval_points(metrics: Metrics) -> list[tuple[int, float, str]]:
-    """(step, accuracy %, stage) of each eval: pre at step 0, post at the run's last step; the intermediate one scored
-    best (the checkpoint `invoke export` converts) is marked `best`."""
+    """(train step, accuracy %, stage) of each eval at the step it scored (progress.scored_step); the intermediate one
+    scored best (the checkpoint `invoke export` converts: each is a checkpoint's) is marked `best`."""
     last = metrics.last_step()
-    best = progress.best(metrics.evals, [e.step or 0 for e in metrics.evals])
-    points: list[tuple[int, float, str]] = []
-    for e in metrics.evals:
-        step = e.step if e.step is not None else (0 if e.stage == "pre" else last)
-        points.append((step, e.accuracy, "best" if e is best else e.stage))
-    return points
+    steps = [progress.scored_step(e, metrics.iterations, last) for e in metrics.evals]
+    best = progress.best(metrics.evals, steps, metrics.iterations)
+    return [(step, e.accuracy, "best" if e is best else e.stage) for step, e in zip(steps, metrics.evals)]
 
 
 def figure(metrics: Metrics) -> Figure:
@@ -348,9 +346,9 @@ EVAL_SCALARS = ("accuracy", "partial_accuracy", "format_accuracy", "mean_reward"
 
 def write_evals(folder: Path, job_id: str, evals: list[Eval], iterations: int, last_step: int, at: float) -> int:
     """A training job's evaluations as TensorBoard scalars beside MaxText's events, which hold none (its log does):
-    `eval/accuracy` and the rest at the train step each scored (0 before training; after batch N, N x
-    rl.num_iterations; after training, the last). An events file only grows, so those not written yet go into a
-    file of their own, named by the job and the count written. Returns how many it wrote."""
+    `eval/accuracy` and the rest at the train step each scored (progress.scored_step). An events file only grows,
+    so those not written yet go into a file of their own, named by the job and the count written. Returns how many it
+    wrote."""
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -362,7 +360,7 @@ def write_evals(folder: Path, job_id: str, evals: list[Eval], iterations: int, l
         return 0
     writer = EventFileWriter(str(folder), filename_suffix=f"{suffix}{len(evals)}")
     for each in new:
-        step = {"pre": 0, "post": last_step}.get(each.stage, (each.step or 0) * iterations)
+        step = progress.scored_step(each, iterations, last_step)
         values = [
             summary_pb2.Summary.Value(tag=f"eval/{name}", simple_value=getattr(each, name)) for name in EVAL_SCALARS
         ]

@@ -27,7 +27,7 @@ from tpu_grpo.config import host_paths, laptop_paths, stack_file, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, hosts, remote
 from tpu_grpo.jobs import maxtext, pipeline, vm_jobs, watch
-from tpu_grpo.jobs.progress import RUN_LOG_LINES, Eval, Report, parse_line, report, startup, startup_text
+from tpu_grpo.jobs.progress import RUN_LOG_LINES, Eval, Report, parse_line, report, scored_step, startup, startup_text
 from tpu_grpo.results import retrieval
 
 TAGS = ("grpo", "maxtext", "tpu", "reinforcement-learning", "tpu-grpo")
@@ -108,11 +108,11 @@ class Facts:
         if self.exports_the_last:
             return self.post
         step, iterations = self.saved.get("step"), self._iterations
-        return next((e for e in reversed(self.intermediate) if (e.step or 0) * iterations == step), None)
+        return next((e for e in reversed(self.intermediate) if scored_step(e, iterations) == step), None)
 
     @property
     def _iterations(self) -> int:
-        return int(self.trained.get("train_set", {}).get("rl.num_iterations", 1))
+        return maxtext.iterations(self.trained.get("train_set", {}))
 
     @property
     def exports_the_last(self) -> bool:

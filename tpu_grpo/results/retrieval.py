@@ -193,10 +193,15 @@ def _fetch(run: str, folder: Path, source: str, console: Console, download):
     return result
 
 
-def metrics_from_bucket(run_url: str, run: str, train_log: bytes, out: Path | None):
+def metrics_from_bucket(run_url: str, run: str, train_log: bytes, iterations: int, out: Path | None):
     """A slice run's metrics: its TensorBoard events from the bucket, its eval lines from the training log."""
     _events_from_bucket(f"{run_url}/tensorboard", run)
-    return _load_and_plot(run, train_log, out)
+    return _load_and_plot(run, train_log, iterations, out)
+
+
+def _iterations(job: vm_jobs.Job) -> int:
+    """rl.num_iterations of a training job, as its record keeps its `--set`s."""
+    return maxtext.iterations(job.meta.get("inputs", {}).get("train_set", {}))
 
 
 def _train_job(connection, run: str | None) -> vm_jobs.Job:
@@ -250,9 +255,8 @@ def sync_events(connection, job: vm_jobs.Job) -> int:
         copied = _events_over_sftp(connection, job, board)
     metrics.write_hparams(board, given(job.meta.get("inputs", {})), job.started)
     lines = hosts.run_script(connection, f"grep -aE '{progress.EVAL_LINES}' {vm_jobs.JOBS}/{job.id}/log; true").stdout
-    iterations = int(job.meta.get("inputs", {}).get("train_set", {}).get("rl.num_iterations", 1))
     evals = metrics.evals_from_log(lines)
-    metrics.write_evals(board, job.id, evals, iterations, job.meta.get("total_steps") or 0, job.started)
+    metrics.write_evals(board, job.id, evals, _iterations(job), job.meta.get("total_steps") or 0, job.started)
     return copied
 
 
@@ -282,13 +286,13 @@ def _events_from_bucket(url: str, run: str) -> None:
         raise metrics.MetricsError(f"no TensorBoard events of run {run} in {url}; fix: point --events at a copy")
 
 
-def _load_and_plot(run: str, train_log: bytes, out: Path | None):
+def _load_and_plot(run: str, train_log: bytes, iterations: int, out: Path | None):
     """The run's metrics from its laptop copy of the events and this training log; its plot written."""
     from tpu_grpo.results import metrics
 
     board = laptop_paths.events(run)
     (board.parent / "train.log").write_bytes(train_log)
-    return _plotted(metrics.load(board, board.parent / "train.log", run=run), out)
+    return _plotted(metrics.load(board, board.parent / "train.log", run, iterations), out)
 
 
 def _plotted(found, out: Path | None):
@@ -320,7 +324,7 @@ def metrics_of(session: vm_jobs.Session, run: str | None, out: Path | None):
     connection = session.connection
     job = _train_job(connection, run)
     sync_events(connection, job)
-    found, path = _load_and_plot(job.run, vm_jobs.read_log(connection, job.id), out)
+    found, path = _load_and_plot(job.run, vm_jobs.read_log(connection, job.id), _iterations(job), out)
     found.trained_on = given(job.meta.get("inputs", {}))
     return found, path
 

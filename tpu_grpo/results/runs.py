@@ -93,6 +93,24 @@ class HostRuns(facts.Fact):
     parse = staticmethod(_host_runs)
 
 
+def add_training_log(row: RunRow, log: list[str]) -> None:
+    """Fold a training's log into its run's row: the steps done and the evaluations (before, each checkpoint's, the
+    best of them, after); a resumed run's trainings come in order. A VM's runs and a slice's read it alike."""
+    tracker = Tracker(row.total_steps or 0)
+    for line in log:
+        tracker.feed(line, now=0.0)
+    if tracker.step:  # else what the store holds says them (add_bucket)
+        row.steps = max(row.steps or 0, tracker.step)
+    pre = [e.accuracy for e in tracker.evals if e.stage == "pre"]
+    post = [e.accuracy for e in tracker.evals if e.stage == "post"]
+    if row.accuracy_before is None and pre:
+        row.accuracy_before = pre[0]
+    row.accuracy_after = post[-1] if post else row.accuracy_after
+    row.curve += [e for e in tracker.evals if e.stage == "intermediate"]
+    best = progress.best(row.curve, [e.step or 0 for e in row.curve])
+    row.best_batch, row.best_accuracy = (best.step, best.accuracy) if best else (None, None)
+
+
 def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
     """Fold one job of the run into its row: the training's inputs, steps and evaluations; every job's hours."""
     ended = job.finished or (time.time() if job.state == "running" else job.started)
@@ -115,18 +133,7 @@ def _add_job(row: RunRow, job: vm_jobs.Job, log: list[str]) -> None:
             if values
         }
         row.total_steps = job.meta.get("total_steps")
-        tracker = Tracker(row.total_steps or 0)
-        for line in log:
-            tracker.feed(line, now=0.0)
-        row.steps = max(row.steps or 0, tracker.step)
-        pre = [e.accuracy for e in tracker.evals if e.stage == "pre"]
-        post = [e.accuracy for e in tracker.evals if e.stage == "post"]
-        if row.accuracy_before is None and pre:
-            row.accuracy_before = pre[0]
-        row.accuracy_after = post[-1] if post else row.accuracy_after
-        row.curve += [e for e in tracker.evals if e.stage == "intermediate"]  # a resumed run's jobs, in order
-        best = progress.best(row.curve, [e.step or 0 for e in row.curve])
-        row.best_batch, row.best_accuracy = (best.step, best.accuracy) if best else (None, None)
+        add_training_log(row, log)
         row.startup = startup(log, time.gmtime(job.started).tm_year)
         failed = job.state == "finished" and job.exit_code != 0
         done = "failed" if failed else "trained"

@@ -101,15 +101,18 @@ class SliceSource:
         return retrieval.fetch_from_bucket(self._paths(run)["run_export"], run, destination, console)
 
     def metrics(self, run: str | None, out: Path | None) -> tuple[Metrics, Path]:
-        from tpu_grpo.jobs import slice_jobs
+        from tpu_grpo.jobs import maxtext, slice_jobs
         from tpu_grpo.results import retrieval
 
         run = self._newest(run, "train")
         log = slice_jobs.train_log(self.target.cluster, run)
-        return retrieval.metrics_from_bucket(self._paths(run)["run"], run, log, out)
+        trained = slice_jobs.trained(self.target.cluster, run, self.settings.capacity)
+        iterations = maxtext.iterations(trained.sets.get("train", {})) if trained else 1
+        return retrieval.metrics_from_bucket(self._paths(run)["run"], run, log, iterations, out)
 
     def runs(self) -> tuple[list[RunRow], dict[str, str]]:
-        """One row a run of the cluster's JobSets (a slice's jobs record no hours or evaluations yet)."""
+        """One row a run of the cluster's JobSets, with its training's evaluations (a slice's jobs record no hours
+        yet, and its export no report score)."""
         from tpu_grpo.jobs import maxtext, slice_jobs
         from tpu_grpo.results import runs
 
@@ -128,6 +131,10 @@ class SliceSource:
             if record.step == "train":
                 training = {"finished": "trained", "pending": "training", "running": "training"}
                 row.state = training.get(record.state, record.state)
+                row.total_steps = record.total_steps
+                if record.state != "pending":  # a pod that has not started has no log
+                    log = slice_jobs.train_log(self.target.cluster, record.run)
+                    runs.add_training_log(row, log.decode(errors="replace").splitlines())
             elif record.step == "export" and record.state == "finished":
                 row.state, row.where = "exported", [f"bucket: {self._paths(record.run)['run_export']}"]
         sources = {"cluster": "answered"}

@@ -30,12 +30,14 @@ DEFAULTS = {
     "fixtures": None,
     "hbm_used_bytes": 26_843_545_600,
     "duty_cycle_pct": 87.5,
+    "eval_accuracy": {},
 }
 REHEARSAL_STEPS = 4  # the rehearsal ran num_batches=4, checkpoint_period=2: train steps 1..4, checkpoints 1, 2, 4
 #: MaxText 0.2.3's rl.yml defaults, used when the command line does not set them (as MaxText does).
 MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP = 50, 10
 TRAIN_STEP = re.compile(rb"\] Train step (\d+) ")
 EVAL_STEP = re.compile(rb"Intermediate Eval \(step=(\d+)\)")
+EVAL_SCORE = re.compile(rb"corr=(\d+), total=(\d+), accuracy=[0-9.]+%")
 TIME_TRAILER = re.compile(rb"(real|user|sys)\t\d+m[0-9.]+s")
 # argparse flags of to_maxtext (everything else is a key=value override)
 FLAGS = ("lazy_load_tensors", "eager_load_method", "hf_model_path", "revision", "save_dtype")
@@ -123,6 +125,11 @@ def load_control() -> dict:
     control["device_count"] = int(control["device_count"])
     control["hbm_used_bytes"] = int(control["hbm_used_bytes"])
     control["duty_cycle_pct"] = float(control["duty_cycle_pct"])
+    scores = control["eval_accuracy"]
+    if not isinstance(scores, dict) or not all(
+        str(k).isdigit() and isinstance(v, (int, float)) and 0 <= v <= 100 for k, v in scores.items()
+    ):
+        raise StandinError(f"stand-in: eval_accuracy in {path} must map steps to percentages", 2)
     return control
 
 
@@ -322,6 +329,21 @@ def remap_steps(lines: list[bytes], num_batches: int) -> list[tuple[bytes | None
     return out
 
 
+def scored(line: bytes, accuracy: dict) -> bytes:
+    """An `Intermediate Eval (step=K)` line with the accuracy the control gives step K (its `corr` to match), so that
+    a test can make a run peak where it wants; other lines, and steps it does not name, as recorded."""
+    step = EVAL_STEP.search(line)
+    if not step or step.group(1).decode() not in accuracy:
+        return line
+    percent = float(accuracy[step.group(1).decode()])
+
+    def rewrite(found: re.Match) -> bytes:
+        total = int(found.group(2))
+        return b"corr=%d, total=%d, accuracy=%.1f%%" % (round(percent * total / 100), total, percent)
+
+    return EVAL_SCORE.sub(rewrite, line, count=1)
+
+
 class Replayer:
     def __init__(self, control: dict):
         self.delay = control["line_delay_s"]
@@ -512,7 +534,7 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         elif line is not None and (match := EVAL_STEP.search(line)) and int(match.group(1)) <= restored:
             continue
         if line is not None:
-            out.emit(line)
+            out.emit(scored(line, control["eval_accuracy"]))
     train_through(num_batches)  # a log without the step lines still trains every step
     write_tree(run, debug, {rel: False for rel in debug})
 
