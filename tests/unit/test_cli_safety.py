@@ -603,8 +603,8 @@ def test_settings_shows_what_an_unset_setting_comes_to_and_whence(stack_dir, sta
     }
     assert rows["tpu-grpo:idleStopMinutes"] == "60 (capacity spot's default)"
     assert rows["tpu-grpo:checkpointStore"] == "disk (capacity spot's default)"
-    assert rows["tpu-grpo:checkpointPeriod"] == "10 (the disk store's default)"
-    assert rows["tpu-grpo:checkpointsToKeep"] == "2 (the disk store's default)"
+    assert rows["tpu-grpo:checkpointPeriod"] == "10 (tpu-grpo's default: every checkpoint scored)"
+    assert rows["tpu-grpo:checkpointsToKeep"] == "2 (tpu-grpo's default: every checkpoint scored)"
     assert rows["tpu-grpo:bootDiskGb"] == "200 (the tutorial's)"
     assert rows["gcp:zone"] == "us-east5-b"  # set: shown as written
     assert rows["tpu-grpo:reservation"] == "(unset)"

@@ -311,6 +311,11 @@ def _from_store(name: str) -> Callable[[Any], tuple[Any, str]]:
     return lambda settings: (getattr(settings, name), f"the {settings.store.name} store's default")
 
 
+def _every_checkpoint_scored(name: str) -> Callable[[Any], tuple[Any, str]]:
+    """tpu-grpo's checkpointing, not the tutorial's (MaxText's): tpu_grpo/catalog/stores.py says why."""
+    return lambda settings: (getattr(settings, name), "tpu-grpo's default: every checkpoint scored")
+
+
 def _maxtext(value: Callable[[Any], Any]) -> Callable[[Any], tuple[Any, str]]:
     """A setting that, unset, leaves MaxText's own default: tpu-grpo passes nothing."""
     return lambda settings: (value(settings), "MaxText's default")
@@ -443,6 +448,7 @@ class StackValues:
         "10",
         rule=whole(1, MAX_STEPS, " steps"),
         default=str(CHECKPOINT_PERIOD),
+        unset=_every_checkpoint_scored("checkpoint_period"),
     )
     checkpoints_to_keep: int = setting(
         f"{PROJECT}:checkpointsToKeep",
@@ -451,6 +457,7 @@ class StackValues:
         "2",
         rule=whole(1, 1000),
         default=str(CHECKPOINTS_TO_KEEP),
+        unset=_every_checkpoint_scored("checkpoints_to_keep"),
     )
     boot_disk_gb: int = setting(
         f"{PROJECT}:bootDiskGb",
