@@ -133,7 +133,8 @@ class PulumiCli:
             path.write_text("{}")
 
     def hold_up(self) -> None:
-        """From now on each `up` runs until `created` is called, as while Compute Engine makes the VM."""
+        """From now on each `up` runs until `created` is called, as while Compute Engine makes the VM; the test is the
+        cloud then, and gives the VM made anew its address (set_outputs): the double's own new address is not given."""
         (self.folder / "hold-up").touch()
 
     def created(self) -> None:

@@ -3,7 +3,7 @@
 The cloud here is a double at the Pulumi CLI's boundary: a `pulumi` on PATH that answers
 `stack output` and `stack export` (the VM's Compute Engine status after a refresh) from a file the
 test writes, as the CLI would, and whose `up` waits until the test has created the VM anew: a
-fresh throwaway host (new boot disk, new host key) at the same address, around the same data disk.
+fresh throwaway host (new boot disk, new host key) at another address, around the same data disk.
 Both hosts are provisioned for real by the playbook, their MaxText being the stand-in installed
 from a wheel (tests/doubles/wheels.py), and the second one resumes from the checkpoint the first left.
 """

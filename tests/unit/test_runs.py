@@ -230,6 +230,36 @@ def test_runs_say_the_best_scored_batch_and_hold_the_curve():
     assert "0% -> 0% (0% after batch 2; test 0% at step 4)" in shown and "reportBatches" in shown
 
 
+def test_runs_read_before_best_and_after_each_from_its_own_line():
+    """The recorded host's answer with the saved run's training log scored apart (MaxText 0.2.3's lines, as the
+    recorded ones are shaped: 12.5% before, 50% then 37.5% in training, 62.5% after), so a row that took one
+    evaluation for another (before for after, the last intermediate for the best, post for pre) says another number."""
+    from tests.unit.test_facts import RECORDED
+    from tpu_grpo.host import facts
+
+    case = json.loads((RECORDED / "runs.HostRuns" / "saved-failed-and-trained.json").read_text())
+    job = "20261206-204148.190-train"  # the run `saved`'s training
+    log = [
+        "W1202 14:23:07.528425 140671093824384 train_rl.py:716] Pre RL Training: corr=1, total=8, accuracy=12.5%, "
+        "partial_accuracy=25.0%, format_accuracy=50.0%, mean_reward=0.5000",
+        "I1202 14:23:21.594429 140671093824384 peft_trainer.py:488] Train step 2 training loss: 0.000000  - "
+        "training perplexity: 1.000000",
+        "W1202 14:23:21.662907 140671093824384 hooks.py:98] Intermediate Eval (step=2): corr=4, total=8, "
+        "accuracy=50.0%, partial_accuracy=50.0%, format_accuracy=75.0%, mean_reward=1.7500",
+        "I1202 14:23:22.069841 140671093824384 peft_trainer.py:488] Train step 4 training loss: 0.000000  - "
+        "training perplexity: 1.000000",
+        "W1202 14:23:22.149193 140671093824384 hooks.py:98] Intermediate Eval (step=4): corr=3, total=8, "
+        "accuracy=37.5%, partial_accuracy=50.0%, format_accuracy=87.5%, mean_reward=1.5000",
+        "W1202 14:23:22.246774 140671093824384 train_rl.py:754] Post RL Training: corr=5, total=8, accuracy=62.5%, "
+        "partial_accuracy=75.0%, format_accuracy=100.0%, mean_reward=2.2500",
+    ]
+    kept = [line for line in case["stdout"].splitlines() if not line.startswith(f"line {job} ")]
+    stdout = "\n".join([*kept, *(f"line {job} {line}" for line in log)]) + "\n"
+    [saved] = [row for row in runs.HostRuns.parse(facts.Answer(stdout)) if row.run == "saved"]
+    assert (saved.accuracy_before, saved.best_batch, saved.best_accuracy, saved.accuracy_after) == (12.5, 2, 50.0, 62.5)
+    assert [(point.step, point.accuracy) for point in saved.curve] == [(2, 50.0), (4, 37.5)]
+
+
 def test_no_runs_says_so_and_the_command_that_makes_one(stack_dir):
     """Not thirteen empty columns; and the command given runs as printed (here with --dry-run, which starts nothing)."""
     from tests.support import invoke

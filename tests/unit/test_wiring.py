@@ -5,6 +5,7 @@ one was shown to fail its test."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -26,18 +27,22 @@ def write(stack_dir, values: dict, name: str = "dev") -> None:
 
 def test_an_exported_passphrase_lets_up_and_a_recovery_go_ahead(stack_dir, cloud):
     """Promise 1: a stack under a passphrase is refused by `up --yes` and `pipeline --recover` only while no variable
-    gives it; exported, both go ahead (up calls the CLI's `up`)."""
+    gives it; exported, even empty, both go ahead (up calls the CLI's `up`)."""
     cli, env = cloud
     stack_file = stack_dir / "Pulumi.dev.yaml"
     stack_file.write_text(stack_file.read_text() + "encryptionsalt: v1:Zm9v:v1:YmFy:YmF6\n")
-    given = {**env, "PULUMI_CONFIG_PASSPHRASE": "s3cret"}
-    up = invoke("up", "--yes", cwd=stack_dir, env=given)
-    assert up.returncode == 0, up.stderr
-    assert any(call.startswith("up ") for call in cli.calls())
-    recover = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=given)
-    assert recover.returncode == 0, recover.stderr
-    refused = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=env)
-    assert refused.returncode == 2 and "keeps its secrets under the passphrase" in refused.stderr
+    # exported empty is a passphrase: the CLI's readPassphrase takes whatever os.LookupEnv finds
+    # (pulumi/pulumi, pkg/secrets/passphrase/manager.go)
+    for passphrase in ("s3cret", ""):
+        given = {**env, "PULUMI_CONFIG_PASSPHRASE": passphrase}
+        up = invoke("up", "--yes", cwd=stack_dir, env=given)
+        assert up.returncode == 0, up.stderr
+        recover = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env=given)
+        assert recover.returncode == 0, recover.stderr
+    assert sum(call.startswith("up ") for call in cli.calls()) == 2
+    for unset in ({}, {"PULUMI_CONFIG_PASSPHRASE_FILE": ""}):  # an empty file name: the CLI reads no file
+        refused = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env={**env, **unset})
+        assert refused.returncode == 2 and "keeps its secrets under the passphrase" in refused.stderr
 
 
 @pytest.mark.parametrize(
@@ -87,11 +92,21 @@ def test_the_stack_flag_wins_over_the_environment(stack_dir, stack_values, cloud
     assert [call for call in cli.calls() if call.startswith("destroy")] == ["destroy --stack test --yes --skip-preview"]
 
 
-def test_a_broken_stack_file_names_the_line_a_person_sees(stack_dir):
-    """Promise 5: YAML's marks count from 0; the message counts lines as an editor does."""
-    (stack_dir / "Pulumi.dev.yaml").write_text("config:\n  gcp:project: grpo-lab-123\n  gcp:zone: [us-east5-b\n")
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("config:\n  gcp:project: grpo-lab-123\n  gcp:zone: [us-east5-b\n", 4),  # the unclosed [ runs to the end
+        ("config:\n  gcp:project: grpo-lab-123\n  gcp:zone: us-east5-b: x\n  tpu-grpo:batches: 50\n", 3),
+    ],
+    ids=["at-the-end", "in-the-middle"],
+)
+def test_a_broken_stack_file_names_the_line_a_person_sees(stack_dir, text, line):
+    """Promise 5: YAML's marks count from 0; the message counts lines as an editor does, on a middle line (the
+    second `: ` of line 3) as at the file's end."""
+    (stack_dir / "Pulumi.dev.yaml").write_text(text)
     result = invoke("settings", cwd=stack_dir)
-    assert result.returncode == 2 and "line 4" in result.stderr, result.stderr  # the unclosed [ runs to the end
+    assert result.returncode == 2, result.stderr
+    assert f"at line {line})" in result.stderr and f"fix Pulumi.dev.yaml at line {line}" in result.stderr, result.stderr
 
 
 def test_host_on_a_slice_stack_is_refused_for_a_step_and_honoured_for_the_host_alone(stack_dir, stack_values, cloud):
@@ -248,3 +263,138 @@ def test_a_host_whose_step_failed_is_summarised_as_failed_with_the_steps_last_li
     assert "a: 'apt' failed with exit code 100\n" in said and "    apt line 40\n" in said and "apt line 1\n" not in said
     assert "a: FAILED  1 ok, 0 changed, 1 failed, 0 skipped" in said
     assert "b: done  1 ok, 1 changed, 0 failed, 0 skipped" in said
+
+
+@pytest.fixture
+def reached(monkeypatch) -> list[str]:
+    """The VM as the tasks reach it, with no SSH: each connection opened records the address it went to."""
+    from tpu_grpo.host import hosts
+
+    addresses: list[str] = []
+
+    def connect(host, notices=None, wait_s=0):
+        addresses.append(host.address)
+        return SimpleNamespace(is_connected=True, close=lambda: None)
+
+    monkeypatch.setattr(hosts, "connect", connect)
+    return addresses
+
+
+@pytest.fixture
+def recovering(cloud, reached, monkeypatch):
+    """`pipeline --recover 1` on the stack's VM, whose first attempt loses its link: what each attempt's session was
+    (its address, and the cloud's answer to its lost-VM question) and what was provisioned after a recovery."""
+    from tpu_grpo.host import hosts
+    from tpu_grpo.jobs import pipeline, recovery
+
+    attempts, provisioned = [], []
+
+    def run_pipeline(session, run, **_):
+        attempts.append((session.host.address, session.vm_gone() if session.vm_gone else "never asked"))
+        if len(attempts) == 1:
+            raise hosts.ConnectError(f"{session.host.name}: the link dropped")
+        return pipeline.Outcome(run.name, session.host.name, saved="~/tpu-grpo/models/durable")
+
+    monkeypatch.setattr(pipeline, "run_pipeline", run_pipeline)
+    monkeypatch.setattr(recovery, "provision_again", lambda values, found, say: provisioned.append(found))
+    monkeypatch.setattr(recovery, "where_training_stands", lambda connection, run: (None, None))
+    return attempts, provisioned
+
+
+def test_after_a_recovery_the_pipeline_reaches_the_vm_made_anew(stack_dir, cloud, reached, recovering, tmp_path):
+    """Promise 7: Compute Engine makes the VM anew at another ephemeral address with a new host key (the double's
+    `up` does too); the next session goes to the new address, and the keys recorded for both addresses are
+    forgotten, so the new key is recorded afresh rather than refused or a stale one trusted."""
+    cli, env = cloud
+    attempts, provisioned = recovering
+    known_hosts = tmp_path / "state" / "known_hosts"
+    known_hosts.parent.mkdir(parents=True)
+    other = "203.0.113.5 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOther\n"
+    known_hosts.write_text(
+        "127.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILost\n"
+        + other
+        + "127.0.0.2 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStale\n"
+    )
+    cli.set_status(None)  # Compute Engine deleted the VM
+    result = invoke("pipeline", "--run-name", "durable", "--recover", "1", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [address for address, _ in attempts] == ["127.0.0.1", "127.0.0.2"]
+    assert [[host.address for host in found] for found in provisioned] == [["127.0.0.2"]]
+    assert reached[-1] == "127.0.0.2" and "127.0.0.1" not in reached[1:]
+    assert known_hosts.read_text() == other
+
+
+@pytest.mark.parametrize("status, brought_back", [("RUNNING", False), (None, True), ("TERMINATED", True)])
+def test_a_dropped_link_asks_the_cloud_whether_the_vm_is_lost(stack_dir, cloud, recovering, status, brought_back):
+    """Held by the recovery's own tests before, here through the pipeline: the session a step follows asks the cloud
+    (a refresh) when its link drops, and a link lost while the VM runs ends the pipeline as without --recover, with
+    no `pulumi up`; a VM deleted or stopped is brought back."""
+    cli, env = cloud
+    attempts, _ = recovering
+    cli.set_status(status)
+    result = invoke("pipeline", "--run-name", "durable", "--recover", "1", cwd=stack_dir, env=env)
+    assert attempts[0][1] == (None if status == "RUNNING" else status or "DELETED")  # the cloud's answer
+    ups = [call for call in cli.calls() if call.startswith("up ")]
+    if brought_back:
+        assert result.returncode == 0 and len(ups) == 1 and len(attempts) == 2, result.stderr
+    else:
+        assert result.returncode == 1 and ups == [] and len(attempts) == 1
+        assert "ubuntu@127.0.0.1: the link dropped" in result.stderr
+
+
+def test_a_failed_step_ends_the_pipeline_with_the_last_lines_of_its_log(stack_dir, cloud, reached, monkeypatch):
+    """Through `invoke pipeline`: the training exits 3, and the task fails with the error that names its job and exit
+    and quotes its log's last lines; nothing after it runs."""
+    from tpu_grpo.jobs import pipeline, vm_jobs, watch
+
+    _, env = cloud
+    started = []
+    monkeypatch.setattr(pipeline, "scored", lambda connection, run: run)
+    monkeypatch.setattr(pipeline, "probe", lambda connection, run: pipeline.Probed())
+    monkeypatch.setattr(pipeline, "running_jobs", lambda connection, run: {})
+    monkeypatch.setattr(pipeline, "preflight", lambda connection, run, need_gb, check_tpu: None)
+    monkeypatch.setattr(pipeline, "write_record", lambda connection, run: None)
+    monkeypatch.setattr(pipeline, "start_step", lambda connection, run, step: started.append(step) or f"job-{step}")
+    monkeypatch.setattr(watch, "follow", lambda session, job, step, *_: 3 if step == "train" else 0)
+    log = "\n".join(f"traceback line {number}" for number in range(1, 41)).encode()
+    monkeypatch.setattr(vm_jobs, "read_log", lambda connection, job_id: log if job_id == "job-train" else b"")
+    result = invoke("pipeline", "--run-name", "durable", cwd=stack_dir, env=env)
+    assert result.returncode == 1 and started == ["convert", "train"]
+    assert "train failed (job job-train, exit 3); last lines of its log:\n  traceback line 26\n" in result.stderr
+    assert "  traceback line 40\n" in result.stderr and "traceback line 25\n" not in result.stderr
+
+
+def test_freeze_writes_the_lock_where_lock_says(stack_dir, home, reached, monkeypatch, tmp_path):
+    """Through `invoke freeze`: `--lock FILE` is where the lock goes, not playbooks/host.lock.txt."""
+    from tpu_grpo.provision import lock
+
+    default = tmp_path / "default.lock.txt"  # where a freeze that dropped --lock would write (not the checkout's)
+    monkeypatch.setattr(lock, "LOCK", default)
+    monkeypatch.setattr(lock, "freeze", lambda connection, book, values, name: "# made\nfabric==3.2.2\n")
+    given = tmp_path / "mine" / "host.lock.txt"
+    given.parent.mkdir()
+    result = invoke("freeze", "--host", "tpu@203.0.113.9", "--lock", str(given), cwd=stack_dir, env=home)
+    assert result.returncode == 0, result.stderr
+    assert given.is_file() and not default.exists()
+    assert given.read_text() == "# made\nfabric==3.2.2\n"
+    assert f"wrote {given}: 1 packages from tpu@203.0.113.9" in result.stdout
+    assert reached == ["203.0.113.9"]
+
+
+@pytest.mark.parametrize("status, code", [("failed", 1), ("changed", 0)])
+def test_provision_exits_1_when_a_step_failed(stack_dir, home, monkeypatch, status, code):
+    """Through `invoke provision`: a host one of whose steps failed makes the task exit 1 (a script chaining
+    `provision && pipeline` stops), with the summary; every step passing exits 0."""
+    from tpu_grpo.provision import engine
+
+    def apply(book, values, targets, **_):
+        steps = [
+            engine.StepResult("uv", "ok"),
+            engine.StepResult("apt", status, exit_code=100 if status == "failed" else None),
+        ]
+        return engine.Report(str(book.path), False, [engine.HostReport(targets[0].name, steps)])
+
+    monkeypatch.setattr(engine, "apply", apply)
+    result = invoke("provision", "--host", "tpu@203.0.113.9", cwd=stack_dir, env={**home, "HF_TOKEN": TEST_TOKEN})
+    assert result.returncode == code, result.stdout + result.stderr
+    assert ("tpu@203.0.113.9: FAILED" in result.stdout) == (status == "failed")

@@ -152,16 +152,18 @@ def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> li
     return found
 
 
-#: The variables that give the Pulumi CLI a stack's passphrase, which every message of its passphrase secrets
-#: manager names (pkg/secrets/passphrase/manager.go: not set, or incorrect).
-PASSPHRASE_ENV = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
+#: The variable that gives the Pulumi CLI a stack's passphrase, which every message of its passphrase secrets
+#: manager names (pkg/secrets/passphrase/manager.go: not set, or incorrect); or its _FILE.
+PASSPHRASE_ENV = "PULUMI_CONFIG_PASSPHRASE"
 
 
 def passphrase_missing(stack: str) -> str | None:
     """What to do when the stack's secrets are under a passphrase (`stack_file.salted`) and no variable gives it, or
     None. `pulumi refresh` and `up` ask for it at the terminal: a person can answer, a recovery hours into a run
-    cannot."""
-    if not salted(stack, project_root()) or any(os.environ.get(name) is not None for name in PASSPHRASE_ENV):
+    cannot. The CLI's readPassphrase (pulumi/pulumi, pkg/secrets/passphrase/manager.go) takes
+    PULUMI_CONFIG_PASSPHRASE whenever it is set, even empty, and PULUMI_CONFIG_PASSPHRASE_FILE only when not empty."""
+    given = os.environ.get(PASSPHRASE_ENV) is not None or os.environ.get(f"{PASSPHRASE_ENV}_FILE")
+    if not salted(stack, project_root()) or given:
         return None
     return (
         f"stack '{stack}' keeps its secrets under the passphrase `pulumi stack init` asked for, which the "
@@ -178,7 +180,7 @@ def _pulumi_json(*args: str):
     if pulumi is None:
         return None
     done = subprocess.run([pulumi, *args], capture_output=True, text=True, cwd=project_root())
-    if done.returncode and PASSPHRASE_ENV[0] in done.stderr:
+    if done.returncode and PASSPHRASE_ENV in done.stderr:
         said = done.stderr.strip().splitlines()[-1].removeprefix("error: ")
         raise UserError(
             f"the Pulumi CLI could not read stack '{args[args.index('--stack') + 1]}': {said}; fix: "
