@@ -346,7 +346,8 @@ def evaluation_text(load: dict[str, int]) -> str:
         f"evaluation: {load['passes']} passes over the {load['choosing_examples']} examples that choose the checkpoint "
         f"and {load['report_examples']} that score it: {load['eval_answers']} greedy answers beside the training's "
         f"{load['train_answers']} sampled ones, {share:.0%} of what the run generates; fewer with "
-        f"{keys.PROJECT}:testBatches, reportBatches or a longer checkpointPeriod (docs/training.md, Two sets)"
+        f"{keys.PROJECT}:testBatches, reportBatches, a longer checkpointPeriod or a smaller --set "
+        "train:eval_batch_size (docs/training.md, Two sets)"
     )
 
 

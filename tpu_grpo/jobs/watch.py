@@ -304,7 +304,7 @@ def print_status(
         if spent and training:
             console.print(
                 f"evaluation: {duration(spent)} of the training's {duration(training)} so far ({spent / training:.0%}; "
-                f"{keys.PROJECT}:testBatches and checkpointPeriod trade it)"
+                f"{keys.PROJECT}:testBatches, checkpointPeriod and --set train:eval_batch_size trade it)"
             )
         if said := startup_text(progress.get("startup")):
             console.print(f"start-up: {said}")
