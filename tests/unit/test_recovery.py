@@ -59,3 +59,30 @@ def test_a_run_that_succeeds_after_a_loss_returns_its_outcome(tmp_path, monkeypa
     assert recovery.keep_going(attempt, None, lambda: (None, 3), 1, lambda: timeline, lambda line: None) == "done"
     [lost, resumed] = [json.loads(line) for line in timeline.path.read_text().splitlines()]
     assert lost["state"] == "DELETED" and (resumed["from_checkpoint"], resumed["steps_redone"]) == (None, 0)
+
+
+def test_a_run_resumed_after_a_lost_vm_still_chooses_by_the_scores_taken_before_the_loss(monkeypatch):
+    """The lost VM's training scored batch 10 at 80%; the training that resumed it, batch 20 at 20%: the export
+    converts checkpoint 10 (every training job of the run is read, the lost one's log from the data disk)."""
+    import dataclasses
+
+    from tests.tutorial import RUN
+    from tpu_grpo.jobs import pipeline, vm_jobs
+
+    def scored(step: int, accuracy: float) -> str:
+        return (
+            f"W1206 10:00:00.000000 1 hooks.py:98] Intermediate Eval (step={step}): corr=1, total=4, "
+            f"accuracy={accuracy}%, partial_accuracy={accuracy}%, format_accuracy=100.0%, mean_reward=1.0000"
+        )
+
+    run = dataclasses.replace(RUN, batches=20, run_name="durable")
+    jobs = [
+        vm_jobs.Job("20261206-100000.000-train", "train", "durable", "lost", None, 0.0, None, 0),
+        vm_jobs.Job("20261206-110000.000-train", "train", "durable", "finished", 0, 1.0, 2.0, 0),
+        vm_jobs.Job("20261206-120000.000-train", "train", "other", "finished", 0, 1.0, 2.0, 0),
+    ]
+    logs = {jobs[0].id: scored(10, 80.0), jobs[1].id: scored(20, 20.0), jobs[2].id: scored(20, 99.0)}
+    monkeypatch.setattr(vm_jobs, "list_jobs", lambda connection: jobs)
+    monkeypatch.setattr(vm_jobs, "read_log", lambda connection, job_id: logs[job_id].encode())
+    monkeypatch.setattr(pipeline, "checkpoint_steps", lambda connection, run: [10, 20])
+    assert pipeline.scored(None, run).export_step == 10
