@@ -3,6 +3,7 @@ names one) and the checkpoint store's bucket."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pulumi
@@ -48,7 +49,11 @@ def named(settings: Settings, name: str, child: pulumi.ResourceOptions, **option
 
 
 def labels(settings: Settings) -> dict[str, str]:
-    return {"app": PROJECT, "stack": settings.stack, **settings.labels}
+    """tpu-grpo's two labels and the stack's own. A Pulumi stack name may hold capitals, `.` and 100 characters, a
+    label's value none of them (Compute Engine's "Requirements for labels": lowercase letters, digits, `_` and `-`,
+    at most 63): the stack's label is its name made one."""
+    stack = re.sub(r"[^a-z0-9_-]", "-", settings.stack.lower())[:63]
+    return {"app": PROJECT, "stack": stack, **settings.labels}
 
 
 def declare_network(settings: Settings, child: pulumi.ResourceOptions) -> tuple:

@@ -29,8 +29,10 @@ def write_config(stack_dir, values: dict) -> None:
             "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nconfig: {}\n",
             "its aliases expand to more than 10000 values",
         ),
+        ("config: !!map [a]\n", "expected a mapping node, but found sequence at line 1"),
+        ("!!map [a]\n", "expected a mapping node, but found sequence at line 1"),
     ],
-    ids=["int-key", "binary-key", "complex-key", "deep", "alias-bomb"],
+    ids=["int-key", "binary-key", "complex-key", "deep", "alias-bomb", "map-tag-on-a-list", "document-map-tag"],
 )
 def test_a_stack_file_yaml_cannot_hold_is_one_line(stack_dir, text, problem):
     (stack_dir / "Pulumi.dev.yaml").write_text(text)
@@ -43,6 +45,12 @@ def test_a_stack_file_yaml_cannot_hold_is_one_line(stack_dir, text, problem):
 def test_a_few_aliases_are_still_a_stack_file(stack_dir, stack_values):
     text = yaml.safe_dump({"config": stack_values}) + "anchors: &ranges [203.0.113.7/32]\n"
     (stack_dir / "Pulumi.dev.yaml").write_text(text.replace("config:", "config:\n  tpu-grpo:labels: {team: ml}", 1))
+    assert invoke("settings", cwd=stack_dir).returncode == 0
+
+
+def test_a_map_tag_on_a_mapping_is_still_a_stack_file(stack_dir, stack_values):
+    text = yaml.safe_dump({"config": stack_values}).replace("config:", "config: !!map", 1)
+    (stack_dir / "Pulumi.dev.yaml").write_text(text)
     assert invoke("settings", cwd=stack_dir).returncode == 0
 
 
@@ -59,6 +67,49 @@ def test_the_token_is_never_echoed_in_a_refusal(stack_dir):
         assert result.returncode == 2, result.stderr
         assert TEST_TOKEN not in result.stderr + result.stdout and "hf_typedbyhand" not in result.stderr
         assert "***" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, secret",
+    [
+        (("provision", "--var", "HF_TOKEN=hf_typedbyhand"), "hf_typedbyhand"),
+        (("provision", "--var", "Api_Secret=hunter2typed"), "hunter2typed"),
+        (("provision", "--var", "PULUMI_CONFIG_PASSPHRASE=hunter2typed"), "hunter2typed"),
+        (("train", "--set", "nope:HF_TOKEN=hf_typedbyhand"), "hf_typedbyhand"),
+        (("train", "--set", "rl.password: hunter2typed"), "hunter2typed"),
+        (("status", "--", "HF_TOKEN=hf_typedbyhand", "echo"), "hf_typedbyhand"),
+    ],
+    ids=["var-HF_TOKEN", "var-api-secret", "var-passphrase", "set-HF_TOKEN", "set-password-colon", "after-dashes"],
+)
+def test_a_value_under_a_key_that_names_a_secret_is_never_echoed_in_a_refusal(stack_dir, args, secret):
+    """HF_TOKEN=, any case of a key holding token, secret, password or passphrase, as KEY=VALUE or KEY: VALUE."""
+    result = invoke(*args[:1], "--host", "tpu@203.0.113.9", *args[1:], cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert secret not in result.stderr + result.stdout and "***" in result.stderr
+
+
+def test_a_label_that_names_a_secret_is_refused_without_its_value(stack_dir, stack_values):
+    write_config(stack_dir, {**stack_values, "tpu-grpo:labels": {"password": "Hunter2typed"}})
+    result = invoke("settings", cwd=stack_dir)
+    assert result.returncode == 2 and "holds password=***, not a label" in result.stderr, result.stderr
+
+
+def test_what_no_key_names_a_secret_and_the_fixes_placeholders_are_still_said(stack_dir):
+    from tpu_grpo.config.secrets import conceal
+
+    result = invoke("provision", "--host", "tpu@203.0.113.9", "--var", "tokenizer=meta-llama/x", cwd=stack_dir)
+    assert result.returncode == 2 and "--var 'tokenizer=meta-llama/x': unknown variable" in result.stderr
+    fixes = "fix: HF_TOKEN=hf_... uv run invoke pipeline; PULUMI_CONFIG_PASSPHRASE=THE_PASSPHRASE (or _FILE=FILE)"
+    assert conceal(fixes) == fixes
+
+
+def test_a_character_a_terminal_acts_on_is_shown_escaped_in_a_refusal(stack_dir):
+    """A carriage return, an escape sequence or a line separator echoed as typed (the fix for what follows `--` says
+    the whole command line) would rewrite the line or split it: each is said as Python writes it."""
+    words = ("--identity", "a\rb\x1b[31mc\u2028d", "--", "df")
+    result = invoke("ssh", "--host", "tpu@203.0.113.9", *words, cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "--identity 'a\\rb\\x1b[31mc\\u2028d'" in result.stderr
 
 
 def test_a_huge_value_is_cut_in_the_middle_keeping_its_fix(stack_dir, stack_values):
@@ -120,7 +171,7 @@ def test_the_acceptances_beside_those_refusals(stack_values, tmp_path):
     "sets, said",
     [
         (["convert:lazy_load_tensors=true"], "sets lazy_load_tensors, which comes from tpu-grpo:lazyLoadTensors"),
-        (["rl.num_generations=2", "rl.num_generations=4"], "sets train's rl.num_generations again (it was '2')"),
+        (["rl.num_generations=2", "rl.num_generations=4"], "sets train's rl.num_generations again; fix: give it once"),
     ],
 )
 def test_a_set_that_the_stack_owns_or_given_twice_is_refused(stack_dir, sets, said):
@@ -138,14 +189,25 @@ def test_a_state_folder_under_the_home_is_made_there_not_in_the_checkout(stack_d
     assert not (stack_dir / "~").exists()
 
 
+#: What a kubeconfig's contexts, their names and the current context may be instead of a list, text and text.
+KUBECONFIGS_OF_THE_WRONG_TYPES = ["contexts: 5\n", "contexts: [{name: [a]}]\n", "current-context: [a]\n"]
+CLUSTER_AT_PORT_1 = (
+    "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\ncurrent-context: c\n"
+    "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+)
+SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true", "tpu-grpo:checkpointStore": "gs://b-x/runs"}
+
+
 @pytest.mark.parametrize(
     "text, said",
     [
         ("clusters: [\n", "is not YAML at line 2"),
         ("- a\n- b\n", "is not a kubeconfig"),
         ("apiVersion: v1\nkind: Config\nclusters: []\ncurrent-context: x\n", "has no current context naming a cluster"),
+        ("clusters: " + "[" * 5000 + "]" * 5000 + "\n", "is nested too deep to be a kubeconfig"),
+        *((text, "has no current context naming a cluster") for text in KUBECONFIGS_OF_THE_WRONG_TYPES),
     ],
-    ids=["invalid-yaml", "a-list", "no-clusters"],
+    ids=["invalid-yaml", "a-list", "no-clusters", "deep", "contexts-a-number", "a-name-a-list", "current-a-list"],
 )
 def test_a_kubeconfig_the_client_cannot_use_is_one_line(tmp_path, text, said):
     from tpu_grpo.cloud import kube
@@ -158,6 +220,33 @@ def test_a_kubeconfig_the_client_cannot_use_is_one_line(tmp_path, text, said):
         and said in str(refused.value)
         and "fix: point TPU_GRPO_KUBECONFIG" in str(refused.value)
     )
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        *((text, "has no current context naming a cluster with a server") for text in KUBECONFIGS_OF_THE_WRONG_TYPES),
+        (CLUSTER_AT_PORT_1 + "users: 5\n", "is refused by the Kubernetes client (AttributeError: "),
+        (CLUSTER_AT_PORT_1.replace("}}]", ", certificate-authority: /no}}]", 1), "(ConfigException: File does not"),
+    ],
+    ids=["contexts-a-number", "a-name-a-list", "current-a-list", "users-a-number", "no-such-authority"],
+)
+def test_a_kubeconfig_of_the_wrong_types_is_one_line_from_a_slice_stacks_status(
+    stack_dir, stack_values, home, text, said
+):
+    """A slice stack's status reads TPU_GRPO_KUBECONFIG (jobs/targets.py's SliceTarget); a cluster that refuses at once
+    beside it shows the kubeconfig taken."""
+    from tpu_grpo.config.kubeconfig import kubeconfig
+
+    write_config(stack_dir, {**stack_values, **SLICE})
+    (stack_dir / "config").write_text(text)
+    env = {**home, "TPU_GRPO_KUBECONFIG": str(stack_dir / "config")}
+    result = invoke("status", cwd=stack_dir, env=env)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert said in result.stderr and "fix: point TPU_GRPO_KUBECONFIG" in result.stderr
+    (stack_dir / "config").write_text(kubeconfig("c", "127.0.0.1:1", "Q0E="))
+    taken = invoke("status", cwd=stack_dir, env=env)
+    assert taken.returncode == 1 and "the cluster at https://127.0.0.1:1 cannot be reached" in taken.stderr
 
 
 def test_a_kubeconfig_of_a_cluster_is_taken(tmp_path):
@@ -210,8 +299,21 @@ GOOD_PLAYBOOK = "vars:\n  who: {default: a}\nsteps:\n  - name: hello\n    check:
         (GOOD_PLAYBOOK.replace("{default: a}", "{default: a, choices: 5}"), "choices is a number, not a list"),
         (GOOD_PLAYBOOK.replace("name: hello", "name: [hello]"), "step 1's name is a list, not text"),
         (GOOD_PLAYBOOK.replace("check: 'false'", "check: 5"), "check is a number, not text"),
+        (GOOD_PLAYBOOK.replace("{default: a}", "{default: a, choices: [1, 2]}"), "choice 1 is a number, not text"),
+        (GOOD_PLAYBOOK.replace("{default: a}", "{default: a, choices: [[a]]}"), "choice 1 is a list, not text"),
     ],
-    ids=["mixed-keys", "vars-list", "steps-number", "prelude-list", "bad-pattern", "choices-number", "name", "check"],
+    ids=[
+        "mixed-keys",
+        "vars-list",
+        "steps-number",
+        "prelude-list",
+        "bad-pattern",
+        "choices-number",
+        "name",
+        "check",
+        "choices-numbers",
+        "choices-lists",
+    ],
 )
 def test_a_playbook_of_the_wrong_types_is_one_line_naming_what_it_holds(stack_dir, text, said):
     (stack_dir / "book.yml").write_text(text)
@@ -226,6 +328,8 @@ def test_a_playbook_of_the_right_types_is_taken(stack_dir):
     (stack_dir / "book.yml").write_text(GOOD_PLAYBOOK.replace("{default: a}", "{default: a, pattern: '[a-z]+'}"))
     book = playbook.load(stack_dir / "book.yml")
     assert [step.name for step in book.steps] == ["hello"] and book.vars["who"].pattern == "[a-z]+"
+    (stack_dir / "book.yml").write_text(GOOD_PLAYBOOK.replace("{default: a}", "{default: '1', choices: ['1', '2']}"))
+    assert playbook.load(stack_dir / "book.yml").vars["who"].choices == ("1", "2")
 
 
 def test_settings_json_says_the_problems_settings_and_plan_say(stack_dir, stack_values):
@@ -248,10 +352,12 @@ def test_a_terminal_that_cannot_say_every_character_gets_a_question_mark_not_a_t
     import sys
 
     from tests.support import ROOT, task_environment
+    from tests.unit.test_cli_safety import write_events
 
-    for task in ("settings", "plan"):
+    events = write_events(stack_dir / "events").parent
+    for task in (["settings"], ["plan"], ["metrics", "--events", str(events)]):
         result = subprocess.run(
-            [sys.executable, "-m", "invoke", "-r", str(ROOT), task],
+            [sys.executable, "-m", "invoke", "-r", str(ROOT), *task],
             cwd=stack_dir,
             env=task_environment({"PYTHONIOENCODING": encoding, "COLUMNS": "200"}),
             capture_output=True,
@@ -259,7 +365,7 @@ def test_a_terminal_that_cannot_say_every_character_gets_a_question_mark_not_a_t
             timeout=120,
         )
         assert result.returncode == 0, result.stderr
-        assert "Traceback" not in result.stderr and "gcp:zone" in result.stdout
+        assert "Traceback" not in result.stderr and ("gcp:zone" in result.stdout or "metrics.png" in result.stdout)
 
 
 @pytest.mark.parametrize("folder", ["x" * 300, 12, ["a"], "a\0b", "/nonexistent/fetched"])
@@ -325,3 +431,54 @@ def test_a_look_alike_character_is_marked_where_the_value_is_echoed(stack_dir, s
     flagged = invoke("train", "--batches", "5\u0035\u0660", "--host", "tpu@203.0.113.9", cwd=stack_dir)
     assert flagged.returncode == 2 and "(holds U+0660 ARABIC-INDIC DIGIT ZERO)" in flagged.stderr
     assert "holds" not in invoke("train", "--batches", "x", "--host", "tpu@203.0.113.9", cwd=stack_dir).stderr
+
+
+# Found by tests/unit/test_fuzz.py once widened (issue 66), each fixed where it was.
+
+
+def test_a_token_typed_as_a_value_is_not_printed_by_an_accepted_command(stack_dir, stack_values):
+    write_config(stack_dir, {**stack_values, "tpu-grpo:sshPublicKeyPath": TEST_TOKEN})
+    env = {"HF_TOKEN": TEST_TOKEN}
+    for args in (("settings",), ("train", "--run-name", TEST_TOKEN, "--dry-run", "--host", "tpu@203.0.113.9")):
+        result = invoke(*args, cwd=stack_dir, env=env)
+        assert result.returncode == 0 and TEST_TOKEN not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("stack", ["Prod", "a.b", "s" * 64])
+def test_a_stack_whose_name_no_label_can_hold_makes_no_label_google_refuses(stack_dir, stack_values, stack):
+    """Pulumi's stack names take capitals, `.` and 100 characters; a Compute Engine label's value none of them."""
+    import json
+    import re
+
+    (stack_dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": stack_values}))
+    result = invoke("plan", "--json", "--stack", stack, cwd=stack_dir)
+    labels = [
+        resource["inputs"].get("labels") or {} for resource in json.loads(result.stdout or "{}").get("resources", [])
+    ]
+    assert result.returncode == 2 or all(
+        re.fullmatch(r"[a-z0-9_-]{0,63}", value) for each in labels for value in each.values()
+    )
+
+
+@pytest.mark.parametrize(
+    "words", [["a\nb"], ["x" * 1500], ["{'token': 'hunter2typed'}"]], ids=["newline", "long", "quoted-secret"]
+)
+def test_what_follows_a_double_dash_is_one_line_under_the_cap_without_a_secret(stack_dir, words):
+    result = invoke("status", "--host", "tpu@203.0.113.9", "--", *words, cwd=stack_dir)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and len(lines[0]) <= MAX_SAID + 60
+    assert "hunter2typed" not in result.stderr
+
+
+def test_a_secret_set_twice_is_refused_without_its_first_value(stack_dir):
+    sets = ("--set", "train:HF_TOKEN=hf_typedbyhand", "--set", "train:HF_TOKEN=hf_other")
+    result = invoke("train", *sets, "--host", "tpu@203.0.113.9", cwd=stack_dir)
+    assert result.returncode == 2 and "hf_typedbyhand" not in result.stderr
+
+
+def test_a_record_nested_deep_is_no_reason_for_runs_to_fail(stack_dir, tmp_path):
+    (tmp_path / "state" / "fetched").mkdir(parents=True)
+    (tmp_path / "state" / "fetched" / "deep.json").write_text("[" * 100_000)
+    env = {"TPU_GRPO_STATE": str(tmp_path / "state")}
+    result = invoke("runs", "--json", "--host", "tpu@203.0.113.9", "--wait", "0", cwd=stack_dir, env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr

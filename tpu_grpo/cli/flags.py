@@ -25,7 +25,9 @@ from invoke import task as invoke_task
 
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
-from tpu_grpo.config.secrets import conceal
+from tpu_grpo.config.printing import without_token
+from tpu_grpo.config.secrets import conceal, hub_token
+from tpu_grpo.config.values import Refused
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p
@@ -119,11 +121,19 @@ class CheckingExecutor(Executor):
         for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii: a `?` for what it cannot say, no traceback
             if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
                 stream.reconfigure(errors="replace")
+        try:
+            token = hub_token()
+        except Refused:  # an unreadable token file: said by the task that needs the token
+            token = None
+        sys.stdout, sys.stderr = without_token(sys.stdout, token), without_token(sys.stderr, token)
         remainder = getattr(self.core, "remainder", "")
         if remainder:  # Invoke keeps what follows `--` and hands it to no task: `ssh -- df -h` would drop `df -h`
+            typed = conceal(remainder).replace("\n", "\\n")  # no secret's value, one line, cut when long
             raise Exit(
-                f"error: `-- {conceal(remainder)}`: no task reads what follows --; fix: "
-                f"{conceal(with_command(tasks, remainder))} runs a command on the VM (every task takes flags only)",
+                conceal(
+                    f"error: `-- {typed}`: no task reads what follows --; fix: {with_command(tasks, typed)} runs a "
+                    "command on the VM (every task takes flags only)"
+                ),
                 code=UserError.exit_code,
             )
         for call in self.normalize(tasks):

@@ -48,10 +48,14 @@ class KubeconfigError(UserError):
     """$TPU_GRPO_KUBECONFIG names no kubeconfig the client can use: bad input, nothing done (exit 2)."""
 
 
+#: What a refused $TPU_GRPO_KUBECONFIG's line ends with.
+KUBECONFIG_FIX = f"fix: point {KUBECONFIG_ENV} at a kubeconfig (kubectl config view --raw > FILE), or unset it"
+
+
 def given_kubeconfig(path: str) -> dict:
     """The kubeconfig $TPU_GRPO_KUBECONFIG names, checked as the Kubernetes client reads one: a YAML mapping whose
     current context names a cluster with a server."""
-    fix = f"fix: point {KUBECONFIG_ENV} at a kubeconfig (kubectl config view --raw > FILE), or unset it"
+    fix = KUBECONFIG_FIX
     said = f"{KUBECONFIG_ENV}={path!r}"
     try:
         config = yaml.safe_load(Path(path).read_text())
@@ -61,18 +65,32 @@ def given_kubeconfig(path: str) -> dict:
         where = getattr(error, "problem_mark", None)
         line = f" at line {where.line + 1}" if where else ""
         raise KubeconfigError(f"{said} is not YAML{line}; {fix}") from None
+    except RecursionError:
+        raise KubeconfigError(f"{said} is nested too deep to be a kubeconfig; {fix}") from None
     if not isinstance(config, dict):
         raise KubeconfigError(f"{said} is not a kubeconfig (no mapping of clusters, contexts, users); {fix}")
-    contexts = {c.get("name"): c.get("context") for c in config.get("contexts") or [] if isinstance(c, dict)}
-    clusters = {c.get("name"): c.get("cluster") for c in config.get("clusters") or [] if isinstance(c, dict)}
-    context = contexts.get(config.get("current-context"))
-    cluster = clusters.get(context.get("cluster")) if isinstance(context, dict) else None
-    if not isinstance(cluster, dict) or not cluster.get("server"):
+    contexts, clusters = _by_name(config.get("contexts"), "context"), _by_name(config.get("clusters"), "cluster")
+    context = contexts.get(_text(config.get("current-context")))
+    cluster = clusters.get(_text(context.get("cluster"))) if isinstance(context, dict) else None
+    if not isinstance(cluster, dict) or not _text(cluster.get("server")):
         raise KubeconfigError(
             f"{said} has no current context naming a cluster with a server "
             f"({len(clusters)} clusters, current-context {config.get('current-context')!r}); {fix}"
         )
     return config
+
+
+def _by_name(entries: object, part: str) -> dict[str, object]:
+    """A kubeconfig's list of named entries (contexts, clusters) as name -> its `part`: an entry that is no mapping
+    named by text (`contexts: 5`, `name: [a]`) names nothing, as the client finds nothing by it."""
+    if not isinstance(entries, list):
+        return {}
+    return {entry["name"]: entry.get(part) for entry in entries if isinstance(entry, dict) and _text(entry.get("name"))}
+
+
+def _text(value: object) -> str:
+    """A kubeconfig's name or server, or '' when it is not text (a list, a number): no name the client looks up."""
+    return value if isinstance(value, str) else ""
 
 
 class Cluster:
@@ -90,8 +108,18 @@ class Cluster:
 
     @classmethod
     def of_stack(cls, stack: str) -> Cluster:
+        from kubernetes.config import ConfigException
+
         path = os.environ.get(KUBECONFIG_ENV)
-        return cls(given_kubeconfig(path)) if path else cls(_stack_kubeconfig(stack))
+        if not path:
+            return cls(_stack_kubeconfig(stack))
+        try:  # the client's own reading: a file it names that is not there, a part of another type (`users: 5`)
+            return cls(given_kubeconfig(path))
+        except (ConfigException, TypeError, AttributeError, ValueError, KeyError) as error:
+            raise KubeconfigError(
+                f"{KUBECONFIG_ENV}={path!r} is refused by the Kubernetes client ({error.__class__.__name__}: "
+                f"{error}); {KUBECONFIG_FIX}"
+            ) from None
 
     def _request(
         self,

@@ -60,7 +60,7 @@ def read_record(path: Path) -> dict:
     what tpu-grpo knows, never a reason to fail."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past what json's parser follows
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -21,6 +21,26 @@ def styled(template: str, *values: object) -> Text:
     return Text.from_markup(template.format(*(escape(str(value)) for value in values)))
 
 
+class WithoutToken:
+    """A stream that writes the laptop's Hugging Face token as `***`: a token typed where a value goes (a run name, a
+    path, a setting) is never printed back, by rich or by print. Anything else is the stream's."""
+
+    def __init__(self, stream, token: str):
+        self._stream, self._token = stream, token
+
+    def write(self, text: str) -> int:
+        self._stream.write(text.replace(self._token, "***"))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def without_token(stream, token: str | None):
+    """`stream`, writing the token (when it is one: a few characters could be anything) as `***`."""
+    return WithoutToken(stream, token) if token and len(token) >= 8 else stream
+
+
 def terminal(stderr: bool = False):
     """The terminal, with no markup read in plain text; with `--json` the human lines go to stderr, so stdout holds
     only the JSON. A reader gone (`| head`) raises BrokenPipeError as print's does (rich would exit 1)."""

@@ -48,6 +48,8 @@ class StackFileLoader(yaml.SafeLoader):
     text (`50`, `true`, `no` alike; lists and mappings stay so), and a key given twice is refused."""
 
     def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):  # `!!map [a]`: the base refuses it as YAML no mapping can be
+            return super().construct_mapping(node, deep)
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)

@@ -364,9 +364,7 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
             except values.Refused as problem:
                 raise CommandError(f"--set {item!r}: {key} {problem}; fix: e.g. --set {key}=1") from None
         if key in sets.get(step, {}):  # as a flag given twice is refused, not the last one kept
-            raise CommandError(
-                f"--set {item!r} sets {step}'s {key} again (it was {sets[step][key]!r}); fix: give it once"
-            )
+            raise CommandError(f"--set {item!r} sets {step}'s {key} again; fix: give it once")
         sets.setdefault(step, {})[key] = value
     return sets
 

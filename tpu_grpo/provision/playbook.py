@@ -172,6 +172,11 @@ def load(path: Path | None = None) -> Playbook:
         where = f"{book.where(spec['__line__'])}: variable '{name}'"
         _of_kind(spec, "pattern", str, where, "pattern: '[a-z]+' (a regular expression the value matches)")
         _of_kind(spec, "choices", list, where, "choices: [a, b]")
+        for number, choice in enumerate(spec.get("choices") or (), 1):
+            if not isinstance(choice, str):  # a --var is text, compared with each choice as text
+                raise PlaybookError(
+                    f"{where}: choice {number} is {_kind(choice)}, not text; fix: choices: ['1', '2'] (each quoted)"
+                )
         if spec.get("pattern") is not None:
             try:
                 re.compile(spec["pattern"])
