@@ -19,6 +19,15 @@ from tpu_grpo.cloud import search
 from tpu_grpo.config.keys import Place
 
 
+@pytest.fixture(scope="module", autouse=True)
+def state_of_this_module(tmp_path_factory):
+    """The properties below search in this process, whose state folder would be the checkout's own (.tpu-grpo):
+    their records go to a folder of the module's instead."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TPU_GRPO_STATE", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture
 def spot_stack(stack_dir, stack_values):
     """A spot stack in us-east5-b that also accepts spot in us-east5-a and on-demand in us-central1-b."""
