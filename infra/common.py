@@ -40,6 +40,20 @@ RENAMED = {
 }
 
 
+#: The two components a stack declares: one VM, or a slice's cluster (tpu-grpo:slice).
+HOST_COMPONENT = f"{PROJECT}:index:TpuHost"
+SLICE_COMPONENT = f"{PROJECT}:index:TpuSlice"
+
+
+def switched_from(settings: Settings, component: str) -> pulumi.ResourceOptions:
+    """An alias under the other component, for what both declare (the network, the bucket and its grants): a
+    resource's URN holds its parent's type, so a stack switched between one VM and a slice would otherwise make them
+    anew under the same names (a 409) and delete the old ones, grants included (Pulumi's "Resource option: aliases":
+    a parent's URN)."""
+    parent = f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{component}::{settings.vm_name}"
+    return pulumi.ResourceOptions(aliases=[pulumi.Alias(parent=parent)])
+
+
 def named(settings: Settings, name: str, child: pulumi.ResourceOptions, **options) -> pulumi.ResourceOptions:
     """The options of a resource declared as `name`: `child`'s, its aliases (RENAMED) and any `options` given."""
     vm = settings.vm_name
@@ -92,7 +106,9 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: p
     """The checkpoint store's bucket: in the stack's region (no cross-region traffic or charges),
     uniform bucket-level access (IAM only, no object ACLs), public access prevention enforced.
     Retained on delete: `pulumi destroy` (and `invoke down`) leave it and what it holds, and
-    never force-destroy it. The account the machines run as gets BUCKET_ROLES on it."""
+    never force-destroy it. The account the machines run as gets BUCKET_ROLES on it. Its location is where it was
+    first made: a bucket cannot move, and a new location would force a new bucket of the same global name (a 409),
+    so a stack whose gcp:zone moves to another region keeps its bucket where it is (`invoke plan` says so)."""
     bucket = gcp.storage.Bucket(
         "store",
         name=bucket_of(settings.store),
@@ -102,7 +118,7 @@ def declare_bucket(settings: Settings, child: pulumi.ResourceOptions, account: p
         force_destroy=False,
         labels=labels(settings),
         project=settings.project,
-        opts=named(settings, "store", child, retain_on_delete=True),
+        opts=named(settings, "store", child, retain_on_delete=True, ignore_changes=["location"]),
     )
     for role in BUCKET_ROLES:
         name = f"store-{role.rsplit('.', 1)[-1]}"

@@ -21,21 +21,29 @@ DEFAULT_ACCOUNT_CALL = "gcp:compute/getDefaultServiceAccount:getDefaultServiceAc
 class Options:
     """The resource options the engine acts on beyond the inputs, as the program gives them (the mocks see no
     options: a stack transformation records them): what a change replaces, the names it was declared under before,
-    whether `pulumi destroy` leaves it, and how long its creation may take."""
+    whether `pulumi destroy` leaves it, how long its creation may take, whether the engine refuses to delete or
+    replace it, the inputs whose changes it ignores, and the parents it was declared under before (URNs)."""
 
     replace_on_changes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     retain_on_delete: bool = False
     create_timeout: str | None = None
+    protect: bool = False
+    ignore_changes: tuple[str, ...] = ()
+    alias_parents: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, opts: pulumi.ResourceOptions) -> Options:
         timeouts = opts.custom_timeouts
+        aliases = [alias for alias in opts.aliases or () if isinstance(alias, pulumi.Alias)]
         return cls(
             tuple(opts.replace_on_changes or ()),
-            tuple(alias.name for alias in opts.aliases or () if isinstance(alias, pulumi.Alias) and alias.name),
+            tuple(alias.name for alias in aliases if isinstance(alias.name, str)),
             bool(opts.retain_on_delete),
             timeouts.create if timeouts else None,
+            bool(opts.protect),
+            tuple(opts.ignore_changes or ()),
+            tuple(alias.parent for alias in aliases if isinstance(alias.parent, str)),
         )
 
 
@@ -48,7 +56,9 @@ class DeclaredResource:
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Records each declared resource, with its options; answers with its inputs plus the computed outputs."""
+    """Records each declared resource, with its options; answers with its inputs plus the computed outputs: its id
+    and self link stand for the resource (`(id of NAME)`, `(self link of NAME)`), so that what refers to it changes
+    exactly when it is made anew (infra/replacements.py's REFERENCE)."""
 
     def __init__(self, computed: dict[str, Any] | None = None):
         self.resources: list[DeclaredResource] = []
@@ -61,7 +71,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         options = self.options.get((args.typ, args.name), Options())
         self.resources.append(DeclaredResource(args.typ, args.name, dict(args.inputs), options))
-        state = dict(args.inputs)
+        state = {**args.inputs, "selfLink": f"(self link of {args.name})"}
         if args.typ == "gcp:compute/instance:Instance":
             interfaces = [dict(i) for i in state.get("networkInterfaces", [])]
             interfaces[0]["networkIp"] = self.computed.get("internal_ip", UNKNOWN)

@@ -20,6 +20,7 @@ from typing import Any
 
 INSTANCE = "gcp:compute/instance:Instance"
 DISK = "gcp:compute/disk:Disk"
+SNAPSHOT = "gcp:compute/snapshot:Snapshot"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLUSTER = "gcp:container/cluster:Cluster"
 BUCKET = "gcp:storage/bucket:Bucket"
@@ -62,7 +63,7 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     # google/services/compute/resource_compute_disk.go
     DISK: ("name", "zone", "project", "type", "image", "snapshot", "sourceDisk"),
     # google/services/compute/resource_compute_snapshot.go: all but labels are ForceNew
-    "gcp:compute/snapshot:Snapshot": ("name", "sourceDisk", "zone", "project", "description", "storageLocations"),
+    SNAPSHOT: ("name", "sourceDisk", "zone", "project", "description", "storageLocations"),
     # google/services/compute/resource_compute_firewall.go
     "gcp:compute/firewall:Firewall": ("name", "project", "direction"),
     # google/services/compute/resource_compute_network.go
@@ -147,9 +148,9 @@ FORCE_NEW_IF: dict[str, dict[str, Callable[[Any, Any], bool]]] = {
 #: machine type (resource_container_node_pool.go sends both in one UpdateNodePoolRequest, which GKE applies by
 #: recreating the pool's nodes, its upgrade strategy's surge at a time).
 RECREATES_NODES: dict[str, tuple[str, ...]] = {NODE_POOL: ("nodeConfig.diskSizeGb", "nodeConfig.machineType")}
-#: A reference to another resource in the offline run (infra/offline.py's mock ids): it changes exactly when that
-#: resource is made anew.
-REFERENCE = re.compile(r"\(id of (?P<name>.+)\)")
+#: A reference to another resource in the offline run (infra/offline.py's mock ids and self links): it changes exactly
+#: when that resource is made anew.
+REFERENCE = re.compile(r"\((?:id|self link) of (?P<name>.+)\)")
 
 
 @dataclass(frozen=True)
@@ -212,15 +213,23 @@ def _normal(value: Any) -> Any:
 
 
 def forcing_fields(
-    type_: str, old: dict, new: dict, replaced: set[str], replace_on_changes: tuple[str, ...] = ()
+    type_: str,
+    old: dict,
+    new: dict,
+    replaced: set[str],
+    replace_on_changes: tuple[str, ...] = (),
+    ignore_changes: tuple[str, ...] = (),
 ) -> list[tuple[str, Any, Any]]:
     """The fields of one resource whose change makes a new one: the provider's force-new fields, and the program's
-    own `replace_on_changes` (any change at or below them)."""
+    own `replace_on_changes` (any change at or below them). A field at or below the program's `ignore_changes` keeps
+    its old value (the engine's processIgnoreChanges copies it into the new inputs before the provider's diff)."""
     table = FORCE_NEW.get(type_, ())
     before, after = flatten(old), flatten(new)
     found = []
     for path in sorted(set(before) | set(after)):
         old_value, new_value = before.get(path), after.get(path)
+        if any(_pattern(entry, below=True).fullmatch(path) for entry in ignore_changes):
+            continue
         if not _differs(old_value, new_value, replaced):
             continue
         forced = table == EVERY_FIELD or any(_pattern(entry).fullmatch(path) for entry in table)
@@ -262,8 +271,9 @@ def diff(state: list[dict], declared: list) -> list[Change]:
     while True:  # a replacement changes the references to it: until nothing more is replaced
         for key, resource in now.items():
             if key in before and key not in changes:
+                options = resource.options
                 fields = forcing_fields(
-                    key[0], before[key], resource.inputs, replaced, resource.options.replace_on_changes
+                    key[0], before[key], resource.inputs, replaced, options.replace_on_changes, options.ignore_changes
                 )
                 if fields:
                     changes[key] = Change(key[0], key[1], "replace", tuple(fields))

@@ -17,9 +17,16 @@ from typing import cast
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.common import account_member, declare_bucket, declare_network, labels
+from infra.common import (
+    HOST_COMPONENT,
+    SLICE_COMPONENT,
+    account_member,
+    declare_bucket,
+    declare_network,
+    labels,
+    switched_from,
+)
 from tpu_grpo.catalog.capacity import RESERVATION_KEY
-from tpu_grpo.config.keys import PROJECT
 from tpu_grpo.config.settings import Settings
 
 # The tutorial's flags (section 2); its scheduling flags are the capacity table's `reservation` row.
@@ -47,6 +54,9 @@ REPLACED_ON_CHANGES = [
 #: so a VM that comes later exists outside Pulumi's state (tpu_grpo/cloud/stack.py finds it).
 CREATE_TIMEOUT_MINUTES = 20
 
+#: What a data disk was made from: a snapshot when it was moved (`--move-disk`), which later updates no longer declare.
+DISK_ORIGIN = ["snapshot"]
+
 # Beyond the tutorial.
 DISK_TYPE = "hyperdisk-balanced"  # v6e takes Hyperdisk only; pd-* is refused
 DATA_DEVICE_NAME = "data"
@@ -56,6 +66,11 @@ SCOPES = (  # Cloud Storage for checkpoints and models; logs and metrics for the
     "https://www.googleapis.com/auth/logging.write",
     "https://www.googleapis.com/auth/monitoring.write",
 )
+
+
+def data_disk_name(vm_name: str) -> str:
+    """The data disk's name, its Pulumi name too: a new vmName is a new disk, the old one deleted."""
+    return f"{vm_name}-data"
 
 
 def moved_snapshot_name(vm_name: str, moved_from: str) -> str:
@@ -73,11 +88,12 @@ class TpuHost(pulumi.ComponentResource):
     """A reservation-bound TPU VM with its data disk, network, firewall and outputs."""
 
     def __init__(self, settings: Settings, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(f"{PROJECT}:index:TpuHost", settings.vm_name, None, opts)
+        super().__init__(HOST_COMPONENT, settings.vm_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        shared = pulumi.ResourceOptions.merge(child, switched_from(settings, SLICE_COMPONENT))
         resource_labels = labels(settings)
 
-        network, subnetwork = declare_network(settings, child)
+        network, subnetwork = declare_network(settings, shared)
         self.firewall = gcp.compute.Firewall(
             f"{settings.vm_name}-ssh",
             name=f"{settings.vm_name}-ssh",
@@ -90,26 +106,31 @@ class TpuHost(pulumi.ComponentResource):
             opts=child,
         )
         # Moved to this zone by `invoke up` (tpu-grpo:placed.movedFrom): made from a snapshot of the disk it had
-        # there, which Pulumi takes before it deletes that disk (a replaced resource is deleted last).
+        # there, which Pulumi takes before it deletes that disk (the new disk's inputs wait for the snapshot's self
+        # link). Protected, as the disk is: while the new disk is not made, the snapshot is the only copy.
         moved_from = settings.here.moved_from
         self.snapshot = (
             gcp.compute.Snapshot(
                 f"{settings.vm_name}-data-moved",
                 name=moved_snapshot_name(settings.vm_name, moved_from),
-                source_disk=f"{settings.vm_name}-data",
+                source_disk=data_disk_name(settings.vm_name),
                 zone=moved_from,
                 labels=resource_labels,
                 project=settings.project,
-                opts=child,
+                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(protect=True)),
             )
             if moved_from
             else None
         )
         # Its own resource, attached but not auto-deleted: it survives the reservation's end. Its
-        # provisioned throughput writes a checkpoint of the `disk` store in well under a minute.
+        # provisioned throughput writes a checkpoint of the `disk` store in well under a minute. Protected: the
+        # engine refuses any update or destroy that would delete or replace it (Pulumi's `protect`), until
+        # tpu-grpo's own checks release it for one update (tpu_grpo/cloud/stack.py, `released`). The snapshot it
+        # was made from is how it was created, not a setting: a later update without it keeps the disk
+        # (the provider's `snapshot` is ForceNew, resource_compute_disk.go).
         self.data_disk = gcp.compute.Disk(
-            f"{settings.vm_name}-data",
-            name=f"{settings.vm_name}-data",
+            data_disk_name(settings.vm_name),
+            name=data_disk_name(settings.vm_name),
             type=DISK_TYPE,
             size=settings.data_disk_gb,
             zone=settings.zone,
@@ -118,10 +139,10 @@ class TpuHost(pulumi.ComponentResource):
             provisioned_throughput=settings.data_disk_throughput_mibps,
             snapshot=self.snapshot.self_link if self.snapshot else None,
             project=settings.project,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(protect=True, ignore_changes=DISK_ORIGIN)),
         )
         if settings.bucket:
-            self.bucket = declare_bucket(settings, child, account_member(settings))
+            self.bucket = declare_bucket(settings, shared, account_member(settings))
         obtained = settings.obtained
         scheduling = cast(
             gcp.compute.InstanceSchedulingArgsDict,  # the capacity table's scheduling arguments

@@ -20,12 +20,22 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.common import IMAGE_ROLE, NODE_ROLE, account_member, declare_bucket, declare_network, labels, named
+from infra.common import (
+    HOST_COMPONENT,
+    IMAGE_ROLE,
+    NODE_ROLE,
+    SLICE_COMPONENT,
+    account_member,
+    declare_bucket,
+    declare_network,
+    labels,
+    named,
+    switched_from,
+)
 from infra.tpu_host import SCOPES
 from tpu_grpo.catalog import images
 from tpu_grpo.catalog.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
 from tpu_grpo.catalog.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
-from tpu_grpo.config.keys import PROJECT
 from tpu_grpo.config.kubeconfig import kubeconfig
 from tpu_grpo.config.settings import Settings
 
@@ -44,12 +54,13 @@ class TpuSlice(pulumi.ComponentResource):
     """A GKE cluster holding `settings.num_slices` slices of `settings.slice`, ready for JobSets."""
 
     def __init__(self, settings: Settings, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(f"{PROJECT}:index:TpuSlice", settings.vm_name, None, opts)
+        super().__init__(SLICE_COMPONENT, settings.vm_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        shared = pulumi.ResourceOptions.merge(child, switched_from(settings, HOST_COMPONENT))
         shape, obtained, name = settings.tpu_slice, settings.obtained, settings.vm_name
         assert shape, "a slice's stack"
         resource_labels = labels(settings)
-        network, subnetwork = declare_network(settings, child)
+        network, subnetwork = declare_network(settings, shared)
         self.cluster = gcp.container.Cluster(
             name,
             name=name,
@@ -92,8 +103,8 @@ class TpuSlice(pulumi.ComponentResource):
         capacity, capacity_config = obtained.node_pool(settings.reservation, settings.max_run_hours, shape.hosts)
         # Chips found in another zone of the cluster's region (tpu-grpo:fallback): the pools' nodes go there, as a
         # zonal cluster's node pool may ("in the same region as their cluster's zone", node_locations of
-        # terraform-provider-google's container_node_pool); the cluster and its CPU host stay.
-        elsewhere = [settings.zone] if settings.zone != settings.home.zone else None
+        # terraform-provider-google's container_node_pool); the cluster and its CPU host stay. Always said, the home
+        # zone too: node_locations is Optional and Computed, so a pool that no longer names it keeps where it was.
         for index in range(settings.num_slices):
             pool = shape.pool(name, index)
             self.tpu_pools.append(
@@ -102,7 +113,7 @@ class TpuSlice(pulumi.ComponentResource):
                     name=pool,
                     cluster=self.cluster.name,
                     location=settings.home.zone,
-                    node_locations=elsewhere,
+                    node_locations=[settings.zone],
                     project=settings.project,
                     placement_policy={"type": "COMPACT", "tpu_topology": shape.topology},
                     max_pods_per_node=TPU_MAX_PODS_PER_NODE,
@@ -156,7 +167,7 @@ class TpuSlice(pulumi.ComponentResource):
             opts=named(settings, f"{name}-node-role", child, retain_on_delete=True),
         )
         if settings.bucket:
-            self.bucket = declare_bucket(settings, child, nodes)
+            self.bucket = declare_bucket(settings, shared, nodes)
         config = pulumi.Output.all(self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
             lambda parts: kubeconfig(name, parts[0], parts[1])
         )

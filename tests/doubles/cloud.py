@@ -20,7 +20,14 @@ source, not from what tpu-grpo expects:
   time.Minute)`) or the resource's custom create timeout; when the operation outlasts it, the provider clears the id
   (`d.SetId("")`) and Compute Engine goes on: the VM comes, billed, outside the state. An insert of a name that
   exists fails (the Compute API's 409 alreadyExists).
-- A disk deleted takes what it holds; a VM's attached data disk is not auto-deleted (tpu-grpo attaches it so).
+- A disk deleted takes what it holds; a VM's attached data disk is not auto-deleted (tpu-grpo attaches it so). A
+  snapshot holds what its source disk held when it was made; a disk made from a snapshot (its `snapshot` input, a
+  reference to the snapshot resource) holds what the snapshot holds (Compute Engine's "Create a disk from a
+  snapshot").
+- Protect (pkg/resource/deploy/step_generator.go, step.go): a replacement of a resource protected in the state and
+  in the program is refused ("unable to replace resource %q\nas it is currently marked for protection"), and so is a
+  delete of one protected in the state, an update's or a destroy's (DeleteStep: "unable to delete resource %q"); the
+  steps before it are done, none after. `state unprotect`/`state protect` clear and set the bit.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ IAM_TYPES = (
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
 )
 DEFAULT_CREATE_TIMEOUT = "20m"
+PROTECTED = "as it is currently marked for protection"
 
 
 def _customize_diff_forces_new(type_: str, old: dict, new: dict) -> bool:
@@ -65,6 +73,7 @@ class Cloud:
     bindings: set[tuple[str, str, str]] = field(default_factory=set)  # (where, role, member)
     disks: dict[str, set[str]] = field(default_factory=dict)  # a disk's name -> the runs saved on it
     stopped: set[str] = field(default_factory=set)  # VMs powered off (an idle stop)
+    snapshots: dict[str, set[str]] = field(default_factory=dict)  # a snapshot resource's name -> the runs it holds
 
     @staticmethod
     def binding(resource_type: str, inputs: dict) -> tuple[str, str, str]:
@@ -75,8 +84,11 @@ class Cloud:
         self.resources.add((type_, name))
         if type_ in IAM_TYPES:
             self.bindings.add(self.binding(type_, inputs))
+        if type_ == replacements.SNAPSHOT:
+            self.snapshots[name] = set(self.disks.get(inputs.get("sourceDisk", ""), set()))
         if type_ == DISK:
-            self.disks[inputs.get("name", name)] = set()
+            source = replacements.REFERENCE.fullmatch(str(inputs.get("snapshot") or ""))
+            self.disks[inputs.get("name", name)] = set(self.snapshots.get(source["name"], set()) if source else ())
 
     def delete(self, type_: str, name: str, inputs: dict) -> None:
         self.resources.discard((type_, name))
@@ -84,6 +96,8 @@ class Cloud:
             self.bindings.discard(self.binding(type_, inputs))  # subtractFromBindings: whoever else holds it
         if type_ == DISK:
             self.disks.pop(inputs.get("name", name), None)
+        if type_ == replacements.SNAPSHOT:
+            self.snapshots.pop(name, None)
         if type_ == INSTANCE:
             self.stopped.discard(inputs.get("name", name))
 
@@ -96,6 +110,7 @@ class Entry:
     name: str
     inputs: dict[str, Any]
     retain: bool = False
+    protect: bool = False
 
     def export(self, stack: str = "dev") -> dict:
         """As `pulumi stack export` prints it (the part tpu-grpo reads)."""
@@ -105,6 +120,7 @@ class Entry:
             "custom": True,
             "inputs": self.inputs,
             **({"retainOnDelete": True} if self.retain else {}),
+            **({"protect": True} if self.protect else {}),
         }
 
 
@@ -138,9 +154,10 @@ class Engine:
             return True
         if resource.type == INSTANCE and resource.inputs.get("name") in self.cloud.stopped:
             return True  # `invoke up` asks for its replacement (`--replace`): a TPU VM is never started again
+        options = resource.options
         return bool(
             replacements.forcing_fields(
-                resource.type, old.inputs, resource.inputs, replaced, resource.options.replace_on_changes
+                resource.type, old.inputs, resource.inputs, replaced, options.replace_on_changes, options.ignore_changes
             )
         )
 
@@ -154,18 +171,21 @@ class Engine:
                     self.cloud.resources.discard((old.type, old.name))
                     self.cloud.resources.add((resource.type, resource.name))
                     self.state[(resource.type, resource.name)] = Entry(
-                        resource.type, resource.name, old.inputs, old.retain
+                        resource.type, resource.name, old.inputs, old.retain, old.protect
                     )
         made = {name for (_, name) in ((r.type, r.name) for r in declared) if (_, name) not in self.state}
         pending = [r for r in declared if not r.type.startswith("tpu-grpo:")]
         for resource in pending:
             key = (resource.type, resource.name)
             old = self.state.get(key)
+            options = resource.options
             if old is not None and not self._forces_new(resource, old, made):
-                self.state[key] = Entry(
-                    resource.type, resource.name, resource.inputs, resource.options.retain_on_delete
-                )
+                inputs = {**resource.inputs, **{k: old.inputs[k] for k in options.ignore_changes if k in old.inputs}}
+                self.state[key] = Entry(resource.type, resource.name, inputs, options.retain_on_delete, options.protect)
                 continue
+            if old is not None and old.protect and options.protect:
+                done.error = f'unable to replace resource "{old.export()["urn"]}"\n{PROTECTED}'
+                return done
             if old is not None:
                 made.add(resource.name)
             if resource.type == INSTANCE:
@@ -193,9 +213,14 @@ class Engine:
                 if not old.retain:  # a retained resource is only dropped from the state, replaced or deleted
                     self.cloud.delete(old.type, old.name, old.inputs)
             self.cloud.create(resource.type, resource.name, resource.inputs)
-            self.state[key] = Entry(resource.type, resource.name, resource.inputs, resource.options.retain_on_delete)
+            self.state[key] = Entry(
+                resource.type, resource.name, resource.inputs, options.retain_on_delete, options.protect
+            )
         wanted = {(r.type, r.name) for r in declared}
         for key in [key for key in self.state if key not in wanted]:
+            if self.state[key].protect:
+                done.error = f'unable to delete resource "{self.state[key].export()["urn"]}"\n{PROTECTED}'
+                return done
             entry = self.state.pop(key)
             if entry.retain:
                 done.forgotten.add(key)
@@ -209,8 +234,17 @@ class Engine:
         key = next(key for key, entry in self.state.items() if entry.export()["urn"] == urn)
         del self.state[key]
 
-    def destroy(self) -> None:
+    def set_protect(self, urn: str, protect: bool) -> None:
+        """`pulumi state protect|unprotect URN`."""
+        next(entry for entry in self.state.values() if entry.export()["urn"] == urn).protect = protect
+
+    def destroy(self) -> str:
+        """Delete what the state holds; "" or the engine's refusal, nothing deleted, while any is protected."""
+        guarded = next((entry for entry in self.state.values() if entry.protect), None)
+        if guarded:
+            return f'unable to delete resource "{guarded.export()["urn"]}"\n{PROTECTED}'
         for entry in list(self.state.values()):
             if not entry.retain:
                 self.cloud.delete(entry.type, entry.name, entry.inputs)
         self.state.clear()
+        return ""

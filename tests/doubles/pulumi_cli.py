@@ -28,6 +28,7 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
                     "custom": True,
                     "inputs": r.inputs,
                     **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
+                    **({"protect": True} if r.options.protect else {}),
                     "outputs": {
                         **r.inputs,
                         **({"currentStatus": status} if r.type == "gcp:compute/instance:Instance" else {}),

@@ -15,8 +15,10 @@ project-wide role, the 20-minute create timeout). A fixed seed and budget here; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from unittest import mock
 
 import pytest
 import yaml
@@ -24,10 +26,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from infra.offline import run as RUN_THE_PROGRAM  # before a test patches it (StackLife.up)
 from tests.doubles.cloud import Cloud, Engine
 from tests.support import ROOT
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.config.keys import DEFAULT_ACCOUNT
+from tpu_grpo.config.settings import PLACED
 
 EXAMPLES = int(os.environ.get("TPU_GRPO_LIFECYCLE_EXAMPLES", "0"))
 #: Another GKE cluster of the project already relies on GKE's node role for the default compute account.
@@ -113,7 +117,7 @@ class StackLife(RuleBasedStateMachine):
     def a_first_up(self, shape, capacity, flex_wait):
         self.edit("shape", shape)
         self.edit("capacity", capacity)
-        self.up(flex_wait)
+        self.up(flex_wait, move=False)
 
     @rule(key=st.sampled_from(sorted(EDITS)), data=st.data())
     def edit_a_setting(self, key, data):
@@ -134,49 +138,100 @@ class StackLife(RuleBasedStateMachine):
         else:
             self.values[key] = value
 
-    def declared(self) -> list | None:
-        """The program on the stack file as it is now, or None where tpu-grpo refuses the settings (exit 2)."""
-        key = json.dumps(self.values, sort_keys=True)
+    def declared(self, values: dict | None = None) -> list | None:
+        """The program on the stack file as it is now (or on `values`), or None where tpu-grpo refuses the settings
+        (exit 2)."""
+        return self.program(self.values if values is None else values)[1]
+
+    @staticmethod
+    def program(values: dict) -> tuple:
+        """offline.run on these values: (settings, resources), or (None, None) where the settings are refused."""
+        key = json.dumps(values, sort_keys=True)
         if key not in PROGRAM_RUNS:  # the same stack files recur across examples: the program is deterministic
-            from infra import offline
             from tpu_grpo.config.errors import SettingsError
 
             try:
-                PROGRAM_RUNS[key] = offline.run(self.values, "dev")[1]
+                PROGRAM_RUNS[key] = RUN_THE_PROGRAM(values, "dev")[:2]
             except SettingsError:
-                PROGRAM_RUNS[key] = None
+                PROGRAM_RUNS[key] = (None, None)
         return PROGRAM_RUNS[key]
 
-    @rule(flex_wait=st.integers(0, 120))
-    def up(self, flex_wait):
-        """`invoke up`: refresh, tpu-grpo's preview and its data disk guard, then Pulumi's update."""
-        from infra import replacements
-        from tpu_grpo.cloud import stack
+    @rule(flex_wait=st.integers(0, 120), move=st.booleans())
+    def up(self, flex_wait, move):
+        """`invoke up [--move-disk]`: refresh, then tpu-grpo's own search (tpu_grpo/cloud/search.py: its preview, its
+        data disk guard and the release of what it protects) with the engine double as Pulumi's CLI."""
+        from infra import offline, replacements
+        from tpu_grpo.cloud import search, stack
+        from tpu_grpo.config.errors import UserError
 
-        declared = self.declared()
-        if declared is None:
+        chosen, _ = self.program(self.values)
+        if chosen is None:
             return
         self.engine.refresh()
         for urn in stack.unmarked_retained(self.engine.export()):  # select_and_refresh's forget_unmarked
             self.engine.state_delete(urn)
-        changes = replacements.diff(self.engine.export(), declared)
-        if stack.strips_a_grant(changes) or stack.data_disk_lost(changes) and self.unsaved():
-            return  # refused: a grant it declares would go; the runs only the disk holds are fetched first
-        stopped = {
-            (replacements.INSTANCE, name)
-            for name in self.cloud.stopped  # `up` replaces them (--replace)
-            if (replacements.INSTANCE, name) in self.engine.state
-            and any((r.type, r.name) == (replacements.INSTANCE, name) for r in declared)
-        }
-        said = (
-            {(c.type, c.name) for c in changes if c.action == "replace"} | stopped,
-            {(c.type, c.name) for c in changes if c.action == "delete"},
-        )
-        before = self.disk_runs()
-        done = self.engine.up(declared, flex_wait)
-        self.note_lost(before)
-        if not done.error:
+        with self.engine_as_pulumi():
+            stack.protect_unmarked("dev")  # and its protect_unmarked
+        ran: dict = {}
+
+        def run_program(raw, name, **_):
+            ran["declared"] = self.declared(raw)
+            return (*self.program(raw), {})
+
+        def pulumi_up(at, **_):
+            declared = ran["declared"]
+            changes = replacements.diff(self.engine.export(), declared)
+            stopped = {
+                (replacements.INSTANCE, name)
+                for name in self.cloud.stopped  # `up` replaces them (--replace)
+                if (replacements.INSTANCE, name) in self.engine.state
+                and any((r.type, r.name) == (replacements.INSTANCE, name) for r in declared)
+            }
+            said = (
+                {(c.type, c.name) for c in changes if c.action == "replace"} | stopped,
+                {(c.type, c.name) for c in changes if c.action == "delete"},
+            )
+            before = self.disk_runs()
+            done = self.engine.up(declared, flex_wait)
+            self.note_lost(before)
+            if done.error:
+                return 255, [done.error]
             self.plan_and_up.append((said, (done.replaced, done.deleted)))
+            return 0, []
+
+        def keep_data(at):
+            if self.unsaved():
+                raise UserError("runs only the data disk holds")  # sources.keep_what_only_the_data_disk_holds
+
+        with self.engine_as_pulumi(
+            (stack, "up", pulumi_up),
+            (offline, "run", run_program),
+            (search, "record_place", lambda name, place: self.values.update({PLACED: place.to_json()})),
+            (search, "read_stack_file", lambda name, root: dict(self.values)),
+            (search, "updating", lambda name: contextlib.nullcontext()),
+        ):
+            try:
+                search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
+            except UserError:
+                pass  # refused: a grant it declares would go, or runs only the disk holds
+
+    def engine_as_pulumi(self, *patches) -> contextlib.ExitStack:
+        """The engine double answering tpu_grpo/cloud/stack.py's reads and edits of the state, and `patches`."""
+        from tpu_grpo.cloud import stack
+
+        def state_edit(command, name, urns, stdout=None):
+            for urn in urns:
+                self.engine.set_protect(urn, command == "protect")
+            return 0
+
+        exits = contextlib.ExitStack()
+        for owner, name, function in [
+            (stack, "state_resources", lambda name: self.engine.export()),
+            (stack, "_state_edit", state_edit),
+            *patches,
+        ]:
+            exits.enter_context(mock.patch.object(owner, name, function))
+        return exits
 
     @rule()
     def train_and_save(self):
@@ -223,7 +278,9 @@ class StackLife(RuleBasedStateMachine):
             self.engine.state_delete(urn)
         if force:
             self.fetched |= self.unsaved()  # deleting them was asked for
-        self.engine.destroy()
+        protected = {entry["urn"]: "down's check" for entry in self.engine.export() if entry.get("protect")}
+        with self.engine_as_pulumi(), stack.released("dev", protected, lambda line: None):
+            self.engine.destroy()
 
     # ------------------------------------------------------------------ what must hold after every step
 
@@ -281,6 +338,22 @@ def test_a_stacks_life_loses_nothing(life):
         life,
         settings=hypothesis_settings(
             max_examples=EXAMPLES or 400, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None
+        ),
+    )
+
+
+def test_with_its_own_disk_guard_removed_the_engine_still_keeps_the_data(life, monkeypatch):
+    """tpu-grpo's guard gone (its preview never sees the data disk go, so no check runs and nothing is released):
+    every update that would delete or replace the protected disk is refused by Pulumi's engine, and no run is lost."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from tpu_grpo.cloud import stack
+
+    monkeypatch.setattr(stack, "data_disk_lost", lambda changes: False)
+    run_state_machine_as_test(
+        life,
+        settings=hypothesis_settings(
+            max_examples=EXAMPLES or 600, stateful_step_count=20, deadline=None, derandomize=not EXAMPLES, database=None
         ),
     )
 

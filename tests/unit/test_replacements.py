@@ -164,7 +164,8 @@ def test_plan_and_up_say_a_zone_change_deletes_the_data_disk(stack_dir, stack_va
     env = {**cli.env(), "TPU_GRPO_KNOWN_HOSTS": str(tmp_path / "known_hosts")}
     disk = (
         "Disk tpu-grpo-data (zone us-east5-b -> us-east5-a): the data disk is DELETED with all it holds (saved "
-        "models, checkpoints, the kept conversion, the caches) and a new, empty one is made"
+        "models, checkpoints, the kept conversion, the caches) and a new, empty one is made; it is protected: `up` "
+        "releases it only once every run on it is fetched or published, or to move it (--move-disk)"
     )
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)
     assert disk in plan["replaces"] and not any("stays" in line for line in plan["replaces"])
@@ -214,14 +215,18 @@ def test_a_run_records_each_resources_options_once_however_many_runs_went_before
 @pytest.mark.parametrize("extra", [{}, SLICE])
 def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(stack_values, extra):
     """The mocks see no resource options; the offline run records them from a stack transformation, which sees what
-    the engine gets: what replaces the VM and a pool, the grant's earlier name, what `destroy` leaves, and the VM's
-    create timeout (the provider's 20 minutes, plus a flex-start request's wait)."""
+    the engine gets: what replaces the VM and a pool, the grant's earlier name, what `destroy` leaves, the VM's
+    create timeout (the provider's 20 minutes, plus a flex-start request's wait), what the engine refuses to delete
+    (the data disk), the changes it ignores (the boot image, the disk's snapshot, the bucket's location), and the
+    other component's URN that what both declare was made under (a stack switched between one VM and a slice)."""
     from infra import offline
 
     values = {k: v for k, v in {**stack_values, **extra}.items() if v is not None}
     _, declared, _ = offline.run(values, "dev")
     options = {(r.type.rsplit(":", 1)[-1], r.name): r.options for r in declared}
     special = {key: option for key, option in options.items() if option != offline.Options()}
+    host = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost::tpu-grpo"
+    slice_ = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuSlice::tpu-grpo"
     if not extra:
         assert special == {
             ("Instance", "tpu-grpo"): offline.Options(
@@ -233,7 +238,11 @@ def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(s
                     "networkInterfaces[*].subnetwork",
                 ),
                 create_timeout="20m",
-            )
+                ignore_changes=("bootDisk.initializeParams.image",),
+            ),
+            ("Disk", "tpu-grpo-data"): offline.Options(protect=True, ignore_changes=("snapshot",)),
+            ("Network", "tpu-grpo-net"): offline.Options(alias_parents=(slice_,)),
+            ("Subnetwork", "tpu-grpo-subnet"): offline.Options(alias_parents=(slice_,)),
         }
         _, flex, _ = offline.run({**values, **FLEX}, "dev")
         assert next(r for r in flex if r.type == INSTANCE).options.create_timeout == "140m"
@@ -242,12 +251,16 @@ def test_the_options_the_engine_acts_on_are_recorded_as_the_program_gives_them(s
     assert special == {
         ("NodePool", "tpu-grpo-cpu-np"): offline.Options(pools),
         ("NodePool", "tpu-grpo-np-0"): offline.Options(pools),
-        ("Bucket", "store"): offline.Options(aliases=("tpu-grpo-store",), retain_on_delete=True),
+        ("Network", "tpu-grpo-net"): offline.Options(alias_parents=(host,)),
+        ("Subnetwork", "tpu-grpo-subnet"): offline.Options(alias_parents=(host,)),
+        ("Bucket", "store"): offline.Options(
+            aliases=("tpu-grpo-store",), retain_on_delete=True, ignore_changes=("location",), alias_parents=(host,)
+        ),
         ("BucketIAMMember", "store-objectAdmin"): offline.Options(
-            aliases=("tpu-grpo-store-objectAdmin", "tpu-grpo-store-access")
+            aliases=("tpu-grpo-store-objectAdmin", "tpu-grpo-store-access"), alias_parents=(host,)
         ),
         ("BucketIAMMember", "store-legacyBucketReader"): offline.Options(
-            aliases=("tpu-grpo-store-legacyBucketReader",)
+            aliases=("tpu-grpo-store-legacyBucketReader",), alias_parents=(host,)
         ),
         ("Repository", "images"): offline.Options(aliases=("tpu-grpo-images",)),
         ("RepositoryIamMember", "images-reader"): offline.Options(aliases=("tpu-grpo-images-reader",)),
@@ -385,8 +398,7 @@ def test_down_leaves_the_project_wide_role_whatever_release_made_the_state(stack
     forgets = [call for call in cli.calls() if call.startswith("state delete")]
     assert forgets == ([] if marked else [f"state delete --stack dev --yes {role['urn']}"])
     assert cli.calls()[-1] == "destroy --stack dev --yes --skip-preview"
-    left = json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"]
-    assert any(r["urn"] == role["urn"] for r in left) == marked
+    assert json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"] == []
 
 
 def test_an_update_that_would_delete_a_grant_it_declares_is_refused(stack_values):

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import TEST_TOKEN, invoke
+from tests.support import invoke
 from tpu_grpo.cloud import search
 from tpu_grpo.config.keys import Place
 
@@ -26,27 +26,6 @@ def state_of_this_module(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TPU_GRPO_STATE", str(tmp_path_factory.mktemp("state")))
         yield
-
-
-@pytest.fixture
-def spot_stack(stack_dir, stack_values):
-    """A spot stack in us-east5-b that also accepts spot in us-east5-a and on-demand in us-central1-b."""
-    values = {key: value for key, value in stack_values.items() if key != "tpu-grpo:reservation"}
-    values.update(
-        {
-            "tpu-grpo:capacity": "spot",
-            "tpu-grpo:fallback": [{"zone": "us-east5-a"}, {"zone": "us-central1-b", "capacity": "on-demand"}],
-        }
-    )
-    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
-    return stack_dir, values
-
-
-@pytest.fixture
-def cloud(tmp_path, home):
-    cli = PulumiCli(tmp_path / "pulumi", {"external_ip": "127.0.0.1", "ssh_user": "ubuntu"})
-    cli.gets_chips_anywhere()
-    return cli, {**home, **cli.env(), "HF_TOKEN": TEST_TOKEN, "TPU_GRPO_STATE": str(tmp_path / "state")}
 
 
 def stack_config(stack_dir) -> dict:
@@ -292,13 +271,21 @@ def test_the_search_never_tries_a_ruled_out_place_and_says_one_line_per_attempt(
 )
 def test_no_search_deletes_a_data_disk_that_holds_unsaved_runs(spot_stack_values, answers, move, unsaved):
     """The disk is in us-east5-b with runs (unsaved or not); whatever the places answer, an `up` that makes it anew
-    elsewhere comes only after the guard passed, or moves it (a snapshot), and never after the guard refused."""
+    elsewhere comes only after the guard passed, or moves it (a snapshot), and never after the guard refused; and
+    only then is the protected disk released for that update (without it, Pulumi's engine refuses)."""
+    import contextlib
+
     from tpu_grpo.results.sources import DataDiskAtRisk
 
     chosen, cloud = spot_stack_values
     places = chosen.candidates
     disk = {"zone": "us-east5-b", "original": True}
     events: list[str] = []
+
+    @contextlib.contextmanager
+    def released(stack_name, why, say, stdout=None):
+        events.extend(f"released {urn.rsplit('::', 1)[-1]}" for urn in why)
+        yield
 
     def keep_data(at):
         events.append("guard")
@@ -308,16 +295,17 @@ def test_no_search_deletes_a_data_disk_that_holds_unsaved_runs(spot_stack_values
     def up(at, **_):
         lost = disk["original"] and at.zone != disk["zone"]
         assert not lost or at.here.moved_from == "us-east5-b" or "guard" in events
+        assert not lost or events[-1] == "released tpu-grpo-data"  # the engine refuses otherwise
         events.append(f"up {at.here}")
         disk.update(zone=at.zone, original=disk["original"] and not lost)
         message = KINDS[answers[[p.same(at.here) for p in places].index(True)]]
         return (0, []) if message is None else (255, [message])
 
-    def preview(at, declared=None):
+    def preview(at, declared=None, resources=None):
         return [DiskChange()] if at.zone != disk["zone"] else []
 
     try:
-        with cloud(up, preview):
+        with cloud(up, preview, released):
             search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
     except DataDiskAtRisk:
         assert unsaved and not move
@@ -358,12 +346,14 @@ def spot_stack_values(tmp_path_factory):
     }
 
     @contextlib.contextmanager
-    def cloud(up, preview):
+    def cloud(up, preview, released):
+        disk = {"type": DiskChange.type, "urn": f"urn:pulumi:dev::tpu-grpo::x${DiskChange.type}::tpu-grpo-data"}
         with contextlib.ExitStack() as patches:
             for owner, name, function in [
                 (stack, "up", up),
                 (stack, "preview", preview),
-                (stack, "data_disk_zone", lambda name: "us-east5-b"),
+                (stack, "state_resources", lambda name: [{**disk, "inputs": {"zone": "us-east5-b"}, "protect": True}]),
+                (stack, "released", released),
                 (search, "record_place", lambda name, place: None),
                 (search, "read_stack_file", lambda name, root: dict(raw)),
                 (search, "project_root", lambda: folder),

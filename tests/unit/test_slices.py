@@ -109,6 +109,7 @@ def test_every_shape_and_capacity_declares_its_cluster_pools_and_jobset(stack_va
         "name": "tpu-grpo-np-0",
         "cluster": "tpu-grpo",
         "location": "us-east5-b",
+        "nodeLocations": ["us-east5-b"],
         "project": "grpo-lab-123",
         "placementPolicy": {"type": "COMPACT", "tpuTopology": SLICES[shape].topology},
         "maxPodsPerNode": 15,
@@ -201,8 +202,12 @@ def test_a_slices_chips_found_in_another_zone_of_its_region_move_only_its_tpu_po
 
     command = gcloud_node_pool_command(settings)
     assert "--location=us-east5-b" in command and "--node-locations=us-east5-a" in command
+    # back home, the pools name the home zone: node_locations is Optional and Computed, so a pool that named none
+    # would keep its nodes in us-east5-a (resource_container_node_pool.go)
     _, at_home, _ = declared(stack_values, **spot)
-    assert all("nodeLocations" not in r.inputs for r in at_home["gcp:container/nodePool:NodePool"])
+    tpu_pools = [r for r in at_home["gcp:container/nodePool:NodePool"] if r.inputs["name"] != "cpu-np"]
+    assert [r.inputs["nodeLocations"] for r in tpu_pools] == [["us-east5-b"]]
+    assert "--node-locations" not in " ".join(gcloud_node_pool_command(declared(stack_values, **spot)[0]))
 
 
 def test_a_slices_fallback_stays_in_its_region(stack_values):

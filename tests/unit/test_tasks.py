@@ -170,10 +170,10 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
         "stack select --create dev",
         "refresh --yes --skip-preview --stack dev",
         "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
-        "stack export --stack dev",  # where the data disk is
-        "stack export --stack dev",
-        "stack export --stack dev",
-    ]  # what it replaces; a stopped VM?
+        "stack export --stack dev",  # what it protects that an earlier release did not mark
+        "stack export --stack dev",  # where the data disk is, and what the update replaces
+        "stack export --stack dev",  # a stopped VM?
+    ]
     assert lines[7].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
 
 

@@ -155,15 +155,15 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
-    from tpu_grpo.cloud.stack import (
-        destroy,
-    )
+    from tpu_grpo.cloud.stack import destroy
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
+    why = "--force: deleting what only the data disk holds was asked for"
     with one_line_errors():
         where = checked(check_down)
         if not force:
+            why = "every run it holds is fetched or published"
             sources.keep_what_only_the_data_disk_holds(
                 sources.of(targets.pick(where)),
                 where.settings.stack,
@@ -174,4 +174,6 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
                 "fetch them first, or pass --force, which deletes them with the VM's disks",
             )
         chosen = where.settings
-    exit_on_failure(destroy(chosen.stack, yes=yes))
+        console = terminal()
+        code = destroy(chosen.stack, why, yes=yes, say=lambda line: console.print(line, soft_wrap=True))
+    exit_on_failure(code)

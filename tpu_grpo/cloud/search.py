@@ -10,10 +10,13 @@ none comes back to a zone it moved out of.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tpu_grpo.catalog.capacity import CAPACITIES
@@ -25,8 +28,16 @@ from tpu_grpo.config.keys import Place
 from tpu_grpo.config.settings import PLACED, Settings
 from tpu_grpo.config.stack_file import project_root, read_stack_file
 
-#: An attempt's `replaces:` line for a data disk an earlier attempt of the same search made, which holds nothing.
-NEW_DISK = "the data disk an earlier attempt made (empty) is made anew in this zone"
+#: An attempt's `replaces:` line for a data disk an earlier attempt of the same search made, which holds nothing (or
+#: what a move's snapshot holds, which stays).
+NEW_DISK = "the data disk an earlier attempt made (empty, or from the move's snapshot, which stays) is made anew here"
+#: Why an attempt may delete the data disk (stack.releasable): an earlier attempt of this search made it; `keep_data`
+#: found every run on it saved elsewhere; the update moves it (a snapshot first).
+MADE_BY_THIS_SEARCH = "an earlier attempt of this search made it, and nothing ran on it since"
+SAVED_ELSEWHERE = "every run on it is fetched or published"
+MOVED = "the update copies it to a snapshot first (--move-disk)"
+#: The laptop's locks, one a stack (`updating`).
+LOCKS = "locks"
 #: The laptop's records of searches (`invoke timeline` shows the one that made the VM).
 SEARCHES = "searches"
 
@@ -167,50 +178,96 @@ def find_chips(
     say: Callable[[str], None],
     stdout=None,
 ) -> Outcome:
-    """`pulumi up` at each of the stack's places in turn (search), the stack selected and refreshed already. An
-    attempt that would make the data disk anew elsewhere first calls `keep_data` (which raises while the disk holds
-    what is saved nowhere else), unless `move`: then the disk follows, made from a snapshot of the old one. A stack
-    with no fallback is one attempt, as before, and its file is never written."""
-    disk_zone = None if chosen.tpu_slice else stack.data_disk_zone(chosen.stack)
-    first_zone = disk_zone or chosen.zone
-    last: dict = {"code": 0, "messages": [], "settings": chosen}
-    kept, recorded = disk_zone is None, chosen.placed or chosen.home
+    """`pulumi up` at each of the stack's places in turn (search), the stack selected and refreshed already, one
+    update of the stack at a time from this laptop (`updating`). An attempt that would make the data disk anew
+    elsewhere first calls `keep_data` (which raises while the disk holds what is saved nowhere else), unless `move`:
+    then the disk follows, made from a snapshot of the old one. A move whose new disk was never made (its create
+    failed after the old disk went) left the snapshot as the only copy: every place makes the disk from it. The data
+    disk and that snapshot are protected (infra/tpu_host.py): only the check that passed releases them, for the one
+    update it checked. A stack with no fallback is one attempt, and its file is written only to record a move."""
+    with updating(chosen.stack):
+        return _search_for_chips(chosen, yes=yes, move=move, keep_data=keep_data, say=say, stdout=stdout)
 
+
+def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say, stdout) -> Outcome:
     from infra import offline, replacements
+    from infra.tpu_host import data_disk_name
+
+    resources = stack.state_resources(chosen.stack)
+    # a disk moves only where the same VM goes: a slice has none, and a new vmName is a new disk
+    disk = data_disk_name(chosen.vm_name)
+    own = [r for r in resources if r["urn"].endswith(f"${replacements.DISK}::{disk}")]
+    movable = bool(own) and not chosen.tpu_slice
+    disk_zone = stack.zone_of(own or resources, replacements.DISK)  # none on a slice, whose state holds no disk
+    stranded = None if disk_zone else stack.zone_of(resources, replacements.SNAPSHOT)
+    last: dict = {"code": 0, "messages": [], "settings": chosen, "tried": False}
+    # why the data disk may go, once known: none in the state at the start, so any later one is this search's own
+    checked, recorded = (MADE_BY_THIS_SEARCH if disk_zone is None else None), chosen.placed or chosen.home
 
     def attempt(place: Place) -> tuple[int, list[str]]:
-        nonlocal kept, recorded
-        moving = move and disk_zone is not None and place.zone != disk_zone
-        placed = Place(place.zone, place.capacity, disk_zone if moving else None)
-        raw = {
-            **read_stack_file(chosen.stack, project_root()),
-            **({PLACED: placed.to_json()} if chosen.fallback else {}),
-        }
+        nonlocal checked, recorded
+        moving = move and movable and place.zone != disk_zone
+        placed = Place(place.zone, place.capacity, disk_zone if moving else stranded)
+        pinned = bool(chosen.fallback or chosen.placed or placed.moved_from)
+        raw = {**read_stack_file(chosen.stack, project_root()), **({PLACED: placed.to_json()} if pinned else {})}
         at, declared, _ = offline.run(raw, chosen.stack)  # the program's own settings there, parsed once
-        changes = stack.preview(at, declared)
+        now = stack.state_resources(chosen.stack) if last["tried"] else resources  # as the attempt before left it
+        changes = stack.preview(at, declared, now)
         for change in changes:
-            made_here = kept and disk_zone is None and change.type == replacements.DISK
-            say(f"replaces: {made_here and NEW_DISK or stack.describe(change)}")
+            new_disk = checked == MADE_BY_THIS_SEARCH and change.type == replacements.DISK
+            say(f"replaces: {NEW_DISK if new_disk else stack.describe(change)}")
         if stack.strips_a_grant(changes):
             raise UserError(
                 f"refusing to update stack '{chosen.stack}': it would delete a grant it declares under another "
                 "name (see `replaces:` above); fix: undo the change to vmName, `uv run invoke up` (which adopts "
                 "the renamed resources), then change it again"
             )
-        if stack.data_disk_lost(changes) and not moving and not kept:
+        if stack.data_disk_lost(changes) and not moving and checked is None:
             keep_data(at)  # before the stack file says anything new
-            kept = True
-        if chosen.fallback and recorded != placed:
+            checked = SAVED_ELSEWHERE
+        if pinned and recorded != placed:
             record_place(chosen.stack, placed)
             recorded = placed
-        code, messages = stack.up(at, yes=yes, say=say, stdout=stdout)
-        last.update(code=code, messages=messages, settings=at)
+        last["settings"] = at
+        why = stack.releasable(changes, now, MOVED, disk) if moving else stack.releasable(changes, now, checked)
+        with stack.released(chosen.stack, why, say, stdout):
+            code, messages = stack.up(at, yes=yes, say=say, stdout=stdout)
+        last.update(code=code, messages=messages, tried=True)
         return code, messages
 
-    places = order(chosen.candidates, first_zone)
+    places = order(chosen.candidates, disk_zone or chosen.zone)
     attempts = search(places, attempt, say if chosen.fallback else lambda line: None)
     if chosen.fallback:
         record_search(chosen, attempts)
         if attempts and attempts[-1].refusal is None and len(attempts) > 1:
             say(f"the VM is in {attempts[-1].place.zone} ({attempts[-1].place.capacity}), recorded as {PLACED}")
     return Outcome(last["code"], last["messages"], last["settings"], attempts)
+
+
+class StackBusy(UserError):
+    """Another `invoke up` or recovery of this laptop is updating the stack: nothing was done, nothing is wrong."""
+
+    exit_code = 1
+
+
+@contextmanager
+def updating(stack_name: str) -> Iterator[None]:
+    """One update of a stack at a time from this laptop: its place recorded and `pulumi up` run by one `invoke up`
+    or recovery while another waits for neither (an flock on a file of the laptop's state folder, released by the
+    system when the process ends, however it ends)."""
+    path = laptop_paths.state() / LOCKS / f"{stack_name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise StackBusy(
+                f"stack '{stack_name}' is being updated from this laptop already ({holder}); fix: wait for that "
+                "`uv run invoke up` (or `pipeline --recover`) to end, then run this again"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield

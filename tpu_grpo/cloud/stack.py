@@ -13,6 +13,8 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from infra import replacements
@@ -27,11 +29,15 @@ INSTANCE_TYPE = "gcp:compute/instance:Instance"
 #: Compute Engine states of a VM that is not running: a TPU VM in them is created anew, never started
 #: again (tpu_grpo/catalog/capacity.py, `after_stop`).
 STOPPED = ("TERMINATED", "STOPPED", "SUSPENDED")
+#: When `up` lets the protected data disk go (infra/tpu_host.py protects it; `releasable`).
+RELEASED_WHEN = (
+    "it is protected: `up` releases it only once every run on it is fetched or published, or to move it (--move-disk)"
+)
 #: What a replacement of each kind of resource means for the user (infra/replacements.py finds them).
 REPLACING = {
     replacements.INSTANCE: "a new VM and boot disk (provisioning again, /dev/shm emptied)",
     replacements.DISK: "the data disk is DELETED with all it holds (saved models, checkpoints, the kept conversion, "
-    "the caches) and a new, empty one is made",
+    f"the caches) and a new, empty one is made; {RELEASED_WHEN}",
     replacements.NODE_POOL: "new TPU hosts (a running job stops); the runs stay in the bucket",
     replacements.CLUSTER: "a new cluster (every job stops); the runs stay in the bucket",
     replacements.BUCKET: "a new bucket; the old one and what it holds are kept (retained on delete)",
@@ -53,10 +59,23 @@ OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists")
 #: it for the same reason.
 EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
 
-#: Compute Engine errors seen when creating a VM, and what to do about them: a reservation's (refusals.py), a quota.
+#: What Pulumi's engine says when an update or destroy would delete or replace a protected resource (pkg/resource/
+#: deploy/step_generator.go: "unable to replace resource %q\nas it is currently marked for protection"; step.go's
+#: DeleteStep: "unable to delete resource %q\nas it is currently marked for protection").
+PROTECTED = "as it is currently marked for protection"
+
+#: Compute Engine errors seen when creating a VM, and what to do about them: a reservation's (refusals.py), a quota;
+#: and the engine's refusal to lose what tpu-grpo protects.
 KNOWN_ERRORS = (
     *RESERVATION_ERRORS,
     ("Quota", "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
+    (
+        PROTECTED,
+        "the update would delete or replace what tpu-grpo protects (the data disk, or a moved disk's snapshot while "
+        "it is the only copy) and none of its checks released it, so Pulumi's engine refused: undo the change to "
+        "the stack file, or fetch the runs the disk holds (`uv run invoke fetch`) and run `uv run invoke up` again, "
+        "which releases the disk once nothing is only on it",
+    ),
 )
 
 
@@ -198,31 +217,36 @@ def outputs(stack: str) -> dict:
     return _pulumi_json("stack", "output", "--json", "--stack", stack) or {}
 
 
+def state_resources(stack: str) -> list[dict]:
+    """The resources of the stack's state as its last update (and refresh) left them (`pulumi stack export`); []
+    with no CLI or nothing made yet."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    return state.get("deployment", {}).get("resources") or []
+
+
 def instance_state(stack: str) -> tuple[str, str] | None:
     """(URN, Compute Engine status) of the stack's VM as its state records it, or None."""
-    state = _pulumi_json("stack", "export", "--stack", stack) or {}
-    for resource in state.get("deployment", {}).get("resources", []):
+    for resource in state_resources(stack):
         if resource.get("type") == INSTANCE_TYPE:
             return resource["urn"], (resource.get("outputs") or {}).get("currentStatus", "")
     return None
 
 
-def data_disk_zone(stack: str) -> str | None:
-    """The zone of the data disk in the stack's state, or None (none made yet, or a slice)."""
-    state = _pulumi_json("stack", "export", "--stack", stack) or {}
-    for resource in state.get("deployment", {}).get("resources") or []:
-        if resource.get("type") == replacements.DISK:
+def zone_of(resources: list[dict], type_: str) -> str | None:
+    """The zone of the state's resource of this type (the data disk, a move's snapshot), or None."""
+    for resource in resources:
+        if resource.get("type") == type_:
             zone = (resource.get("outputs") or resource.get("inputs") or {}).get("zone") or ""
             return zone.rsplit("/", 1)[-1] or None  # a self link's last part
     return None
 
 
-def preview(settings: Settings, declared: list | None = None) -> list:
+def preview(settings: Settings, declared: list | None = None, resources: list[dict] | None = None) -> list:
     """What `pulumi up` would replace or delete (infra/replacements.py): the stack's state as the last update (and
-    refresh) left it against what the program declares now (`declared`, or the program run offline on the stack
-    file); [] with no CLI or nothing made yet."""
-    state = _pulumi_json("stack", "export", "--stack", settings.stack) or {}
-    resources = state.get("deployment", {}).get("resources") or []
+    refresh) left it (`resources`, or read now) against what the program declares now (`declared`, or the program
+    run offline on the stack file); [] with no CLI or nothing made yet."""
+    if resources is None:
+        resources = state_resources(settings.stack)
     if not resources:
         return []
     from infra import offline
@@ -237,7 +261,11 @@ def describe(change) -> str:
     """One line for a replacement or deletion: what, why, and what it means."""
     kind = change.type.rsplit(":", 1)[-1]
     if change.action == "delete":
-        meaning = "the data disk is DELETED with all it holds" if change.type == replacements.DISK else "it is deleted"
+        meaning = (
+            f"the data disk is DELETED with all it holds; {RELEASED_WHEN}"
+            if change.type == replacements.DISK
+            else "it is deleted"
+        )
         return f"{kind} {change.name} is no longer declared: {meaning}"
     if change.action == "strip":
         return (
@@ -265,14 +293,72 @@ def data_disk_lost(changes: list) -> bool:
     return any(change.type == replacements.DISK and change.action in ("replace", "delete") for change in changes)
 
 
+def releasable(
+    changes: list, resources: list[dict], disk_checked: str | None, only: str | None = None
+) -> dict[str, str]:
+    """The protected resources of the state (`resources`) that this update deletes or replaces and that tpu-grpo's
+    own checks let go, URN -> why: the data disk when `disk_checked` says why nothing is lost with it (every run saved
+    elsewhere, an empty disk a search made, a move that snapshots it first: `only` that disk, by name); a move's
+    snapshot once a data disk holds what it held. Anything else stays protected, and Pulumi's engine refuses."""
+    going = {(change.type, change.name) for change in changes if change.action in ("replace", "delete")}
+    disk_made = any(resource["type"] == replacements.DISK for resource in resources)
+    why = {}
+    for resource in resources:
+        name = resource["urn"].rsplit("::", 1)[-1]
+        if not resource.get("protect") or (resource["type"], name) not in going:
+            continue
+        if resource["type"] == replacements.DISK and disk_checked and only in (None, name):
+            why[resource["urn"]] = disk_checked
+        elif resource["type"] == replacements.SNAPSHOT and disk_made:
+            why[resource["urn"]] = "a data disk made from it holds what it held"
+    return why
+
+
+def _state_edit(command: str, stack: str, urns: list[str], stdout=None) -> int:
+    """`pulumi state protect|unprotect URN...` (pkg/cmd/pulumi/state/state_unprotect.go takes several URNs)."""
+    return subprocess.run(["pulumi", "state", command, "--stack", stack, "--yes", *urns], stdout=stdout).returncode
+
+
+@contextmanager
+def released(stack: str, why: dict[str, str], say: Callable[[str], None], stdout=None) -> Iterator[None]:
+    """The protected resources `why` names, unprotected in the stack's state for the update (or destroy) inside, and
+    protected again after it where it left them (a failed, declined or cancelled update): the program declares them
+    protected, so what the update made anew is protected already. Pulumi's engine allows a replacement only when the
+    old or the new resource is unprotected, and a delete only when the old one is (step_generator.go, step.go)."""
+    for urn, reason in why.items():
+        say(f"releases {urn.rsplit('::', 1)[-1]} (protected): {reason}")
+    if why and _state_edit("unprotect", stack, list(why), stdout):
+        raise UserError(f"could not release {', '.join(why)} in stack '{stack}': see Pulumi's message above")
+    try:
+        yield
+    finally:
+        left = [r["urn"] for r in state_resources(stack) if r["urn"] in why and not r.get("protect")] if why else []
+        if left:
+            _state_edit("protect", stack, left, stdout)
+
+
 def select_and_refresh(settings: Settings, stdout=None) -> int:
     """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
-    Compute Engine has now (a VM it deleted or stopped); and forget what tpu-grpo keeps that an earlier release's
-    state does not mark so (`forget_unmarked`), which the update could otherwise delete."""
+    Compute Engine has now (a VM it deleted or stopped); forget what tpu-grpo keeps that an earlier release's state
+    does not mark so (`forget_unmarked`), which the update could otherwise delete; and protect what it protects that
+    such a state does not mark (`protect_unmarked`), which the engine would otherwise let this update delete."""
     selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
     if selected.returncode == 0 and not settings.tpu_slice:
         subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack], stdout=stdout)
-    return selected.returncode or forget_unmarked(settings.stack, stdout)
+    return selected.returncode or forget_unmarked(settings.stack, stdout) or protect_unmarked(settings.stack, stdout)
+
+
+#: What the program protects (infra/tpu_host.py): the data disk, and a move's snapshot.
+PROTECTED_TYPES = (replacements.DISK, replacements.SNAPSHOT)
+
+
+def protect_unmarked(stack: str, stdout=None) -> int:
+    """Protect in the stack's state what the program protects and the state does not mark so: the engine decides a
+    replacement or a delete on the state's bit (step_generator.go: `new.Protect && old.Protect`; DeleteStep:
+    `old.Protect`), which only an update writes, so the first update over an earlier release's state would not be
+    guarded; the CLI's exit code."""
+    unmarked = [r["urn"] for r in state_resources(stack) if r["type"] in PROTECTED_TYPES and not r.get("protect")]
+    return _state_edit("protect", stack, unmarked, stdout) if unmarked else 0
 
 
 def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, list[str]]:
@@ -334,20 +420,22 @@ def unmarked_retained(resources: list[dict]) -> list[str]:
 def forget_unmarked(stack: str, stdout=None) -> int:
     """Forget from the stack's state (`pulumi state delete`, which deletes nothing in the cloud) what tpu-grpo keeps
     and the state does not mark so, before an update or a destroy could delete it; the CLI's exit code."""
-    state = _pulumi_json("stack", "export", "--stack", stack) or {}
-    for urn in unmarked_retained(state.get("deployment", {}).get("resources") or []):
+    for urn in unmarked_retained(state_resources(stack)):
         forgot = subprocess.run(["pulumi", "state", "delete", "--stack", stack, "--yes", urn], stdout=stdout)
         if forgot.returncode:
             return forgot.returncode
     return 0
 
 
-def destroy(stack: str, yes: bool = False) -> int:
+def destroy(stack: str, why: str, yes: bool = False, say: Callable[[str], None] = print) -> int:
     """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`. What
-    tpu-grpo keeps and the state does not mark so is forgotten first (`forget_unmarked`), so that it stays."""
-    return (
-        forget_unmarked(stack)
-        or subprocess.run(
+    tpu-grpo keeps and the state does not mark so is forgotten first (`forget_unmarked`), so that it stays; what it
+    protects is released for the destroy, `why` being `down`'s check that passed (or --force)."""
+    forgot = forget_unmarked(stack)
+    if forgot:
+        return forgot
+    protected = {r["urn"]: why for r in state_resources(stack) if r.get("protect")}
+    with released(stack, protected, say):
+        return subprocess.run(
             ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
         ).returncode
-    )

@@ -1,0 +1,188 @@
+"""The engine is the last guard of the data (issue 77): the data disk and a move's snapshot are declared protected
+(Pulumi's `protect`), and only tpu-grpo's own checks release them, for the one update (or destroy) they checked.
+Each test runs `invoke up` or `invoke down` against the Pulumi CLI double (tests/doubles/pulumi), which refuses to
+replace or delete a protected resource with the engine's own words (pkg/resource/deploy/step_generator.go, step.go)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import yaml
+
+from tests.doubles.pulumi_cli import PulumiCli
+from tests.support import invoke
+from tests.unit.test_search import stack_config
+from tpu_grpo.cloud import search, stack
+
+DISK_URN = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/disk:Disk::tpu-grpo-data"
+SNAPSHOT = "tpu-grpo-data-" + hashlib.sha256(b"us-east5-b").hexdigest()[:8]
+
+
+def resources(cli: PulumiCli) -> dict[str, dict]:
+    """The double's state, by resource type's last part: each resource as `pulumi stack export` prints it."""
+    state = json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"]
+    return {resource["type"].rsplit(":", 1)[-1]: resource for resource in state}
+
+
+def write(stack_dir, values: dict) -> None:
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+
+
+def test_an_update_no_check_released_the_disk_for_is_refused_by_the_engine(stack_dir, stack_values, cloud, monkeypatch):
+    """tpu-grpo's own guard taken away (its preview never sees the data disk go, so it checks nothing and releases
+    nothing): a new gcp:zone would replace the disk, and Pulumi's engine refuses, the disk where it was."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    assert resources(cli)["Disk"]["protect"] is True  # the program declares it so
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    monkeypatch.setattr(stack, "data_disk_lost", lambda changes: False)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 255, result.stderr
+    assert f'unable to replace resource "{DISK_URN}"\nas it is currently marked for protection' in result.stderr
+    assert "what went wrong: the update would delete or replace what tpu-grpo protects" in result.stderr
+    assert resources(cli)["Disk"]["inputs"]["zone"] == "us-east5-b"
+    assert not [call for call in cli.calls() if call.startswith("state unprotect")]
+
+
+def test_move_disk_releases_the_disk_for_its_update_only(spot_stack, cloud):
+    """The home zone is out of chips; --move-disk releases the disk for the attempt that moves it (a snapshot
+    first), not for the one that leaves it alone, and the disk made anew is protected again by the program."""
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    cli.deployed(values)
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "releases tpu-grpo-data (protected): the update copies it to a snapshot first (--move-disk)" in result.stdout
+    calls = cli.calls()
+    release = calls.index(f"state unprotect --stack dev --yes {DISK_URN}")
+    ups = [index for index, call in enumerate(calls) if call.startswith("up ")]
+    assert ups[0] < release < ups[1] and len(ups) == 2  # released after the home attempt, before the move
+    made = resources(cli)
+    assert made["Disk"]["inputs"]["zone"] == "us-east5-a" and made["Disk"]["protect"] is True
+    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+    assert made["Snapshot"]["protect"] is True and made["Snapshot"]["inputs"]["name"] == SNAPSHOT
+
+
+def test_move_disk_moves_the_disk_of_a_stack_without_fallback(stack_dir, stack_values, cloud):
+    """A stack with no fallback whose gcp:zone changed: --move-disk snapshots the disk and makes the new zone's from
+    it, recording where it came from (before, the move was taken for granted and the disk deleted, no snapshot)."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    placed = json.loads(stack_config(stack_dir)["tpu-grpo:placed"])
+    assert placed == {"zone": "us-east5-a", "capacity": "reservation", "movedFrom": "us-east5-b"}
+    made = resources(cli)
+    assert made["Snapshot"]["inputs"]["zone"] == "us-east5-b" and made["Snapshot"]["inputs"]["sourceDisk"] == (
+        "tpu-grpo-data"
+    )
+    assert made["Disk"]["inputs"]["zone"] == "us-east5-a"
+    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+
+
+def test_after_a_move_the_next_up_keeps_the_disk_and_lets_the_snapshot_go(stack_dir, stack_values, cloud):
+    """The snapshot a moved disk was made from is how it was made, not a setting: the next `up` no longer declares
+    it, keeps the disk (the provider's `snapshot` is ForceNew: without ignore_changes, an empty disk would replace
+    it), and deletes the snapshot, released because the disk made from it holds what it held."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    assert invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env).returncode == 0
+    again = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "replaces: Disk" not in again.stdout
+    assert "replaces: Snapshot tpu-grpo-data-moved is no longer declared: it is deleted" in again.stdout
+    assert "releases tpu-grpo-data-moved (protected): a data disk made from it holds what it held" in again.stdout
+    made = resources(cli)
+    assert "Snapshot" not in made
+    assert made["Disk"]["inputs"]["zone"] == "us-east5-a" and made["Disk"]["protect"] is True
+    assert json.loads(stack_config(stack_dir)["tpu-grpo:placed"]) == {"zone": "us-east5-a", "capacity": "reservation"}
+
+
+def test_a_move_whose_new_disk_was_never_made_makes_it_from_the_snapshot(stack_dir, stack_values, cloud):
+    """The old disk went and the new one's create failed (a quota, an interrupt): the state holds the snapshot and
+    no disk. The next `up`, wherever it goes, makes the disk from that snapshot, which it never deletes."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    assert invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env).returncode == 0
+    state = json.loads((cli.folder / "state.json").read_text())
+    state["deployment"]["resources"] = [
+        r for r in state["deployment"]["resources"] if not r["type"].endswith(("Disk", "Instance"))
+    ]
+    (cli.folder / "state.json").write_text(json.dumps(state))
+    config = stack_config(stack_dir)
+    del config["tpu-grpo:placed"]  # what the stack file says no longer matters: the state does
+    write(stack_dir, {**config, "gcp:zone": "us-east5-b"})
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Snapshot" not in "".join(line for line in result.stdout.splitlines() if line.startswith("replaces:"))
+    made = resources(cli)
+    assert made["Snapshot"]["inputs"]["name"] == SNAPSHOT
+    assert made["Disk"]["inputs"]["zone"] == "us-east5-b"
+    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+
+
+def test_an_update_that_did_not_run_protects_again_what_it_released(stack_dir, stack_values, cloud):
+    """Released for a move, then Pulumi refuses to go on unasked (no --yes in a script): the disk is protected in
+    the state again, so that a later update nobody checked cannot replace it."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    result = invoke("up", "--move-disk", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    calls = cli.calls()
+    assert calls.index(f"state unprotect --stack dev --yes {DISK_URN}") < calls.index(
+        f"state protect --stack dev --yes {DISK_URN}"
+    )
+    assert resources(cli)["Disk"]["protect"] is True
+
+
+def test_the_first_update_over_an_earlier_releases_state_protects_the_disk_first(stack_dir, stack_values, cloud):
+    """The engine decides on the state's protect bit, which only an update writes: a state an earlier release left
+    marks nothing, so `up` protects the disk before its update, and the update that would replace it unchecked is
+    refused there too."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    state = json.loads((cli.folder / "state.json").read_text())
+    for resource in state["deployment"]["resources"]:
+        resource.pop("protect", None)
+    (cli.folder / "state.json").write_text(json.dumps(state))
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"state protect --stack dev --yes {DISK_URN}" in cli.calls()
+    assert resources(cli)["Disk"]["protect"] is True
+
+
+def test_down_releases_what_it_protects_once_its_check_passed(stack_dir, stack_values, cloud):
+    """`down --force` (the check that asks nothing): the disk is released for the destroy, which then deletes it;
+    the double's destroy refuses while anything is protected, as the engine's DeleteStep does."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    result = invoke("down", "--yes", "--force", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "releases tpu-grpo-data (protected): --force: deleting what only the data disk holds was asked for" in (
+        result.stdout
+    )
+    calls = cli.calls()
+    assert calls.index(f"state unprotect --stack dev --yes {DISK_URN}") < calls.index(
+        "destroy --stack dev --yes --skip-preview"
+    )
+    assert resources(cli) == {}
+
+
+def test_one_update_of_a_stack_at_a_time_from_this_laptop(stack_dir, stack_values, cloud, monkeypatch):
+    """While one `invoke up` (or a recovery) updates the stack, another is refused before it records a place or runs
+    Pulumi, with what to do."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    monkeypatch.setenv("TPU_GRPO_STATE", env["TPU_GRPO_STATE"])
+    with search.updating("dev"):
+        result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: stack 'dev' is being updated from this laptop already (pid ")
+    assert not [call for call in cli.calls() if call.startswith(("up ", "config set"))]
+    assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0  # released when the first ends
