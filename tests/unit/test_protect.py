@@ -186,3 +186,70 @@ def test_one_update_of_a_stack_at_a_time_from_this_laptop(stack_dir, stack_value
     assert result.stderr.startswith("error: stack 'dev' is being updated from this laptop already (pid ")
     assert not [call for call in cli.calls() if call.startswith(("up ", "config set"))]
     assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0  # released when the first ends
+
+
+def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(stack_dir, stack_values, cloud):
+    """Ctrl-C while Pulumi makes the VM: tpu-grpo forwards one SIGINT and waits for Pulumi's cancel (before, CPython
+    killed Pulumi 0.25 s after the KeyboardInterrupt), exits 130 and names the create left pending; the cloud finishes
+    the VM, and the next `up` adopts it by its id instead of meeting a 409 for it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import ROOT, task_environment
+
+    cli, env = cloud
+    cli.deployed(stack_values)
+    state = json.loads((cli.folder / "state.json").read_text())
+    state["deployment"]["resources"] = [
+        r for r in state["deployment"]["resources"] if not r["type"].endswith("Instance")
+    ]
+    (cli.folder / "state.json").write_text(json.dumps(state))  # Compute Engine deleted the VM: `up` makes it again
+    cli.hold_up()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), "up", "--yes"],
+        cwd=stack_dir,
+        env=task_environment(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (cli.folder / "holding").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(process.pid, signal.SIGINT)  # Ctrl-C reaches tpu-grpo; Pulumi runs in a session of its own
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert (cli.folder / "sigints").read_text() == "SIGINT\n"  # one, forwarded: Pulumi's cancel, not its terminate
+    assert "^C received; cancelling." in out
+    assert (
+        "`pulumi up` cancelled (Ctrl-C): Pulumi finished what it had started and stopped; pending in the state: "
+        in (err)
+    )
+    assert "the create of tpu-grpo, which the cloud may finish (and bill)" in err
+    (cli.folder / "hold-up").unlink()
+    again = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert again.returncode == 0, again.stderr
+    vm = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
+    assert (
+        f"refresh --yes --skip-preview --stack dev --import-pending-creates {vm} --import-pending-creates "
+        "projects/grpo-lab-123/zones/us-east5-b/instances/tpu-grpo" in cli.calls()
+    )
+    assert "already exists" not in again.stderr and "Instance" in resources(cli)
+
+
+def test_a_409_names_what_exists_and_deletes_only_a_vm(stack_values, tmp_path):
+    """The Compute API's 409 names the resource that exists: a VM's fix deletes it (its data disk stays), a disk's
+    or a snapshot's never does (it may hold data)."""
+    from tpu_grpo.config.settings import parse
+
+    settings = parse({k: v for k, v in stack_values.items() if v is not None}, "dev", tmp_path)
+    disk = "googleapi: Error 409: The resource 'projects/p/zones/z/disks/tpu-grpo-data' already exists, alreadyExists"
+    [said] = stack.outside_state(settings, [disk])
+    assert said.startswith("projects/p/zones/z/disks/tpu-grpo-data exists outside Pulumi's state")
+    assert "gcloud compute instances delete" not in said and "deletes nothing" in said
+    vm = "googleapi: Error 409: The resource 'projects/p/zones/z/instances/tpu-grpo' already exists, alreadyExists"
+    [said] = stack.outside_state(settings, [vm])
+    assert "gcloud compute instances delete tpu-grpo --zone=us-east5-b" in said

@@ -168,9 +168,9 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     assert lines[:7] == [
         "whoami",
         "stack select --create dev",
+        "stack export --stack dev",  # a create an interrupted update left pending?
         "refresh --yes --skip-preview --stack dev",
-        "stack export --stack dev",  # what tpu-grpo keeps that an earlier release did not mark
-        "stack export --stack dev",  # what it protects that an earlier release did not mark
+        "stack export --stack dev",  # what tpu-grpo keeps, or protects, that an earlier release did not mark
         "stack export --stack dev",  # where the data disk is, and what the update replaces
         "stack export --stack dev",  # a stopped VM?
     ]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +23,7 @@ from pathlib import Path
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, STOCKOUT, classify
-from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.errors import INTERRUPTED, UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.config.stack_file import project_root, salted
@@ -79,11 +82,23 @@ KNOWN_ERRORS = (
 )
 
 
+#: The Compute API's 409 names what exists: "The resource 'projects/P/zones/Z/instances/NAME' already exists".
+ALREADY_EXISTS = re.compile(r"The resource '(?P<path>[^']+)' already exists")
+
+
 def outside_state(settings: Settings, messages: list[str]) -> list[str]:
-    """What to do about a VM that Compute Engine made outside the stack's state (OUTSIDE_STATE), once; [] when no
-    message says so."""
+    """What to do about what Compute Engine made outside the stack's state (OUTSIDE_STATE), once; [] when no message
+    says so. A VM is deleted (its data disk stays); anything else may hold data and is named, never deleted."""
     if settings.tpu_slice or not any(marker in message for message in messages for marker in OUTSIDE_STATE):
         return []
+    paths = [found["path"] for message in messages for found in ALREADY_EXISTS.finditer(message)]
+    other = next((path for path in paths if "/instances/" not in path), None)
+    if other:
+        return [
+            f"{other} exists outside Pulumi's state (a create that an interrupted or timed-out update left, or one "
+            "made by hand) and may hold data, so tpu-grpo deletes nothing: delete it in the console only if it holds "
+            "nothing, then run `uv run invoke up` again"
+        ]
     delete = shlex.join(
         [
             "gcloud",
@@ -337,27 +352,111 @@ def released(stack: str, why: dict[str, str], say: Callable[[str], None], stdout
             _state_edit("protect", stack, left, stdout)
 
 
+class Cancelled(UserError):
+    """Ctrl-C during an update: Pulumi cancelled it (what it had started finished), and the state says what may be
+    pending."""
+
+    exit_code = INTERRUPTED
+
+
+def run_pulumi(argv: list[str], *, asks: bool, stdout=None, env: dict | None = None) -> int:
+    """A Pulumi CLI command to its end, whatever Ctrl-C does here: CPython's subprocess.run kills its child 0.25 s
+    after a KeyboardInterrupt (`_sigint_wait_secs`), before Pulumi's own cancel can finish, so a create it had sent
+    would go on in the cloud outside the state. A command that `asks` (Pulumi's question at this terminal) stays in
+    the terminal's process group, which Ctrl-C reaches as a whole; any other runs in its own session, and this
+    process forwards it one SIGINT (Pulumi's cancel: a second one terminates it,
+    pkg/cmd/pulumi/operations' cancellationScope). Either way this process waits for Pulumi, then raises Cancelled."""
+    process = subprocess.Popen(argv, stdout=stdout, env=env, start_new_session=not asks)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        if not asks:
+            os.killpg(process.pid, signal.SIGINT)
+        while process.poll() is None:
+            try:
+                process.wait()
+            except KeyboardInterrupt:
+                continue  # Pulumi's cancel is under way; a second SIGINT of a terminal reached it too
+    raise Cancelled(
+        f"`{' '.join(argv[:2])}` cancelled (Ctrl-C): Pulumi finished what it had started and stopped; "
+        f"{pending_said(argv[argv.index('--stack') + 1]) if '--stack' in argv else ''}"
+        "fix: run it again; `uv run invoke up` first adopts a create the cloud finished (or drops one it did not)"
+    )
+
+
+#: The id the provider gives each resource a create may leave pending, from what its inputs name (terraform-provider-
+#: google's importers: resource_compute_instance.go `projects/{{project}}/zones/{{zone}}/instances/{{name}}`, and the
+#: same forms for the disk, the snapshot, the network, the subnetwork and the firewall; a bucket's id is its name).
+PENDING_ID = {
+    replacements.INSTANCE: "projects/{project}/zones/{zone}/instances/{name}",
+    replacements.DISK: "projects/{project}/zones/{zone}/disks/{name}",
+    replacements.SNAPSHOT: "projects/{project}/global/snapshots/{name}",
+    "gcp:compute/network:Network": "projects/{project}/global/networks/{name}",
+    "gcp:compute/subnetwork:Subnetwork": "projects/{project}/regions/{region}/subnetworks/{name}",
+    "gcp:compute/firewall:Firewall": "projects/{project}/global/firewalls/{name}",
+    replacements.BUCKET: "{name}",
+}
+
+
+def pending_creates(stack: str) -> list[tuple[str, str | None]]:
+    """The creates an interrupted update left pending in the stack's state (`pending_operations` of type
+    "creating"), each (URN, the provider's id of what it would have made, or None where tpu-grpo cannot name it)."""
+    state = _pulumi_json("stack", "export", "--stack", stack) or {}
+    found = []
+    for operation in state.get("deployment", {}).get("pending_operations") or []:
+        resource = operation.get("resource") or {}
+        if operation.get("type") != "creating" or "urn" not in resource:
+            continue
+        inputs = {key: str(value) for key, value in (resource.get("inputs") or {}).items()}
+        form = PENDING_ID.get(resource.get("type", ""))
+        try:
+            found.append((resource["urn"], form.format(**inputs) if form else None))
+        except KeyError:
+            found.append((resource["urn"], None))
+    return found
+
+
+def pending_said(stack: str) -> str:
+    """What an interrupted update left pending, for its message; "" when nothing."""
+    pending = pending_creates(stack)
+    named = ", ".join(urn.rsplit("::", 1)[-1] for urn, _ in pending)
+    return f"pending in the state: the create of {named}, which the cloud may finish (and bill); " if pending else ""
+
+
 def select_and_refresh(settings: Settings, stdout=None) -> int:
     """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
     Compute Engine has now (a VM it deleted or stopped); forget what tpu-grpo keeps that an earlier release's state
     does not mark so (`forget_unmarked`), which the update could otherwise delete; and protect what it protects that
     such a state does not mark (`protect_unmarked`), which the engine would otherwise let this update delete."""
     selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
-    if selected.returncode == 0 and not settings.tpu_slice:
-        subprocess.run(["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack], stdout=stdout)
-    return selected.returncode or forget_unmarked(settings.stack, stdout) or protect_unmarked(settings.stack, stdout)
+    if selected.returncode:
+        return selected.returncode
+    adopt = [flag for urn, id_ in pending_creates(settings.stack) if id_ for flag in adopting(urn, id_)]
+    if adopt or not settings.tpu_slice:
+        refresh = ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack, *adopt]
+        run_pulumi(refresh, asks=False, stdout=stdout)
+    resources = state_resources(settings.stack)
+    return forget_unmarked(settings.stack, stdout, resources) or protect_unmarked(settings.stack, stdout, resources)
+
+
+def adopting(urn: str, id_: str) -> list[str]:
+    """`pulumi refresh`'s flags that settle a pending create: the resource it would have made, by its id, read back
+    (pkg/cmd/pulumi/operations/refresh.go: `--import-pending-creates`, pairs of URN and ID), which the refresh then
+    keeps if the cloud made it and drops if not."""
+    return ["--import-pending-creates", urn, "--import-pending-creates", id_]
 
 
 #: What the program protects (infra/tpu_host.py): the data disk, and a move's snapshot.
 PROTECTED_TYPES = (replacements.DISK, replacements.SNAPSHOT)
 
 
-def protect_unmarked(stack: str, stdout=None) -> int:
+def protect_unmarked(stack: str, stdout=None, resources: list[dict] | None = None) -> int:
     """Protect in the stack's state what the program protects and the state does not mark so: the engine decides a
     replacement or a delete on the state's bit (step_generator.go: `new.Protect && old.Protect`; DeleteStep:
     `old.Protect`), which only an update writes, so the first update over an earlier release's state would not be
     guarded; the CLI's exit code."""
-    unmarked = [r["urn"] for r in state_resources(stack) if r["type"] in PROTECTED_TYPES and not r.get("protect")]
+    resources = state_resources(stack) if resources is None else resources
+    unmarked = [r["urn"] for r in resources if r["type"] in PROTECTED_TYPES and not r.get("protect")]
     return _state_edit("protect", stack, unmarked, stdout) if unmarked else 0
 
 
@@ -383,11 +482,12 @@ def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, l
     agreed = ["--yes", "--skip-preview"] if yes else []
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         event_log = Path(folder) / "events.jsonl"
-        code = subprocess.run(
+        code = run_pulumi(
             ["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed, "--event-log", str(event_log)],
+            asks=not yes and sys.stdin.isatty(),
             stdout=stdout,
             env={**os.environ, **EVENT_LOG_ENV},
-        ).returncode
+        )
         return code, error_messages(event_log) if code else []
 
 
@@ -417,10 +517,11 @@ def unmarked_retained(resources: list[dict]) -> list[str]:
     return [r["urn"] for r in resources if r["type"] in KEPT and not r.get("retainOnDelete")]
 
 
-def forget_unmarked(stack: str, stdout=None) -> int:
+def forget_unmarked(stack: str, stdout=None, resources: list[dict] | None = None) -> int:
     """Forget from the stack's state (`pulumi state delete`, which deletes nothing in the cloud) what tpu-grpo keeps
-    and the state does not mark so, before an update or a destroy could delete it; the CLI's exit code."""
-    for urn in unmarked_retained(state_resources(stack)):
+    and the state does not mark so, before an update or a destroy could delete it; the CLI's exit code. `resources`:
+    the state, when read already."""
+    for urn in unmarked_retained(state_resources(stack) if resources is None else resources):
         forgot = subprocess.run(["pulumi", "state", "delete", "--stack", stack, "--yes", urn], stdout=stdout)
         if forgot.returncode:
             return forgot.returncode
@@ -436,6 +537,7 @@ def destroy(stack: str, why: str, yes: bool = False, say: Callable[[str], None] 
         return forgot
     protected = {r["urn"]: why for r in state_resources(stack) if r.get("protect")}
     with released(stack, protected, say):
-        return subprocess.run(
-            ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])]
-        ).returncode
+        return run_pulumi(
+            ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])],
+            asks=not yes and sys.stdin.isatty(),
+        )
