@@ -4,6 +4,7 @@ run the same function under Pulumi's mocks."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +13,7 @@ import pulumi
 from infra.tpu_host import TpuHost
 from infra.tpu_slice import TpuSlice
 from tpu_grpo.config.keys import KEYS, PROJECT
-from tpu_grpo.config.settings import Settings, parse
+from tpu_grpo.config.settings import PLACE_ENV, PLACED, Settings, parse
 from tpu_grpo.config.stack_file import project_root
 
 
@@ -32,6 +33,8 @@ def read_settings(*, lenient: bool = False, configured: Iterable[str] | None = N
     for name in sorted(names):
         namespace, short = name.split(":", 1)
         raw[name] = pulumi.Config(namespace).get(short)
+    if os.environ.get(PLACE_ENV):  # the place of this update, which `invoke up` tries before it records it
+        raw[PLACED] = os.environ[PLACE_ENV]
     return parse(raw, pulumi.get_stack(), project_root(), lenient=lenient)
 
 

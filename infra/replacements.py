@@ -250,6 +250,38 @@ def _leaves(fields: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     ]
 
 
+def from_steps(steps: list[dict], declared: list) -> list[Change]:
+    """The engine's own steps (`pulumi preview --json`: op, urn, oldState, newState, replaceReasons, detailedDiff; pkg/
+    display/json.go's PreviewDigest) as the Changes `diff` gives, so that `invoke up` decides on the engine's and the
+    provider's answer, CustomizeDiff included, and this module's table stays the offline plan's estimate. A replace
+    is named by the paths whose diff kind is `*-replace` (else its replaceReasons); a delete is "forget" where the state
+    retains it, "strip" where a declared grant holds its binding; an update of RECREATES_NODES's fields recreates."""
+    grants = [(r.type, r.inputs) for r in declared if FORCE_NEW.get(r.type) == EVERY_FIELD]
+    found: dict[tuple[str, str], Change] = {}
+    for step in steps:
+        urn = step.get("urn", "")
+        key = (urn.split("::")[-2].rsplit("$", 1)[-1] if "::" in urn else "", urn.rsplit("::", 1)[-1])
+        old, new = step.get("oldState") or {}, step.get("newState") or {}
+        before, after = flatten(old.get("inputs") or {}), flatten(new.get("inputs") or {})
+        detailed = step.get("detailedDiff") or {}
+        op = step.get("op")
+        if op in ("replace", "create-replacement", "delete-replaced"):
+            paths = [path for path, diff in detailed.items() if str(diff.get("kind", "")).endswith("-replace")]
+            paths = paths or list(step.get("replaceReasons") or [])
+            found[key] = Change(*key, "replace", tuple((p, before.get(p), after.get(p)) for p in sorted(paths)))
+        elif op == "delete":
+            inputs = old.get("inputs") or {}
+            action = "forget" if old.get("retainOnDelete") else "strip" if (key[0], inputs) in grants else "delete"
+            found[key] = Change(*key, action)
+        elif op == "update" and key[0] in RECREATES_NODES:
+            paths = [p for p in step.get("diffReasons") or [] if any(p.startswith(f) for f in RECREATES_NODES[key[0]])]
+            if paths:
+                found[key] = Change(*key, "recreate nodes", tuple((p, before.get(p), after.get(p)) for p in paths))
+    deleted = [change for change in found.values() if change.action not in ("replace", "recreate nodes")]
+    changed = sorted((c for c in found.values() if c not in deleted), key=lambda c: (c.type, c.name))
+    return changed + deleted
+
+
 def diff(state: list[dict], declared: list) -> list[Change]:
     """What `pulumi up` would replace or delete: `state` is the resources of `pulumi stack export` (type, urn,
     inputs), `declared` what the program declares now (infra/offline.py's DeclaredResource, with its options). A

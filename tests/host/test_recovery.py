@@ -122,7 +122,7 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
             wait_for(lambda: lost_at(hosts[-1], point), 300, f"the run to reach {point}")
             cloud.set_status(status)
             hosts[-1].vm.lose()
-            wait_for(lambda: sum(call.startswith("up --refresh") for call in cloud.calls()) == number, 300, "pulumi up")
+            wait_for(lambda: sum(call.startswith("up --stack") for call in cloud.calls()) == number, 300, "pulumi up")
             label = "abc"[number]
             cloud.set_outputs({**cloud_outputs, "external_ip": bridge.address(label)})
             host = make_host(
@@ -149,7 +149,7 @@ def test_a_spot_vm_lost_is_brought_back_and_the_run_goes_on(
 
     assert pipeline.returncode == 0, out[-3000:] + err[-3000:]
     assert len(hosts) == len(losses) + 1
-    ups = [call for call in cloud.calls() if call.startswith("up --refresh")]
+    ups = [call for call in cloud.calls() if call.startswith("up --stack")]
     for number, (_, _, status) in enumerate(losses, 1):
         assert (
             f"the VM is lost ({status or 'DELETED'}); bringing it back ({number} of {len(losses)}): invoke up, "

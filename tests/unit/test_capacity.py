@@ -329,7 +329,7 @@ def test_up_creates_a_stopped_vm_anew_whatever_its_capacity(
     lines = cli.calls()
     assert "refresh --yes --skip-preview --stack dev" in lines and "stack export --stack dev" in lines
     [up] = [line for line in lines if line.startswith("up ")]
-    assert up.startswith("up --refresh --stack dev ")
+    assert up.startswith("up --stack dev --plan ")
     urn = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
     assert (f"--replace {urn}" in up) == replaced
     assert (

@@ -158,8 +158,8 @@ class StackLife(RuleBasedStateMachine):
 
     @rule(flex_wait=st.integers(0, 120), move=st.booleans())
     def up(self, flex_wait, move):
-        """`invoke up [--move-disk]`: refresh, then tpu-grpo's own search (tpu_grpo/cloud/search.py: its preview, its
-        data disk guard and the release of what it protects) with the engine double as Pulumi's CLI."""
+        """`invoke up [--move-disk]`: refresh, then tpu-grpo's own search (tpu_grpo/cloud/search.py: its data disk
+        guard and the release of what it protects) with the engine double as Pulumi's CLI, its preview the double's."""
         from infra import offline, replacements
         from tpu_grpo.cloud import search, stack
         from tpu_grpo.config.errors import UserError
@@ -203,8 +203,12 @@ class StackLife(RuleBasedStateMachine):
             if self.unsaved():
                 raise UserError("runs only the data disk holds")  # sources.keep_what_only_the_data_disk_holds
 
+        def engine_preview(at, declared, replace, env):
+            return 0, replacements.diff(self.engine.export(), declared), []
+
         with self.engine_as_pulumi(
             (stack, "up", pulumi_up),
+            (stack, "engine_changes", engine_preview),
             (offline, "run", run_program),
             (search, "record_place", lambda name, place: self.values.update({PLACED: place.to_json()})),
             (search, "read_stack_file", lambda name, root: dict(self.values)),

@@ -253,3 +253,22 @@ def test_a_409_names_what_exists_and_deletes_only_a_vm(stack_values, tmp_path):
     vm = "googleapi: Error 409: The resource 'projects/p/zones/z/instances/tpu-grpo' already exists, alreadyExists"
     [said] = stack.outside_state(settings, [vm])
     assert "gcloud compute instances delete tpu-grpo --zone=us-east5-b" in said
+
+
+def test_up_decides_on_the_engines_preview_not_on_its_own_table(stack_dir, stack_values, cloud, monkeypatch):
+    """tpu-grpo's copy of the provider's force-new fields (infra/replacements.py) loses the disk's zone, as a copy
+    can go stale; `up` decides on Pulumi's own preview (the double runs in a process of its own, with the provider's
+    rules), so it still sees the disk go and runs its check: the VM does not answer, and it refuses before anything."""
+    from infra import replacements
+
+    cli, env = cloud
+    cli.deployed(stack_values)
+    write(stack_dir, {**stack_values, "gcp:zone": "us-east5-a"})
+    disk_fields = tuple(field for field in replacements.FORCE_NEW[replacements.DISK] if field != "zone")
+    monkeypatch.setitem(replacements.FORCE_NEW, replacements.DISK, disk_fields)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "replaces: Disk tpu-grpo-data (zone us-east5-b -> us-east5-a)" in result.stdout
+    assert result.stderr.startswith("error: refusing to update stack 'dev': the update deletes the data disk, and ")
+    assert not [call for call in cli.calls() if call.startswith(("up ", "state unprotect", "config set"))]
+    assert resources(cli)["Disk"]["inputs"]["zone"] == "us-east5-b"

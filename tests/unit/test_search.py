@@ -301,8 +301,8 @@ def test_no_search_deletes_a_data_disk_that_holds_unsaved_runs(spot_stack_values
         message = KINDS[answers[[p.same(at.here) for p in places].index(True)]]
         return (0, []) if message is None else (255, [message])
 
-    def preview(at, declared=None, resources=None):
-        return [DiskChange()] if at.zone != disk["zone"] else []
+    def preview(at, declared, replace, env):
+        return 0, [DiskChange()] if at.zone != disk["zone"] else [], []
 
     try:
         with cloud(up, preview, released):
@@ -351,7 +351,7 @@ def spot_stack_values(tmp_path_factory):
         with contextlib.ExitStack() as patches:
             for owner, name, function in [
                 (stack, "up", up),
-                (stack, "preview", preview),
+                (stack, "engine_changes", preview),
                 (stack, "state_resources", lambda name: [{**disk, "inputs": {"zone": "us-east5-b"}, "protect": True}]),
                 (stack, "released", released),
                 (search, "record_place", lambda name, place: None),

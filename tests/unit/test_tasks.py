@@ -169,12 +169,14 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
         "whoami",
         "stack select --create dev",
         "stack export --stack dev",  # a create an interrupted update left pending?
-        "refresh --yes --skip-preview --stack dev",
+        "refresh --yes --skip-preview --stack dev",  # a VM Compute Engine deleted or stopped
         "stack export --stack dev",  # what tpu-grpo keeps, or protects, that an earlier release did not mark
-        "stack export --stack dev",  # where the data disk is, and what the update replaces
-        "stack export --stack dev",  # a stopped VM?
+        "stack export --stack dev",  # where the data disk is, a stopped VM
+        "preview --json --stack dev",  # what the update replaces, by the engine
     ]
-    assert lines[7].startswith("up --refresh --stack dev --yes --skip-preview --event-log /")  # a VM GCE deleted
+    assert lines[7].startswith("preview --json --stack dev --save-plan /")  # the update to run, and no other
+    assert lines[8].startswith("up --stack dev --plan /") and " --yes --skip-preview --event-log /" in lines[8]
+    assert lines[7].rsplit(" ", 1)[-1] == lines[8].split()[4]  # the plan that preview saved (PULUMI_EXPERIMENTAL)
 
 
 def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):
@@ -208,9 +210,9 @@ def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):
         os.close(leader), os.close(follower)
         assert done.returncode == code, done.stderr
         assert "Do you want to perform this update? yes/no" in done.stdout
-        assert [line for line in cli.calls() if line.startswith("up ")][-1].startswith(
-            "up --refresh --stack dev --event-log /"
-        )
+        [up] = [line for line in cli.calls() if line.startswith("up ")][-1:]
+        assert up.startswith("up --stack dev --plan /") and up.endswith("--event-log " + up.rsplit(" ", 1)[-1])
+        assert "--yes" not in up
 
 
 def test_up_explains_a_full_reservation(stack_dir, pulumi_cli):

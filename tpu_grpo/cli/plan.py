@@ -370,6 +370,8 @@ def render(plan: Plan, console: Console) -> None:
     from infra.tpu_host import render_command
 
     console.print(styled("[bold]Plan for stack [cyan]{}[/] (offline: nothing is created)[/]", plan.stack))
+    if plan.replaces:  # infra/replacements.py's copy of the provider's rules, offline
+        console.print("an estimate from the provider's rules; `invoke up` decides on Pulumi's own preview:")
     for line in plan.replaces:
         console.print(styled("[bold red]replaces:[/] {}", line))
     for line in plan.warnings:

@@ -25,7 +25,7 @@ from tpu_grpo.cloud.refusals import CAPACITY, EVERYWHERE, MEANINGS, REGION, UNKN
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.keys import Place
-from tpu_grpo.config.settings import PLACED, Settings
+from tpu_grpo.config.settings import PLACE_ENV, PLACED, Settings
 from tpu_grpo.config.stack_file import project_root, read_stack_file
 
 #: An attempt's `replaces:` line for a data disk an earlier attempt of the same search made, which holds nothing (or
@@ -211,8 +211,21 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
         pinned = bool(chosen.fallback or chosen.placed or placed.moved_from)
         raw = {**read_stack_file(chosen.stack, project_root()), **({PLACED: placed.to_json()} if pinned else {})}
         at, declared, _ = offline.run(raw, chosen.stack)  # the program's own settings there, parsed once
+        last["settings"] = at
         now = stack.state_resources(chosen.stack) if last["tried"] else resources  # as the attempt before left it
-        changes = stack.preview(at, declared, now)
+        last["tried"] = True
+        env = {PLACE_ENV: json.dumps(placed.to_json())} if pinned else {}  # the place reaches the program
+        stopped = stack.stopped_vm(at, now)
+        if stopped:
+            say(
+                f"the {at.capacity} VM is {stopped[1]} (stopped when idle, or preempted), and a TPU VM is never "
+                "started again: creating it anew around the same data disk"
+            )
+        replace = ["--replace", stopped[0]] if stopped else []
+        code, changes, errors = stack.engine_changes(at, declared, replace, env)
+        if code and not any(stack.PROTECTED in error for error in errors):  # the cloud refused already
+            last.update(code=code, messages=errors)
+            return code, errors
         for change in changes:
             new_disk = checked == MADE_BY_THIS_SEARCH and change.type == replacements.DISK
             say(f"replaces: {NEW_DISK if new_disk else stack.describe(change)}")
@@ -223,16 +236,15 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
                 "the renamed resources), then change it again"
             )
         if stack.data_disk_lost(changes) and not moving and checked is None:
-            keep_data(at)  # before the stack file says anything new
+            keep_data(at)
             checked = SAVED_ELSEWHERE
-        if pinned and recorded != placed:
-            record_place(chosen.stack, placed)
-            recorded = placed
-        last["settings"] = at
         why = stack.releasable(changes, now, MOVED, disk) if moving else stack.releasable(changes, now, checked)
         with stack.released(chosen.stack, why, say, stdout):
-            code, messages = stack.up(at, yes=yes, say=say, stdout=stdout)
-        last.update(code=code, messages=messages, tried=True)
+            code, messages = stack.up(at, yes=yes, say=say, stdout=stdout, replace=replace, env=env)
+        if code == 0 and pinned and recorded != placed:  # recorded once it has chips
+            record_place(chosen.stack, placed)
+            recorded = placed
+        last.update(code=code, messages=messages)
         return code, messages
 
     places = order(chosen.candidates, disk_zone or chosen.zone)

@@ -424,17 +424,17 @@ def pending_said(stack: str) -> str:
 
 
 def select_and_refresh(settings: Settings, stdout=None) -> int:
-    """Select (or create) the stack and, for the one VM, refresh its state, so that `preview` and `up` see what
-    Compute Engine has now (a VM it deleted or stopped); forget what tpu-grpo keeps that an earlier release's state
-    does not mark so (`forget_unmarked`), which the update could otherwise delete; and protect what it protects that
-    such a state does not mark (`protect_unmarked`), which the engine would otherwise let this update delete."""
+    """Select (or create) the stack and refresh its state, so that the preview and `up` (which plans from it, and so
+    refreshes no more) see what the cloud has now (a VM Compute Engine deleted or stopped), adopting what an
+    interrupted update left pending; forget what tpu-grpo keeps that an earlier release's state does not mark so
+    (`forget_unmarked`), which the update could otherwise delete; and protect what it protects that such a state
+    does not mark (`protect_unmarked`), which the engine would otherwise let this update delete."""
     selected = subprocess.run(["pulumi", "stack", "select", "--create", settings.stack], stdout=stdout)
     if selected.returncode:
         return selected.returncode
     adopt = [flag for urn, id_ in pending_creates(settings.stack) if id_ for flag in adopting(urn, id_)]
-    if adopt or not settings.tpu_slice:
-        refresh = ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack, *adopt]
-        run_pulumi(refresh, asks=False, stdout=stdout)
+    refresh = ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", settings.stack, *adopt]
+    run_pulumi(refresh, asks=False, stdout=stdout)
     resources = state_resources(settings.stack)
     return forget_unmarked(settings.stack, stdout, resources) or protect_unmarked(settings.stack, stdout, resources)
 
@@ -460,33 +460,86 @@ def protect_unmarked(stack: str, stdout=None, resources: list[dict] | None = Non
     return _state_edit("protect", stack, unmarked, stdout) if unmarked else 0
 
 
-def up(settings: Settings, *, yes: bool, say=print, stdout=None) -> tuple[int, list[str]]:
-    """`pulumi up --refresh` on the stack (selected and refreshed by `select_and_refresh`), attached to this
-    terminal: the refresh notices a VM that Compute Engine deleted (preempted, a reservation or flex-start run that
-    ended) and creates it again. A stopped VM (an idle stop, a preemption) is replaced: no TPU VM is started again,
-    whatever its capacity. `yes`: the user has agreed already (`invoke up --yes`, a recovery nobody watches), so no
-    preview and no question; otherwise Pulumi shows its preview and asks.
+#: Update plans (`pulumi preview --save-plan`, `pulumi up --plan`) are experimental in the Pulumi CLI: the flags are
+#: hidden and the engine makes plans only with PULUMI_EXPERIMENTAL set (pkg/cmd/pulumi/operations/preview.go:
+#: "[EXPERIMENTAL] Save the operations proposed by the preview to a plan file"; CHANGELOG, pulumi/pulumi#8448: "Only
+#: enabled when PULUMI_EXPERIMENTAL is set").
+PLAN_ENV = {"PULUMI_EXPERIMENTAL": "true"}
 
-    Returns the exit code and the error messages of Pulumi's event log (what they mean: `explanations`). The CLI's
-    output goes to this terminal, or to `stdout` (a file: stderr when this process's stdout is JSON).
+
+def stopped_vm(settings: Settings, resources: list[dict]) -> tuple[str, str] | None:
+    """(URN, status) of the stack's VM when the state says Compute Engine stopped it (an idle stop, a preemption):
+    `up` replaces it, as no TPU VM is started again whatever its capacity."""
+    for resource in [] if settings.tpu_slice else resources:
+        status = (resource.get("outputs") or {}).get("currentStatus")
+        if resource.get("type") == INSTANCE_TYPE and status in STOPPED:
+            return resource["urn"], status
+    return None
+
+
+def engine_changes(settings: Settings, declared: list, replace: list[str], env: dict) -> tuple[int, list, list[str]]:
+    """What the next update replaces or deletes, by Pulumi's own preview (`pulumi preview --json`: the engine's steps
+    and the provider's diff, CustomizeDiff included): its exit code, the changes (replacements.from_steps) and its
+    error messages (a protected resource it would replace, a refusal of the cloud)."""
+    done = subprocess.run(
+        ["pulumi", "preview", "--json", "--stack", settings.stack, *replace],
+        capture_output=True,
+        text=True,
+        cwd=project_root(),
+        env={**os.environ, **env},
+    )
+    errors = diagnosed(done.stdout)
+    if done.returncode and not errors:
+        errors = done.stderr.strip().splitlines()[-1:] or [f"pulumi preview exited {done.returncode}"]
+    return done.returncode, replacements.from_steps(digest_of(done.stdout).get("steps") or [], declared), errors
+
+
+def digest_of(printed: str) -> dict:
+    """What `pulumi preview --json` printed, or {} where it printed no JSON (a CLI that failed before the engine)."""
+    try:
+        digest = json.loads(printed) if printed.strip() else {}
+    except json.JSONDecodeError:
+        return {}
+    return digest if isinstance(digest, dict) else {}
+
+
+def diagnosed(printed: str) -> list[str]:
+    """The error diagnostics of what `pulumi preview --json` printed."""
+    diagnostics = digest_of(printed).get("diagnostics") or []
+    return [d.get("message", "") for d in diagnostics if isinstance(d, dict) and d.get("severity") == "error"]
+
+
+def up(
+    settings: Settings, *, yes: bool, say=print, stdout=None, replace: list[str] | None = None, env: dict | None = None
+) -> tuple[int, list[str]]:
+    """The update Pulumi's preview shows, and no other: `pulumi preview --save-plan`, then `pulumi up --plan` (the
+    engine stops at the first step the plan does not hold), on the stack `select_and_refresh` refreshed. `replace`:
+    `--replace URN` of a stopped VM (`stopped_vm`); `env`: this update's place (PLACE_ENV). `yes`: the user has agreed
+    already (`invoke up --yes`, a recovery nobody watches), so no question; otherwise Pulumi shows its preview and asks.
+
+    Returns the exit code and the error messages of Pulumi's event log, or of the preview (what they mean:
+    `explanations`). The CLI's output goes to this terminal, or to `stdout` (a file: stderr when this process's
+    stdout is JSON).
     """
-    stack = settings.stack
-    replace: list[str] = []
-    found = None if settings.tpu_slice else instance_state(stack)
-    if found and found[1] in STOPPED:
-        say(
-            f"the {settings.capacity} VM is {found[1]} (stopped when idle, or preempted), and a TPU VM is never "
-            "started again: creating it anew around the same data disk"
-        )
-        replace = ["--replace", found[0]]
+    stack, replace = settings.stack, replace or []
     agreed = ["--yes", "--skip-preview"] if yes else []
+    env = {**os.environ, **EVENT_LOG_ENV, **PLAN_ENV, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
-        event_log = Path(folder) / "events.jsonl"
+        plan, event_log = Path(folder) / "plan.json", Path(folder) / "events.jsonl"
+        planned = subprocess.run(  # its errors reach this terminal, and are in its diagnostics too
+            ["pulumi", "preview", "--json", "--stack", stack, *replace, "--save-plan", str(plan)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=project_root(),
+            env=env,
+        )
+        if planned.returncode:
+            return planned.returncode, diagnosed(planned.stdout) or [f"pulumi preview exited {planned.returncode}"]
         code = run_pulumi(
-            ["pulumi", "up", "--refresh", "--stack", stack, *replace, *agreed, "--event-log", str(event_log)],
+            ["pulumi", "up", "--stack", stack, "--plan", str(plan), *replace, *agreed, "--event-log", str(event_log)],
             asks=not yes and sys.stdin.isatty(),
             stdout=stdout,
-            env={**os.environ, **EVENT_LOG_ENV},
+            env=env,
         )
         return code, error_messages(event_log) if code else []
 

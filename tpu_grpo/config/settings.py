@@ -321,6 +321,9 @@ _TAKEN_BY = {
 STORE_KEY = f"{PROJECT}:checkpointStore"
 #: Where `invoke up` got chips, which the tasks and the program read as the stack's place.
 PLACED = f"{PROJECT}:placed"
+#: The place of one update (`invoke up`'s attempt), as JSON, which the program reads over the stack file's `placed`:
+#: the stack file records a place only once it got chips.
+PLACE_ENV = "TPU_GRPO_PLACE"
 #: The setting that lists a stack's other places; the stack's own (gcp:zone, capacity) is tried first.
 FALLBACK = f"{PROJECT}:fallback"
 
