@@ -28,6 +28,11 @@ source, not from what tpu-grpo expects:
   in the program is refused ("unable to replace resource %q\nas it is currently marked for protection"), and so is a
   delete of one protected in the state, an update's or a destroy's (DeleteStep: "unable to delete resource %q"); the
   steps before it are done, none after. `state unprotect`/`state protect` clear and set the bit.
+- An interrupted update (pkg/cmd/pulumi/operations' cancellationScope; pulumi/pulumi#8435): a create already sent
+  finishes in the cloud and stays in the state as a pending operation, which `refresh --import-pending-creates`
+  settles. An insert of a name that exists outside the state fails with a 409, whatever the resource. A create the
+  cloud refuses (a quota) stops the update where it is, a replaced resource's old one already deleted (the bridge
+  deletes a named resource before it makes its replacement: nameRequiresDeleteBeforeReplace).
 """
 
 from __future__ import annotations
@@ -140,6 +145,7 @@ class Engine:
 
     cloud: Cloud
     state: dict[tuple[str, str], Entry] = field(default_factory=dict)
+    pending: dict[tuple[str, str], Entry] = field(default_factory=dict)  # creates an interrupt left pending
 
     def export(self) -> list[dict]:
         return [entry.export() for entry in self.state.values()]
@@ -161,8 +167,11 @@ class Engine:
             )
         )
 
-    def up(self, declared: list, flex_wait_minutes: int = 0) -> Operations:
-        """Bring the cloud to what is declared; a create that outlasts its timeout leaves its VM outside the state."""
+    def up(self, declared: list, flex_wait_minutes: int = 0, fault: str | None = None) -> Operations:
+        """Bring the cloud to what is declared; a create that outlasts its timeout leaves its VM outside the state.
+        `fault`: "interrupt" (Ctrl-C while the VM's create is sent: the cloud makes it, the state keeps it pending, the
+        update stops), or a resource type whose create the cloud refuses (a quota) once: the update stops there, what
+        it did before done (the old resource of a replacement deleted first)."""
         done = Operations()
         for resource in declared:  # aliases first: the same resource under its new name
             for alias in resource.options.aliases:
@@ -188,14 +197,11 @@ class Engine:
                 return done
             if old is not None:
                 made.add(resource.name)
+            if old is None and key in self.cloud.resources:  # the Compute API's (and Cloud Storage's) 409
+                name = resource.inputs.get("name", resource.name)
+                done.error = f"googleapi: Error 409: The resource '{name}' already exists, alreadyExists"
+                return done
             if resource.type == INSTANCE:
-                vm = resource.inputs["name"]
-                if old is None and (INSTANCE, resource.name) in self.cloud.resources:
-                    done.error = (
-                        f"googleapi: Error 409: The resource 'projects/p/zones/z/instances/{vm}' already "
-                        "exists, alreadyExists"
-                    )
-                    return done
                 timeout = resource.options.create_timeout or DEFAULT_CREATE_TIMEOUT
                 waits = (
                     flex_wait_minutes if resource.inputs["scheduling"].get("provisioningModel") == "FLEX_START" else 0
@@ -208,10 +214,19 @@ class Engine:
                     self.cloud.create(resource.type, resource.name, resource.inputs)  # outside the state, billed
                     done.error = f"timeout while waiting for state to become 'DONE' (timeout: {timeout})"
                     return done
+                if fault == "interrupt":  # the create was sent: Compute Engine makes it, the state keeps it pending
+                    self.cloud.create(resource.type, resource.name, resource.inputs)
+                    self.pending[key] = Entry(resource.type, resource.name, resource.inputs)
+                    done.error = "update canceled"
+                    return done
             elif old is not None:
                 done.replaced.add(key)
                 if not old.retain:  # a retained resource is only dropped from the state, replaced or deleted
                     self.cloud.delete(old.type, old.name, old.inputs)
+                del self.state[key]
+            if fault == resource.type:
+                done.error = f"googleapi: Error 403: Quota exceeded for {resource.type.rsplit(':', 1)[-1]}"
+                return done
             self.cloud.create(resource.type, resource.name, resource.inputs)
             self.state[key] = Entry(
                 resource.type, resource.name, resource.inputs, options.retain_on_delete, options.protect
@@ -229,6 +244,18 @@ class Engine:
                 if not entry.type.startswith("pulumi:"):  # a provider is the engine's, no cloud resource
                     done.deleted.add(key)
         return done
+
+    def export_with_pending(self) -> dict:
+        """`pulumi stack export`, with the creates an interrupted update left pending (`pending_operations`)."""
+        pending = [{"resource": entry.export(), "type": "creating"} for entry in self.pending.values()]
+        return {"deployment": {"resources": self.export(), "pending_operations": pending}}
+
+    def import_pending(self, urn: str) -> None:
+        """`pulumi refresh --import-pending-creates URN ID`: kept where the cloud made it, dropped where not."""
+        key = next(key for key, entry in self.pending.items() if entry.export()["urn"] == urn)
+        entry = self.pending.pop(key)
+        if key in self.cloud.resources:
+            self.state[key] = entry
 
     def state_delete(self, urn: str) -> None:
         key = next(key for key, entry in self.state.items() if entry.export()["urn"] == urn)

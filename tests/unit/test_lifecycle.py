@@ -1,7 +1,8 @@
-"""A stack's life as sequences: a Hypothesis state machine over what a user does (edit a setting, `up`, train, fetch,
-an idle stop, a preemption, upgrading tpu-grpo over a stack an earlier release made, `down`), against a stateful
-double of Pulumi's engine and the cloud written from their sources (tests/doubles/cloud.py), with tpu-grpo's own
-program, preview and guards deciding. After every step:
+"""A stack's life as sequences: a Hypothesis state machine over what a user does (edit a setting, a VM switched to a
+slice and back, `up` with or without `--move-disk`, one interrupted by Ctrl-C or whose disk or VM the cloud refuses,
+train, fetch, an idle stop, a preemption, upgrading tpu-grpo over a stack an earlier release made, `down`), against a
+stateful double of Pulumi's engine and the cloud written from their sources (tests/doubles/cloud.py: protect, pending
+creates, 409s), with tpu-grpo's own program, search and guards deciding. After every step:
 
 - no run that only the data disk holds is deleted without `--force`;
 - nothing billed exists outside the state (a VM a timed-out create left behind);
@@ -10,7 +11,8 @@ program, preview and guards deciding. After every step:
 - what `plan` said (tpu_grpo/cloud/stack.py's preview: infra/replacements.py) is what `up` did.
 
 Each defect of issue 60 is one this machine finds when its guard is taken away (a smaller disk, a renamed grant, the
-project-wide role, the 20-minute create timeout). A fixed seed and budget here; a larger one with
+project-wide role, the 20-minute create timeout); with tpu-grpo's own disk guard taken away, the engine's protect still
+keeps every run (issue 77), and a release that did not wait for the check loses one. A fixed seed and budget here; a larger one with
 `TPU_GRPO_LIFECYCLE_EXAMPLES=2000 uv run pytest tests/unit/test_lifecycle.py`."""
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from infra import replacements
 from infra.offline import run as RUN_THE_PROGRAM  # before a test patches it (StackLife.up)
 from tests.doubles.cloud import Cloud, Engine
 from tests.support import ROOT
@@ -156,8 +159,12 @@ class StackLife(RuleBasedStateMachine):
                 PROGRAM_RUNS[key] = (None, None)
         return PROGRAM_RUNS[key]
 
-    @rule(flex_wait=st.integers(0, 120), move=st.booleans())
-    def up(self, flex_wait, move):
+    @rule(
+        flex_wait=st.integers(0, 120),
+        move=st.booleans(),
+        fault=st.sampled_from([None, None, None, "interrupt", replacements.DISK, replacements.INSTANCE]),
+    )
+    def up(self, flex_wait, move, fault=None):
         """`invoke up [--move-disk]`: refresh, then tpu-grpo's own search (tpu_grpo/cloud/search.py: its data disk
         guard and the release of what it protects) with the engine double as Pulumi's CLI, its preview the double's."""
         from infra import offline, replacements
@@ -167,6 +174,11 @@ class StackLife(RuleBasedStateMachine):
         chosen, _ = self.program(self.values)
         if chosen is None:
             return
+        with self.engine_as_pulumi((stack, "_pulumi_json", lambda *args: self.engine.export_with_pending())):
+            for urn, id_ in stack.pending_creates("dev"):  # select_and_refresh's refresh adopts them
+                assert id_, urn
+                self.engine.import_pending(urn)
+        assert not self.engine.pending, "a create an interrupt left pending was not settled"
         self.engine.refresh()
         for urn in stack.unmarked_retained(self.engine.export()):  # select_and_refresh's forget_unmarked
             self.engine.state_delete(urn)
@@ -192,8 +204,10 @@ class StackLife(RuleBasedStateMachine):
                 {(c.type, c.name) for c in changes if c.action == "delete"},
             )
             before = self.disk_runs()
-            done = self.engine.up(declared, flex_wait)
+            done = self.engine.up(declared, flex_wait, fault)
             self.note_lost(before)
+            if done.error == "update canceled":
+                raise stack.Cancelled(done.error)  # run_pulumi, after Pulumi's cancel
             if done.error:
                 return 255, [done.error]
             self.plan_and_up.append((said, (done.replaced, done.deleted)))
@@ -297,7 +311,8 @@ class StackLife(RuleBasedStateMachine):
         return next(iter(self.cloud.disks), None)
 
     def disk_runs(self) -> set[str]:
-        return {run for runs in self.cloud.disks.values() for run in runs}
+        """The runs the data disk holds, or a move's snapshot while the disk made from it is not made yet."""
+        return {run for held in (*self.cloud.disks.values(), *self.cloud.snapshots.values()) for run in held}
 
     def unsaved(self) -> set[str]:
         return self.disk_runs() - self.fetched
@@ -311,7 +326,8 @@ class StackLife(RuleBasedStateMachine):
 
     @invariant()
     def nothing_billed_is_outside_the_state(self):
-        outside = self.cloud.resources - set(self.engine.state)
+        """Every VM is in the state, or in its pending operations, which the next `up` settles."""
+        outside = self.cloud.resources - set(self.engine.state) - set(self.engine.pending)
         assert not {key for key in outside if key[0].startswith("gcp:compute/instance")}, outside
 
     @invariant()

@@ -363,3 +363,18 @@ def spot_stack_values(tmp_path_factory):
             yield
 
     return stack_settings.parse(raw, "dev", folder), cloud
+
+
+def test_a_search_where_every_place_refused_records_no_place(spot_stack, cloud):
+    """Each attempt's place reaches the program as that update's input; the stack file records a place only once it
+    has chips, so a search that found none leaves the stack where it was, not pinned to the last place tried (the
+    dearest here, on-demand)."""
+    stack_dir, _ = spot_stack
+    cli, env = cloud
+    for zone, capacity in (("us-east5-b", "spot"), ("us-east5-a", "spot"), ("us-central1-b", "on-demand")):
+        cli.answer_at(zone, capacity, "stockout")
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 255
+    assert ups(cli) == 3
+    assert "tpu-grpo:placed" not in stack_config(stack_dir)
+    assert not any(call.startswith("config set") for call in cli.calls())
