@@ -28,6 +28,9 @@ source, not from what tpu-grpo expects:
   in the program is refused ("unable to replace resource %q\nas it is currently marked for protection"), and so is a
   delete of one protected in the state, an update's or a destroy's (DeleteStep: "unable to delete resource %q"); the
   steps before it are done, none after. `state unprotect`/`state protect` clear and set the bit.
+- A resource's URN holds its parent's type (pkg/resource/urn.go): declared under another component, it is another
+  resource, which the engine creates (a 409: the name is taken) before it deletes the old URN, unless an alias names
+  the old parent (Pulumi's "Resource option: aliases").
 - An interrupted update (pkg/cmd/pulumi/operations' cancellationScope; pulumi/pulumi#8435): a create already sent
   finishes in the cloud and stays in the state as a pending operation, which `refresh --import-pending-creates`
   settles. An insert of a name that exists outside the state fails with a 409, whatever the resource. A create the
@@ -116,11 +119,12 @@ class Entry:
     inputs: dict[str, Any]
     retain: bool = False
     protect: bool = False
+    parent: str = "tpu-grpo:index:TpuHost"  # the component's type, part of the URN
 
     def export(self, stack: str = "dev") -> dict:
         """As `pulumi stack export` prints it (the part tpu-grpo reads)."""
         return {
-            "urn": f"urn:pulumi:{stack}::tpu-grpo::tpu-grpo:index:Component${self.type}::{self.name}",
+            "urn": f"urn:pulumi:{stack}::tpu-grpo::{self.parent}${self.type}::{self.name}",
             "type": self.type,
             "custom": True,
             "inputs": self.inputs,
@@ -173,6 +177,17 @@ class Engine:
         update stops), or a resource type whose create the cloud refuses (a quota) once: the update stops there, what
         it did before done (the old resource of a replacement deleted first)."""
         done = Operations()
+        component = next(r.type for r in declared if r.type.startswith("tpu-grpo:"))
+        for resource in declared:  # a URN holds its parent's type: another parent is another resource, unless aliased
+            old = self.state.get((resource.type, resource.name))
+            if old is None or old.parent == component or resource.type.startswith("tpu-grpo:"):
+                continue
+            if any(urn.split("::")[2] == old.parent for urn in resource.options.alias_parents):
+                old.parent = component
+            else:  # the engine makes it anew before it deletes the old URN: the name is taken
+                name = resource.inputs.get("name", resource.name)
+                done.error = f"googleapi: Error 409: The resource '{name}' already exists, alreadyExists"
+                return done
         for resource in declared:  # aliases first: the same resource under its new name
             for alias in resource.options.aliases:
                 old = self.state.pop((resource.type, alias), None)
@@ -180,7 +195,7 @@ class Engine:
                     self.cloud.resources.discard((old.type, old.name))
                     self.cloud.resources.add((resource.type, resource.name))
                     self.state[(resource.type, resource.name)] = Entry(
-                        resource.type, resource.name, old.inputs, old.retain, old.protect
+                        resource.type, resource.name, old.inputs, old.retain, old.protect, component
                     )
         made = {name for (_, name) in ((r.type, r.name) for r in declared) if (_, name) not in self.state}
         pending = [r for r in declared if not r.type.startswith("tpu-grpo:")]
@@ -190,7 +205,9 @@ class Engine:
             options = resource.options
             if old is not None and not self._forces_new(resource, old, made):
                 inputs = {**resource.inputs, **{k: old.inputs[k] for k in options.ignore_changes if k in old.inputs}}
-                self.state[key] = Entry(resource.type, resource.name, inputs, options.retain_on_delete, options.protect)
+                self.state[key] = Entry(
+                    resource.type, resource.name, inputs, options.retain_on_delete, options.protect, component
+                )
                 continue
             if old is not None and old.protect and options.protect:
                 done.error = f'unable to replace resource "{old.export()["urn"]}"\n{PROTECTED}'
@@ -216,7 +233,7 @@ class Engine:
                     return done
                 if fault == "interrupt":  # the create was sent: Compute Engine makes it, the state keeps it pending
                     self.cloud.create(resource.type, resource.name, resource.inputs)
-                    self.pending[key] = Entry(resource.type, resource.name, resource.inputs)
+                    self.pending[key] = Entry(resource.type, resource.name, resource.inputs, parent=component)
                     done.error = "update canceled"
                     return done
             elif old is not None:
@@ -229,7 +246,7 @@ class Engine:
                 return done
             self.cloud.create(resource.type, resource.name, resource.inputs)
             self.state[key] = Entry(
-                resource.type, resource.name, resource.inputs, options.retain_on_delete, options.protect
+                resource.type, resource.name, resource.inputs, options.retain_on_delete, options.protect, component
             )
         wanted = {(r.type, r.name) for r in declared}
         for key in [key for key in self.state if key not in wanted]:

@@ -12,7 +12,8 @@ creates, 409s), with tpu-grpo's own program, search and guards deciding. After e
 
 Each defect of issue 60 is one this machine finds when its guard is taken away (a smaller disk, a renamed grant, the
 project-wide role, the 20-minute create timeout); with tpu-grpo's own disk guard taken away, the engine's protect still
-keeps every run (issue 77), and a release that did not wait for the check loses one. A fixed seed and budget here; a larger one with
+keeps every run (issue 77), and a release that did not wait for the check loses one. A fixed seed and budget here; a
+larger one with
 `TPU_GRPO_LIFECYCLE_EXAMPLES=2000 uv run pytest tests/unit/test_lifecycle.py`."""
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def previous_release(engine: Engine, release: int = 0) -> None:
     state = {}
     for (type_, name), entry in engine.state.items():
         old = older.get(name, name)
-        state[(type_, old)] = Entry(type_, old, entry.inputs, entry.retain and type_ == BUCKET)
+        state[(type_, old)] = Entry(type_, old, entry.inputs, entry.retain and type_ == BUCKET, parent=entry.parent)
         if old != name and (type_, name) in engine.cloud.resources:
             engine.cloud.resources.discard((type_, name))
             engine.cloud.resources.add((type_, old))
@@ -381,3 +382,36 @@ def test_with_its_own_disk_guard_removed_the_engine_still_keeps_the_data(life, m
 def test_the_lifecycle_walks_every_capacity_of_the_table():
     """A capacity added to the catalogue is walked here too (its stack settings in CAPACITY), not silently left out."""
     assert set(CAPACITY) == set(CAPACITIES)
+
+
+def test_a_switch_between_one_vm_and_a_slice_keeps_what_both_declare(stack_values):
+    """A URN holds its parent's type: the network, the subnet and the bucket of a stack switched from one VM to a
+    slice are the same resources only through their alias under the other component; without it the engine makes
+    them anew under a name the project holds (a 409), the old ones still there."""
+    import dataclasses
+
+    from tpu_grpo.cloud import stack
+
+    shared = {"tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+    vm = {k: v for k, v in {**stack_values, **shared}.items() if v is not None}
+    slice_ = {**vm, **SLICE}
+    engine = Engine(Cloud())
+    assert not engine.up(RUN_THE_PROGRAM(vm, "dev")[1]).error
+    for urn in stack.releasable(
+        replacements.diff(engine.export(), RUN_THE_PROGRAM(slice_, "dev")[1]),
+        engine.export(),
+        "every run on it is fetched",
+    ):
+        engine.set_protect(urn, False)  # the data disk goes with the VM: `up`'s check passed
+    without_aliases = [
+        dataclasses.replace(r, options=dataclasses.replace(r.options, alias_parents=()))
+        for r in RUN_THE_PROGRAM(slice_, "dev")[1]
+    ]
+    refused = Engine(Cloud(set(engine.cloud.resources)), dict(engine.state)).up(without_aliases)
+    assert "409" in refused.error and "tpu-grpo-net" in refused.error
+    done = engine.up(RUN_THE_PROGRAM(slice_, "dev")[1])
+    assert not done.error, done.error
+    kept = {name for (type_, name) in engine.state if type_.endswith(("Network", "Subnetwork", "Bucket"))}
+    assert kept == {"tpu-grpo-net", "tpu-grpo-subnet", "store"}
+    assert all(entry.parent == "tpu-grpo:index:TpuSlice" for entry in engine.state.values())
+    assert not any(type_.endswith(("Network", "Subnetwork", "Bucket")) for type_, _ in done.replaced | done.deleted)

@@ -272,3 +272,21 @@ def test_up_decides_on_the_engines_preview_not_on_its_own_table(stack_dir, stack
     assert result.stderr.startswith("error: refusing to update stack 'dev': the update deletes the data disk, and ")
     assert not [call for call in cli.calls() if call.startswith(("up ", "state unprotect", "config set"))]
     assert resources(cli)["Disk"]["inputs"]["zone"] == "us-east5-b"
+
+
+def test_the_bucket_stays_where_it_was_made_and_plan_says_so(stack_dir, stack_values, cloud):
+    """A new gcp:zone in another region would move the stack's bucket: a bucket cannot move, and a new one of the same
+    global name is refused (409), so the program keeps it where it was made, and `plan` says where."""
+    cli, env = cloud
+    values = {**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+    cli.deployed(values)
+    write(stack_dir, {**values, "gcp:zone": "us-central1-b"})
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)
+    assert not [line for line in plan["replaces"] if line.startswith("Bucket")]
+    assert (
+        "Bucket store stays in US-EAST5, where it was made (a bucket cannot move), not US-CENTRAL1: the VM reads and "
+        "writes its runs across regions"
+    ) in plan["warnings"]
+    result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert resources(cli)["Bucket"]["inputs"]["location"] == "US-EAST5"

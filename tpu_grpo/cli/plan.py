@@ -91,7 +91,7 @@ def build(stack: str | None = None) -> Plan:
     from infra.common import access_to_grant
     from infra.tpu_host import gcloud_create_command
     from infra.tpu_slice import gcloud_node_pool_command
-    from tpu_grpo.cloud.stack import describe, kept, preview
+    from tpu_grpo.cloud.stack import describe, kept, preview, state_resources, stays
 
     root = stack_file.project_root()
     stack = stack_file.chosen_stack(stack, root)
@@ -99,11 +99,12 @@ def build(stack: str | None = None) -> Plan:
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
     paid_disks = disks(settings)
+    state = state_resources(stack)  # [] with no CLI or nothing made yet
     return Plan(
         stack=stack,
         pending=[str(error) for error in settings.pending],
-        warnings=settings.warnings,
-        replaces=[describe(change) for change in preview(settings, resources)],
+        warnings=[*settings.warnings, *stays(state, resources)],
+        replaces=[describe(change) for change in preview(settings, resources, state)],
         kept=kept(resources),
         access=access_to_grant(settings),
         resources=[

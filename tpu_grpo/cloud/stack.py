@@ -272,6 +272,20 @@ def preview(settings: Settings, declared: list | None = None, resources: list[di
     return replacements.diff(resources, declared)
 
 
+def stays(resources: list[dict], declared: list) -> list[str]:
+    """What the stack file now puts elsewhere and the program keeps where it was made (it ignores the change): the
+    bucket's location (infra/common.py's declare_bucket), a line each; [] with no state."""
+    before = {(r["type"], r["urn"].rsplit("::", 1)[-1]): r.get("inputs") or {} for r in resources}
+    return [
+        f"Bucket {r.name} stays in {was}, where it was made (a bucket cannot move), not {r.inputs['location']}: the "
+        "VM reads and writes its runs across regions"
+        for r in declared
+        if r.type == replacements.BUCKET
+        and (was := before.get((r.type, r.name), {}).get("location"))
+        and was != r.inputs.get("location")
+    ]
+
+
 def describe(change) -> str:
     """One line for a replacement or deletion: what, why, and what it means."""
     kind = change.type.rsplit(":", 1)[-1]
