@@ -250,6 +250,17 @@ def _leaves(fields: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     ]
 
 
+#: The engine's ops that tear a resource down and build it again (pkg/resource/deploy/step.go's StepOp values).
+REPLACING_OPS = (
+    "replace",
+    "create-replacement",
+    "delete-replaced",
+    "read-replacement",
+    "import-replacement",
+    "discard-replaced",
+)
+
+
 def from_steps(steps: list[dict], declared: list) -> list[Change]:
     """The engine's own steps (`pulumi preview --json`: op, urn, oldState, newState, replaceReasons, detailedDiff; pkg/
     display/json.go's PreviewDigest) as the Changes `diff` gives, so that `invoke up` decides on the engine's and the
@@ -265,7 +276,7 @@ def from_steps(steps: list[dict], declared: list) -> list[Change]:
         before, after = flatten(old.get("inputs") or {}), flatten(new.get("inputs") or {})
         detailed = step.get("detailedDiff") or {}
         op = step.get("op")
-        if op in ("replace", "create-replacement", "delete-replaced"):
+        if op in REPLACING_OPS:
             paths = [path for path, diff in detailed.items() if str(diff.get("kind", "")).endswith("-replace")]
             paths = paths or list(step.get("replaceReasons") or [])
             found[key] = Change(*key, "replace", tuple((p, before.get(p), after.get(p)) for p in sorted(paths)))

@@ -420,3 +420,53 @@ def test_an_update_that_would_delete_a_grant_it_declares_is_refused(stack_values
     assert stack.describe(strip).endswith("an IAM member's delete removes its binding): refused")
     _, same_name, _ = offline.run(raw, "dev")
     assert not stack.strips_a_grant(replacements.diff(state, same_name))  # the alias adopts it
+
+
+def test_the_engines_preview_steps_read_as_changes():
+    """`pulumi preview --json` as the CLI prints it (pkg/display/json.go's previewStep: op, urn, oldState, newState,
+    replaceReasons, detailedDiff with each path's kind), read without the offline table: a replace named by its
+    `*-replace` paths, a delete of a retained resource forgotten, one of a grant the update declares anew a strip, a
+    pool's machine type updated in place as GKE recreating its nodes, and a same step nothing."""
+    from infra import replacements
+
+    disk = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/disk:Disk::tpu-grpo-data"
+    steps = [
+        {
+            "op": "replace",
+            "urn": disk,
+            "oldState": {"inputs": {"zone": "us-east5-b", "size": 500}},
+            "newState": {"inputs": {"zone": "us-east5-a", "size": 500}},
+            "replaceReasons": ["zone"],
+            "detailedDiff": {"zone": {"kind": "update-replace", "inputDiff": True}, "labels": {"kind": "update"}},
+        },
+        {"op": "same", "urn": disk.replace("disk:Disk::tpu-grpo-data", "network:Network::tpu-grpo-net")},
+        {
+            "op": "delete",
+            "urn": "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:storage/bucket:Bucket::store",
+            "oldState": {"inputs": {"name": "b"}, "retainOnDelete": True},
+        },
+        {
+            "op": "delete",
+            "urn": "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuSlice$gcp:projects/iAMMember:IAMMember::old-role",
+            "oldState": {"inputs": {"role": "r", "member": "m", "project": "p"}},
+        },
+        {
+            "op": "update",
+            "urn": "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuSlice$gcp:container/nodePool:NodePool::cpu-np",
+            "oldState": {"inputs": {"nodeConfig": {"machineType": "n2-standard-32"}}},
+            "newState": {"inputs": {"nodeConfig": {"machineType": "n2-standard-64"}}},
+            "diffReasons": ["nodeConfig.machineType"],
+        },
+    ]
+
+    class Grant:  # the update declares the same binding under another name
+        type = "gcp:projects/iAMMember:IAMMember"
+        inputs = {"role": "r", "member": "m", "project": "p"}
+
+    changes = replacements.from_steps(steps, [Grant()])
+    assert [(c.type.rsplit(":", 1)[-1], c.name, c.action, c.fields) for c in changes] == [
+        ("Disk", "tpu-grpo-data", "replace", (("zone", "us-east5-b", "us-east5-a"),)),
+        ("NodePool", "cpu-np", "recreate nodes", (("nodeConfig.machineType", "n2-standard-32", "n2-standard-64"),)),
+        ("Bucket", "store", "forget", ()),
+        ("IAMMember", "old-role", "strip", ()),
+    ]
