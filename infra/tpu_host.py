@@ -107,11 +107,14 @@ class TpuHost(pulumi.ComponentResource):
         )
         # Moved to this zone by `invoke up` (tpu-grpo:placed.movedFrom): made from a snapshot of the disk it had
         # there, which Pulumi takes before it deletes that disk (the new disk's inputs wait for the snapshot's self
-        # link). Protected, as the disk is: while the new disk is not made, the snapshot is the only copy.
+        # link). Protected, as the disk is: while the new disk is not made, the snapshot is the only copy. Each move's
+        # snapshot is a resource of its own (named by the zone it left): were a second move a replacement of the
+        # first's, the engine would delete the disk first, as a dependent of the snapshot it was made from
+        # (delete-before-replace, step_generator.go's calculateDependentReplacements), before snapshotting it.
         moved_from = settings.here.moved_from
         self.snapshot = (
             gcp.compute.Snapshot(
-                f"{settings.vm_name}-data-moved",
+                moved_snapshot_name(settings.vm_name, moved_from),
                 name=moved_snapshot_name(settings.vm_name, moved_from),
                 source_disk=data_disk_name(settings.vm_name),
                 zone=moved_from,

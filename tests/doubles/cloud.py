@@ -35,7 +35,8 @@ source, not from what tpu-grpo expects:
   finishes in the cloud and stays in the state as a pending operation, which `refresh --import-pending-creates`
   settles. An insert of a name that exists outside the state fails with a 409, whatever the resource. A create the
   cloud refuses (a quota) stops the update where it is, a replaced resource's old one already deleted (the bridge
-  deletes a named resource before it makes its replacement: nameRequiresDeleteBeforeReplace).
+  deletes a named resource before it makes its replacement: nameRequiresDeleteBeforeReplace), and with it, first,
+  what takes its outputs and would be replaced with it (step_generator.go's calculateDependentReplacements).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def _customize_diff_forces_new(type_: str, old: dict, new: dict) -> bool:
         before, after = ipaddress.ip_network(old["ipCidrRange"]), ipaddress.ip_network(new["ipCidrRange"])
         return not (before[0] in after and before[-1] in after)
     return False
+
+
+def _uses(inputs: dict, other: Entry) -> bool:
+    """Whether inputs take an output of `other` (its id or self link in the offline run, or a bucket's name, which
+    infra/common.py passes to its grants as `bucket.name`): the dependency the engine records."""
+    text = str(inputs)
+    named = other.type == replacements.BUCKET and inputs.get("bucket") == other.inputs.get("name")
+    return f"(id of {other.name})" in text or f"(self link of {other.name})" in text or named
 
 
 def _minutes(timeout: str) -> int:
@@ -237,6 +246,9 @@ class Engine:
                     done.error = "update canceled"
                     return done
             elif old is not None:
+                self._delete_dependents_first(old, declared, made, done)
+                if done.error:
+                    return done
                 done.replaced.add(key)
                 if not old.retain:  # a retained resource is only dropped from the state, replaced or deleted
                     self.cloud.delete(old.type, old.name, old.inputs)
@@ -261,6 +273,23 @@ class Engine:
                 if not entry.type.startswith("pulumi:"):  # a provider is the engine's, no cloud resource
                     done.deleted.add(key)
         return done
+
+    def _delete_dependents_first(self, replaced: Entry, declared: list, made: set[str], done: Operations) -> None:
+        """Delete-before-replace (pkg/resource/deploy/step_generator.go, calculateDependentReplacements): the
+        resources that take an output of the one replaced, and that its replacement replaces too, are deleted before
+        it; the update makes them anew after it, in the program's order."""
+        new = {(r.type, r.name): r for r in declared}
+        for key, entry in list(self.state.items()):
+            resource = new.get(key)
+            if entry is replaced or resource is None or not _uses(entry.inputs, replaced):
+                continue
+            if self._forces_new(resource, entry, made | {replaced.name}):
+                if entry.protect and resource.options.protect:  # a replacement like any other: refused
+                    done.error = f'unable to replace resource "{entry.export()["urn"]}"\n{PROTECTED}'
+                    return
+                self.cloud.delete(entry.type, entry.name, entry.inputs)
+                del self.state[key]
+                done.replaced.add(key)
 
     def export_with_pending(self) -> dict:
         """`pulumi stack export`, with the creates an interrupted update left pending (`pending_operations`)."""

@@ -19,14 +19,19 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
 
     _, resources, _ = offline.run(raw, stack)
     component = next(r.type for r in resources if r.type.startswith("tpu-grpo:"))  # TpuHost or TpuSlice
+
+    def urn(r) -> str:
+        return f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}"
+
     return {
         "deployment": {
             "resources": [
                 {
-                    "urn": f"urn:pulumi:{stack}::tpu-grpo::{component}${r.type}::{r.name}",
+                    "urn": urn(r),
                     "type": r.type,
                     "custom": True,
                     "inputs": r.inputs,
+                    "dependencies": [urn(other) for other in resources if other is not r and uses(r, other)],
                     **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
                     **({"protect": True} if r.options.protect else {}),
                     "outputs": {
@@ -39,6 +44,16 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
             ]
         }
     }
+
+
+def uses(resource, other) -> bool:
+    """Whether `resource`'s inputs take an output of `other`, which the engine records as a dependency: its id or self
+    link (the offline run's `(id of NAME)`), or, for a bucket's grant, the bucket's name (infra/common.py passes
+    `bucket.name`)."""
+    text = json.dumps(resource.inputs)
+    marks = (f'"(id of {other.name})"', f'"(self link of {other.name})"')
+    named = other.type.endswith("bucket:Bucket") and resource.inputs.get("bucket") == other.inputs.get("name")
+    return not other.type.startswith("tpu-grpo:") and (any(mark in text for mark in marks) or named)
 
 
 #: Google's refusals as Pulumi's engine reports them (the provider's "creating Instance: googleapi: Error N: ..."),

@@ -415,3 +415,18 @@ def test_a_switch_between_one_vm_and_a_slice_keeps_what_both_declare(stack_value
     assert kept == {"tpu-grpo-net", "tpu-grpo-subnet", "store"}
     assert all(entry.parent == "tpu-grpo:index:TpuSlice" for entry in engine.state.values())
     assert not any(type_.endswith(("Network", "Subnetwork", "Bucket")) for type_, _ in done.replaced | done.deleted)
+
+
+def test_a_disk_moved_twice_keeps_its_runs(life):
+    """The machine's find (at 2,000 random examples): moved to us-east5-a and back with --move-disk before any other
+    `up`. Were the second move's snapshot a replacement of the first's, the engine would delete the disk first, as a
+    dependent of the snapshot it was made from, before snapshotting it: each move's snapshot is its own resource."""
+    machine = life()
+    machine.a_first_up("vm", "reservation", 0)
+    machine.edit("gcp:zone", "us-east5-a")
+    machine.train_and_save()
+    machine.up(0, move=True)
+    machine.edit("gcp:zone", "us-east5-b")
+    machine.up(0, move=True)
+    assert machine.disk_runs() == {"run-1"} and not machine.lost_unsaved
+    assert machine.cloud.disks and next(iter(machine.cloud.disks.values())) == {"run-1"}

@@ -61,7 +61,7 @@ def test_move_disk_releases_the_disk_for_its_update_only(spot_stack, cloud):
     assert ups[0] < release < ups[1] and len(ups) == 2  # released after the home attempt, before the move
     made = resources(cli)
     assert made["Disk"]["inputs"]["zone"] == "us-east5-a" and made["Disk"]["protect"] is True
-    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+    assert made["Disk"]["inputs"]["snapshot"] == f"(self link of {SNAPSHOT})"
     assert made["Snapshot"]["protect"] is True and made["Snapshot"]["inputs"]["name"] == SNAPSHOT
 
 
@@ -80,7 +80,7 @@ def test_move_disk_moves_the_disk_of_a_stack_without_fallback(stack_dir, stack_v
         "tpu-grpo-data"
     )
     assert made["Disk"]["inputs"]["zone"] == "us-east5-a"
-    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+    assert made["Disk"]["inputs"]["snapshot"] == f"(self link of {SNAPSHOT})"
 
 
 def test_after_a_move_the_next_up_keeps_the_disk_and_lets_the_snapshot_go(stack_dir, stack_values, cloud):
@@ -94,8 +94,8 @@ def test_after_a_move_the_next_up_keeps_the_disk_and_lets_the_snapshot_go(stack_
     again = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert again.returncode == 0, again.stderr
     assert "replaces: Disk" not in again.stdout
-    assert "replaces: Snapshot tpu-grpo-data-moved is no longer declared: it is deleted" in again.stdout
-    assert "releases tpu-grpo-data-moved (protected): a data disk made from it holds what it held" in again.stdout
+    assert f"replaces: Snapshot {SNAPSHOT} is no longer declared: it is deleted" in again.stdout
+    assert f"releases {SNAPSHOT} (protected): a data disk made from it holds what it held" in again.stdout
     made = resources(cli)
     assert "Snapshot" not in made
     assert made["Disk"]["inputs"]["zone"] == "us-east5-a" and made["Disk"]["protect"] is True
@@ -123,7 +123,7 @@ def test_a_move_whose_new_disk_was_never_made_makes_it_from_the_snapshot(stack_d
     made = resources(cli)
     assert made["Snapshot"]["inputs"]["name"] == SNAPSHOT
     assert made["Disk"]["inputs"]["zone"] == "us-east5-b"
-    assert made["Disk"]["inputs"]["snapshot"] == "(self link of tpu-grpo-data-moved)"
+    assert made["Disk"]["inputs"]["snapshot"] == f"(self link of {SNAPSHOT})"
 
 
 def test_an_update_that_did_not_run_protects_again_what_it_released(stack_dir, stack_values, cloud):

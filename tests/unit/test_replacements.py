@@ -396,7 +396,7 @@ def test_down_leaves_the_project_wide_role_whatever_release_made_the_state(stack
     down = invoke("down", "--yes", cwd=stack_dir, env=cli.env())
     assert down.returncode == 0, down.stderr
     forgets = [call for call in cli.calls() if call.startswith("state delete")]
-    assert forgets == ([] if marked else [f"state delete --stack dev --yes {role['urn']}"])
+    assert forgets == ([] if marked else [f"state delete --stack dev --yes --target-dependents {role['urn']}"])
     assert cli.calls()[-1] == "destroy --stack dev --yes --skip-preview"
     assert json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"] == []
 
@@ -470,3 +470,24 @@ def test_the_engines_preview_steps_read_as_changes():
         ("Bucket", "store", "forget", ()),
         ("IAMMember", "old-role", "strip", ()),
     ]
+
+
+def test_down_forgets_an_unmarked_bucket_with_the_grants_that_depend_on_it(stack_dir, stack_values, tmp_path):
+    """A state whose bucket an earlier release did not mark retained: `pulumi state delete` refuses a resource others
+    depend on (state_delete.go: "... can't be safely deleted because the following resources depend on it"), here the
+    bucket's grants, so `down` forgets it with them (`--target-dependents`: all stay in the cloud), then destroys."""
+    cli = PulumiCli(tmp_path / "pulumi")
+    raw = {**stack_values, "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/runs", "tpu-grpo:bucket": "true"}
+    write_stack(stack_dir, raw)
+    state = state_of({k: v for k, v in raw.items() if v is not None}, "dev")
+    bucket = next(r for r in state["deployment"]["resources"] if r["urn"].endswith("::store"))
+    del bucket["retainOnDelete"]  # as a release before the bucket was retained recorded it
+    grants = [r["urn"] for r in state["deployment"]["resources"] if bucket["urn"] in r.get("dependencies", [])]
+    assert len(grants) == 2
+    (cli.folder / "state.json").write_text(json.dumps(state))
+    down = invoke("down", "--yes", "--force", cwd=stack_dir, env=cli.env())
+    assert down.returncode == 0, down.stderr
+    calls = cli.calls()
+    assert calls.index(f"state delete --stack dev --yes --target-dependents {bucket['urn']}") < calls.index(
+        "destroy --stack dev --yes --skip-preview"
+    )

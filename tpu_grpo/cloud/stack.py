@@ -586,10 +586,13 @@ def unmarked_retained(resources: list[dict]) -> list[str]:
 
 def forget_unmarked(stack: str, stdout=None, resources: list[dict] | None = None) -> int:
     """Forget from the stack's state (`pulumi state delete`, which deletes nothing in the cloud) what tpu-grpo keeps
-    and the state does not mark so, before an update or a destroy could delete it; the CLI's exit code. `resources`:
-    the state, when read already."""
+    and the state does not mark so, before an update or a destroy could delete it, with what depends on it (a bucket's
+    grants, which the CLI otherwise refuses to leave behind; the next update declares them again); the CLI's exit
+    code. `resources`: the state, when read already."""
     for urn in unmarked_retained(state_resources(stack) if resources is None else resources):
-        forgot = subprocess.run(["pulumi", "state", "delete", "--stack", stack, "--yes", urn], stdout=stdout)
+        forgot = subprocess.run(  # its grants too, which stay in the cloud (state_delete.go refuses it without)
+            ["pulumi", "state", "delete", "--stack", stack, "--yes", "--target-dependents", urn], stdout=stdout
+        )
         if forgot.returncode:
             return forgot.returncode
     return 0
