@@ -68,12 +68,12 @@ def _customize_diff_forces_new(type_: str, old: dict, new: dict) -> bool:
     return False
 
 
-def _uses(inputs: dict, other: Entry) -> bool:
-    """Whether inputs take an output of `other` (its id or self link in the offline run, or a bucket's name, which
-    infra/common.py passes to its grants as `bucket.name`): the dependency the engine records."""
+def takes_output_of(inputs: dict, type_: str, name: str, other_inputs: dict) -> bool:
+    """Whether inputs take an output of the resource `type_` `name` (its id or self link in the offline run, or a
+    bucket's name, which infra/common.py passes to its grants as `bucket.name`): the dependency the engine records."""
     text = str(inputs)
-    named = other.type == replacements.BUCKET and inputs.get("bucket") == other.inputs.get("name")
-    return f"(id of {other.name})" in text or f"(self link of {other.name})" in text or named
+    named = type_ == replacements.BUCKET and inputs.get("bucket") == other_inputs.get("name")
+    return f"(id of {name})" in text or f"(self link of {name})" in text or named
 
 
 def _minutes(timeout: str) -> int:
@@ -281,7 +281,8 @@ class Engine:
         new = {(r.type, r.name): r for r in declared}
         for key, entry in list(self.state.items()):
             resource = new.get(key)
-            if entry is replaced or resource is None or not _uses(entry.inputs, replaced):
+            uses = takes_output_of(entry.inputs, replaced.type, replaced.name, replaced.inputs)
+            if entry is replaced or resource is None or not uses:
                 continue
             if self._forces_new(resource, entry, made | {replaced.name}):
                 if entry.protect and resource.options.protect:  # a replacement like any other: refused

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.doubles.cloud import takes_output_of
 from tests.support import BIN, DOUBLES
 
 INSTANCE = "urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost$gcp:compute/instance:Instance::tpu-grpo"
@@ -31,7 +32,13 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
                     "type": r.type,
                     "custom": True,
                     "inputs": r.inputs,
-                    "dependencies": [urn(other) for other in resources if other is not r and uses(r, other)],
+                    "dependencies": [
+                        urn(other)
+                        for other in resources
+                        if other is not r
+                        and not other.type.startswith("tpu-grpo:")
+                        and takes_output_of(r.inputs, other.type, other.name, other.inputs)
+                    ],
                     **({"retainOnDelete": True} if r.options.retain_on_delete else {}),
                     **({"protect": True} if r.options.protect else {}),
                     "outputs": {
@@ -44,16 +51,6 @@ def state_of(raw: dict, stack: str, status: str = "RUNNING") -> dict:
             ]
         }
     }
-
-
-def uses(resource, other) -> bool:
-    """Whether `resource`'s inputs take an output of `other`, which the engine records as a dependency: its id or self
-    link (the offline run's `(id of NAME)`), or, for a bucket's grant, the bucket's name (infra/common.py passes
-    `bucket.name`)."""
-    text = json.dumps(resource.inputs)
-    marks = (f'"(id of {other.name})"', f'"(self link of {other.name})"')
-    named = other.type.endswith("bucket:Bucket") and resource.inputs.get("bucket") == other.inputs.get("name")
-    return not other.type.startswith("tpu-grpo:") and (any(mark in text for mark in marks) or named)
 
 
 #: Google's refusals as Pulumi's engine reports them (the provider's "creating Instance: googleapi: Error N: ..."),

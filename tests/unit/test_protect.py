@@ -45,15 +45,19 @@ def test_an_update_no_check_released_the_disk_for_is_refused_by_the_engine(stack
     assert not [call for call in cli.calls() if call.startswith("state unprotect")]
 
 
-def test_move_disk_releases_the_disk_for_its_update_only(spot_stack, cloud):
-    """The home zone is out of chips; --move-disk releases the disk for the attempt that moves it (a snapshot
-    first), not for the one that leaves it alone, and the disk made anew is protected again by the program."""
+def test_move_disk_makes_the_new_zones_disk_from_a_snapshot_released_for_that_update_only(spot_stack, cloud):
+    """The home zone is out of chips; --move-disk makes the next zone's disk from a snapshot of the old, recorded as
+    where it came from. The disk is released for the attempt that moves it (a snapshot first), not for the one that
+    leaves it alone, and the disk made anew is protected again by the program."""
     stack_dir, values = spot_stack
     cli, env = cloud
     cli.deployed(values)
     cli.answer_at("us-east5-b", "spot", "stockout")
     result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
+    assert "spot in us-east5-a: got chips" in result.stdout
+    placed = json.loads(stack_config(stack_dir)["tpu-grpo:placed"])
+    assert placed == {"zone": "us-east5-a", "capacity": "spot", "movedFrom": "us-east5-b"}
     assert "releases tpu-grpo-data (protected): the update copies it to a snapshot first (--move-disk)" in result.stdout
     calls = cli.calls()
     release = calls.index(f"state unprotect --stack dev --yes {DISK_URN}")
@@ -62,7 +66,14 @@ def test_move_disk_releases_the_disk_for_its_update_only(spot_stack, cloud):
     made = resources(cli)
     assert made["Disk"]["inputs"]["zone"] == "us-east5-a" and made["Disk"]["protect"] is True
     assert made["Disk"]["inputs"]["snapshot"] == f"(self link of {SNAPSHOT})"
-    assert made["Snapshot"]["protect"] is True and made["Snapshot"]["inputs"]["name"] == SNAPSHOT
+    assert made["Snapshot"]["protect"] is True and made["Snapshot"]["inputs"] == {
+        "name": SNAPSHOT,
+        "sourceDisk": "tpu-grpo-data",
+        "zone": "us-east5-b",
+        "project": "grpo-lab-123",
+        "labels": {"app": "tpu-grpo", "stack": "dev"},
+    }
+    assert made["Instance"]["inputs"]["zone"] == "us-east5-a"
 
 
 def test_move_disk_moves_the_disk_of_a_stack_without_fallback(stack_dir, stack_values, cloud):

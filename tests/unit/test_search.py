@@ -4,7 +4,6 @@ search over generated places and refusals."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -134,28 +133,6 @@ def test_a_data_disk_nobody_can_vouch_for_is_not_made_anew_elsewhere(spot_stack,
     assert "the VM does not answer" in result.stderr and "--move-disk" in result.stderr
     assert "tpu-grpo:placed" not in stack_config(stack_dir)
     assert state_of(cli)["Disk"]["zone"] == "us-east5-b"
-
-
-def test_move_disk_makes_the_new_zones_disk_from_a_snapshot_of_the_old(spot_stack, cloud):
-    stack_dir, values = spot_stack
-    cli, env = cloud
-    cli.deployed(values)
-    cli.answer_at("us-east5-b", "spot", "stockout")
-    result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
-    assert result.returncode == 0, result.stderr
-    assert ups(cli) == 2
-    assert "spot in us-east5-a: got chips" in result.stdout
-    placed = json.loads(stack_config(stack_dir)["tpu-grpo:placed"])
-    assert placed == {"zone": "us-east5-a", "capacity": "spot", "movedFrom": "us-east5-b"}
-    made = state_of(cli)
-    assert made["Snapshot"] == {
-        "name": "tpu-grpo-data-" + hashlib.sha256(b"us-east5-b").hexdigest()[:8],
-        "sourceDisk": "tpu-grpo-data",
-        "zone": "us-east5-b",
-        "project": "grpo-lab-123",
-        "labels": {"app": "tpu-grpo", "stack": "dev"},
-    }
-    assert made["Disk"]["zone"] == made["Instance"]["zone"] == "us-east5-a"
 
 
 def test_a_recovery_whose_zone_has_no_chips_moves_to_the_next_place_with_its_data(

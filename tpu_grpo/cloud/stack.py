@@ -495,17 +495,24 @@ def engine_changes(settings: Settings, declared: list, replace: list[str], env: 
     """What the next update replaces or deletes, by Pulumi's own preview (`pulumi preview --json`: the engine's steps
     and the provider's diff, CustomizeDiff included): its exit code, the changes (replacements.from_steps) and its
     error messages (a protected resource it would replace, a refusal of the cloud)."""
-    done = subprocess.run(
-        ["pulumi", "preview", "--json", "--stack", settings.stack, *replace],
-        capture_output=True,
-        text=True,
-        cwd=project_root(),
-        env={**os.environ, **env},
-    )
+    done = _preview(settings.stack, replace, {**os.environ, **env}, stderr=subprocess.PIPE)
     errors = diagnosed(done.stdout)
     if done.returncode and not errors:
         errors = done.stderr.strip().splitlines()[-1:] or [f"pulumi preview exited {done.returncode}"]
     return done.returncode, replacements.from_steps(digest_of(done.stdout).get("steps") or [], declared), errors
+
+
+def _preview(stack: str, replace: list[str], env: dict, *flags: str, stderr=None) -> subprocess.CompletedProcess:
+    """`pulumi preview --json` of the next update, its JSON read back (`digest_of`); its errors go to this terminal
+    unless `stderr` takes them."""
+    return subprocess.run(
+        ["pulumi", "preview", "--json", "--stack", stack, *replace, *flags],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        cwd=project_root(),
+        env=env,
+    )
 
 
 def digest_of(printed: str) -> dict:
@@ -540,13 +547,7 @@ def up(
     env = {**os.environ, **EVENT_LOG_ENV, **PLAN_ENV, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         plan, event_log = Path(folder) / "plan.json", Path(folder) / "events.jsonl"
-        planned = subprocess.run(  # its errors reach this terminal, and are in its diagnostics too
-            ["pulumi", "preview", "--json", "--stack", stack, *replace, "--save-plan", str(plan)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=project_root(),
-            env=env,
-        )
+        planned = _preview(stack, replace, env, "--save-plan", str(plan))  # its errors reach this terminal too
         if planned.returncode:
             return planned.returncode, diagnosed(planned.stdout) or [f"pulumi preview exited {planned.returncode}"]
         code = run_pulumi(
@@ -602,10 +603,11 @@ def destroy(stack: str, why: str, yes: bool = False, say: Callable[[str], None] 
     """`pulumi destroy` on the stack, attached to this terminal: it shows what goes and asks, unless `yes`. What
     tpu-grpo keeps and the state does not mark so is forgotten first (`forget_unmarked`), so that it stays; what it
     protects is released for the destroy, `why` being `down`'s check that passed (or --force)."""
-    forgot = forget_unmarked(stack)
+    resources = state_resources(stack)  # what forget_unmarked forgets is never what the program protects
+    forgot = forget_unmarked(stack, resources=resources)
     if forgot:
         return forgot
-    protected = {r["urn"]: why for r in state_resources(stack) if r.get("protect")}
+    protected = {r["urn"]: why for r in resources if r.get("protect")}
     with released(stack, protected, say):
         return run_pulumi(
             ["pulumi", "destroy", "--stack", stack, *(["--yes", "--skip-preview"] if yes else [])],
