@@ -161,13 +161,14 @@ def machine_unchanged():
 
 @pytest.fixture(scope="session")
 def storage_emulator() -> str:
-    """A local Cloud Storage (gcp-storage-emulator, in memory) for the gs:// store: its URL, as
-    STORAGE_EMULATOR_HOST gives it to Google's client library and the stand-in MaxText."""
+    """A local Cloud Storage (gcp-storage-emulator, in memory, with the generation headers: tests/doubles/storage.py)
+    for the gs:// store: its URL, as STORAGE_EMULATOR_HOST gives it to Google's client library and MaxText."""
     from tests.host.sshd import free_port
 
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--port", str(port), "--in-memory"],
+        [sys.executable, "-m", "tests.doubles.storage", str(port)],
+        cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

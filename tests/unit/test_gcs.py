@@ -55,3 +55,20 @@ def test_a_runs_checkpoints_in_a_bucket_are_ordered_as_numbers(bucket):
     folder = f"runs/llama3.1-8b-Instruct/post-train/{RUN.run_name}/checkpoints/actor"
     put(bucket, *(f"{folder}/{step}/model_params/x" for step in ("100", "9", "90", "10", "2")), f"{folder}/tmp-3/x")
     assert pipeline.checkpoint_steps(None, run) == [2, 9, 10, 90, 100]
+
+
+def test_the_emulator_sends_an_objects_generation_with_its_data_as_cloud_storage_does(bucket, storage_emulator):
+    """TensorStore conditions its next write of a file it read (OCDBT's manifest) on the x-goog-generation the
+    download carried; without it the write is refused (tests/doubles/storage.py)."""
+    import urllib.request
+
+    blob = storage.Client().bucket(bucket).blob("runs/r1/manifest.ocdbt")
+    blob.upload_from_string(b"manifest")
+    for address in (  # the JSON API's alt=media (TensorStore's reads) and the download endpoint (mediaLink)
+        f"{storage_emulator}/storage/v1/b/{bucket}/o/runs%2Fr1%2Fmanifest.ocdbt?alt=media",
+        f"{storage_emulator}/download/storage/v1/b/{bucket}/o/runs%2Fr1%2Fmanifest.ocdbt?alt=media",
+    ):
+        with urllib.request.urlopen(address) as answer:
+            assert answer.read() == b"manifest"
+            assert answer.headers["x-goog-generation"] == str(blob.generation) != "0"
+            assert answer.headers["x-goog-metageneration"] == str(blob.metageneration)
