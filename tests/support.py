@@ -7,6 +7,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,3 +202,43 @@ def is_report(record: dict) -> bool:
 def modules(records: list[dict]) -> list[str]:
     """Each MaxText run the stand-in recorded, by its module's last name; an export's report evaluation `report`."""
     return ["report" if is_report(record) else record["module"].rsplit(".", 1)[-1] for record in records]
+
+
+#: The words that begin a command in a fix, and what ends one: a backtick, or the prose between alternatives.
+COMMAND_WORDS = r"(?:[A-Z_]+=\S+ )*(?:pulumi|uv run|ssh-keygen|mkdir|export) "
+FIX_COMMAND = re.compile(rf"`({COMMAND_WORDS}[^`]*)`|(?:^|(?<=[\s(]))({COMMAND_WORDS}.*?)(?=\)| \(|, or |, then |; |$)")
+#: Each placeholder a fix may hold, as a user fills it in.
+FILLED = {
+    "YOUR_PROJECT_ID": "grpo-lab-123",
+    "YOUR_RESERVATION_NAME": "v6e-8-calendar",
+    "YOUR_PUBLIC_IP": "203.0.113.7",
+    "YOUR_BUCKET": "grpo-runs",
+    "hf_...": "hf_madeUpTokenForTests",
+}
+
+
+def fix_commands(fix: str) -> list[str]:
+    """The commands a `fix:` gives, each with its placeholders filled, in the order given (alternatives included)."""
+    found = [(quoted or bare).strip() for quoted, bare in FIX_COMMAND.findall(fix)]
+    for placeholder, value in FILLED.items():
+        found = [command.replace(placeholder, value) for command in found]
+    return found
+
+
+def unpasteable(command: str, cwd: Path) -> str | None:
+    """Why a command a fix prints would not run as pasted, or None: bash must read it, and a task's command line
+    Invoke must parse (with --help, which runs nothing)."""
+    import shlex
+
+    read = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+    if read.returncode:
+        return f"bash: {read.stderr.strip()}"
+    words = shlex.split(command)
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        words.pop(0)
+    if words[:3] != ["uv", "run", "invoke"]:
+        return None
+    parsed = subprocess.run(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), *words[3:], "--help"], cwd=cwd, capture_output=True, text=True
+    )
+    return f"invoke: {parsed.stderr.strip()}" if parsed.returncode else None

@@ -204,7 +204,8 @@ class Handler(BaseHTTPRequestHandler):
         if repo is None or entry is None:
             self._error(404, "Entry not found", "EntryNotFound" if repo else "RepoNotFound")
             return True
-        if repo.gated and self._token() not in self.hub.tokens:
+        token = self._token()  # recorded whether the repository asks for one or not
+        if repo.gated and token not in self.hub.tokens:
             self._error(
                 401,
                 f"Access to model {match[1]} is restricted. You must have access to it and be "

@@ -239,10 +239,10 @@ def test_a_newer_image_never_replaces_the_vm(stack_values):
 @pytest.mark.parametrize(
     "capacity, changes, per_hour",
     [
-        ("reservation", {}, "$21.60 per hour"),
-        ("spot", SPOT, "$8.64 per hour"),
-        ("flex-start", FLEX, "$10.80 per hour"),
-        ("on-demand", ON_DEMAND, "$21.60 per hour"),
+        ("reservation", {}, "= $21.60,"),
+        ("spot", SPOT, "= $8.64,"),
+        ("flex-start", FLEX, "= $10.80,"),
+        ("on-demand", ON_DEMAND, "= $21.60,"),
     ],
 )
 def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, capacity, changes, per_hour):
@@ -252,13 +252,17 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
     (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
     text = invoke("plan", cwd=stack_dir)
     assert text.returncode == 0, text.stderr
-    assert f"ct6e-standard-8t, capacity {capacity}: 8 v6e chips × " in text.stdout and per_hour in text.stdout
+    assert (
+        f"ct6e-standard-8t, capacity {capacity}, in us-east5-b\nper hour: 8 v6e chips × " in text.stdout
+        and per_hour in text.stdout
+    )
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
     assert plan["cost"]["capacity"] == capacity
     assert plan["cost"]["usd_per_chip_hour"] == CAPACITIES[capacity].usd_per_chip_hour
     assert "(read 2026-12-04)" in plan["cost"]["price_source"]
     assert f"--provisioning-model={CAPACITIES[capacity].provisioning_model}" in plan["gcloud"]
-    assert plan["cost"]["quota"] == CAPACITIES[capacity].quota and f"quota: {plan['cost']['quota']}" in text.stdout
+    scripts = invoke("plan", "--scripts", cwd=stack_dir).stdout
+    assert plan["cost"]["quota"] == CAPACITIES[capacity].quota and f"quota: {plan['cost']['quota']}" in scripts
     waits = f" {CAPACITIES[capacity].waits}" if CAPACITIES[capacity].waits else ""
     assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.{waits}")
     assert ("waits for capacity up to its valid-for duration (Google: at most two hours" in plan["cost"]["note"]) == (
@@ -427,9 +431,11 @@ def test_plan_prices_every_disk_beside_the_chips(stack_dir, stack_values, extra,
         in cost["disks_price_source"]
     )
     text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
-    assert f"${cost['disks_usd_per_hour']:.3f} per hour while they exist" in text
+    total = round(cost["usd_per_hour"] + sum(disk["usd_per_hour"] for disk in cost["disks"]), 2)
+    assert f", + disks ${cost['disks_usd_per_hour']:.3f} = ${total:.2f} an hour while it runs" in text
+    scripts = " ".join(invoke("plan", "--scripts", cwd=stack_dir).stdout.split())
     assert (
-        f"{iops} IOPS, {throughput} MiB/s provisioned: ${performance['data disk'] / 730:.3f} per hour of it" in text
+        f"{iops} IOPS, {throughput} MiB/s provisioned: ${performance['data disk'] / 730:.3f} per hour of it" in scripts
     ) == ("tpu-grpo:dataDiskIops" in extra)
 
 
@@ -449,18 +455,23 @@ def test_plan_prices_a_run_only_by_a_time_measured_on_its_model_and_machine(stac
     from tpu_grpo.catalog.models import MODELS
 
     with_capacity(stack_dir, stack_values, extra)
-    cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    cost = plan["cost"]
     text = " ".join(invoke("plan", cwd=stack_dir).stdout.split())
-    if measured:
-        assert cost["usd_per_tutorial_run"] == round(cost["usd_per_hour"] / 4, 2)
-        assert f"≈15 min of conversion and training, ≈ ${cost['usd_per_tutorial_run']:.2f} at this price" in text
+    scripts = " ".join(invoke("plan", "--scripts", cwd=stack_dir).stdout.split())
+    minutes = {item["phase"]: item["minutes"] for item in plan["estimate"]}
+    if measured:  # the tutorial's 5 and 10 minutes, at the hour of the chips and the disks
+        assert (minutes["conversion"], minutes["training"]) == (5, 10)
+        assert f"training: ≈ 10 min, ≈ ${cost['usd_per_hour_total'] / 6:.2f}: the tutorial's" in text
     else:
-        assert cost["usd_per_tutorial_run"] is None
-        assert f"not for this model and machine: a run here costs ${cost['usd_per_hour']:.2f} for each hour" in text
+        assert minutes["conversion"] is minutes["training"] is None
+        assert "training: not measured for this model and machine" in text
+    assert minutes["provisioning"] is minutes["export"] is None  # never measured
     model = MODELS[extra.get("tpu-grpo:model", "llama3.1-8b-Instruct")]
     assert cost["download"]["model"] == model.hf_id and cost["download"]["gb"] >= round(model.weights_gb, 1)
     assert (
-        f"the model's download: {model.hf_id}, about {cost['download']['gb']:g} GB ({cost['download']['what']})" in text
+        f"the model's download: {model.hf_id}, about {cost['download']['gb']:g} GB ({cost['download']['what']})"
+        in scripts
     )
     # on one VM, provisioning fetches the safetensors the conversion reads
     assert cost["download"] == {"model": model.hf_id, "gb": round(model.weights_gb, 1), "what": "bf16 safetensors"}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import FIXTURES, ROOT, invoke
+from tests.support import FIXTURES, ROOT, fix_commands, invoke, unpasteable
 
 TASKS = (
     "plan",
@@ -351,6 +351,7 @@ def bad_inputs(port: int) -> list[tuple[tuple[str, ...], str]]:
     host = ("--host", f"nobody@127.0.0.1:{port}")
     cases = [
         (("plan", "--stack", "nope"), "'nope'"),
+        (("fetch", "--stack", "nope", *host), "Pulumi.nope.yaml"),  # a stack named beside --host must exist
         (("settings", "-s", "../x"), "'../x'"),
         (("up", "--stack", "prod"), "Pulumi.prod.yaml"),
         (("settings", "--stack", "broken"), "Pulumi.broken.yaml"),
@@ -553,6 +554,10 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
         ):
             failures.append((argv, result.returncode, result.stdout[-300:], result.stderr[-500:]))
     assert failures == [], "\n".join(map(str, failures))
+    # each command a fix gives runs as pasted (tests/unit/test_fix_lines.py mends the settings' by running them)
+    fixes = {command for _, result in results for command in fix_commands(result.stderr.split("; fix: ", 1)[-1])}
+    unread = {command: why for command in fixes if (why := unpasteable(command, stack_dir))}
+    assert len(fixes) > 20 and not unread, "\n".join(f"{command!r}: {why}" for command, why in unread.items())
     assert listener.accepted == 0
     assert tree(stack_dir) == before
     assert not state.exists()
@@ -754,3 +759,42 @@ def test_a_damaged_record_is_read_as_none_and_records_are_written_whole(tmp_path
     laptop_paths.write_record(laptop_paths.fetched_record("good", tmp_path), {"dir": str(model)})
     assert runs.laptop_runs(tmp_path) == {"good": str(model)}  # `runs` read the empty one: a JSONDecodeError
     assert sorted(path.name for path in record.parent.iterdir()) == ["empty.json", "good.json", "list.json"]
+
+
+def test_a_stack_given_to_one_task_of_a_chain_is_every_tasks(stack_dir, stack_values):
+    """Invoke gives a flag to the task it follows: `settings plan --stack prod` had `settings` act on dev."""
+    (stack_dir / "Pulumi.dev.yaml").unlink()  # a task acting on dev fails: it has no stack file
+    prod = {**stack_values, "tpu-grpo:model": "qwen3-0.6b"}
+    (stack_dir / "Pulumi.prod.yaml").write_text(yaml.safe_dump({"config": prod}))
+    result = invoke("settings", "--json", "plan", "--json", "--stack", "prod", cwd=stack_dir)
+    assert result.returncode == 0, result.stderr
+    decoder = json.JSONDecoder()
+    said, end = decoder.raw_decode(result.stdout)
+    planned, _ = decoder.raw_decode(result.stdout[end:].lstrip())
+    assert said["settings"]["tpu-grpo:model"]["value"] == "qwen3-0.6b" and planned["stack"] == "prod"
+
+
+@pytest.mark.parametrize(
+    "chain, message",
+    [
+        (
+            ("settings", "--stack", "dev", "plan", "--stack", "prod"),
+            "error: the command line acts on two stacks (settings --stack dev, plan --stack prod), and a chain acts "
+            "on one; fix: give --stack once (it holds for every task of the line), or run them apart: uv run invoke "
+            "metrics --out PLOT --events events; uv run invoke settings --stack dev; uv run invoke plan --stack prod",
+        ),
+        (
+            ("status", "--host", "a@192.0.2.1", "logs", "--host", "b@192.0.2.2"),
+            "error: the command line acts on two hosts (status --host a@192.0.2.1, logs --host b@192.0.2.2), and a "
+            "chain acts on one; fix: give --host once (it holds for every task of the line), or run them apart: uv "
+            "run invoke metrics --out PLOT --events events; uv run invoke status --host a@192.0.2.1; uv run invoke "
+            "logs --host b@192.0.2.2",
+        ),
+    ],
+)
+def test_a_chain_naming_two_stacks_or_hosts_is_refused_before_any_task_acts(stack_dir, chain, message):
+    write_events(stack_dir / "events")
+    plot = stack_dir / "plot.png"
+    result = invoke("metrics", "--events", "events", "--out", str(plot), *chain, cwd=stack_dir)
+    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, message.replace("PLOT", str(plot)), "")
+    assert not plot.exists()

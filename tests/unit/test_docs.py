@@ -3,8 +3,11 @@ test command the one CI runs."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +54,16 @@ def test_the_readme_is_what_a_newcomer_reads_first():
     assert sections[:3] == ["What you need", "What it costs", "From nothing to a model"], sections
     intro = readme.split("\n## ", 1)[0].split("\n\n")
     assert len(intro) == 2  # the title and one paragraph
-    steps = readme[readme.index("## From nothing to a model") :].split("```")[1]
+    blocks = readme[readme.index("## From nothing to a model") :].split("```")[1::2]
+    settings_block, steps = blocks[0], blocks[1]
+    import yaml
+
+    assert {  # the cheap first run's, beside the `pulumi config set` lines that write them
+        key: value
+        for key, value in yaml.safe_load(settings_block.removeprefix("yaml"))["config"].items()
+        if key in FIRST_RUN
+    } == FIRST_RUN
+    assert all(f"pulumi config set {key} {value}" in settings_block for key, value in FIRST_RUN.items())
     assert [line.split("#")[0].split()[3] for line in steps.strip().splitlines()] == [
         "plan", "up", "provision", "pipeline", "fetch", "down",
     ]  # fmt: skip
@@ -214,9 +226,12 @@ def test_readme_walks_a_newcomer_through_every_task():
 
 
 def test_readme_names_the_current_hugging_face_login():
-    """huggingface_hub's CLI is `hf` now (`hf auth login`), as the code says when the token is missing."""
+    """huggingface_hub's CLI is `hf` now, and a newcomer's PATH has it only through the checkout's venv (`uv run hf
+    auth login`), as the code says when the token is missing."""
     readme = (ROOT / "README.md").read_text()
-    assert "huggingface-cli" not in readme and "hf auth login" in readme
+    assert "huggingface-cli" not in readme and "`uv run hf auth login`" in readme
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        assert not re.search(r"(?<!uv run )\bhf auth login", page.read_text()), page.name
 
 
 def test_the_exit_codes_are_stated_once():
@@ -298,14 +313,12 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
     (boot, data), performance = (disk["gb"] for disk in cost["disks"]), cost["disks"][1]["performance"]
     hour, disks = cost["usd_per_hour"], cost["disks_usd_per_hour"]
     model = MODELS[FIRST_RUN["tpu-grpo:model"]]
+    printed = invoke("plan", cwd=tmp_path, env={"COLUMNS": "400"}).stdout.splitlines()
     lines = [
-        f"| the chip | {cost['chips']} v6e chip × ${cost['usd_per_chip_hour']:.2f} per chip-hour = ${hour:.2f} an hour "
-        "while the VM runs |",
-        f"| the disks | boot {boot} GB + data {data} GB ({performance}) ≈ ${disks:.3f} an hour while they exist, VM "
-        f"or not (≈ ${24 * disks:.2f} a day) |",
-        f"| an hour of the VM, disks included | ≈ ${hour + disks:.2f} |",
-        f"| the model's download | {cost['download']['model']}, about {cost['download']['gb']:g} GB "
-        f"({cost['download']['what']}), onto the data disk |",
+        next(line for line in printed if line.startswith("per hour: ")),  # as plan prints it
+        f"the model's download: {cost['download']['model']}, about {cost['download']['gb']:g} GB "
+        f"({cost['download']['what']}), onto the data disk",
+        f"a boot disk of {boot} GB and a data disk of {data} GB ({performance})",
         f"prices read {PRICES_READ}",
         *(f"pulumi config set {key} {value}" for key, value in FIRST_RUN.items()),
         "pulumi config rm tpu-grpo:reservation",
@@ -315,7 +328,7 @@ def first_run(stack_values, tmp_path, monkeypatch) -> dict:
     return {
         "cost": cost,
         "lines": lines,
-        "figures": {f"${figure:.2f}" for figure in (hour, hour + disks, 24 * disks)} | {f"${disks:.3f}"},
+        "figures": {f"${figure:.2f}" for figure in (hour, cost["usd_per_hour_total"])} | {f"${disks:.3f}"},
     }
 
 
@@ -354,7 +367,7 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
         f"${figure:.2f}"
         for figure in (*prices, *(8 * price for price in prices), CPU_HOST_USD_PER_HOUR, GKE_CLUSTER_USD_PER_HOUR)
     } | first_run["figures"]
-    known |= {f"${default_cost['disks_usd_per_hour']:.3f}", f"${default_cost['usd_per_tutorial_run']:.2f}"}
+    known |= {f"${default_cost['disks_usd_per_hour']:.3f}"}
     on_demand = CAPACITIES["on-demand"].usd_per_chip_hour
     known.add(f"${16 * on_demand + CPU_HOST_USD_PER_HOUR + GKE_CLUSTER_USD_PER_HOUR:.2f}")
     known.add("$0.00")  # `invoke runs` on a test host: jobs of seconds cost nothing, whatever the price
@@ -363,6 +376,7 @@ def test_every_dollar_figure_in_the_readme_is_read_from_the_capacity_table(first
 
     data_disk_gb = int(KEY["tpu-grpo:dataDiskGb"].default or 0)  # a moved data disk's snapshot, at most
     known |= {f"${SNAPSHOT_USD_PER_GB_MONTH:.3f}", f"${data_disk_gb * SNAPSHOT_USD_PER_GB_MONTH:.2f}"}
+    known |= set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", "\n".join(timeline_sample()[1])))  # timeline's own output
     readme = documentation()
     figures = set(re.findall(r"\$[0-9][0-9,]*\.[0-9]+", readme))
     assert figures and figures <= known, figures - known
@@ -472,6 +486,10 @@ def test_the_free_space_defaults_said_are_the_codes():
     )
     shown = invoke("--help", "pipeline", cwd=ROOT).stdout
     assert said in " ".join(shown.split())
+    on_disk = said.split(", ")[1].split(",")[1].removesuffix(" on disk")  # the data disk's, with the disk store
+    assert f"(about {on_disk} GB with the defaults for the 8B model;" in " ".join(
+        (ROOT / "docs/recovery.md").read_text().split()
+    )
 
 
 def test_the_readmes_task_listing_runs_as_printed():
@@ -491,3 +509,91 @@ def test_a_flex_start_vm_is_said_to_run_uninterrupted_until_its_end():
         line for line in (ROOT / "docs/capacity.md").read_text().splitlines() if line.startswith("| `flex-start`")
     )
     assert "uninterrupted" in row and "preempted" not in row
+
+
+#: How the labels' help names each resource type the program declares (infra/), labelled or not.
+LABELLED_AS = {
+    "gcp:compute/instance:Instance": "the VM",
+    "gcp:compute/disk:Disk": "its data disk",
+    "gcp:compute/snapshot:Snapshot": "a move's snapshot",
+    "gcp:storage/bucket:Bucket": "the bucket",
+    "gcp:container/cluster:Cluster": "a slice's cluster",
+    "gcp:container/nodePool:NodePool": "its nodes",
+    "gcp:artifactregistry/repository:Repository": "image repository",
+    "gcp:compute/network:Network": "a network",
+    "gcp:compute/subnetwork:Subnetwork": "a network",
+    "gcp:compute/firewall:Firewall": "a firewall rule",
+}
+
+
+def test_the_labels_help_names_what_the_program_labels(stack_values, tmp_path):
+    """`settings`, settings.md and the program agree on which resources take tpu-grpo:labels: each resource type the
+    program declares is named in the help, on the side of those that take them or of those that take none."""
+    from infra import offline
+    from tpu_grpo.config.keys import KEY
+
+    help_text = KEY["tpu-grpo:labels"].help
+    taken, untaken = help_text.split(" (", 1)
+    assert help_text in " ".join((ROOT / "docs/settings.md").read_text().split())
+    vm = {
+        **stack_values,
+        "tpu-grpo:labels": {"team": "ml"},
+        "tpu-grpo:checkpointStore": "gs://grpo-runs/runs",
+        "tpu-grpo:bucket": "true",
+        "tpu-grpo:fallback": [{"zone": "us-east5-a"}],
+        "tpu-grpo:placed": {"zone": "us-east5-a", "capacity": "reservation", "movedFrom": "us-east5-b"},
+    }
+    slice_ = {
+        **vm,
+        "tpu-grpo:slice": "v6e-16",
+        "tpu-grpo:usePathways": "true",
+        "tpu-grpo:placed": None,
+        "tpu-grpo:fallback": None,
+    }
+    seen: dict[str, bool] = {}
+    for raw in (vm, slice_):
+        _, resources, _ = offline.run({k: v for k, v in raw.items() if v is not None}, "dev")
+        for resource in resources:
+            if resource.type.startswith("gcp:") and "IAM" not in resource.type and "Iam" not in resource.type:
+                inputs = json.dumps(resource.inputs)
+                seen[resource.type] = seen.get(resource.type, False) or '"team": "ml"' in inputs
+    assert "gcp:compute/snapshot:Snapshot" in seen and "gcp:container/nodePool:NodePool" in seen
+    for kind, labelled in seen.items():
+        assert LABELLED_AS[kind] in (taken if labelled else untaken), (kind, labelled)
+
+
+def timeline_sample() -> tuple[list[str], list[str]]:
+    """docs/capacity.md's sample of `invoke timeline`, and what timeline.show prints for its own rows (a VM of 8
+    reservation chips, booted at its first row, now at its last)."""
+    import calendar
+    import io
+
+    from rich.console import Console
+
+    from tpu_grpo.results import timeline
+
+    page = (ROOT / "docs/capacity.md").read_text()
+    start = page.index("```\nwhere the hours of ")
+    sample = page[start + 4 : page.index("```", start + 4)].rstrip("\n").splitlines()
+    stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
+    rows = [re.search(rf"{stamp}\W+{stamp}\W+\d+m\d\ds\W+(.+?)\s*\W?$", line) for line in sample]
+
+    def at(text: str) -> int:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S"))
+
+    phases = [
+        timeline.Phase("train" if "GRPO" in row[3] else "job", row[3], at(row[1]), at(row[2])) for row in rows if row
+    ]
+    host = re.search(r"where the hours of (\S+) went \(UTC\)", sample[0])[1]
+    shown = timeline.Timeline(
+        host, phases[0].start, max(phase.end for phase in phases), phases, chips=8, capacity="reservation"
+    )
+    console = Console(width=120, record=True, file=io.StringIO())
+    timeline.show(console, shown, Path(".tpu-grpo/timeline.png"))
+    return [line.rstrip() for line in sample], [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_the_timeline_sample_is_what_timeline_prints():
+    """docs/capacity.md's sample of `invoke timeline` is what it prints for those rows, table and cost line included."""
+    sample, printed = timeline_sample()
+    assert sample == printed

@@ -321,7 +321,7 @@ def test_entry_point_stops_on_a_placeholder_with_one_line_and_no_resources(stack
         run_entry_point({**stack_values, "gcp:project": "YOUR_PROJECT_ID"}, mocks)
     assert mocks.resources == []
     assert str(raised.value) == (
-        "gcp:project='YOUR_PROJECT_ID' is still a placeholder; fix: pulumi config set gcp:project <your-project-id>"
+        "gcp:project='YOUR_PROJECT_ID' is still a placeholder; fix: pulumi config set gcp:project YOUR_PROJECT_ID"
     )
 
 

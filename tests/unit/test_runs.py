@@ -274,3 +274,14 @@ def test_no_runs_says_so_and_the_command_that_makes_one(stack_dir):
     ]
     command = said[0].split("make one: uv run invoke ")[1].split(" (")[0].split()
     assert invoke(*command, "--dry-run", cwd=stack_dir).returncode == 0
+
+
+def test_no_runs_where_a_source_did_not_answer_says_what_was_read_and_what_was_not():
+    """A host that did not answer may hold runs: "no runs yet" would tell a user there are none."""
+    console = Console(width=200, record=True)
+    runs.show(console, [], {"host": "no answer: connection refused", "laptop": "answered"})
+    assert console.export_text().splitlines() == [
+        "no runs known to laptop; host did not answer (below)",
+        "host: no answer: connection refused",
+        "laptop: answered",
+    ]

@@ -74,7 +74,8 @@ BAD = [
         "tpu-grpo:sshSourceRanges",
         "office",
         "not a CIDR range",
-        "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
+        # a text, not a list: a --path into it is refused, so the fix removes it first
+        "pulumi config rm tpu-grpo:sshSourceRanges && pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'",
     ),
     ("tpu-grpo:sshSourceRanges", [], "is empty", "pulumi config set --path 'tpu-grpo:sshSourceRanges[0]'"),
     (
@@ -433,7 +434,7 @@ def test_a_new_stack_names_only_what_is_its_own_and_the_rest_is_the_tutorials(st
     assert missing.returncode == 2 and missing.stderr.strip().endswith(
         "fix: pulumi stack init prod && "
         + " && ".join(KEY[key].set_command() for key in (*own[:2], *own[3:], own[2]))
-        + " (no reservation: pulumi config set tpu-grpo:capacity spot, flex-start or on-demand instead) "
+        + " (no reservation: pulumi config set tpu-grpo:capacity spot, or flex-start or on-demand, instead) "
         "(or --stack dev)"
     )
 

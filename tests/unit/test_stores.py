@@ -51,8 +51,8 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
             {**SPOT, "tpu-grpo:checkpointStore": "shm"},
             "tpu-grpo:checkpointStore",
             "tpu-grpo:checkpointStore='shm' loses the run with capacity spot: a preempted spot VM is deleted, and its "
-            "/dev/shm with the whole run; fix: pulumi config set tpu-grpo:checkpointStore disk (or pulumi config rm "
-            "tpu-grpo:checkpointStore: disk is this capacity's default)",
+            "/dev/shm with the whole run; fix: pulumi config set tpu-grpo:checkpointStore disk (or `pulumi config rm "
+            "tpu-grpo:checkpointStore`: disk is this capacity's default)",
         ),
         (
             {**FLEX, "tpu-grpo:checkpointStore": "shm"},
@@ -60,7 +60,7 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
             "tpu-grpo:checkpointStore='shm' loses the run with capacity flex-start: a flex-start VM is deleted at its "
             "maximum run time, and its /dev/shm with the whole run; fix: pulumi config set "
             "tpu-grpo:checkpointStore disk "
-            "(or pulumi config rm tpu-grpo:checkpointStore: disk is this capacity's default)",
+            "(or `pulumi config rm tpu-grpo:checkpointStore`: disk is this capacity's default)",
         ),
         (
             {"tpu-grpo:checkpointStore": "ram"},
@@ -71,14 +71,15 @@ def test_the_store_and_its_checkpointing_default_to_what_fits_the_capacity(stack
         (
             {"tpu-grpo:checkpointStore": "gs://Bad_Bucket"},
             "tpu-grpo:checkpointStore",
-            "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a checkpoint store (shm, disk, or "
-            "gs://BUCKET[/PREFIX]); fix: pulumi config set tpu-grpo:checkpointStore disk",
+            "tpu-grpo:checkpointStore='gs://Bad_Bucket' is not a bucket name (lowercase letters, digits, '-', '_', "
+            "'.'; a letter or digit first and last; 3 to 63 characters, or up to 222 with dots, 63 between them); "
+            "fix: pulumi config set tpu-grpo:checkpointStore gs://bad_bucket",
         ),
         (
             {"tpu-grpo:bucket": "true"},
             "tpu-grpo:bucket",
             "tpu-grpo:bucket=true asks for a bucket, but checkpointStore is shm; fix: pulumi config set "
-            "tpu-grpo:checkpointStore gs://BUCKET/runs (or pulumi config rm tpu-grpo:bucket)",
+            "tpu-grpo:checkpointStore gs://YOUR_BUCKET/runs (or pulumi config rm tpu-grpo:bucket)",
         ),
         (
             {"tpu-grpo:checkpointPeriod": "0"},

@@ -23,15 +23,17 @@ def check_hosts(
     host=None, identity=None, stack=None, wait=None, with_stack=False, one_host=True, needs_vm=False, **_
 ) -> Where:
     """Where the task's jobs run (tpu_grpo/jobs/targets.py's Where), before anything connects: the host flags (one
-    host, but for provisioning), and the stack's settings when the host is the stack's VM or cluster (or
-    `with_stack`: the task needs them anyway); `needs_vm`: the task logs into a VM, which a slice's stack has not."""
+    host, but for provisioning), and the stack's settings when the host is the stack's VM or cluster, or --stack
+    names one (or `with_stack`: the task needs them anyway); `needs_vm`: the task logs into a VM, which a slice's
+    stack has not."""
     from tpu_grpo.host import hosts
     from tpu_grpo.jobs import targets
 
     stack_file.stack_name(stack)  # a path in --stack or $TPU_GRPO_STACK is refused with --host too
     flags = hosts.check_flags(host, identity, wait, stack, one=one_host)
     laptop_paths.writable_state()  # the host's key is recorded there at first contact
-    chosen = settings.load(stack, lenient=True) if with_stack or not host else None
+    # a stack named beside --host is read (and refused when it does not exist): its settings were asked for
+    chosen = settings.load(stack, lenient=True) if with_stack or not host or stack is not None else None
     if needs_vm and chosen and not host:
         hosts.require_vm(chosen)
     if host and chosen and chosen.tpu_slice:  # a step's script for one VM, made of a slice's settings
@@ -90,7 +92,7 @@ def require_token(book, steps, chosen: settings.Settings, task: str) -> None:
             f"is gated on the Hugging Face Hub ({row.hf_id}), and "
             "this laptop has no token for it (HF_TOKEN is unset and no token file)",
             "export HF_TOKEN=hf_... (a read token whose account accepted the licence), "
-            f"or `hf auth login`, then {task}",
+            f"or `uv run hf auth login`, then {task}",
         )
 
 
@@ -109,7 +111,7 @@ def check_job(job=None, **flags) -> Where:
     from tpu_grpo.config import values
 
     if job is not None:
-        values.flag("--job", job, values.name, "20261205-101500.123-train (uv run invoke status lists them)")
+        values.flag("--job", job, values.name, "20261205-101500.123-train (`uv run invoke status` lists them)")
     return check_hosts(**flags)
 
 
@@ -134,6 +136,14 @@ def check_export(step=None, last=False, **flags) -> tuple[Run, Where]:
     if step is not None and last:
         raise UserError(f"--step {step} and --last both choose the checkpoint; fix: give one of them")
     run, where = step_run("export", export_step=step, **flags)
+    period = run.checkpoint_period
+    if flags.get("dry_run") and run.step is not None and run.step % period and run.step != run.train_steps:
+        # connected, the host's own checkpoints say which exist; offline, the stack's period and last step do
+        earlier = run.step - run.step % period
+        raise UserError(
+            f"--step {run.step} is no checkpoint: a run of these settings keeps one every {period} steps "
+            f"(tpu-grpo:checkpointPeriod) and its last, {run.train_steps}; fix: --step {earlier or period}, or --last"
+        )
     return replace(run, last=bool(last)), where
 
 

@@ -92,6 +92,28 @@ def one_line_errors(keep: tuple[type[BaseException], ...] = ()):
         raise Exit(f"error: {conceal(str(error))}" if str(error) else None, code=error.exit_code) from None
 
 
+def typed_words(context, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """One task of the command line as typed, to print: its name and the flags it was given (but those in
+    `leave_out`), each value without a secret's and on one line (concealed before it is shell-quoted, which would
+    hide a secret's key from `conceal`)."""
+    words = [context.name]
+    for argument in context.args.values():
+        if not argument.got_value or argument.names[0] in leave_out:
+            continue
+        flag = f"--{argument.names[0]}"
+        if argument.kind is bool:
+            words.append(flag)
+        else:
+            values = argument.value if argument.kind is list else [argument.value]
+            words += [part for value in values for part in (flag, shown(value))]
+    return words
+
+
+def shown(value: Any) -> str:
+    """A value typed on the command line, as a one-line refusal repeats it."""
+    return conceal(one_word(value)).replace("\n", "\\n")
+
+
 def with_command(contexts, remainder: str) -> str:
     """The command line as typed, what followed `--` given to ssh as its --command (to paste as printed); a line
     without ssh gets ssh's own."""
@@ -99,23 +121,65 @@ def with_command(contexts, remainder: str) -> str:
         return shlex.join(["uv", "run", "invoke", "ssh", "--command", remainder])
     words = ["uv", "run", "invoke"]
     for context in contexts:
-        words.append(context.name)
-        for argument in context.args.values():
-            if not argument.got_value or argument.names[0] == "command":
-                continue
-            flag = f"--{argument.names[0]}"
-            if argument.kind is bool:
-                words.append(flag)
-            else:
-                values = argument.value if argument.kind is list else [argument.value]
-                words += [part for value in values for part in (flag, str(value))]
+        words += typed_words(context, leave_out=("command",))
         if context.name == "ssh":
             words += ["--command", remainder]
     return shlex.join(words)
 
 
+#: The flags that say what a command line acts on: given to one task of a chain, they are every task's.
+WHERE_FLAGS = ("stack", "host")
+
+
+def one_place(contexts) -> dict[str, Any]:
+    """What a chain acts on: the --stack and --host its tasks were given, one value each, which then holds for every
+    task of the chain that takes the flag (Invoke gives a flag to the task it follows, so `up provision --stack prod`
+    would have `up` act on the default stack). Two tasks given different values are refused before any acts."""
+    chosen: dict[str, Any] = {}
+    for name in WHERE_FLAGS:
+        given = {
+            context.name: context.args[name].value
+            for context in contexts
+            if name in context.args and context.args[name].got_value
+        }
+        values = {one_word(value) for value in given.values()}  # compared as typed, said as `shown`
+        if len(values) > 1:
+            lines = [
+                shlex.join(["uv", "run", "invoke", *typed_words(context)])
+                for context in contexts
+                if name in context.args
+            ]
+            said = ", ".join(f"{task} --{name} {shown(value)}" for task, value in given.items())
+            raise Exit(
+                conceal(
+                    f"error: the command line acts on two {name}s ({said}), and a chain acts on one; fix: give "
+                    f"--{name} once (it holds for every task of the line), or run them apart: " + "; ".join(lines)
+                ),
+                code=UserError.exit_code,
+            )
+        if given:
+            chosen[name] = next(iter(given.values()))
+    return chosen
+
+
+def one_word(value: Any) -> str:
+    """A flag's value as one word, to compare and to say: a repeatable flag's values joined by commas."""
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
 class CheckingExecutor(Executor):
-    """Checks the flags of every task on the command line before running the first one."""
+    """Checks the flags of every task on the command line before running the first one, each acting on the one stack
+    and the hosts the line names (one_place)."""
+
+    place: dict[str, Any] = {}
+
+    def normalize(self, tasks):
+        calls = super().normalize(tasks)
+        for call in calls:
+            for name, value in self.place.items():
+                if name in call.kwargs:
+                    call.kwargs[name] = value
+        return calls
 
     def execute(self, *tasks):
         for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii: a `?` for what it cannot say, no traceback
@@ -136,6 +200,7 @@ class CheckingExecutor(Executor):
                 ),
                 code=UserError.exit_code,
             )
+        self.place = one_place([task for task in tasks if not isinstance(task, str)])
         for call in self.normalize(tasks):
             if isinstance(call.task, FlagTask):
                 with one_line_errors():

@@ -25,6 +25,11 @@ def _launch(step, dry_run, detach, verbose):
             if run.run_name is None:  # the newest trained run: known once the host (or cluster) is asked
                 run = replace(run, run_name="NEWEST")
                 print(f"# run name NEWEST: the newest trained run {target.where}, known once connected")
+            if step == "export" and run.step is None and not run.last:
+                print(
+                    "# the checkpoint its intermediate evaluations scored best, known once connected; shown here "
+                    f"with its last, {run.train_steps} (or give --step N, --last)"
+                )
             print(target.script(run, step), end="")
             return
         started = target.start(run, step)

@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -36,9 +36,10 @@ from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs.maxtext import Run
 
-#: The tutorial's timing (its model, on a v6e-8): conversion about 5 minutes, training about 10. The only duration
-#: measured: `plan` prices a run by it only for that model on that machine.
-TUTORIAL_RUN_MINUTES = 15
+#: The tutorial's timing (its model, on a v6e-8, 50 batches): conversion about 5 minutes, training about 10. The only
+#: durations measured: `plan` gives them only for that model on that machine.
+TUTORIAL_MINUTES = {"conversion": 5, "training": 10}
+TUTORIAL_BATCHES = 50
 TUTORIAL_MACHINE = MACHINES[str(keys.KEY[f"{keys.PROJECT}:machineType"].default)].accelerator_type
 HIDDEN_INPUTS = {"project", "name"}
 
@@ -48,11 +49,10 @@ class Cost:
     slice: str
     machine_type: str
     capacity: str
+    zone: str
     chips: int
     usd_per_chip_hour: float
     usd_per_hour: float
-    #: The tutorial's run at this price, where it was measured (its model on its machine), else None.
-    usd_per_tutorial_run: float | None
     #: What the conversion downloads from the Hub: {"model": the Hub id, "gb": its size, "what": which files}.
     download: dict[str, Any]
     price_source: str
@@ -61,12 +61,15 @@ class Cost:
     disks: list[dict[str, Any]]
     disks_usd_per_hour: float
     disks_price_source: str
+    #: The chips and the disks together, while the VM runs.
+    usd_per_hour_total: float
 
 
 @dataclass
 class Plan:
     stack: str
-    pending: list[str]
+    #: What still blocks `pulumi up`: {key, problem, fix} each (plan exits 2 while there is any).
+    pending: list[dict[str, str]]
     warnings: list[str]
     replaces: list[str]
     kept: list[str]
@@ -80,6 +83,9 @@ class Plan:
     jobs: list[dict[str, str]]
     compile_cache: str
     evaluation: dict[str, int]
+    batches: int
+    #: A run of the stack's batches, phase by phase: {phase, minutes (None: not measured), what}.
+    estimate: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +108,7 @@ def build(stack: str | None = None) -> Plan:
     state = state_resources(stack)  # [] with no CLI or nothing made yet
     return Plan(
         stack=stack,
-        pending=[str(error) for error in settings.pending],
+        pending=[{"key": error.key, "problem": error.problem, "fix": error.fix} for error in settings.pending],
         warnings=[*settings.warnings, *stays(state, resources)],
         replaces=[describe(change) for change in preview(settings, resources, state)],
         kept=kept(resources),
@@ -118,12 +124,10 @@ def build(stack: str | None = None) -> Plan:
             slice=settings.slice if settings.tpu_slice else settings.machine.accelerator_type,
             machine_type=machine.machine_type,
             capacity=settings.capacity,
+            zone=settings.zone,
             chips=settings.chips,
             usd_per_chip_hour=obtained.usd_per_chip_hour,
             usd_per_hour=settings.usd_per_hour,
-            usd_per_tutorial_run=round(settings.usd_per_hour * TUTORIAL_RUN_MINUTES / 60, 2)
-            if settings.model == DEFAULT_MODEL and not multi_host and machine.accelerator_type == TUTORIAL_MACHINE
-            else None,
             download=download(settings),
             price_source=f"{obtained.price_source} (read {PRICES_READ})",
             quota=obtained.quota,
@@ -131,13 +135,56 @@ def build(stack: str | None = None) -> Plan:
             disks=paid_disks,
             disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in paid_disks), 3),
             disks_price_source=HYPERDISK_PRICE_SOURCE,
+            usd_per_hour_total=round(settings.usd_per_hour + sum(disk["usd_per_hour"] for disk in paid_disks), 2),
         ),
         places=places(settings, raw, root),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
         jobs=[] if multi_host else job_scripts(settings),
         compile_cache=compile_cache_note(settings),
         evaluation=Run.of(settings.training).evaluation_load(),
+        batches=settings.batches,
+        estimate=estimate(settings),
     )
+
+
+def estimate(settings: Settings) -> list[dict[str, Any]]:
+    """A run of the stack's batches for its own model and machine, phase by phase: the tutorial's minutes where it
+    measured them (its model, on its machine, 50 batches), and what each phase does where nothing was measured."""
+    measured = (
+        settings.model == DEFAULT_MODEL
+        and not settings.tpu_slice
+        and settings.machine.accelerator_type == TUTORIAL_MACHINE
+        and settings.batches == TUTORIAL_BATCHES
+    )
+    where = "not measured for this model and machine"
+    idle = settings.idle_stop_minutes
+    row = settings.model_row
+    phases = [
+        (
+            "provisioning",
+            None,
+            "apt, uv, Python 3.12, MaxText 0.2.3 and its dependencies, once per new VM; not measured",
+        )
+        if not settings.tpu_slice
+        else ("provisioning", None, "none: a slice's jobs run in MaxText's image"),
+        ("the download", None, f"{row.hf_id}, about {download(settings)['gb']:g} GB from the Hub; not measured"),
+        ("compiling", None, "a first training of these settings compiles first (a cold start), later ones start warm"),
+        *(
+            (phase, TUTORIAL_MINUTES[phase] if measured else None, "the tutorial's" if measured else where)
+            for phase in TUTORIAL_MINUTES
+        ),
+        ("export", None, f"the best checkpoint to Hugging Face format; {where}"),
+        ("the idle stop", None, f"none on a slice: billed while {settings.obtained.slice_billing}")
+        if settings.tpu_slice
+        else (
+            "the idle stop",
+            idle or None,
+            f"the VM runs {idle} idle minutes after the last job, then stops itself"
+            if idle
+            else "none: the VM runs until `invoke down` (tpu-grpo:idleStopMinutes 0)",
+        ),
+    ]
+    return [{"phase": phase, "minutes": minutes, "what": what} for phase, minutes, what in phases]
 
 
 def download(settings: Settings) -> dict[str, Any]:
@@ -273,21 +320,26 @@ def job_scripts(settings: Settings) -> list[dict[str, str]]:
 def provision_steps(settings) -> list[dict[str, Any]]:
     """The playbook's steps with its default variables and the stack's: what `invoke provision` checks,
     and what it may run."""
-    from tpu_grpo.provision import playbook
+    from tpu_grpo.provision import engine, playbook
 
     book = playbook.load()
     values = playbook.resolve(book, stack=playbook.stack_values(settings))
+    here = {source for source, value in engine.local_secrets(book).items() if value is not None}
+    row = settings.model_row
 
     def command(step: playbook.Step) -> str:
         if step.run:
             return playbook.render(step.run, values).strip()
         assert step.secret, "a step without run is a secret's copy"
-        return f"copy {step.secret['source']} to ~/{step.secret['dest']} (mode 600, over SFTP)"
+        if step.secret["source"] in here:
+            return f"copy {step.secret['source']} to ~/{step.secret['dest']} (mode 600, over SFTP)"
+        needed = f"{row.hf_id} is gated: export HF_TOKEN=hf_... first" if row.gated else f"{row.hf_id} is public"
+        return f"none: this laptop has no {step.secret['source']} ({needed})"
 
     return [
         {
             "step": step.name,
-            "runs": playbook.applies(step, values),
+            "runs": playbook.applies(step, values) and (not step.secret or step.secret["source"] in here),
             "when": list(step.when),
             "as": "root" if step.become else "ssh user",
             "tags": list(step.tags),
@@ -352,22 +404,36 @@ def evaluation_text(load: dict[str, int]) -> str:
     )
 
 
-def run_time_text(cost: Cost) -> str:
-    """What a run costs, from the one duration measured (the tutorial's): never another machine's time at this
-    price."""
-    tutorial = (
-        f"the tutorial's run ({DEFAULT_MODEL} on a {TUTORIAL_MACHINE}): "
-        f"≈{TUTORIAL_RUN_MINUTES} min of conversion and training"
+def pending_panel(plan: Plan) -> Panel:
+    return Panel(
+        Text("\n").join(
+            styled("[red]✗[/] {}: {}; fix: {}", item["key"], item["problem"], item["fix"]) for item in plan.pending
+        ),
+        title=f"Still to set before `pulumi up` ({len(plan.pending)})",
+        border_style="red",
     )
-    if cost.usd_per_tutorial_run is None:
-        return (
-            f"run time: measured only for {tutorial}, not for this model and machine: a run here costs "
-            f"${cost.usd_per_hour:.2f} for each hour it takes"
-        )
-    return f"run time: {tutorial}, ≈ ${cost.usd_per_tutorial_run:.2f} at this price"
 
 
-def render(plan: Plan, console: Console) -> None:
+def cost_line(cost: Cost) -> Text:
+    """The hour of the stack, chips and disks together."""
+    extra = " (CPU host and GKE fee included)" if cost.slice in SLICES else ""
+    return styled(
+        "per hour: {} v6e {} × ${} = ${}{}, + disks ${} = [bold]${} an hour[/] while it runs (the disks' ${} also "
+        "while it does not, until `invoke down`)",
+        cost.chips,
+        "chip" if cost.chips == 1 else "chips",
+        f"{cost.usd_per_chip_hour:.2f}",
+        f"{cost.usd_per_hour:.2f}",
+        extra,
+        f"{cost.disks_usd_per_hour:.3f}",
+        f"{cost.usd_per_hour_total:.2f}",
+        f"{cost.disks_usd_per_hour:.3f}",
+    )
+
+
+def render(plan: Plan, console: Console, scripts: bool = False) -> None:
+    """One screen: what is still to set, what `up` creates, the hour's cost, a run phase by phase, the next command.
+    With `scripts`, every resource's inputs, the gcloud command, the provisioning steps and the MaxText scripts."""
     from infra.tpu_host import render_command
 
     console.print(styled("[bold]Plan for stack [cyan]{}[/] (offline: nothing is created)[/]", plan.stack))
@@ -382,13 +448,44 @@ def render(plan: Plan, console: Console) -> None:
     for line in plan.access:
         console.print(styled("[bold yellow]access to grant:[/] {}", line))
     if plan.pending:
+        console.print(pending_panel(plan))
+    cost = plan.cost
+    if scripts:
+        render_scripts(plan, console, render_command)
+    else:
+        names = ", ".join(f"{r['type'].split(':')[-1]} {r['name']}" for r in plan.resources)
+        console.print(Text(f"`pulumi up` creates {len(plan.resources)} resources: {names}"))
+    what = f"{cost.slice} ({cost.machine_type} hosts)" if cost.slice in SLICES else cost.machine_type
+    console.print(styled("[bold]{}[/], capacity {}, in {}", what, cost.capacity, cost.zone))
+    console.print(cost_line(cost))
+    console.print(Text(cost.note))
+    if len(plan.places) > 1:
+        render_places(plan, console)
+    console.print(styled("[bold]A run of {} batches, phase by phase[/] (tpu-grpo:batches)", plan.batches))
+    for item in plan.estimate:
+        minutes = item["minutes"]
+        said = f"≈ {minutes} min, ≈ ${cost.usd_per_hour_total * minutes / 60:.2f}: " if minutes else ""
+        console.print(Text(f"  {item['phase']}: {said}{item['what']}"))
+    if plan.pending:
         console.print(
-            Panel(
-                Text("\n").join(styled("[red]✗[/] {}", line) for line in plan.pending),
-                title=f"Still to set before `pulumi up` ({len(plan.pending)})",
-                border_style="red",
+            styled(
+                "[red]still to set: {} (above)[/]; then: uv run invoke plan", ", ".join(i["key"] for i in plan.pending)
             )
         )
+    else:
+        console.print(styled("next: [bold]uv run invoke up[/] (then provision, pipeline and fetch: the README)"))
+    if not scripts:
+        console.print(
+            styled(
+                "[dim]every input, the gcloud command, the provisioning steps and the MaxText scripts: "
+                "uv run invoke plan --scripts[/]"
+            )
+        )
+
+
+def render_scripts(plan: Plan, console: Console, render_command) -> None:
+    """What `pulumi up`, `provision` and `pipeline` would do, in full."""
+    cost = plan.cost
     table = Table(
         title=f"`pulumi up` would create {len(plan.resources)} resources", show_lines=True, title_justify="left"
     )
@@ -407,7 +504,7 @@ def render(plan: Plan, console: Console) -> None:
     for name, value in plan.outputs.items():
         outputs.add_row(name, str(value))
     console.print(outputs)
-    multi_host = plan.cost.slice in SLICES
+    multi_host = cost.slice in SLICES
     console.rule("The same TPU node pool with gcloud" if multi_host else "The same VM with gcloud", align="left")
     console.print(Text(render_command(plan.gcloud)), soft_wrap=True)
     if plan.provision:
@@ -415,9 +512,8 @@ def render(plan: Plan, console: Console) -> None:
         console.print("Every step's check runs first, all in one round trip; a step runs only where its check fails.")
     for number, step in enumerate(plan.provision, 1):
         if not step["runs"]:
-            console.print(
-                styled("[dim]{}. {}: skipped (when: {})[/]", f"{number:2}", step["step"], ", ".join(step["when"]))
-            )
+            why = f"when: {', '.join(step['when'])}" if step["when"] else step["command"]
+            console.print(styled("[dim]{}. {}: skipped ({})[/]", f"{number:2}", step["step"], why))
             continue
         console.print(styled("[bold]{}. {}[/] [dim](as {})[/]", f"{number:2}", step["step"], step["as"]))
         console.print(Text(textwrap.indent(step["command"], "      ")), soft_wrap=True)
@@ -426,46 +522,21 @@ def render(plan: Plan, console: Console) -> None:
     for job in plan.jobs:
         console.print(Text(job["script"]), soft_wrap=True)
     console.print(Text(plan.compile_cache))
-    if len(plan.places) > 1:
-        render_places(plan, console)
-    cost = plan.cost
-    extra = " + CPU host and GKE fee" if multi_host else ""
-    what = f"{cost.slice} ({cost.machine_type} hosts)" if multi_host else cost.machine_type
-    console.print(
-        Panel(
-            Group(
-                styled(
-                    "{}, capacity {}: {} v6e chips × ${} per chip-hour{} = [bold]${} per hour[/]",
-                    what,
-                    cost.capacity,
-                    cost.chips,
-                    f"{cost.usd_per_chip_hour:.2f}",
-                    extra,
-                    f"{cost.usd_per_hour:.2f}",
-                ),
-                run_time_text(cost),
-                f"the model's download: {cost.download['model']}, about {cost.download['gb']:g} GB "
-                f"({cost.download['what']})",
-                cost.note,
-                styled(
-                    "disks: {} ≈ [bold]${} per hour[/] while they exist, running or not",
-                    ", ".join(
-                        f"{disk['disk']} {disk['gb']} GB"
-                        + (
-                            f" ({disk['performance']}: ${disk['performance_usd_per_hour']:.3f} per hour of it)"
-                            if disk["performance_usd_per_hour"]
-                            else ""
-                        )
-                        for disk in cost.disks
-                    ),
-                    f"{cost.disks_usd_per_hour:.3f}",
-                ),
-                evaluation_text(plan.evaluation),
-                f"quota: {cost.quota}",
-                styled("[dim]price: {}[/]", cost.price_source),
-                styled("[dim]disks' price: {}[/]", cost.disks_price_source),
-            ),
-            title="Cost",
-            title_align="left",
-        )
-    )
+    for line in (
+        f"the model's download: {cost.download['model']}, about {cost.download['gb']:g} GB ({cost.download['what']})",
+        "disks: "
+        + ", ".join(
+            f"{disk['disk']} {disk['gb']} GB"
+            + (
+                f" ({disk['performance']}: ${disk['performance_usd_per_hour']:.3f} per hour of it)"
+                if disk["performance_usd_per_hour"]
+                else ""
+            )
+            for disk in cost.disks
+        ),
+        evaluation_text(plan.evaluation),
+        f"quota: {cost.quota}",
+        f"price: {cost.price_source}",
+        f"disks' price: {cost.disks_price_source}",
+    ):
+        console.print(Text(line))

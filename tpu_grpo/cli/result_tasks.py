@@ -132,7 +132,7 @@ def metrics(
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import retrieval, sources
-    from tpu_grpo.results.metrics import plot, table
+    from tpu_grpo.results.metrics import best_eval, plot, table
 
     with one_line_errors():
         path, where = checked(check_metrics)
@@ -151,6 +151,8 @@ def metrics(
     console = terminal()
     for one in found if compare else [found]:
         console.print(table(one))
+        if best := best_eval(one):
+            console.print(f"best: {best['accuracy']:g}% at step {best['step']} (marked `best` in the plot)")
     console.print(f"plot: {path}")
 
 

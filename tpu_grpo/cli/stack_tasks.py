@@ -9,13 +9,23 @@ from invoke import Exit
 from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_settings
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config import keys, stack_file
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.printing import terminal
 from tpu_grpo.config.settings import Settings
 
 
-@task(help=flag_help("stack", json="print the plan as JSON"), check=check_settings)
-def plan(c, stack=None, json_=False):
-    """Show what `pulumi up` would create, the same VM as a gcloud command, and its cost (offline)."""
+@task(
+    help=flag_help(
+        "stack",
+        json="print the plan as JSON",
+        scripts="show every resource's inputs, the gcloud command, the provisioning steps and the MaxText scripts",
+    ),
+    check=check_settings,
+)
+def plan(c, stack=None, json_=False, scripts=False):
+    """Show what `pulumi up` would create, what it costs and how a run goes (offline).
+
+    One screen; --scripts adds every input and script. Exits 2 while a setting is still to set."""
     from tpu_grpo.cli.plan import build, render
 
     with one_line_errors():
@@ -23,7 +33,9 @@ def plan(c, stack=None, json_=False):
     if json_:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, terminal())
+        render(result, terminal(), scripts=scripts)
+    if result.pending:
+        raise Exit(code=UserError.exit_code)
 
 
 @task(help=flag_help("stack", json="print the settings as JSON"), check=check_settings)
@@ -42,7 +54,9 @@ def settings(c, stack=None, json_=False):
 
         said = {
             "settings": {key.name: shown(key) for key in keys.KEYS},
-            "pending": [str(pending) for pending in chosen.pending],  # as plan --json says them
+            "pending": [  # as plan --json says them
+                {"key": error.key, "problem": error.problem, "fix": error.fix} for error in chosen.pending
+            ],
             "warnings": chosen.warnings,
         }
         print(json.dumps(said, indent=2))

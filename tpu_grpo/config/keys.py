@@ -185,6 +185,13 @@ def _store(value: Any) -> str:
         return value
     found = BUCKET_URL.fullmatch(value)
     if not found:
+        if isinstance(value, str) and value.startswith("gs://"):  # say why the name is no bucket's (upper case, ...)
+            meant = value.lower() if BUCKET_URL.fullmatch(value.lower()) else "gs://YOUR_BUCKET/runs"
+            try:
+                bucket(value.removeprefix("gs://").split("/")[0])
+            except Refused as problem:
+                fix = f"pulumi config set {PROJECT}:checkpointStore {shlex.quote(meant)}"
+                raise Refused(str(problem), fix) from None
         raise Refused("is not a checkpoint store (" + ", ".join(STORES) + ", or gs://BUCKET[/PREFIX])")
     bucket(found["bucket"])
     if any(part in (".", "..") for part in found["prefix"].split("/")[1:]):
@@ -235,26 +242,40 @@ class Place:
 _PLACE_FIELDS = {"zone", "capacity", "movedFrom"}
 
 
-def _place_entry(value: Any, fields: set[str]) -> Place:
+def _place_entry(value: Any, fields: set[str], where: str | None = None) -> Place:
     """A place as a stack file writes it: a mapping of zone and, optionally, capacity (and, in `placed`, movedFrom);
-    or a zone alone, at the stack's capacity."""
+    or a zone alone, at the stack's capacity. `where`: the entry's --path (`tpu-grpo:fallback[2]`), which a fix of
+    one of its parts names."""
+
+    def fix(part: str, example: str) -> str | None:
+        return f"pulumi config set --path '{where}.{part}' {example}" if where else None
+
     is_zone = isinstance(value, str) and not value.strip().startswith("{") and "=" not in value
     entry = {"zone": value.strip()} if is_zone else _mapping(value)
     unknown = sorted(str(name) for name in entry if name not in fields)
     if unknown:
-        raise Refused(f"holds {unknown[0]!r}, which a place does not take (" + ", ".join(sorted(fields)) + ")")
+        removed = f"pulumi config rm --path '{where}.{unknown[0]}'" if where else None
+        raise Refused(f"holds {unknown[0]!r}, which a place does not take (" + ", ".join(sorted(fields)) + ")", removed)
     if "zone" not in entry:
-        raise Refused(f"holds {entry!r}, a place without its zone")
+        raise Refused(f"holds {entry!r}, a place without its zone", fix("zone", "us-east5-a"))
     for part in ("zone", "movedFrom"):
         if part in entry and not _ZONE.fullmatch(str(entry[part])):
-            raise Refused(f"holds {part} {entry[part]!r}, not a zone of the form region-letter (us-east5-b)")
+            raise Refused(
+                f"holds {part} {entry[part]!r}, not a zone of the form region-letter (us-east5-b)",
+                fix(part, "us-east5-a"),
+            )
     if "capacity" in entry and entry["capacity"] not in CAPACITIES:
-        raise Refused(f"holds capacity {entry['capacity']!r}, not one of " + ", ".join(CAPACITIES))
+        raise Refused(
+            f"holds capacity {entry['capacity']!r}, not one of " + ", ".join(CAPACITIES), fix("capacity", "spot")
+        )
     return Place(str(entry["zone"]), entry.get("capacity"), entry.get("movedFrom"))
 
 
 def _places(value: Any) -> tuple[Place, ...]:
-    places = tuple(_place_entry(entry, _PLACE_FIELDS - {"movedFrom"}) for entry in _list(value))
+    places = tuple(
+        _place_entry(entry, _PLACE_FIELDS - {"movedFrom"}, f"{PROJECT}:fallback[{number}]")
+        for number, entry in enumerate(_list(value))
+    )
     if not places:
         raise Refused("is empty: leave it unset to try gcp:zone alone")
     return places
@@ -343,14 +364,14 @@ class StackValues:
 
     project: str = setting(
         "gcp:project",
-        "Google Cloud project that holds the reservation",
-        "<your-project-id>",
+        "Google Cloud project the VM or slice is made in (with capacity reservation: the one that holds it)",
+        "YOUR_PROJECT_ID",
         required=True,
         rule=_form(_PROJECT_ID, "is not a Google Cloud project id"),
     )
     zone: str = setting(
         "gcp:zone",
-        "zone of the reservation (region-letter)",
+        "zone of the VM or the slice's TPU nodes, region-letter (with capacity reservation: the reservation's)",
         "us-east5-b",
         required=True,
         rule=_form(_ZONE, "is not a zone of the form region-letter (us-east5-b; an AI zone: us-south1-ai1b)"),
@@ -379,7 +400,7 @@ class StackValues:
         "the v6e reservation the VM is bound to (capacity "
         f"{_capacities(lambda row: row.needs_reservation)}): NAME, or "
         "projects/PROJECT/reservations/NAME for another project's shared one",
-        "<your-reservation-name>",
+        "YOUR_RESERVATION_NAME",
         rule=_form(
             _RESERVATION,
             "is not a reservation name (NAME, or projects/PROJECT/reservations/NAME; lowercase letters, digits, '-')",
@@ -516,7 +537,7 @@ class StackValues:
     ssh_source_ranges: tuple[str, ...] = setting(
         f"{PROJECT}:sshSourceRanges",
         "CIDR ranges allowed to reach port 22",
-        "<your-public-ip>/32",
+        "YOUR_PUBLIC_IP/32",
         required=True,
         vm_only=True,
         rule=_ranges,
@@ -548,7 +569,13 @@ class StackValues:
             "Google-managed one: lowercase letters, digits, '.', '-')",
         ),
     )
-    labels: dict[str, str] = setting(f"{PROJECT}:labels", "extra labels on every resource", "team=ml", rule=_labels)
+    labels: dict[str, str] = setting(
+        f"{PROJECT}:labels",
+        "extra labels on the VM, its data disk, a move's snapshot, the bucket, and a slice's cluster, its nodes and "
+        "image repository (a network, a firewall rule and a grant take none)",
+        "team=ml",
+        rule=_labels,
+    )
     model: str = setting(
         f"{PROJECT}:model",
         "MaxText model to train (docs/models.md): " + ", ".join(MODELS),

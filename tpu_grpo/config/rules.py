@@ -62,8 +62,8 @@ def check_store(values: dict[str, Any], capacity: Capacity) -> None:
             store.name,
             "shm",
             f"loses the run with capacity {capacity.name}: {capacity.shm_refused_because}",
-            f"{store.set_command('disk')} (or pulumi config rm "
-            f"{store.name}: {capacity.checkpoint_store} is this capacity's default)",
+            f"{store.set_command('disk')} (or `pulumi config rm {store.name}`: {capacity.checkpoint_store} is this "
+            "capacity's default)",
         )
     chosen = store_for(values["checkpointStore"])
     if values["bucket"] and chosen.name != "gs":
@@ -72,7 +72,7 @@ def check_store(values: dict[str, Any], capacity: Capacity) -> None:
             bucket.name,
             True,
             f"asks for a bucket, but checkpointStore is {chosen.name}",
-            f"{store.set_command('gs://BUCKET/runs')} (or pulumi config rm {bucket.name})",
+            f"{store.set_command('gs://YOUR_BUCKET/runs')} (or pulumi config rm {bucket.name})",
         )
     values["dataDiskIops"] = values["dataDiskIops"] or chosen.disk_iops
     values["dataDiskThroughputMibps"] = values["dataDiskThroughputMibps"] or chosen.disk_throughput_mibps
@@ -191,7 +191,8 @@ def check_slice(values: dict[str, Any]) -> None:
             store.name,
             values["checkpointStore"],
             f"is not a bucket, and the pods of slice {shape} share no disk (and are gone when their job ends)",
-            f"{store.set_command('gs://BUCKET/runs')} (and pulumi config set {PROJECT}:bucket true to declare it here)",
+            f"{store.set_command('gs://YOUR_BUCKET/runs')} "
+            f"(and pulumi config set {PROJECT}:bucket true to declare it here)",
         )
 
 

@@ -10,6 +10,7 @@ the cloud or sent to a host, and a bad one stops with one line that names the ke
 from __future__ import annotations
 
 import base64
+import json
 import math
 import os
 import re
@@ -199,6 +200,17 @@ class Settings(StackValues):
         return round(self.chips * self.obtained.usd_per_chip_hour + extra, 2)
 
 
+def holds(value: Any, kind: type) -> bool:
+    """Whether a setting holds a list (or a mapping) as the stack file writes one, or as the program gets it from
+    Pulumi (JSON text): a `--path` fix can set an item of it; into anything else the CLI cannot."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return False
+    return isinstance(value, kind)
+
+
 def _placeholders(value: Any) -> bool:
     items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
     return any(isinstance(item, str) and PLACEHOLDER.search(item) for item in items)
@@ -212,19 +224,22 @@ def read_public_key(path: str, root: Path) -> str:
         file = existing_file(where)
     except NotAFile as missing:
         keygen = shlex.join(["ssh-keygen", "-t", "ed25519", "-f", where.removesuffix(".pub")])
+        folder = os.path.dirname(where)
+        if not os.path.isdir(folder):  # a fresh machine has no ~/.ssh, and ssh-keygen -f makes no folder
+            keygen = f"{shlex.join(['mkdir', '-p', folder])} && {keygen}"
         fix = (
             key.set_command(f"{path.rstrip('/')}/id_ed25519.pub")
             if missing.folder
-            else f"{keygen}, or {key.set_command('PATH.pub')}"
+            else f"{keygen}, or {key.set_command('YOUR_KEY.pub')}"
         )
         raise SettingsError(key.name, path, str(missing), fix) from None
     except Refused as problem:
-        raise SettingsError(key.name, path, str(problem), key.set_command("PATH.pub")) from None
+        raise SettingsError(key.name, path, str(problem), key.set_command("YOUR_KEY.pub")) from None
     text = file.read_text(errors="replace").strip()
     if "PRIVATE KEY" in text:
         raise SettingsError(key.name, path, "is a private key", f"{key.set_command(path + '.pub')} (the .pub file)")
     parts = text.split()
-    not_public = SettingsError(key.name, path, "is not an OpenSSH public key", key.set_command("PATH.pub"))
+    not_public = SettingsError(key.name, path, "is not an OpenSSH public key", key.set_command("YOUR_KEY.pub"))
     if len(text.splitlines()) != 1 or len(parts) < 2 or parts[0] not in PUBLIC_KEY_TYPES:
         raise not_public
     try:
@@ -281,7 +296,10 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     try:
         places = KEY[FALLBACK].parse(fallback)
     except Refused as problem:
-        raise SettingsError(FALLBACK, fallback, str(problem), KEY[FALLBACK].set_command()) from None
+        fix = problem.fix or KEY[FALLBACK].set_command()
+        if not holds(fallback, list) and not problem.fix:
+            fix = f"pulumi config rm {FALLBACK} && {fix}"  # a --path into a value of another kind is refused
+        raise SettingsError(FALLBACK, fallback, str(problem), fix) from None
     home = Place(str(raw.get("gcp:zone") or ""), str(raw.get(f"{PROJECT}:capacity") or DEFAULT_CAPACITY))
     candidates = (home, *(Place(place.zone, place.capacity or home.capacity) for place in places))
     own = _parse(_at(raw, home, candidates), stack, root, lenient=lenient)
@@ -381,7 +399,10 @@ def _parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fa
         try:
             values[key.short] = key.parse(value)
         except Refused as problem:
-            raise SettingsError(key.name, value, str(problem), key.set_command()) from None
+            fix = problem.fix or key.set_command()
+            if key.kind in (list, dict) and not holds(value, key.kind) and not problem.fix:
+                fix = f"pulumi config rm {key.name} && {fix}"  # a --path into a value of another kind is refused
+            raise SettingsError(key.name, value, str(problem), fix) from None
     anywhere = open_to_everyone(values["sshSourceRanges"]) if isinstance(values["sshSourceRanges"], list) else []
     if anywhere and not values["allowSshFromAnywhere"]:
         raise SettingsError(

@@ -104,7 +104,7 @@ def new_stack(stack: str) -> str:
     needed = [key.set_command() for key in KEYS if key.required] + [KEY[f"{PROJECT}:reservation"].set_command()]
     return (
         " && ".join([f"pulumi stack init {stack}", *needed])
-        + f" (no reservation: pulumi config set {PROJECT}:capacity spot, flex-start or on-demand instead)"
+        + f" (no reservation: pulumi config set {PROJECT}:capacity spot, or flex-start or on-demand, instead)"
     )
 
 
@@ -181,7 +181,7 @@ def stack_name(flag: str | None) -> tuple[str, str, str]:
             said,
             stack,
             "is not a Pulumi stack name (letters, digits, '-', '_', '.'; at most 100)",
-            f"e.g. {other} (pulumi stack ls lists them)",
+            f"e.g. {other} (`pulumi stack ls` lists them)",
         )
     return stack, said, other
 

@@ -37,7 +37,12 @@ _BUCKET_PART = re.compile(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?")
 
 
 class Refused(ValueError):
-    """What is wrong with a value, to follow its name: `is not a whole number from 1 to 100000`."""
+    """What is wrong with a value, to follow its name: `is not a whole number from 1 to 100000`; with its own `fix`
+    (a command) where the key's usual one would not mend this value (an entry of a list, a name meant otherwise)."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.fix = fix
 
 
 class NotAFile(Refused):

@@ -242,7 +242,7 @@ def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: boo
         VENV=host_paths.VENV,
         MAXTEXT_VERSION=release.MAXTEXT_VERSION,
         VERSION_PROGRAM=remote.text("maxtext_version"),
-        TOKEN_FILE=host_paths.TOKEN_FILE,
+        TOKEN_FILE=host_paths.TOKEN_FILE if run.row.gated else "",  # a public model's run needs no token
         SHM_KB=int(need_gb["shm"] * 1024 * 1024),
         SHM_GB=f"{need_gb['shm']:g}",
         DATA_ROOT=vm_jobs.ROOT,

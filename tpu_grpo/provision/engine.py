@@ -126,7 +126,10 @@ class Planned:
         if step.secret:
             self.secret_value = secrets.get(step.secret["source"])
             if self.secret_value is None and not self.skip:
-                self.skip = f"no local {step.secret['source']}: set HF_TOKEN or log in with `hf auth login`"
+                self.skip = (
+                    f"no local {step.secret['source']} (a public model needs none; a gated one: export HF_TOKEN=hf_... "
+                    "or `uv run hf auth login`)"
+                )
             digest = hashlib.sha256((self.secret_value or "").encode()).hexdigest()
             dest = shlex.quote(step.secret["dest"])
             self.check = self.check_script = (

@@ -86,7 +86,15 @@ class Metrics:
             "tags": SERIES,
             "rows": [{key: _finite(value) for key, value in asdict(row).items()} for row in self.rows],
             "evals": [{key: _finite(value) for key, value in asdict(e).items()} for e in self.evals],
+            "best": best_eval(self),
         }
+
+
+def best_eval(metrics: Metrics) -> dict[str, Any] | None:
+    """The evaluation the plots mark `best` (the checkpoint `invoke export` converts), as the table and --json say."""
+    return next(
+        ({"step": step, "accuracy": value} for step, value, stage in eval_points(metrics) if stage == "best"), None
+    )
 
 
 def _finite(value: Any) -> Any:

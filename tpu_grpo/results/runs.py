@@ -255,7 +255,13 @@ def show(console: Console, rows: list[RunRow], sources: dict[str, str]) -> None:
         return " ".join(filter(None, (ready, cache and ("warm" if cache["warm"] else "cold"))))
 
     if not rows:  # thirteen empty columns say nothing
-        console.print("no runs yet; make one: uv run invoke pipeline --batches 50 (docs/training.md)")
+        silent = [source for source, said in sources.items() if said != "answered"]
+        console.print(
+            f"no runs known to {', '.join(source for source in sources if source not in silent)}; "
+            f"{' and '.join(silent)} did not answer (below)"
+            if silent
+            else "no runs yet; make one: uv run invoke pipeline --batches 50 (docs/training.md)"
+        )
         for source, said in sources.items():
             console.print(f"{source}: {said}")
         return

@@ -1,6 +1,6 @@
 # Every check of the host before a run, each failing one printing `fail: what; fix: how` (jobs/pipeline.py's
 # Preflight). Inputs, set before this text by tpu_grpo.host.remote.shell: VENV, MAXTEXT_VERSION, VERSION_PROGRAM,
-# TOKEN_FILE, SHM_KB, SHM_GB, DATA_ROOT, DATA_KB, MODELS, DOWNLOADED and DOWNLOAD_KB (the model provisioning
+# TOKEN_FILE (empty: the model is public, no token needed), SHM_KB, SHM_GB, DATA_ROOT, DATA_KB, MODELS, DOWNLOADED and DOWNLOAD_KB (the model provisioning
 # downloads, and what the conversion downloads itself without it; DOWNLOADED empty: nothing to count), CHIPS and
 # MACHINE_TYPE (CHIPS empty: the TPU's chips are not counted). Paths may begin with `~`, as the messages show them.
 venv=$(at "$VENV")
@@ -8,7 +8,7 @@ venv=$(at "$VENV")
 version=$("$venv/bin/python" -c "$VERSION_PROGRAM" 2>/dev/null) || version=none
 [ "$version" = "$MAXTEXT_VERSION" ] ||
   echo "fail: MaxText in $VENV is $version, not $MAXTEXT_VERSION; fix: uv run invoke provision"
-[ -s "$(at "$TOKEN_FILE")" ] ||
+[ -z "$TOKEN_FILE" ] || [ -s "$(at "$TOKEN_FILE")" ] ||
   echo "fail: no Hugging Face token on the host; fix: HF_TOKEN=... uv run invoke provision --tags token"
 free=$(df -Pk /dev/shm | awk 'NR==2 {print $4}')
 [ "$free" -ge "$SHM_KB" ] || echo "fail: /dev/shm has $((free / 1048576)) GB free, a run needs $SHM_GB;" \
