@@ -53,8 +53,13 @@ CASES = [
         "Insufficient reserved capacity. Contact customer support to increase your reservation. "
         "[EID: 0x2f8bc266e74261a]",
         "reservation",
-        "capacity",
+        "zone",  # a reservation is zonal: the same name may hold chips in another zone
     ),
+    # Compute Engine's refusals of a reservation-bound VM (RESERVATION)
+    ("Could not find the given reservation", "reservation", "zone"),
+    ("must exist in the same project as the instance", "reservation", "capacity"),
+    # SkyPilot's quota line above as some of Google's pages quote it, with one space before "Limit"
+    ("Quota 'CPUS' exceeded. Limit: 24.0 in region us-west1.", "quota", "region"),
     ("Location us-east1-d is not found or access is unauthorized.", "permission", "zone"),
     ("Policy update access denied.", "permission", "everywhere"),
     ("Requested disk size cannot be smaller than the image size", "invalid", "everywhere"),
@@ -78,4 +83,7 @@ def test_a_refusal_no_marker_knows_ends_the_search():
 def test_every_marker_names_a_source_the_module_cites():
     cited = refusals.__doc__ or ""
     assert all(f"- {marker.source}:" in cited for marker in refusals.MARKERS)
-    assert all(marker.kind != "reservation" or marker.rules_out == refusals.CAPACITY for marker in refusals.MARKERS)
+    # a reservation is zonal: its refusals rule out that zone, but one of another project rules out the capacity
+    assert {marker.text: marker.rules_out for marker in refusals.MARKERS if marker.rules_out == refusals.CAPACITY} == {
+        "must exist in the same project as the instance": refusals.CAPACITY
+    }

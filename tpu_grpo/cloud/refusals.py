@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: What a refusal rules out: the zone tried, its whole region, the capacity tried (a reservation's trouble is the
-#: reservation's, in any zone), or every place (nothing else can succeed until the user fixes it).
+#: What a refusal rules out: the zone tried (a reservation's trouble too: a reservation is zonal), its whole region,
+#: the capacity tried (a reservation of another project, in any zone), or every place (nothing else can succeed until
+#: the user fixes it).
 ZONE, REGION, CAPACITY, EVERYWHERE = "zone", "region", "capacity", "everywhere"
 #: The kinds of refusal, and what each means in plain words.
 STOCKOUT, QUOTA, RESERVATION, PERMISSION, INVALID, UNKNOWN = (
@@ -65,8 +66,12 @@ class Refusal:
         Google's message without the provider's `creating Instance: googleapi: Error 403: `, cut short."""
         if self.marker.replace("_", "").isalnum():
             return self.marker
+        quota = re.search(r"Quota '(\w+)'", self.message)
+        if quota:  # the metric, which says which quota to raise
+            return f"quota {quota[1]}"
         lines = self.message.strip().splitlines()
-        return re.split(r"Error \d+: ", lines[-1])[-1][:160] if lines else "no error message"
+        text = re.split(r"Error \d+: ", lines[-1])[-1] if lines else "no error message"
+        return text if len(text) <= 160 else text[:160].rsplit(" ", 1)[0] + " …"  # cut between words
 
 
 #: Compute Engine's refusals of a reservation-bound VM, and what to do about each.
@@ -109,8 +114,13 @@ MARKERS = (
     Marker(STOCKOUT, ZONE, "GCE_STOCKOUT", "GOOGLE-SKILLS"),
     Marker(STOCKOUT, ZONE, "insufficientCapacity", "SKYPILOT"),
     Marker(STOCKOUT, ZONE, "There is no more capacity in the zone", "SKYPILOT"),  # the TPU API's code 8
-    Marker(RESERVATION, CAPACITY, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
-    *(Marker(RESERVATION, CAPACITY, text, "RESERVATION") for text, _ in RESERVATION_ERRORS),
+    # a reservation is zonal: its trouble rules out that reservation in that zone, where the same name may exist in
+    # another (Compute Engine's "Reservations of Compute Engine zonal resources"); but another project's is so anywhere
+    Marker(RESERVATION, ZONE, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
+    *(
+        Marker(RESERVATION, CAPACITY if "same project" in text else ZONE, text, "RESERVATION")
+        for text, _ in RESERVATION_ERRORS
+    ),
     Marker(QUOTA, EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT"),  # a global quota: no region has room
     Marker(QUOTA, ZONE, "PerProjectPerZone", "SKYPILOT"),  # a TPU quota of one zone, by its name
     Marker(QUOTA, REGION, "QUOTA_EXCEEDED", "SKYPILOT"),
@@ -131,7 +141,8 @@ def classify(message: str) -> Refusal:
     marker knows rules out every place, where SkyPilot rules out only its zone: SkyPilot's provisioner makes one VM,
     while an `up` runs the whole program (a setting the provider refuses, a program error, a lost network, an update
     declined), which would fail again in each place, making or moving resources each time."""
+    flat = " ".join(message.split())  # Google's pages quote "exceeded.  Limit:" with one space or two
     for marker in MARKERS:
-        if marker.text in message:
+        if " ".join(marker.text.split()) in flat:
             return Refusal(marker.kind, marker.rules_out, message, marker.text)
     return Refusal(UNKNOWN, EVERYWHERE, message)

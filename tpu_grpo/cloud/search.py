@@ -21,7 +21,17 @@ from dataclasses import dataclass
 
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import stack
-from tpu_grpo.cloud.refusals import CAPACITY, EVERYWHERE, MEANINGS, REGION, UNKNOWN, ZONE, Refusal, classify
+from tpu_grpo.cloud.refusals import (
+    CAPACITY,
+    EVERYWHERE,
+    MEANINGS,
+    PERMISSION,
+    REGION,
+    UNKNOWN,
+    ZONE,
+    Refusal,
+    classify,
+)
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.keys import Place
@@ -51,6 +61,13 @@ NEXT = {
 }
 
 
+#: What mends a refusal no other place can do better than, by its kind.
+FIXES = {
+    PERMISSION: "grant the account Pulumi uses the roles docs/settings.md#roles lists, then uv run invoke up",
+    UNKNOWN: "mend what Pulumi's error below says, then uv run invoke up",
+}
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One place tried: when, for how long, and the refusal (None: it got chips)."""
@@ -60,16 +77,19 @@ class Attempt:
     seconds: float
     refusal: Refusal | None
 
-    @property
-    def line(self) -> str:
+    def line(self, places_left: bool) -> str:
         """Where, what, why and how long, in plain words: `spot in us-east5-b: no chips there now
-        (ZONE_RESOURCE_POOL_EXHAUSTED), 41 s; next: another place`."""
+        (ZONE_RESOURCE_POOL_EXHAUSTED), 41 s; next: another place`; the last attempt says what is left to do."""
         took = f"{self.seconds:.0f} s"
         refusal = self.refusal
         if refusal is None:
             return f"{self.place}: got chips, {took}"
-        meaning = MEANINGS[refusal.kind]
-        return f"{self.place}: {meaning} ({refusal.said}), {took}; next: {NEXT[refusal.rules_out].format(self.place)}"
+        said = f"{self.place}: {MEANINGS[refusal.kind]} ({refusal.said}), {took}"
+        if refusal.rules_out == EVERYWHERE and refusal.kind in FIXES:
+            return f"{said}; fix: {FIXES[refusal.kind]}"
+        if not places_left:
+            return f"{said}; no place of the stack is left to try (Pulumi's error follows)"
+        return f"{said}; next: {NEXT[refusal.rules_out].format(self.place)}"
 
     def to_json(self) -> dict:
         refusal = self.refusal
@@ -104,6 +124,18 @@ def ends_the_search(refusal: Refusal) -> bool:
     return refusal.rules_out == EVERYWHERE
 
 
+def running_place(chosen: Settings, resources: list[dict]) -> Place | None:
+    """The place of the VM the state holds running, where `invoke up` recorded it (`tpu-grpo:placed`) and the stack
+    still lists it: a search would try the stack's first place before it, and replacing a running VM there to try
+    another capacity (spot before its on-demand) loses what runs, /dev/shm and all, for chips it may not get."""
+    placed = chosen.placed
+    vm = next((r for r in resources if r.get("type") == stack.INSTANCE_TYPE), None)
+    if placed is None or vm is None or chosen.tpu_slice or stack.stopped_vm(chosen, resources):
+        return None
+    listed = next((place for place in chosen.candidates if place.same(placed)), None)
+    return listed if listed and stack.zone_of([vm], stack.INSTANCE_TYPE) == placed.zone else None
+
+
 def order(places: Sequence[Place], first_zone: str | None) -> list[Place]:
     """The places in the stack's order, those in `first_zone` (the data disk's, or the VM's last) first."""
     return sorted(places, key=lambda place: place.zone != first_zone)
@@ -122,7 +154,8 @@ def search(
         code, messages = attempt(place)
         refusal = None if code == 0 else first_refusal(messages)
         attempts.append(Attempt(place, started, time.time() - started, refusal))
-        say(attempts[-1].line)
+        later = places[places.index(place) + 1 :]
+        say(attempts[-1].line(any(not any(rules_out(done, other) for done in attempts) for other in later)))
         if refusal is None or ends_the_search(refusal):
             break
     return attempts
@@ -247,7 +280,10 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
         last.update(code=code, messages=messages)
         return code, messages
 
-    places = order(chosen.candidates, disk_zone or chosen.zone)
+    running = running_place(chosen, resources)
+    if running:  # a rerun keeps what runs: the other places would replace the VM (the user asks by removing its place)
+        say(f"the VM runs in {running.zone} ({running.capacity}), one of the stack's places: `up` keeps it there")
+    places = [running] if running else order(chosen.candidates, disk_zone or chosen.zone)
     attempts = search(places, attempt, say if chosen.fallback else lambda line: None)
     if chosen.fallback:
         record_search(chosen, attempts)
