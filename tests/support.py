@@ -129,6 +129,15 @@ def invoke_process(
     )
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """A task's process's `preexec_fn`: SIGINT as a terminal's foreground command has it (SIG_DFL), whatever the test
+    runner inherited. A runner started in the background of a non-interactive shell (`nohup tests/run &`) ignores
+    SIGINT, its children too, and Python then never raises KeyboardInterrupt: a Ctrl-C test would wait forever."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def statuses(result) -> dict[str, str]:
     """step -> ok / changed / failed / skipped, from a one-host `invoke provision --json`."""
     report = json.loads(result.stdout)

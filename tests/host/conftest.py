@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.host import rootfs, sshd
-from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN, built_once
+from tests.support import DOUBLES, FIXTURES, MODELS_KNOWN, ROOT, TEST_TOKEN, built_once, ctrl_c_as_in_a_terminal
 
 
 @dataclass
@@ -198,6 +198,7 @@ class WorkloadHost:
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            preexec_fn=ctrl_c_as_in_a_terminal,  # its Ctrl-C tests send SIGINT
         )
 
     def give_hub_client(self, client: Path) -> None:

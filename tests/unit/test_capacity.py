@@ -475,3 +475,20 @@ def test_plan_prices_a_run_only_by_a_time_measured_on_its_model_and_machine(stac
     )
     # on one VM, provisioning fetches the safetensors the conversion reads
     assert cost["download"] == {"model": model.hf_id, "gb": round(model.weights_gb, 1), "what": "bf16 safetensors"}
+
+
+def test_plan_prices_a_moves_snapshot_beside_the_disks(stack_dir, stack_values):
+    """A disk moved with --move-disk was made from a snapshot the stack keeps (protected) while placed says where it
+    came from: plan adds it, at the data disk's size at most, to what the stack pays for while it exists."""
+    from tpu_grpo.catalog.capacity import SNAPSHOT_USD_PER_GB_MONTH
+
+    moved = {
+        **stack_values,
+        "tpu-grpo:fallback": [{"zone": "us-east5-a"}],
+        "tpu-grpo:placed": {"zone": "us-east5-a", "capacity": "reservation", "movedFrom": "us-east5-b"},
+    }
+    with_capacity(stack_dir, moved, {})
+    cost = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["cost"]
+    [snapshot] = [disk for disk in cost["disks"] if "snapshot" in disk["disk"]]
+    assert snapshot["gb"] == 500 and snapshot["usd_per_hour"] == round(500 * SNAPSHOT_USD_PER_GB_MONTH / 730, 4)
+    assert cost["disks_usd_per_hour"] == round(sum(disk["usd_per_hour"] for disk in cost["disks"]), 3)

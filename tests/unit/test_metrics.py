@@ -431,3 +431,20 @@ def test_a_trainings_evaluations_reach_tensorboard_as_scalars_once_each(tmp_path
     assert read["eval/mean_reward"][1] == (20, pytest.approx(0.5))
     assert {tag.split("/")[1] for tag in read} == set(metrics.EVAL_SCALARS)
     assert metrics.rows_from_scalars(read) == []  # no series of MaxText's taken from them
+
+
+def test_the_best_evaluation_the_plot_marks_is_said_by_the_table_and_the_json(run, tmp_path, stack_dir):
+    """The plot marks the intermediate evaluation that scored best (the earlier on a tie); `metrics` says it in its
+    text and `--json` too, read here from the recorded log's own lines (one iteration a batch: a step is a batch)."""
+    from tests.support import invoke
+
+    scored = [
+        (int(step), float(accuracy))
+        for step, accuracy in re.findall(r"Intermediate Eval \(step=(\d+)\): .*?accuracy=([0-9.]+)%", LOG.read_text())
+    ]
+    top = max(accuracy for _, accuracy in scored)
+    step = min(step for step, accuracy in scored if accuracy == top)
+    assert run.iterations == 1 and run.to_json()["best"] == {"step": step, "accuracy": top}
+    args = ("metrics", "--events", str(EVENTS), "--log", str(LOG), "--out", str(tmp_path / "m.png"))
+    assert json.loads(invoke(*args, "--json", cwd=stack_dir).stdout)["best"] == {"step": step, "accuracy": top}
+    assert f"best: {top:g}% at step {step} (marked `best` in the plot)" in invoke(*args, cwd=stack_dir).stdout

@@ -59,6 +59,8 @@ def test_move_disk_makes_the_new_zones_disk_from_a_snapshot_released_for_that_up
     placed = json.loads(stack_config(stack_dir)["tpu-grpo:placed"])
     assert placed == {"zone": "us-east5-a", "capacity": "spot", "movedFrom": "us-east5-b"}
     assert "releases tpu-grpo-data (protected): the update copies it to a snapshot first (--move-disk)" in result.stdout
+    assert "moves: the data disk from us-east5-b to us-east5-a, copied whole: a snapshot of it first" in result.stdout
+    assert "DELETED" not in result.stdout  # what a move does is no deletion of what the disk holds
     calls = cli.calls()
     release = calls.index(f"state unprotect --stack dev --yes {DISK_URN}")
     ups = [index for index, call in enumerate(calls) if call.startswith("up ")]
@@ -208,7 +210,7 @@ def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(st
     import subprocess
     import sys
 
-    from tests.support import ROOT, task_environment, wait_for
+    from tests.support import ROOT, ctrl_c_as_in_a_terminal, task_environment, wait_for
 
     cli, env = cloud
     cli.deployed(stack_values)
@@ -225,6 +227,7 @@ def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(st
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     # a loaded machine takes its time to reach the create (a SIGINT sent before it stopped the preview instead)
     wait_for(lambda: (cli.folder / "holding").exists() or process.poll() is not None, 600, "the update's create")
@@ -300,3 +303,36 @@ def test_the_bucket_stays_where_it_was_made_and_plan_says_so(stack_dir, stack_va
     result = invoke("up", "--yes", "--move-disk", cwd=stack_dir, env=env)
     assert result.returncode == 0, result.stderr
     assert resources(cli)["Bucket"]["inputs"]["location"] == "US-EAST5"
+
+
+def test_ctrl_c_between_pulumis_commands_exits_130_and_says_no_update_started(stack_dir, stack_values, cloud):
+    """Ctrl-C while the engine previews (before any update): Invoke's own answer to a KeyboardInterrupt is exit 1,
+    the code of a failure; the project's for Ctrl-C is 130, with a line that says what to do."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import ROOT, ctrl_c_as_in_a_terminal, task_environment, wait_for
+
+    cli, env = cloud
+    cli.deployed(stack_values)
+    (cli.folder / "hold-preview").touch()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), "up", "--yes"],
+        cwd=stack_dir,
+        env=task_environment(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
+    )
+    wait_for(lambda: (cli.folder / "previewing").exists() or process.poll() is not None, 600, "the preview")
+    os.kill(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted (Ctrl-C) between two of Pulumi's commands; no update had started; fix: run "
+        "`uv run invoke up` again"
+    )
+    assert not any(call.startswith("up ") for call in cli.calls())

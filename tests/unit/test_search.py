@@ -129,7 +129,12 @@ def test_a_data_disk_nobody_can_vouch_for_is_not_made_anew_elsewhere(spot_stack,
     assert ups(cli) == 1
     assert result.stderr.startswith("error: refusing to update stack 'dev': the update deletes the data disk, and ")
     assert "replaces: Disk tpu-grpo-data (zone us-east5-b -> us-east5-a)" in result.stdout
-    assert "the VM does not answer" in result.stderr and "--move-disk" in result.stderr
+    assert "the VM does not answer" in result.stderr
+    # the search's next place, not a change to the stack file: no "undo the change", no `up` where it just failed
+    assert result.stderr.rstrip().endswith(
+        "fix: pass --move-disk, which copies the disk to us-east5-a (the search tries it again), or run "
+        "`uv run invoke up` once spot in us-east5-b has chips"
+    )
     assert "tpu-grpo:placed" not in stack_config(stack_dir)
     assert state_of(cli)["Disk"]["zone"] == "us-east5-b"
 
@@ -345,7 +350,7 @@ def test_a_search_where_every_place_refused_records_no_place(spot_stack, cloud):
     """Each attempt's place reaches the program as that update's input; the stack file records a place only once it
     has chips, so a search that found none leaves the stack where it was, not pinned to the last place tried (the
     dearest here, on-demand)."""
-    stack_dir, _ = spot_stack
+    stack_dir, values = spot_stack
     cli, env = cloud
     for zone, capacity in (("us-east5-b", "spot"), ("us-east5-a", "spot"), ("us-central1-b", "on-demand")):
         cli.answer_at(zone, capacity, "stockout")
@@ -354,6 +359,23 @@ def test_a_search_where_every_place_refused_records_no_place(spot_stack, cloud):
     assert ups(cli) == 3
     last = [line for line in result.stdout.splitlines() if line.startswith("on-demand in us-central1-b: ")]
     assert last[0].endswith("; no place of the stack is left to try (Pulumi's error follows)")  # not "next: ..."
+    # what the last attempt made before its VM was refused stays, named and priced, with the command that removes it
+    from tpu_grpo.config import costs, settings
+
+    there = settings.parse(
+        {**values, "tpu-grpo:placed": {"zone": "us-central1-b", "capacity": "on-demand"}}, "dev", stack_dir
+    )
+    [disk] = [d for d in costs.disks(there) if d["disk"] == "data disk"]
+    left = next(line for line in result.stdout.splitlines() if line.startswith("left by the search"))
+    assert left.startswith("left by the search in us-central1-b: ") and "Disk" in left and "Subnetwork" in left
+    assert f"the data disk costs ${disk['usd_per_hour']:.3f} an hour while it exists" in left
+    assert left.endswith(
+        "remove them: uv run invoke down --force (this search made the disk: it holds nothing), or run "
+        "`uv run invoke up` again later"
+    )
+    removed = invoke("down", "--force", "--yes", cwd=stack_dir, env=env)  # as printed, the prompt answered
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads((cli.folder / "state.json").read_text())["deployment"]["resources"] == []
     assert "tpu-grpo:placed" not in stack_config(stack_dir)
     assert not any(call.startswith("config set") for call in cli.calls())
 
@@ -391,3 +413,23 @@ def test_a_reservation_refused_in_one_zone_is_tried_in_the_next(stack_dir, stack
     assert result.returncode == 0, result.stderr
     assert ups(cli) == 2 and "reservation in us-east5-a: got chips" in result.stdout
     assert state_of(cli)["Instance"]["zone"] == "us-east5-a"
+
+
+def test_after_down_the_next_search_starts_again_from_the_stacks_first_place(spot_stack, cloud):
+    """The last search ended on on-demand in us-central1-b, two and a half times spot's price, recorded as placed.
+    Once `down` took the VM and its disk, nothing holds the stack there: the next `up` tries spot in us-east5-b
+    first, which has chips again, instead of sticking to the dear place."""
+    stack_dir, _ = spot_stack
+    cli, env = cloud
+    cli.answer_at("us-east5-b", "spot", "stockout")
+    cli.answer_at("us-east5-a", "spot", "stockout")
+    assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0
+    assert json.loads(stack_config(stack_dir)["tpu-grpo:placed"])["capacity"] == "on-demand"
+    assert invoke("down", "--force", "--yes", cwd=stack_dir, env=env).returncode == 0
+    (cli.folder / "places.json").write_text("{}")  # every place has chips now
+    again = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert again.returncode == 0, again.stderr
+    assert [line.split(":")[0] for line in again.stdout.splitlines() if " in us-" in line.split(":")[0]] == [
+        "spot in us-east5-b"
+    ]
+    assert state_of(cli)["Instance"]["scheduling"]["provisioningModel"] == "SPOT"

@@ -607,3 +607,19 @@ def test_plan_says_what_evaluating_costs_and_what_trades_it(stack_dir):
     )
     fewer = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)["evaluation"]
     assert (fewer["eval_answers"], fewer["report_examples"]) == (14, 0)
+
+
+def test_an_export_dry_run_refuses_a_step_no_run_of_these_settings_keeps_and_says_the_best_is_chosen_later(stack_dir):
+    """checkpointPeriod 10 over 50 batches: 25 is no checkpoint (docs/training.md said `--step 25`); 20 and the last
+    are. Without --step the export converts the best scored checkpoint, which only the host knows."""
+    refused = invoke("export", "--run-name", "r1", "--step", "25", "--dry-run", cwd=stack_dir)
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: --step 25 is no checkpoint: a run of these settings keeps one every 10 steps "
+        "(tpu-grpo:checkpointPeriod) and its last, 50; fix: --step 20, or --last\n"
+    )
+    for step in ("20", "50"):
+        assert invoke("export", "--run-name", "r1", "--step", step, "--dry-run", cwd=stack_dir).returncode == 0
+    best = invoke("export", "--run-name", "r1", "--dry-run", cwd=stack_dir).stdout
+    assert "# the checkpoint its intermediate evaluations scored best, known once connected" in best
+    page = (ROOT / "docs/training.md").read_text()
+    assert "uv run invoke export --run-name RUN --step 20" in page and "--step 25" not in page

@@ -183,3 +183,19 @@ def test_the_paid_hours_are_priced_at_the_capacity_of_the_vms_newest_job():
     )
     both = timeline.build("u@vm", {**found, "jobs": [older, job]}, [])
     assert (both.chips, both.capacity, both.chip_hours) == (4, "flex-start", 8.0)
+
+
+def test_only_the_stacks_own_searches_are_its_vms(tmp_path, monkeypatch):
+    """Two stacks on one laptop: a VM of `dev` shows dev's search for chips, never prod's (made the same minute);
+    a VM named by --host alone, which no stack's search is known to have made, shows none."""
+    from tpu_grpo.config import laptop_paths
+
+    monkeypatch.setenv(laptop_paths.STATE_ENV, str(tmp_path))
+    for stack, started in (("dev", 100.0), ("prod", 110.0)):
+        attempt = {"place": {"zone": "us-east5-b", "capacity": "spot"}, "started": started, "seconds": 5.0}
+        laptop_paths.write_record(
+            tmp_path / "searches" / f"{stack}-{started:.3f}.json",
+            {"stack": stack, "attempts": [{**attempt, "refusal": None}]},
+        )
+    assert [record["stack"] for record in timeline.searches("dev")] == ["dev"]
+    assert timeline.searches(None) == []

@@ -20,18 +20,12 @@ from tpu_grpo.catalog.accelerators import MACHINES, SLICES
 from tpu_grpo.catalog.capacity import (
     CPU_HOST_USD_PER_HOUR,
     GKE_CLUSTER_USD_PER_HOUR,
-    HOURS_PER_MONTH,
     HYPERDISK_PRICE_SOURCE,
-    HYPERDISK_USD_PER_GIB_MONTH,
-    HYPERDISK_USD_PER_IOPS_MONTH,
-    HYPERDISK_USD_PER_MIBPS_MONTH,
-    PD_BALANCED_USD_PER_GB_MONTH,
     PRICES_READ,
     SNAPSHOT_USD_PER_GB_MONTH,
 )
 from tpu_grpo.catalog.models import DEFAULT_MODEL
-from tpu_grpo.catalog.stores import INCLUDED_IOPS, INCLUDED_THROUGHPUT_MIBPS
-from tpu_grpo.config import keys, stack_file
+from tpu_grpo.config import costs, keys, stack_file
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs.maxtext import Run
@@ -104,7 +98,7 @@ def build(stack: str | None = None) -> Plan:
     raw = stack_file.read_stack_file(stack, root)
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
-    paid_disks = disks(settings)
+    paid_disks = costs.disks(settings)
     state = state_resources(stack)  # [] with no CLI or nothing made yet
     return Plan(
         stack=stack,
@@ -239,49 +233,6 @@ def compile_cache_note(settings) -> str:
         "the next ones, a resumed run, a recovery and a VM created anew start warm, until a --set that changes "
         "what is compiled or another MaxText, JAX or libtpu; `invoke status` says which the next start is"
     )
-
-
-def disks(settings) -> list[dict[str, Any]]:
-    """Each disk the stack pays for while it exists, with its size and price per hour: the VM's boot and data disks
-    (Hyperdisk Balanced), or a slice's TPU hosts' boot disks (Hyperdisk Balanced) and its CPU host's (balanced
-    persistent disk, sized for the model's conversion)."""
-    if settings.tpu_slice:
-        hosts = settings.tpu_slice.hosts * settings.num_slices
-        found = [
-            (
-                f"boot disks of the {hosts} TPU hosts",
-                settings.boot_disk_gb * hosts,
-                "",
-                HYPERDISK_USD_PER_GIB_MONTH,
-                0.0,
-            ),
-            ("boot disk of the CPU host", settings.cpu_pool_disk_gb, "", PD_BALANCED_USD_PER_GB_MONTH, 0.0),
-        ]
-    else:
-        iops, throughput = settings.data_disk_iops, settings.data_disk_throughput_mibps
-        performance_usd_per_month = (iops - INCLUDED_IOPS) * HYPERDISK_USD_PER_IOPS_MONTH + (
-            throughput - INCLUDED_THROUGHPUT_MIBPS
-        ) * HYPERDISK_USD_PER_MIBPS_MONTH
-        found = [
-            ("boot disk", settings.boot_disk_gb, "", HYPERDISK_USD_PER_GIB_MONTH, 0.0),
-            (
-                "data disk",
-                settings.data_disk_gb,
-                f"{iops} IOPS, {throughput} MiB/s provisioned",
-                HYPERDISK_USD_PER_GIB_MONTH,
-                performance_usd_per_month,
-            ),
-        ]
-    return [
-        {
-            "disk": name,
-            "gb": gb,
-            "performance": performance,
-            "performance_usd_per_hour": round(performance_usd_per_month / HOURS_PER_MONTH, 4),
-            "usd_per_hour": round((gb * usd_per_gb_month + performance_usd_per_month) / HOURS_PER_MONTH, 4),
-        }
-        for name, gb, performance, usd_per_gb_month, performance_usd_per_month in found
-    ]
 
 
 def cost_note(settings) -> str:

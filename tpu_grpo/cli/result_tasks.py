@@ -232,7 +232,7 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
         where = checked(check_vm)
         session = vm_jobs.session(where.flags, where.settings)
         found = gather(session.connection)
-    built = build(session.host.name, found, fetches(), searches())
+    built = build(session.host.name, found, fetches(), searches(where.settings.stack if where.settings else None))
     png = plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
     if json_:
         print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))

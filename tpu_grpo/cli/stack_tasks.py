@@ -9,7 +9,7 @@ from invoke import Exit
 from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_settings
 from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
 from tpu_grpo.config import keys, stack_file
-from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.errors import INTERRUPTED, UserError
 from tpu_grpo.config.printing import terminal
 from tpu_grpo.config.settings import Settings
 
@@ -110,21 +110,40 @@ def up(c, stack=None, yes=False, move_disk=False):
     exit_on_failure(select_and_refresh(chosen))
 
     def keep_data(at: Settings) -> None:
+        moved = f"pass --move-disk, which copies the disk to {at.zone}"
+        if at.here.same(chosen.here):  # the stack file moved it (gcp:zone, vmName)
+            unreachable = (
+                f"undo the change to the stack file (or {moved}), `uv run invoke up` to bring the VM back, fetch the "
+                "runs, then change it again"
+            )
+            unsaved = f"fetch them first, {moved}, or undo the change to the stack file"
+        else:  # the search's next place: the stack file is as it was, and `up` where the VM was found no chips
+            unreachable = f"{moved} (the search tries it again), or run `uv run invoke up` once {chosen.here} has chips"
+            unsaved = f"{moved}, or fetch them first (once the VM answers)"
         sources.keep_what_only_the_data_disk_holds(
             sources.of(targets.pick(check_hosts(stack=stack))),
             chosen.stack,
             "update",
             "the update deletes the data disk, and ",
-            "undo the change to the stack file (or pass --move-disk, which copies the disk to the new zone), "
-            "`uv run invoke up` to bring the VM back, fetch the runs, then change it again",
-            "fetch them first, pass --move-disk (which copies the disk to the new zone), or undo the change to the "
-            "stack file",
+            unreachable,
+            unsaved,
         )
 
     with one_line_errors():
-        outcome = find_chips(
-            chosen, yes=yes, move=move_disk, keep_data=keep_data, say=lambda line: console.print(line, soft_wrap=True)
-        )
+        try:
+            outcome = find_chips(
+                chosen,
+                yes=yes,
+                move=move_disk,
+                keep_data=keep_data,
+                say=lambda line: console.print(line, soft_wrap=True),
+            )
+        except KeyboardInterrupt:  # between Pulumi's commands (a preview, the state's protect): none was updating
+            raise Exit(
+                "error: interrupted (Ctrl-C) between two of Pulumi's commands; no update had started; fix: run "
+                "`uv run invoke up` again",
+                code=INTERRUPTED,
+            ) from None
     if outcome.explanations:
         raise Exit("\n".join(f"what went wrong: {line}" for line in outcome.explanations), code=outcome.code)
     exit_on_failure(outcome.code)

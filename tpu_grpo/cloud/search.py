@@ -46,6 +46,7 @@ NEW_DISK = "the data disk an earlier attempt made (empty, or from the move's sna
 MADE_BY_THIS_SEARCH = "an earlier attempt of this search made it, and nothing ran on it since"
 SAVED_ELSEWHERE = "every run on it is fetched or published"
 MOVED = "the update copies it to a snapshot first (--move-disk)"
+MOVING = "copied whole: a snapshot of it first, the disk there made from the snapshot, then the old one deleted"
 #: The laptop's locks, one a stack (`updating`).
 LOCKS = "locks"
 #: The laptop's records of searches (`invoke timeline` shows the one that made the VM).
@@ -137,7 +138,7 @@ def running_place(chosen: Settings, resources: list[dict]) -> Place | None:
 
 
 def order(places: Sequence[Place], first_zone: str | None) -> list[Place]:
-    """The places in the stack's order, those in `first_zone` (the data disk's, or the VM's last) first."""
+    """The places in the stack's order, those in `first_zone` (the data disk's) first."""
     return sorted(places, key=lambda place: place.zone != first_zone)
 
 
@@ -261,7 +262,10 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
             return code, errors
         for change in changes:
             new_disk = checked == MADE_BY_THIS_SEARCH and change.type == replacements.DISK
-            say(f"replaces: {NEW_DISK if new_disk else stack.describe(change)}")
+            if moving and change.type == replacements.DISK:
+                say(f"moves: the data disk from {disk_zone} to {place.zone}, {MOVING}")
+            else:
+                say(f"replaces: {NEW_DISK if new_disk else stack.describe(change)}")
         if stack.strips_a_grant(changes):
             raise UserError(
                 f"refusing to update stack '{chosen.stack}': it would delete a grant it declares under another "
@@ -283,13 +287,44 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
     running = running_place(chosen, resources)
     if running:  # a rerun keeps what runs: the other places would replace the VM (the user asks by removing its place)
         say(f"the VM runs in {running.zone} ({running.capacity}), one of the stack's places: `up` keeps it there")
-    places = [running] if running else order(chosen.candidates, disk_zone or chosen.zone)
+    # where a data disk is, first (moving it is slow and needs --move-disk); else the stack's own order: a search never
+    # sticks to the place the last one found (the dearest, maybe) once nothing of the stack is there
+    places = [running] if running else order(chosen.candidates, disk_zone)
     attempts = search(places, attempt, say if chosen.fallback else lambda line: None)
     if chosen.fallback:
         record_search(chosen, attempts)
+        if attempts and attempts[-1].refusal is not None and disk_zone is None:
+            left = left_behind(last["settings"], resources, stack.state_resources(chosen.stack))
+            if left:
+                say(left)
         if attempts and attempts[-1].refusal is None and len(attempts) > 1:
             say(f"the VM is in {attempts[-1].place.zone} ({attempts[-1].place.capacity}), recorded as {PLACED}")
     return Outcome(last["code"], last["messages"], last["settings"], attempts)
+
+
+def left_behind(at: Settings, before: list[dict], after: list[dict]) -> str | None:
+    """What a search that got no chips made and left (the last place's data disk, network and firewall rule, made
+    before its VM was refused), with what it costs and the command that removes it; None when it left nothing."""
+    from infra.replacements import DISK
+    from tpu_grpo.config import costs
+
+    urns = {resource["urn"] for resource in before}
+    made = [
+        resource for resource in after if resource["urn"] not in urns and resource.get("type", "").startswith("gcp:")
+    ]
+    if not made:
+        return None
+    names = ", ".join(resource["type"].rsplit(":", 1)[-1] for resource in made)
+    disk = next((d for d in costs.disks(at) if d["disk"] == "data disk"), None)
+    paid = (
+        f"the data disk costs ${disk['usd_per_hour']:.3f} an hour while it exists, empty, "
+        if disk and any(r["type"] == DISK for r in made)
+        else ""
+    )
+    return (
+        f"left by the search in {at.zone}: {names} ({paid}the rest is free); remove them: uv run invoke down --force "
+        "(this search made the disk: it holds nothing), or run `uv run invoke up` again later"
+    )
 
 
 class StackBusy(UserError):

@@ -217,10 +217,14 @@ def fetches() -> list[dict]:
     return records
 
 
-def searches() -> list[dict]:
-    """The laptop's records of `invoke up`'s searches for chips (tpu_grpo/cloud/search.py), oldest first."""
+def searches(stack: str | None) -> list[dict]:
+    """The laptop's records of `invoke up`'s searches for chips of this stack (tpu_grpo/cloud/search.py), oldest
+    first; none for a VM named by --host alone, which no stack's search is known to have made."""
     found = [laptop_paths.read_record(path) for path in laptop_paths.records("searches")]
-    return sorted((record for record in found if record.get("attempts")), key=lambda r: r["attempts"][0]["started"])
+    return sorted(
+        (record for record in found if record.get("attempts") and stack is not None and record.get("stack") == stack),
+        key=lambda r: r["attempts"][0]["started"],
+    )
 
 
 def build(host: str, found: dict, fetched: list[dict], searched: tuple[dict, ...] | list[dict] = ()) -> Timeline:
