@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import invoke
+from tests.support import ROOT, ctrl_c_as_in_a_terminal, invoke, task_environment, wait_for
 from tests.unit.test_search import stack_config
 from tpu_grpo.cloud import search, stack
 
@@ -201,25 +206,9 @@ def test_one_update_of_a_stack_at_a_time_from_this_laptop(stack_dir, stack_value
     assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0  # released when the first ends
 
 
-def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(stack_dir, stack_values, cloud):
-    """Ctrl-C while Pulumi makes the VM: tpu-grpo forwards one SIGINT and waits for Pulumi's cancel (before, CPython
-    killed Pulumi 0.25 s after the KeyboardInterrupt), exits 130 and names the create left pending; the cloud finishes
-    the VM, and the next `up` adopts it by its id instead of meeting a 409 for it."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from tests.support import ROOT, ctrl_c_as_in_a_terminal, task_environment, wait_for
-
-    cli, env = cloud
-    cli.deployed(stack_values)
-    state = json.loads((cli.folder / "state.json").read_text())
-    state["deployment"]["resources"] = [
-        r for r in state["deployment"]["resources"] if not r["type"].endswith("Instance")
-    ]
-    (cli.folder / "state.json").write_text(json.dumps(state))  # Compute Engine deleted the VM: `up` makes it again
-    cli.hold_up()
+def up_interrupted_at(mark: Path, stack_dir: Path, env: dict) -> tuple[subprocess.Popen, str, str]:
+    """`invoke up --yes`, and Ctrl-C (SIGINT to tpu-grpo alone, as Pulumi runs in a session of its own) once the
+    Pulumi double writes `mark`: the process, its stdout and stderr."""
     process = subprocess.Popen(
         [sys.executable, "-m", "invoke", "-r", str(ROOT), "up", "--yes"],
         cwd=stack_dir,
@@ -229,11 +218,27 @@ def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(st
         text=True,
         preexec_fn=ctrl_c_as_in_a_terminal,
     )
-    # a loaded machine takes its time to reach the create (a SIGINT sent before it stopped the preview instead)
-    wait_for(lambda: (cli.folder / "holding").exists() or process.poll() is not None, 600, "the update's create")
+    wait_for(lambda: mark.exists() or process.poll() is not None, 600, f"the double's {mark.name}")
     assert process.poll() is None, process.communicate()
-    os.kill(process.pid, signal.SIGINT)  # Ctrl-C reaches tpu-grpo; Pulumi runs in a session of its own
+    os.kill(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=600)
+    return process, out, err
+
+
+def test_ctrl_c_cancels_the_update_and_the_next_up_adopts_what_the_cloud_made(stack_dir, stack_values, cloud):
+    """Ctrl-C while Pulumi makes the VM: tpu-grpo forwards one SIGINT and waits for Pulumi's cancel (before, CPython
+    killed Pulumi 0.25 s after the KeyboardInterrupt), exits 130 and names the create left pending; the cloud finishes
+    the VM, and the next `up` adopts it by its id instead of meeting a 409 for it."""
+    cli, env = cloud
+    cli.deployed(stack_values)
+    state = json.loads((cli.folder / "state.json").read_text())
+    state["deployment"]["resources"] = [
+        r for r in state["deployment"]["resources"] if not r["type"].endswith("Instance")
+    ]
+    (cli.folder / "state.json").write_text(json.dumps(state))  # Compute Engine deleted the VM: `up` makes it again
+    cli.hold_up()
+    # a loaded machine takes its time to reach the create (a SIGINT sent before it stopped the preview instead)
+    process, out, err = up_interrupted_at(cli.folder / "holding", stack_dir, env)
     assert process.returncode == 130, err
     assert (cli.folder / "sigints").read_text() == "SIGINT\n"  # one, forwarded: Pulumi's cancel, not its terminate
     assert "^C received; cancelling." in out
@@ -308,28 +313,10 @@ def test_the_bucket_stays_where_it_was_made_and_plan_says_so(stack_dir, stack_va
 def test_ctrl_c_between_pulumis_commands_exits_130_and_says_no_update_started(stack_dir, stack_values, cloud):
     """Ctrl-C while the engine previews (before any update): Invoke's own answer to a KeyboardInterrupt is exit 1,
     the code of a failure; the project's for Ctrl-C is 130, with a line that says what to do."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from tests.support import ROOT, ctrl_c_as_in_a_terminal, task_environment, wait_for
-
     cli, env = cloud
     cli.deployed(stack_values)
     (cli.folder / "hold-preview").touch()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "-r", str(ROOT), "up", "--yes"],
-        cwd=stack_dir,
-        env=task_environment(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ctrl_c_as_in_a_terminal,
-    )
-    wait_for(lambda: (cli.folder / "previewing").exists() or process.poll() is not None, 600, "the preview")
-    os.kill(process.pid, signal.SIGINT)
-    out, err = process.communicate(timeout=600)
+    process, out, err = up_interrupted_at(cli.folder / "previewing", stack_dir, env)
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == (
         "error: interrupted (Ctrl-C) between two of Pulumi's commands; no update had started; fix: run "
