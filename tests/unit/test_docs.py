@@ -597,3 +597,26 @@ def test_the_timeline_sample_is_what_timeline_prints():
     """docs/capacity.md's sample of `invoke timeline` is what it prints for those rows, table and cost line included."""
     sample, printed = timeline_sample()
     assert sample == printed
+
+
+def test_a_dry_run_said_to_print_json_is_one_of_a_task_that_takes_json():
+    """slices.md said `--dry-run --json` of train, convert and export, which take no --json: each `TASK ... --dry-run
+    --json` the pages name is a task with --json."""
+    takes_json = {node.name for node in task_functions() if "json_" in [arg.arg for arg in node.args.args]}
+    said = {task for page in PAGES for task in re.findall(r"`(\w+) --dry-run --json`", page.read_text())}
+    assert said and said <= takes_json, said - takes_json
+    assert not re.search(r"(?<!\w )`--dry-run --json`", " ".join(page.read_text() for page in PAGES))
+
+
+def test_where_the_vm_is_made_is_said_for_every_capacity_and_the_package_names_no_one_run():
+    """`settings` explained gcp:project and gcp:zone by the reservation on a spot stack, and pyproject's description
+    still said "Llama 3.1 8B on a reserved v6e-8"."""
+    import tomllib
+
+    from tpu_grpo.config.keys import KEY
+
+    for name in ("gcp:project", "gcp:zone"):
+        assert KEY[name].help.startswith(("Google Cloud project the VM or slice", "zone of the VM or the slice's"))
+        assert "(with capacity reservation: " in KEY[name].help  # the reservation's only with that capacity
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    assert "Cloud TPU v6e" in description and "Llama" not in description and "v6e-8" not in description
