@@ -91,6 +91,15 @@ class Cloud:
     disks: dict[str, set[str]] = field(default_factory=dict)  # a disk's name -> the runs saved on it
     stopped: set[str] = field(default_factory=set)  # VMs powered off (an idle stop)
     snapshots: dict[str, set[str]] = field(default_factory=dict)  # a snapshot resource's name -> the runs it holds
+    stockouts: set[tuple[str, str]] = field(default_factory=set)  # (zone, capacity) where Google has no chips now
+
+    @staticmethod
+    def place_of(inputs: dict) -> tuple[str, str]:
+        """A VM's (zone, capacity), from its scheduling as the provider sends it."""
+        if (inputs.get("reservationAffinity") or {}).get("type") == "SPECIFIC_RESERVATION":
+            return inputs["zone"], "reservation"
+        model = (inputs.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+        return inputs["zone"], {"SPOT": "spot", "FLEX_START": "flex-start"}.get(model, "on-demand")
 
     @staticmethod
     def binding(resource_type: str, inputs: dict) -> tuple[str, str, str]:
@@ -236,6 +245,12 @@ class Engine:
                     self.cloud.delete(old.type, old.name, old.inputs)  # the name is taken: delete, then create
                     del self.state[key]
                     done.replaced.add(key)
+                if Cloud.place_of(resource.inputs) in self.cloud.stockouts:  # the old VM went first: the name
+                    done.error = (  # Compute Engine's "Troubleshoot resource availability errors"
+                        f"creating Instance: googleapi: Error 503: The zone '{resource.inputs['zone']}' does not have "
+                        "enough resources available to fulfill the request., ZONE_RESOURCE_POOL_EXHAUSTED"
+                    )
+                    return done
                 if waits > _minutes(timeout):
                     self.cloud.create(resource.type, resource.name, resource.inputs)  # outside the state, billed
                     done.error = f"timeout while waiting for state to become 'DONE' (timeout: {timeout})"

@@ -8,7 +8,9 @@ creates, 409s), with tpu-grpo's own program, search and guards deciding. After e
 - nothing billed exists outside the state (a VM a timed-out create left behind);
 - nothing tpu-grpo did not create is removed (another cluster's node role), and every grant the state holds is
   granted in the cloud;
-- what `plan` said (tpu_grpo/cloud/stack.py's preview: infra/replacements.py) is what `up` did.
+- what `plan` said (tpu_grpo/cloud/stack.py's preview: infra/replacements.py) is what `up` did;
+- a running VM is replaced only for a setting the user changed, never by a search for chips elsewhere (the cloud
+  runs out of chips at a place, and `tpu-grpo:fallback` lists other places).
 
 Each defect of issue 60 is one this machine finds when its guard is taken away (a smaller disk, a renamed grant, the
 project-wide role, the 20-minute create timeout); with tpu-grpo's own disk guard taken away, the engine's protect still
@@ -59,7 +61,14 @@ EDITS = {
     "tpu-grpo:serviceAccount": [None, "sa@grpo-lab-123.iam.gserviceaccount.com"],
     "capacity": list(CAPACITIES),
     "shape": ["vm", "slice"],
+    "tpu-grpo:fallback": [
+        None,
+        [{"zone": "us-east5-a", "capacity": "on-demand"}],
+        [{"zone": "us-east5-b", "capacity": "on-demand"}],
+    ],
 }
+#: Where Google may be out of chips: (zone, capacity).
+PLACES = [(zone, capacity) for zone in ("us-east5-b", "us-east5-a") for capacity in CAPACITIES]
 #: The program's resources on each stack file seen, or None where the settings are refused.
 PROGRAM_RUNS: dict[str, list | None] = {}
 CAPACITY = {
@@ -110,6 +119,8 @@ class StackLife(RuleBasedStateMachine):
         self.lost_unsaved: list[str] = []
         self.plan_and_up: list[tuple[set, set]] = []
         self.runs = 0
+        self.asked = True  # a setting changed since the last up: a VM replaced for it was asked for
+        self.running_replaced: list[str] = []
 
     # ------------------------------------------------------------------ what the user does
 
@@ -117,10 +128,16 @@ class StackLife(RuleBasedStateMachine):
         shape=st.sampled_from(["vm", "slice"]),
         capacity=st.sampled_from(sorted(CAPACITY)),
         flex_wait=st.integers(0, 120),
+        fallback=st.sampled_from(EDITS["tpu-grpo:fallback"]),
+        home_out=st.booleans(),
     )
-    def a_first_up(self, shape, capacity, flex_wait):
+    def a_first_up(self, shape, capacity, flex_wait, fallback, home_out):
+        """The first `up`; with a fallback and no chips at the stack's own place, the VM starts at the fallback's."""
         self.edit("shape", shape)
         self.edit("capacity", capacity)
+        self.edit("tpu-grpo:fallback", fallback)
+        if home_out:
+            self.cloud.stockouts.add((self.values["gcp:zone"], capacity))
         self.up(flex_wait, move=False)
 
     @rule(key=st.sampled_from(sorted(EDITS)), data=st.data())
@@ -128,6 +145,7 @@ class StackLife(RuleBasedStateMachine):
         self.edit(key, data.draw(st.sampled_from(EDITS[key]), label=key))
 
     def edit(self, key: str, value: str | None) -> None:
+        self.asked = True
         if key == "capacity":
             for name in ("tpu-grpo:capacity", "tpu-grpo:reservation", "tpu-grpo:maxRunHours"):
                 self.values.pop(name, None)
@@ -205,7 +223,17 @@ class StackLife(RuleBasedStateMachine):
                 {(c.type, c.name) for c in changes if c.action == "delete"},
             )
             before = self.disk_runs()
+            running = self.engine.state.get((replacements.INSTANCE, self.vm() or ""))
+            wanted = next((r for r in declared if r.type == replacements.INSTANCE), None)
             done = self.engine.up(declared, flex_wait, fault)
+            if (
+                running
+                and running.name not in self.cloud.stopped
+                and not self.asked
+                and (replacements.INSTANCE, running.name) in done.replaced | done.deleted
+                and (wanted is None or Cloud.place_of(wanted.inputs) != Cloud.place_of(running.inputs))
+            ):  # the running VM went for another place the user did not ask for
+                self.running_replaced.append(f"{Cloud.place_of(running.inputs)}: {sorted(self.cloud.stockouts)}")
             self.note_lost(before)
             if done.error == "update canceled":
                 raise stack.Cancelled(done.error)  # run_pulumi, after Pulumi's cancel
@@ -230,9 +258,16 @@ class StackLife(RuleBasedStateMachine):
             (search, "updating", lambda name: contextlib.nullcontext()),
         ):
             try:
-                search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
+                outcome = search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
             except UserError:
-                pass  # refused: a grant it declares would go, or runs only the disk holds
+                return  # refused: a grant it declares would go, or runs only the disk holds
+        if outcome.code == 0:
+            self.asked = False  # the stack now is what its file says
+
+    @rule(place=st.sampled_from(PLACES), out=st.booleans())
+    def google_runs_out_of_chips(self, place, out):
+        """A stockout at one place, or its end."""
+        (self.cloud.stockouts.add if out else self.cloud.stockouts.discard)(place)
 
     def engine_as_pulumi(self, *patches) -> contextlib.ExitStack:
         """The engine double answering tpu_grpo/cloud/stack.py's reads and edits of the state, and `patches`."""
@@ -341,6 +376,12 @@ class StackLife(RuleBasedStateMachine):
                 assert self.cloud.binding(entry.type, entry.inputs) in self.cloud.bindings, entry.name
 
     @invariant()
+    def a_running_vm_is_never_replaced_by_a_search(self):
+        """Only a setting the user changed may replace a running VM; a search for chips elsewhere (a fallback place
+        tried before the one the VM is in) never does (issue 79)."""
+        assert not self.running_replaced, self.running_replaced
+
+    @invariant()
     def what_plan_said_is_what_up_did(self):
         for said, did in self.plan_and_up:
             assert said == did, (said, did)
@@ -422,7 +463,7 @@ def test_a_disk_moved_twice_keeps_its_runs(life):
     `up`. Were the second move's snapshot a replacement of the first's, the engine would delete the disk first, as a
     dependent of the snapshot it was made from, before snapshotting it: each move's snapshot is its own resource."""
     machine = life()
-    machine.a_first_up("vm", "reservation", 0)
+    machine.a_first_up("vm", "reservation", 0, None, False)
     machine.edit("gcp:zone", "us-east5-a")
     machine.train_and_save()
     machine.up(0, move=True)
