@@ -87,3 +87,20 @@ def test_every_marker_names_a_source_the_module_cites():
     assert {marker.text: marker.rules_out for marker in refusals.MARKERS if marker.rules_out == refusals.CAPACITY} == {
         "must exist in the same project as the instance": refusals.CAPACITY
     }
+
+
+@pytest.mark.parametrize(
+    "message, said",
+    [
+        (  # an API's error as JSON (googleapi's body when it has no parsed form): its message
+            'error: creating Instance: googleapi: Error 400: {"error": {"code": 400, "message": "Invalid value for '
+            'field \'resource.machineType\'.", "status": "INVALID_ARGUMENT"}}',
+            "Invalid value for field 'resource.machineType'.",
+        ),
+        ("error: " + "word " * 60, ("error: " + "word " * 30).strip() + " …"),  # cut between words, never mid-word
+        ("Quota 'CPUS' exceeded.  Limit: 24.0 in region us-west1.", "quota CPUS"),  # the metric to raise
+        ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED"),  # a code is said as is
+    ],
+)
+def test_a_refusal_is_said_in_a_few_words_of_googles(message, said):
+    assert refusals.classify(message).said == said

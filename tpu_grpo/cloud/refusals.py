@@ -71,6 +71,9 @@ class Refusal:
             return f"quota {quota[1]}"
         lines = self.message.strip().splitlines()
         text = re.split(r"Error \d+: ", lines[-1])[-1] if lines else "no error message"
+        inner = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
+        if text.lstrip().startswith("{") and inner:  # an API's error as JSON: its message, not the blob
+            text = inner[1]
         return text if len(text) <= 160 else text[:160].rsplit(" ", 1)[0] + " …"  # cut between words
 
 
