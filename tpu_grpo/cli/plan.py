@@ -99,10 +99,11 @@ def build(stack: str | None = None) -> Plan:
     settings, resources, outputs = offline.run(raw, stack, lenient=True)
     machine, obtained, multi_host = settings.machine, settings.obtained, bool(settings.tpu_slice)
     paid_disks = costs.disks(settings)
+    disks_usd_per_hour = sum(disk["usd_per_hour"] for disk in paid_disks)
     state = state_resources(stack)  # [] with no CLI or nothing made yet
     return Plan(
         stack=stack,
-        pending=[{"key": error.key, "problem": error.problem, "fix": error.fix} for error in settings.pending],
+        pending=[error.to_json() for error in settings.pending],
         warnings=[*settings.warnings, *stays(state, resources)],
         replaces=[describe(change) for change in preview(settings, resources, state)],
         kept=kept(resources),
@@ -127,9 +128,9 @@ def build(stack: str | None = None) -> Plan:
             quota=obtained.quota,
             note=cost_note(settings),
             disks=paid_disks,
-            disks_usd_per_hour=round(sum(disk["usd_per_hour"] for disk in paid_disks), 3),
+            disks_usd_per_hour=round(disks_usd_per_hour, 3),
             disks_price_source=HYPERDISK_PRICE_SOURCE,
-            usd_per_hour_total=round(settings.usd_per_hour + sum(disk["usd_per_hour"] for disk in paid_disks), 2),
+            usd_per_hour_total=round(settings.usd_per_hour + disks_usd_per_hour, 2),
         ),
         places=places(settings, raw, root),
         provision=[] if multi_host else provision_steps(settings),  # a slice's jobs run in its image
@@ -385,8 +386,6 @@ def cost_line(cost: Cost) -> Text:
 def render(plan: Plan, console: Console, scripts: bool = False) -> None:
     """One screen: what is still to set, what `up` creates, the hour's cost, a run phase by phase, the next command.
     With `scripts`, every resource's inputs, the gcloud command, the provisioning steps and the MaxText scripts."""
-    from infra.tpu_host import render_command
-
     console.print(styled("[bold]Plan for stack [cyan]{}[/] (offline: nothing is created)[/]", plan.stack))
     if plan.replaces:  # infra/replacements.py's copy of the provider's rules, offline
         console.print("an estimate from the provider's rules; `invoke up` decides on Pulumi's own preview:")
@@ -402,7 +401,7 @@ def render(plan: Plan, console: Console, scripts: bool = False) -> None:
         console.print(pending_panel(plan))
     cost = plan.cost
     if scripts:
-        render_scripts(plan, console, render_command)
+        render_scripts(plan, console)
     else:
         names = ", ".join(f"{r['type'].split(':')[-1]} {r['name']}" for r in plan.resources)
         console.print(Text(f"`pulumi up` creates {len(plan.resources)} resources: {names}"))
@@ -434,8 +433,10 @@ def render(plan: Plan, console: Console, scripts: bool = False) -> None:
         )
 
 
-def render_scripts(plan: Plan, console: Console, render_command) -> None:
+def render_scripts(plan: Plan, console: Console) -> None:
     """What `pulumi up`, `provision` and `pipeline` would do, in full."""
+    from infra.tpu_host import render_command
+
     cost = plan.cost
     table = Table(
         title=f"`pulumi up` would create {len(plan.resources)} resources", show_lines=True, title_justify="left"

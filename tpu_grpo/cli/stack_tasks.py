@@ -54,9 +54,7 @@ def settings(c, stack=None, json_=False):
 
         said = {
             "settings": {key.name: shown(key) for key in keys.KEYS},
-            "pending": [  # as plan --json says them
-                {"key": error.key, "problem": error.problem, "fix": error.fix} for error in chosen.pending
-            ],
+            "pending": [error.to_json() for error in chosen.pending],  # as plan --json says them
             "warnings": chosen.warnings,
         }
         print(json.dumps(said, indent=2))

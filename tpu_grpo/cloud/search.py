@@ -148,15 +148,18 @@ def search(
     """Try each place in turn until one gets chips (exit 0) or a refusal ends the search, never a place an earlier
     refusal ruled out; `say` one line per attempt. `attempt(place)` is Pulumi's exit code and error messages."""
     attempts: list[Attempt] = []
-    for place in places:
-        if any(rules_out(earlier, place) for earlier in attempts):
+
+    def ruled_out(place: Place) -> bool:
+        return any(rules_out(earlier, place) for earlier in attempts)
+
+    for number, place in enumerate(places):
+        if ruled_out(place):
             continue
         started = time.time()
         code, messages = attempt(place)
         refusal = None if code == 0 else first_refusal(messages)
         attempts.append(Attempt(place, started, time.time() - started, refusal))
-        later = places[places.index(place) + 1 :]
-        say(attempts[-1].line(any(not any(rules_out(done, other) for done in attempts) for other in later)))
+        say(attempts[-1].line(not all(map(ruled_out, places[number + 1 :]))))
         if refusal is None or ends_the_search(refusal):
             break
     return attempts

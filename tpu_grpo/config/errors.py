@@ -32,6 +32,10 @@ class SettingsError(UserError, ValueError):
         shown = "(missing)" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
         super().__init__(f"{key}={shown}{not_ascii(value)} {problem}; fix: {fix}")
 
+    def to_json(self) -> dict[str, str]:
+        """As `plan --json` and `settings --json` list what is still to set."""
+        return {"key": self.key, "problem": self.problem, "fix": self.fix}
+
 
 def not_ascii(value: Any) -> str:
     """` (holds U+2010 HYPHEN)`: what in an echoed value is not ASCII, which a look-alike (a Unicode hyphen, a

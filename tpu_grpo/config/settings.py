@@ -200,6 +200,16 @@ class Settings(StackValues):
         return round(self.chips * self.obtained.usd_per_chip_hour + extra, 2)
 
 
+def refused(key: Key, value: Any, problem: Refused) -> SettingsError:
+    """A value its key's rule refused, with the fix that mends it: the rule's own, else the key's set command; a
+    `--path` into a value of another kind (a list key holding text) is refused by the CLI, so that one removes it
+    first."""
+    fix = problem.fix or key.set_command()
+    if key.kind in (list, dict) and not holds(value, key.kind) and not problem.fix:
+        fix = f"pulumi config rm {key.name} && {fix}"
+    return SettingsError(key.name, value, str(problem), fix)
+
+
 def holds(value: Any, kind: type) -> bool:
     """Whether a setting holds a list (or a mapping) as the stack file writes one, or as the program gets it from
     Pulumi (JSON text): a `--path` fix can set an item of it; into anything else the CLI cannot."""
@@ -296,10 +306,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     try:
         places = KEY[FALLBACK].parse(fallback)
     except Refused as problem:
-        fix = problem.fix or KEY[FALLBACK].set_command()
-        if not holds(fallback, list) and not problem.fix:
-            fix = f"pulumi config rm {FALLBACK} && {fix}"  # a --path into a value of another kind is refused
-        raise SettingsError(FALLBACK, fallback, str(problem), fix) from None
+        raise refused(KEY[FALLBACK], fallback, problem) from None
     home = Place(str(raw.get("gcp:zone") or ""), str(raw.get(f"{PROJECT}:capacity") or DEFAULT_CAPACITY))
     candidates = (home, *(Place(place.zone, place.capacity or home.capacity) for place in places))
     own = _parse(_at(raw, home, candidates), stack, root, lenient=lenient)
@@ -399,10 +406,7 @@ def _parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fa
         try:
             values[key.short] = key.parse(value)
         except Refused as problem:
-            fix = problem.fix or key.set_command()
-            if key.kind in (list, dict) and not holds(value, key.kind) and not problem.fix:
-                fix = f"pulumi config rm {key.name} && {fix}"  # a --path into a value of another kind is refused
-            raise SettingsError(key.name, value, str(problem), fix) from None
+            raise refused(key, value, problem) from None
     anywhere = open_to_everyone(values["sshSourceRanges"]) if isinstance(values["sshSourceRanges"], list) else []
     if anywhere and not values["allowSshFromAnywhere"]:
         raise SettingsError(
