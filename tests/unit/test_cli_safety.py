@@ -798,3 +798,5 @@ def test_a_chain_naming_two_stacks_or_hosts_is_refused_before_any_task_acts(stac
     result = invoke("metrics", "--events", "events", "--out", str(plot), *chain, cwd=stack_dir)
     assert (result.returncode, result.stderr.strip(), result.stdout) == (2, message.replace("PLOT", str(plot)), "")
     assert not plot.exists()
+    apart = fix_commands(result.stderr.split("; fix: ", 1)[1])
+    assert len(apart) == 3 and {command: unpasteable(command, stack_dir) for command in apart} == dict.fromkeys(apart)
