@@ -425,7 +425,13 @@ def test_after_down_the_next_search_starts_again_from_the_stacks_first_place(spo
     cli.answer_at("us-east5-a", "spot", "stockout")
     assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0
     assert json.loads(stack_config(stack_dir)["tpu-grpo:placed"])["capacity"] == "on-demand"
-    assert invoke("down", "--force", "--yes", cwd=stack_dir, env=env).returncode == 0
+    down = invoke("down", "--force", "--yes", cwd=stack_dir, env=env)
+    assert down.returncode == 0, down.stderr
+    # the stack file no longer says the stack is where nothing of it is: plan reads gcp:zone and capacity again
+    assert "tpu-grpo:placed" not in stack_config(stack_dir)
+    assert "tpu-grpo:placed is out of stack 'dev': the next `uv run invoke up` starts at gcp:zone" in down.stdout
+    plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)
+    assert (plan["cost"]["zone"], plan["cost"]["capacity"]) == ("us-east5-b", "spot")
     (cli.folder / "places.json").write_text("{}")  # every place has chips now
     again = invoke("up", "--yes", cwd=stack_dir, env=env)
     assert again.returncode == 0, again.stderr

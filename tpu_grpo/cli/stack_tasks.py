@@ -186,6 +186,7 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
+    from tpu_grpo.cloud import search
     from tpu_grpo.cloud.stack import destroy
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
@@ -207,4 +208,7 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
         chosen = where.settings
         console = terminal()
         code = destroy(chosen.stack, why, yes=yes, say=lambda line: console.print(line, soft_wrap=True))
+        forgot = None if code else search.forget_place(chosen.stack)
+        if forgot:
+            console.print(forgot, soft_wrap=True)
     exit_on_failure(code)

@@ -1,6 +1,7 @@
 """The search for chips over a stack's places (`tpu-grpo:fallback`): `invoke up` and a recovery try each place in
 turn, classify each refusal (refusals.py) and skip every place it rules out, one line per attempt, and record the
-place that got chips in the stack file (`tpu-grpo:placed`), which every later task and `up` read.
+place that got chips in the stack file (`tpu-grpo:placed`), which every later task and `up` read, and which `down`
+takes out again: the program reads its place from the stack's config on every update, a plain `pulumi up` too.
 
 The data disk is zonal: a place in another zone either makes it anew (allowed when the disk holds nothing that is
 not saved elsewhere: the caller's guard, `down`'s), or moves it (a snapshot, then the new zone's disk made from it:
@@ -183,6 +184,19 @@ def record_place(stack_name: str, place: Place) -> None:
     )
     if done.returncode:
         raise UserError(f"could not record {place} in stack '{stack_name}': {done.stderr.strip()}")
+
+
+def forget_place(stack_name: str) -> str | None:
+    """Take `tpu-grpo:placed` out of the stack file once `down` took what was there: nothing holds the stack at that
+    place, so the next `up` and every task read gcp:zone and capacity again. What it says, or None (nothing to do)."""
+    if PLACED not in read_stack_file(stack_name, project_root()):
+        return None
+    done = subprocess.run(
+        ["pulumi", "config", "rm", PLACED, "--stack", stack_name], cwd=project_root(), capture_output=True, text=True
+    )
+    if done.returncode:
+        return f"{PLACED} stays in stack '{stack_name}' ({done.stderr.strip()}); fix: pulumi config rm {PLACED}"
+    return f"{PLACED} is out of stack '{stack_name}': the next `uv run invoke up` starts at gcp:zone and capacity"
 
 
 def record_search(chosen: Settings, attempts: list[Attempt]) -> None:
