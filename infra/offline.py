@@ -4,6 +4,7 @@ program declares, with the exact inputs `pulumi up` would send."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,8 @@ def run(
     from infra.program import declare, read_settings  # imports pulumi_gcp: seconds
 
     mocks = mocks or RecordingMocks()
+    loop = asyncio.new_event_loop()  # Pulumi's runtime runs the program on the current loop, which nothing closes:
+    asyncio.set_event_loop(loop)  # collected at exit after its sockets, it printed "Exception ignored ... -1"
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(config_for_pulumi(raw_config))
     result: dict[str, Any] = {}
@@ -156,4 +159,6 @@ def run(
         program()
     finally:
         _RECORDER.mocks = None
+        loop.close()
+        asyncio.set_event_loop(None)
     return result["settings"], mocks.resources, result["outputs"]

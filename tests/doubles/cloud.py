@@ -3,8 +3,9 @@ replacement, destroy, `state delete`) and the cloud under it (Compute Engine's V
 flex-start request's wait, a preemption), for tests/unit/test_lifecycle.py. Each behaviour is written from its
 source, not from what tpu-grpo expects:
 
-- Which change makes a resource new: the provider's force-new fields (infra/replacements.py's FORCE_NEW, read from
-  terraform-provider-google's schemas at e03b762) and, modelled here on their own, its CustomizeDiff rules
+- Which change makes a resource new: the provider's force-new fields, read by tests/doubles/provider.py from
+  terraform-provider-google's own Go schemas at e03b762 (not tpu-grpo's table, infra/replacements.py's FORCE_NEW,
+  which the lifecycle checks against this), and its CustomizeDiff rules
   (resource_compute_disk.go: `customdiff.ForceNewIfChange("size", IsDiskShrinkage)`; resource_compute_subnetwork.go:
   `ForceNewIfChange("ip_cidr_range", IsShrinkageIpCidr)`) and the program's own `replace_on_changes`.
 - Pulumi's engine (pkg/resource/deploy/step_generator.go): a state resource whose name is an alias of a declared one
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import replacements
+from tests.doubles import provider
 
 INSTANCE, DISK = replacements.INSTANCE, replacements.DISK
 IAM_TYPES = (
@@ -183,10 +185,8 @@ class Engine:
         if resource.type == INSTANCE and resource.inputs.get("name") in self.cloud.stopped:
             return True  # `invoke up` asks for its replacement (`--replace`): a TPU VM is never started again
         options = resource.options
-        return bool(
-            replacements.forcing_fields(
-                resource.type, old.inputs, resource.inputs, replaced, options.replace_on_changes, options.ignore_changes
-            )
+        return provider.forces_new(
+            resource.type, old.inputs, resource.inputs, replaced, options.replace_on_changes, options.ignore_changes
         )
 
     def up(self, declared: list, flex_wait_minutes: int = 0, fault: str | None = None) -> Operations:

@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
 from tests.support import ROOT, ctrl_c_as_in_a_terminal, invoke, task_environment, wait_for
+from tests.unit.test_replacements import SLICE as SLICE_VALUES
 from tests.unit.test_search import stack_config
 from tpu_grpo.cloud import search, stack
 
@@ -271,6 +273,56 @@ def test_a_409_names_what_exists_and_deletes_only_a_vm(stack_values, tmp_path):
     vm = "googleapi: Error 409: The resource 'projects/p/zones/z/instances/tpu-grpo' already exists, alreadyExists"
     [said] = stack.outside_state(settings, [vm])
     assert "gcloud compute instances delete tpu-grpo --zone=us-east5-b" in said
+    # Cloud Storage's 409 names no bucket: the stack's own is named (terraform-google-cloud-storage#238's text)
+    store = parse(
+        {
+            **{k: v for k, v in stack_values.items() if v is not None},
+            "tpu-grpo:checkpointStore": "gs://grpo-lab-runs/r",
+        },
+        "dev",
+        tmp_path,
+    )
+    bucket = (
+        "googleapi: Error 409: Your previous request to create the named bucket succeeded and you already own it., "
+        "conflict"
+    )
+    [said] = stack.outside_state(store, [bucket])
+    assert said.startswith("bucket gs://grpo-lab-runs exists outside Pulumi's state") and "deletes nothing" in said
+    # a slice's cluster (GKE's 409, gke-logging-sinks-demo#11's text) is named, never deleted
+    sliced = parse({**{k: v for k, v in stack_values.items() if v is not None}, **SLICE_VALUES}, "dev", tmp_path)
+    cluster = (
+        "googleapi: Error 409: Already exists: projects/grpo-lab-123/zones/us-east5-b/clusters/tpu-grpo., alreadyExists"
+    )
+    [said] = stack.outside_state(sliced, [cluster])
+    assert said.startswith("projects/grpo-lab-123/zones/us-east5-b/clusters/tpu-grpo exists outside Pulumi's state")
+    assert "gcloud" not in said
+
+
+def test_a_create_left_pending_is_adopted_by_the_id_the_provider_gives_it():
+    """Each billed resource an interrupted update may leave pending is adopted by its provider's id (the importers'
+    forms); a grant, which has none, is left to the refresh, which clears it, and the next update adds it again."""
+    state = {
+        "deployment": {
+            "pending_operations": [
+                {"type": "creating", "resource": {"urn": f"urn:{type_}::{name}", "type": type_, "inputs": inputs}}
+                for type_, name, inputs in [
+                    ("gcp:container/cluster:Cluster", "c", {"project": "p", "location": "us-east5-b", "name": "c"}),
+                    (
+                        "gcp:container/nodePool:NodePool",
+                        "tpu",
+                        {"project": "p", "location": "us-east5-b", "cluster": "c", "name": "tpu"},
+                    ),
+                    ("gcp:storage/bucketIAMMember:BucketIAMMember", "g", {"bucket": "b", "role": "r", "member": "m"}),
+                ]
+            ]
+        }
+    }
+    with mock.patch.object(stack, "_pulumi_json", lambda *args: state):
+        assert stack.pending_creates("dev") == [
+            ("urn:gcp:container/cluster:Cluster::c", "projects/p/locations/us-east5-b/clusters/c"),
+            ("urn:gcp:container/nodePool:NodePool::tpu", "projects/p/locations/us-east5-b/clusters/c/nodePools/tpu"),
+            ("urn:gcp:storage/bucketIAMMember:BucketIAMMember::g", None),
+        ]
 
 
 def test_up_decides_on_the_engines_preview_not_on_its_own_table(stack_dir, stack_values, cloud, monkeypatch):
@@ -323,3 +375,27 @@ def test_ctrl_c_between_pulumis_commands_exits_130_and_says_no_update_started(st
         "`uv run invoke up` again"
     )
     assert not any(call.startswith("up ") for call in cli.calls())
+
+
+def test_an_update_that_changed_after_its_check_is_not_run(stack_dir, stack_values, cloud, monkeypatch):
+    """`up`'s checks passed on an update that replaced nothing; the stack file was edited before the plan was saved
+    (the VM to spot: a new VM, /dev/shm emptied). The plan Pulumi saved holds that replacement, which nobody checked:
+    tpu-grpo does not run it, and the state is as it was."""
+    from infra import offline
+    from tpu_grpo.config.settings import parse
+
+    cli, env = cloud
+    cli.deployed(stack_values)
+    settings = parse(stack_values, "dev", stack_dir)
+    spot = {**{k: v for k, v in stack_values.items() if k != "tpu-grpo:reservation"}, "tpu-grpo:capacity": "spot"}
+    write(stack_dir, spot)
+    _, declared, _ = offline.run(spot, "dev")
+    monkeypatch.chdir(stack_dir)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = resources(cli)["Instance"]["inputs"]
+    code, messages = stack.up(settings, yes=True, say=lambda line: None, checked=[], declared=declared)
+    assert code == 1 and messages[0].startswith(stack.UPDATE_CHANGED)
+    assert "gcp:compute/instance:Instance', 'tpu-grpo', 'replace'" in messages[0]
+    assert not [call for call in cli.calls() if call.startswith("up ")]
+    assert resources(cli)["Instance"]["inputs"] == before

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli, state_of
-from tests.support import DATA, FLEX, SPOT, invoke
+from tests.support import DATA, FLEX, ROOT, SPOT, invoke
 
 INSTANCE, DISK = "gcp:compute/instance:Instance", "gcp:compute/disk:Disk"
 POOL = "gcp:container/nodePool:NodePool"
@@ -134,6 +136,44 @@ def test_every_force_new_field_is_an_input_pulumi_gcp_knows():
             assert first in arguments, (type_, field)
 
 
+@pytest.mark.parametrize("extra", [{}, SPOT, FLEX, SLICE, {"tpu-grpo:bucket": "true", **SLICE}])
+def test_the_table_is_the_providers_schemas_on_every_field_the_program_sets(stack_values, extra):
+    """infra/replacements.py's FORCE_NEW against terraform-provider-google's own Go schemas (read apart by
+    tests/doubles/provider.py): every entry is force-new there, and every force-new field the program sets is in the
+    table, so that `plan`'s estimate misses no replacement the engine makes."""
+    from infra import offline, replacements
+    from tests.doubles import provider
+
+    _, declared, _ = offline.run({k: v for k, v in {**stack_values, **extra}.items() if v is not None}, "dev")
+    for resource in declared:
+        table = replacements.FORCE_NEW.get(resource.type)
+        if table is None or table == replacements.EVERY_FIELD:
+            assert resource.type.startswith(("tpu-grpo:", "pulumi", "kubernetes:")) or resource.type in (
+                provider.NO_UPDATE
+            ), resource.type
+            continue
+        theirs = {path for path, _ in provider.FORCE_NEW_PATHS[resource.type]}
+        assert set(table) <= theirs, (resource.type, set(table) - theirs)
+        for path in theirs - set(table):
+            assert not provider.values_at(resource.inputs, path.split(".")), (resource.type, path)
+
+
+def test_the_engine_doubles_reading_of_the_provider_sees_what_the_table_misses(stack_values, monkeypatch):
+    """The engine double decides on the provider's schemas, not on the table: a table that forgot a disk's zone
+    says nothing of a zone change, while the double (and so the lifecycle's invariant) still replaces the disk."""
+    from infra import offline, replacements
+    from tests.doubles import provider
+
+    state = state_of(stack_values, "dev")["deployment"]["resources"]
+    _, declared, _ = offline.run({**stack_values, "gcp:zone": "us-east5-a"}, "dev")
+    forgot = {**replacements.FORCE_NEW, DISK: tuple(f for f in replacements.FORCE_NEW[DISK] if f != "zone")}
+    monkeypatch.setattr(replacements, "FORCE_NEW", forgot)
+    assert ("Disk", "replace") not in {
+        (c.type.rsplit(":", 1)[-1], c.action) for c in replacements.diff(state, declared)
+    }
+    assert (DISK, "tpu-grpo-data", "replace") in {(c.type, c.name, c.action) for c in provider.changes(state, declared)}
+
+
 def test_a_reference_changes_only_with_what_it_refers_to():
     from infra.replacements import forcing_fields
 
@@ -178,7 +218,7 @@ def test_plan_and_up_say_a_zone_change_deletes_the_data_disk(stack_dir, stack_va
     assert not [call for call in cli.calls() if call.startswith("up ")]
 
 
-def test_the_doubles_preview_replaces_by_the_table(stack_dir, stack_values, tmp_path):
+def test_the_doubles_preview_replaces_by_the_providers_schemas(stack_dir, stack_values, tmp_path):
     """`pulumi up` (the double) shows the same replacements, then records the new state: a second `up` replaces
     nothing."""
     cli = PulumiCli(tmp_path / "pulumi", {"external_ip": "127.0.0.1", "ssh_user": "ubuntu"})
@@ -189,6 +229,28 @@ def test_the_doubles_preview_replaces_by_the_table(stack_dir, stack_values, tmp_
     assert "replaces: Instance tpu-grpo (" in first.stdout and "scheduling.provisioningModel" in first.stdout
     second = invoke("up", "--yes", cwd=stack_dir, env=cli.env())
     assert second.returncode == 0 and "replaces:" not in second.stdout
+
+
+def test_a_run_of_the_program_leaves_no_event_loop_open_behind_it(stack_values):
+    """Pulumi's runtime runs the program on the thread's current event loop and closes none: one left open was
+    collected at exit after its sockets and printed an "Exception ignored in: BaseEventLoop.__del__" traceback under
+    `invoke up`'s error now and then (issue 79). Each run closes the loop it ran on."""
+    values = {k: v for k, v in stack_values.items() if v is not None}
+    check = (
+        "import asyncio, json, sys, warnings\n"
+        "from infra import offline\n"
+        "offline.run(json.loads(sys.argv[1]), 'dev')\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "try:\n"
+        "    left = asyncio.get_event_loop()\n"
+        "except RuntimeError:\n"
+        "    left = None\n"
+        "print('open' if left is not None and not left.is_closed() else 'none')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, json.dumps(values)], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert done.stdout.strip() == "none", done.stderr
 
 
 def test_a_run_records_each_resources_options_once_however_many_runs_went_before(stack_values):

@@ -205,7 +205,7 @@ def test_up_runs_pulumi_on_the_stack_when_ready(stack_dir, pulumi_cli):
     ]
     assert lines[7].startswith("preview --json --stack dev --save-plan /")  # the update to run, and no other
     assert lines[8].startswith("up --stack dev --plan /") and " --yes --skip-preview --event-log /" in lines[8]
-    assert lines[7].rsplit(" ", 1)[-1] == lines[8].split()[4]  # the plan that preview saved (PULUMI_EXPERIMENTAL)
+    assert lines[7].rsplit(" ", 1)[-1] == lines[8].split()[4]  # the plan that preview saved
 
 
 def test_a_plain_up_leaves_the_question_to_pulumi(stack_dir, pulumi_cli):

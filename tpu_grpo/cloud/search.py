@@ -294,7 +294,9 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
             checked = SAVED_ELSEWHERE
         why = stack.releasable(changes, now, MOVED, disk) if moving else stack.releasable(changes, now, checked)
         with stack.released(chosen.stack, why, say, stdout):
-            code, messages = stack.up(at, yes=yes, say=say, stdout=stdout, replace=replace, env=env)
+            code, messages = stack.up(
+                at, yes=yes, say=say, stdout=stdout, replace=replace, env=env, checked=changes, declared=declared
+            )
         if code == 0 and pinned and recorded != placed:  # recorded once it has chips
             record_place(chosen.stack, placed)
             recorded = placed

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
+from tpu_grpo.catalog.stores import bucket_of
 from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, STOCKOUT, classify
 from tpu_grpo.config.errors import INTERRUPTED, UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
@@ -52,11 +53,15 @@ KEPT = {
     replacements.PROJECT_IAM_MEMBER: "a project-wide role of the nodes' account: other clusters of the project, or "
     "another stack, may rely on it",
 }
-#: Compute Engine made a VM of the stack's name that Pulumi's state does not hold: the instance's create outlived its
-#: timeout (terraform-plugin-sdk's helper/retry: "timeout while waiting for state to become 'DONE'"; the provider then
-#: clears the id while the request goes on), or a later `up` meets that VM (the Compute API's 409: "The resource
-#: 'projects/P/zones/Z/instances/NAME' already exists, alreadyExists").
-OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists")
+#: A create the cloud finished outside Pulumi's state (one an interrupted or timed-out update left, or one made by
+#: hand), which a later `up` meets: the instance's create outlived its timeout (terraform-plugin-sdk's helper/retry:
+#: "timeout while waiting for state to become 'DONE'"; the provider clears the id while the request goes on), or the
+#: name is taken: the Compute API's 409 ("The resource 'projects/P/zones/Z/instances/NAME' already exists,
+#: alreadyExists"), GKE's ("Error 409: Already exists: projects/P/zones/Z/clusters/NAME., alreadyExists",
+#: GoogleCloudPlatform/gke-logging-sinks-demo#11), Cloud Storage's, which names no bucket ("Error 409: Your previous
+#: request to create the named bucket succeeded and you already own it., conflict", terraform-google-modules/
+#: terraform-google-cloud-storage#238).
+OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists", "you already own it")
 #: `--event-log` is a flag of `pulumi up` only when PULUMI_DEBUG_COMMANDS is set (pkg/cmd/pulumi/operations/up.go:
 #: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
 #: it for the same reason.
@@ -82,22 +87,26 @@ KNOWN_ERRORS = (
 )
 
 
-#: The Compute API's 409 names what exists: "The resource 'projects/P/zones/Z/instances/NAME' already exists".
-ALREADY_EXISTS = re.compile(r"The resource '(?P<path>[^']+)' already exists")
+#: What a 409 names: the Compute API's "The resource 'PATH' already exists", GKE's "Already exists: PATH.".
+ALREADY_EXISTS = re.compile(r"The resource '(?P<path>[^']+)' already exists|Already exists: (?P<gke>\S+?)\.?,")
 
 
 def outside_state(settings: Settings, messages: list[str]) -> list[str]:
-    """What to do about what Compute Engine made outside the stack's state (OUTSIDE_STATE), once; [] when no message
-    says so. A VM is deleted (its data disk stays); anything else may hold data and is named, never deleted."""
-    if settings.tpu_slice or not any(marker in message for message in messages for marker in OUTSIDE_STATE):
+    """What to do about what the cloud made outside the stack's state (OUTSIDE_STATE), once; [] when no message says
+    so. A VM is deleted (its data disk stays); anything else (a disk, a snapshot, a cluster, the bucket) may hold data
+    or be another's, and is named, never deleted."""
+    if not any(marker in message for message in messages for marker in OUTSIDE_STATE):
         return []
-    paths = [found["path"] for message in messages for found in ALREADY_EXISTS.finditer(message)]
+    paths = [found["path"] or found["gke"] for message in messages for found in ALREADY_EXISTS.finditer(message)]
+    bucket = bucket_of(settings.store)
+    if bucket and any("you already own it" in message for message in messages):
+        paths.append(f"bucket gs://{bucket}")
     other = next((path for path in paths if "/instances/" not in path), None)
-    if other:
+    if other or settings.tpu_slice:
         return [
-            f"{other} exists outside Pulumi's state (a create that an interrupted or timed-out update left, or one "
-            "made by hand) and may hold data, so tpu-grpo deletes nothing: delete it in the console only if it holds "
-            "nothing, then run `uv run invoke up` again"
+            f"{other or 'what the update made'} exists outside Pulumi's state (a create that an interrupted or "
+            "timed-out update left, or one made by hand) and may hold data, so tpu-grpo deletes nothing: delete it in "
+            "the console only if it holds nothing, then run `uv run invoke up` again"
         ]
     delete = shlex.join(
         [
@@ -398,9 +407,12 @@ def run_pulumi(argv: list[str], *, asks: bool, stdout=None, env: dict | None = N
     )
 
 
-#: The id the provider gives each resource a create may leave pending, from what its inputs name (terraform-provider-
-#: google's importers: resource_compute_instance.go `projects/{{project}}/zones/{{zone}}/instances/{{name}}`, and the
-#: same forms for the disk, the snapshot, the network, the subnetwork and the firewall; a bucket's id is its name).
+#: The id the provider gives each billed resource a create may leave pending, from what its inputs name (terraform-
+#: provider-google's importers: resource_compute_instance.go `projects/{{project}}/zones/{{zone}}/instances/{{name}}`,
+#: and the same forms for the disk, the snapshot, the network, the subnetwork and the firewall; a bucket's id is its
+#: name; resource_container_cluster.go's containerClusterFullName and resource_container_node_pool.go's
+#: `projects/%s/locations/%s/clusters/%s/nodePools/%s`). A grant has none here: a refresh clears its pending create
+#: (pulumi/pulumi#8435), and the next update adds the binding again, which Cloud IAM takes whether it holds it or not.
 PENDING_ID = {
     replacements.INSTANCE: "projects/{project}/zones/{zone}/instances/{name}",
     replacements.DISK: "projects/{project}/zones/{zone}/disks/{name}",
@@ -409,6 +421,8 @@ PENDING_ID = {
     "gcp:compute/subnetwork:Subnetwork": "projects/{project}/regions/{region}/subnetworks/{name}",
     "gcp:compute/firewall:Firewall": "projects/{project}/global/firewalls/{name}",
     replacements.BUCKET: "{name}",
+    replacements.CLUSTER: "projects/{project}/locations/{location}/clusters/{name}",
+    replacements.NODE_POOL: "projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}",
 }
 
 
@@ -474,11 +488,10 @@ def protect_unmarked(stack: str, stdout=None, resources: list[dict] | None = Non
     return _state_edit("protect", stack, unmarked, stdout) if unmarked else 0
 
 
-#: Update plans (`pulumi preview --save-plan`, `pulumi up --plan`) are experimental in the Pulumi CLI: the flags are
-#: hidden and the engine makes plans only with PULUMI_EXPERIMENTAL set (pkg/cmd/pulumi/operations/preview.go:
-#: "[EXPERIMENTAL] Save the operations proposed by the preview to a plan file"; CHANGELOG, pulumi/pulumi#8448: "Only
-#: enabled when PULUMI_EXPERIMENTAL is set").
-PLAN_ENV = {"PULUMI_EXPERIMENTAL": "true"}
+#: Update plans (`pulumi preview --save-plan`, `pulumi up --plan`) need no experimental mode: the engine makes a plan
+#: whenever a plan file is given (pulumi/pulumi#8897, 2022; preview.go at v3.259.0: `GeneratePlan:
+#: env.Experimental.Value() || planFilePath != ""`), and `up --plan`, hidden in the help outside it, is read all the
+#: same (up.go: `if planFilePath != ""`). PULUMI_EXPERIMENTAL would turn on every other experimental behaviour too.
 
 
 def stopped_vm(settings: Settings, resources: list[dict]) -> tuple[str, str] | None:
@@ -531,10 +544,20 @@ def diagnosed(printed: str) -> list[str]:
 
 
 def up(
-    settings: Settings, *, yes: bool, say=print, stdout=None, replace: list[str] | None = None, env: dict | None = None
+    settings: Settings,
+    *,
+    yes: bool,
+    say=print,
+    stdout=None,
+    replace: list[str] | None = None,
+    env: dict | None = None,
+    checked: list[replacements.Change] | None = None,
+    declared: list | None = None,
 ) -> tuple[int, list[str]]:
     """The update Pulumi's preview shows, and no other: `pulumi preview --save-plan`, then `pulumi up --plan` (the
-    engine stops at the first step the plan does not hold), on the stack `select_and_refresh` refreshed. `replace`:
+    engine stops at the first step the plan does not hold), on the stack `select_and_refresh` refreshed. `checked`:
+    the replacements and deletes tpu-grpo's checks passed on (`engine_changes`, before they released what they may
+    lose); a plan that holds others is not run (UPDATE_CHANGED). `replace`:
     `--replace URN` of a stopped VM (`stopped_vm`); `env`: this update's place (PLACE_ENV). `yes`: the user has agreed
     already (`invoke up --yes`, a recovery nobody watches), so no question; otherwise Pulumi shows its preview and asks.
 
@@ -544,12 +567,21 @@ def up(
     """
     stack, replace = settings.stack, replace or []
     agreed = ["--yes", "--skip-preview"] if yes else []
-    env = {**os.environ, **EVENT_LOG_ENV, **PLAN_ENV, **(env or {})}
+    env = {**os.environ, **EVENT_LOG_ENV, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="tpu-grpo-") as folder:
         plan, event_log = Path(folder) / "plan.json", Path(folder) / "events.jsonl"
         planned = _preview(stack, replace, env, "--save-plan", str(plan))  # its errors reach this terminal too
         if planned.returncode:
             return planned.returncode, diagnosed(planned.stdout) or [f"pulumi preview exited {planned.returncode}"]
+        now = {
+            (c.type, c.name, c.action)
+            for c in replacements.from_steps(digest_of(planned.stdout).get("steps") or [], declared or [])
+        }
+        if checked is not None and now != {(c.type, c.name, c.action) for c in checked}:
+            return 1, [
+                f"{UPDATE_CHANGED}: it now replaces or deletes {sorted(now) or 'nothing'}, checked "
+                f"{sorted((c.type, c.name, c.action) for c in checked) or 'nothing'}; nothing was changed"
+            ]
         code = run_pulumi(
             ["pulumi", "up", "--stack", stack, "--plan", str(plan), *replace, *agreed, "--event-log", str(event_log)],
             asks=not yes and sys.stdin.isatty(),
@@ -557,6 +589,10 @@ def up(
             env=env,
         )
         return code, error_messages(event_log) if code else []
+
+
+#: The update the plan would run is not the one tpu-grpo's checks saw: the state or the stack file changed between.
+UPDATE_CHANGED = "the update changed after tpu-grpo checked it (another update, or the stack file edited meanwhile)"
 
 
 def explanations(settings: Settings, messages: list[str]) -> list[str]:
