@@ -132,9 +132,15 @@ _RECORDER = _OptionsRecorder()
 
 
 def run(
-    raw_config: dict[str, Any], stack: str, *, lenient: bool = False, mocks: RecordingMocks | None = None
+    raw_config: dict[str, Any],
+    stack: str,
+    *,
+    lenient: bool = False,
+    mocks: RecordingMocks | None = None,
+    at: Settings | None = None,
 ) -> tuple[Settings, list[DeclaredResource], dict[str, Any]]:
-    """Run the program on these stack values; return its settings, resources and outputs.
+    """Run the program on these stack values; return its settings, resources and outputs. `at`: the settings
+    already parsed from them (a search's place), which the program then declares without parsing them again.
 
     A bad setting raises SettingsError before any resource is declared.
     """
@@ -149,7 +155,7 @@ def run(
 
     @pulumi.runtime.test
     def program():
-        result["settings"] = settings = read_settings(lenient=lenient, configured=raw_config)
+        result["settings"] = settings = at or read_settings(lenient=lenient, configured=raw_config)
         _RECORDER.register()
         outputs = declare(settings)
         return pulumi.Output.all(**outputs).apply(result.setdefault("outputs", {}).update)

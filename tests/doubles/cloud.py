@@ -222,7 +222,8 @@ class Engine:
             old = self.state.get(key)
             options = resource.options
             if old is not None and not self._forces_new(resource, old, made):
-                inputs = {**resource.inputs, **{k: old.inputs[k] for k in options.ignore_changes if k in old.inputs}}
+                inputs = provider.unset_kept(resource.type, old.inputs, resource.inputs)
+                inputs = {**inputs, **{k: old.inputs[k] for k in options.ignore_changes if k in old.inputs}}
                 self.state[key] = Entry(
                     resource.type, resource.name, inputs, options.retain_on_delete, options.protect, component
                 )

@@ -12,6 +12,7 @@ list of plain values as a whole: the SDK's diffList gives its elements the list'
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -77,6 +78,8 @@ def _fields(text: str) -> tuple[dict[str, dict], dict[str, dict[str, dict]]]:
                 entry["max_one"] = True
             if re.search(r"\bType:\s*schema\.Type(?:List|Set)\b", line):
                 entry["list"] = True
+            if re.search(r"\bComputed:\s*true\b", line):
+                entry["computed"] = True
         depth += line.count("{") - line.count("}") if not _STRINGS.search(line) else _braces(line)
         while stack and depth <= stack[-1][1]:
             stack.pop()
@@ -154,6 +157,7 @@ def pulumi_paths(fields: dict[str, dict]) -> dict[str, str]:
     return paths
 
 
+@functools.cache
 def load() -> dict[str, dict[str, dict]]:
     return json.loads(SCHEMA.read_text())["types"]
 
@@ -218,6 +222,19 @@ def _below(path: str, entries: tuple[str, ...]) -> bool:
     return any(path == entry or path.startswith((f"{entry}.", f"{entry}[")) for entry in entries)
 
 
+def unset_kept(type_: str, old: dict, new: dict) -> dict:
+    """The inputs an update leaves in the state: a top-level field that is Optional and Computed keeps its old value
+    when the program leaves it unset (the SDK plans no diff for it: the provider's value stands), so a slice's pool
+    whose `nodeLocations` the program stopped setting stays where it was."""
+    fields = load().get(type_, {})
+    kept = {
+        _camel(name): old[_camel(name)]
+        for name, flags in fields.items()
+        if "." not in name and flags.get("computed") and new.get(_camel(name)) is None and _camel(name) in old
+    }
+    return {**new, **kept}
+
+
 def forcing(
     type_: str,
     old: dict,
@@ -233,6 +250,7 @@ def forcing(
     if type_ in NO_UPDATE:
         old, new = ({k: v for k, v in inputs.items() if not k.startswith("__")} for inputs in (old, new))
         return [("*", old, new)] if old != new or _unknown(new, replaced) else []
+    new = unset_kept(type_, old, new)
     paths = [(path, block) for path, block in FORCE_NEW_PATHS.get(type_, []) if not _below(path, ignore_changes)]
     paths += [(path.replace("[0]", "[*]"), False) for path in replace_on_changes]
     found = {}

@@ -195,16 +195,18 @@ def test_down_releases_what_it_protects_once_its_check_passed(stack_dir, stack_v
 
 
 def test_one_update_of_a_stack_at_a_time_from_this_laptop(stack_dir, stack_values, cloud, monkeypatch):
-    """While one `invoke up` (or a recovery) updates the stack, another is refused before it records a place or runs
-    Pulumi, with what to do."""
+    """While one `invoke up` (or a recovery) updates the stack, another, or a `down`, is refused before it records a
+    place or runs Pulumi, with what to do."""
     cli, env = cloud
     cli.deployed(stack_values)
     monkeypatch.setenv("TPU_GRPO_STATE", env["TPU_GRPO_STATE"])
     with search.updating("dev"):
         result = invoke("up", "--yes", cwd=stack_dir, env=env)
-    assert result.returncode == 1
-    assert result.stderr.startswith("error: stack 'dev' is being updated from this laptop already (pid ")
-    assert not [call for call in cli.calls() if call.startswith(("up ", "config set"))]
+        down = invoke("down", "--force", "--yes", cwd=stack_dir, env=env)
+    for refused in (result, down):
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: stack 'dev' is being updated from this laptop already (pid ")
+    assert not [call for call in cli.calls() if call.startswith(("up ", "config set", "destroy", "state "))]
     assert invoke("up", "--yes", cwd=stack_dir, env=env).returncode == 0  # released when the first ends
 
 

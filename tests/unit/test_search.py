@@ -439,3 +439,28 @@ def test_after_down_the_next_search_starts_again_from_the_stacks_first_place(spo
         "spot in us-east5-b"
     ]
     assert state_of(cli)["Instance"]["scheduling"]["provisioningModel"] == "SPOT"
+
+
+def test_a_search_parses_the_settings_once_whatever_its_attempts(spot_stack, cloud, monkeypatch):
+    """Three places, the first two out of chips: the stack file is parsed once for the whole search (a parse per
+    place, each checked as the stack's own would be), not once again for each attempt's place."""
+    from tpu_grpo.config import settings
+
+    stack_dir, values = spot_stack
+    cli, env = cloud
+    for zone in ("us-east5-b", "us-east5-a"):
+        cli.answer_at(zone, "spot", "stockout")
+    monkeypatch.chdir(stack_dir)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    chosen = settings.parse(values, "dev", stack_dir)
+    parsed = []
+    real = settings._parse
+    monkeypatch.setattr(settings, "_parse", lambda *args, **kwargs: parsed.append(args[0]) or real(*args, **kwargs))
+    outcome = search.find_chips(chosen, yes=True, move=False, keep_data=lambda at: None, say=lambda line: None)
+    assert outcome.code == 0 and len(outcome.attempts) == 3
+    assert sorted((raw["gcp:zone"], raw["tpu-grpo:capacity"]) for raw in parsed) == [
+        ("us-central1-b", "on-demand"),
+        ("us-east5-a", "spot"),
+        ("us-east5-b", "spot"),
+    ]

@@ -210,6 +210,35 @@ def test_a_slices_chips_found_in_another_zone_of_its_region_move_only_its_tpu_po
     assert "--node-locations" not in " ".join(gcloud_node_pool_command(declared(stack_values, **spot)[0]))
 
 
+def test_back_home_the_engine_moves_the_tpu_pools_home_as_the_program_names_the_zone(stack_values):
+    """The engine double keeps an Optional and Computed field the program leaves unset (tests/doubles/provider.py,
+    from the provider's schema): a pool declared with no node_locations would stay in the fallback zone. The program
+    names the home zone, so an update back home moves the pools' nodes there."""
+    import dataclasses
+
+    from tests.doubles.cloud import Cloud, Engine
+
+    spot = {**CAPACITY_VALUES["spot"], "tpu-grpo:fallback": [{"zone": "us-east5-a"}]}
+    away = declared(stack_values, **spot, **{"tpu-grpo:placed": {"zone": "us-east5-a", "capacity": "spot"}})[1]
+    home = declared(stack_values, **spot)[1]
+
+    def flat(by_type: dict) -> list:
+        return [resource for resources in by_type.values() for resource in resources]
+
+    def pool_zones(engine: Engine) -> list:
+        pools = [e for e in engine.state.values() if e.type.endswith("NodePool") and e.inputs["name"] != "cpu-np"]
+        return [e.inputs.get("nodeLocations") for e in pools]
+
+    engine = Engine(Cloud())
+    assert not engine.up(flat(away)).error and pool_zones(engine) == [["us-east5-a"]]
+    unnamed = [
+        dataclasses.replace(r, inputs={k: v for k, v in r.inputs.items() if k != "nodeLocations"}) for r in flat(home)
+    ]
+    kept = Engine(Cloud(set(engine.cloud.resources)), dict(engine.state))
+    assert not kept.up(unnamed).error and pool_zones(kept) == [["us-east5-a"]]  # a pool named no zone: it stays
+    assert not engine.up(flat(home)).error and pool_zones(engine) == [["us-east5-b"]]
+
+
 def test_a_slices_fallback_stays_in_its_region(stack_values):
     with pytest.raises(SettingsError) as refused:
         declared(stack_values, **CAPACITY_VALUES["spot"], **{"tpu-grpo:fallback": [{"zone": "us-central1-b"}]})

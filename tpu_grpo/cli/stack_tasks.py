@@ -207,8 +207,9 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
             )
         chosen = where.settings
         console = terminal()
-        code = destroy(chosen.stack, why, yes=yes, say=lambda line: console.print(line, soft_wrap=True))
-        forgot = None if code else search.forget_place(chosen.stack)
+        with search.updating(chosen.stack):  # not while an `up` or a recovery of this laptop updates it
+            code = destroy(chosen.stack, why, yes=yes, say=lambda line: console.print(line, soft_wrap=True))
+            forgot = None if code else search.forget_place(chosen.stack)
         if forgot:
             console.print(forgot, soft_wrap=True)
     exit_on_failure(code)

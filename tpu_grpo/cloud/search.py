@@ -11,6 +11,7 @@ none comes back to a zone it moved out of.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -36,7 +37,7 @@ from tpu_grpo.cloud.refusals import (
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.keys import Place
-from tpu_grpo.config.settings import PLACE_ENV, PLACED, Settings
+from tpu_grpo.config.settings import PLACE_ENV, PLACED, Settings, every_place
 from tpu_grpo.config.stack_file import project_root, read_stack_file
 
 #: An attempt's `replaces:` line for a data disk an earlier attempt of the same search made, which holds nothing (or
@@ -255,13 +256,17 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
     # why the data disk may go, once known: none in the state at the start, so any later one is this search's own
     checked, recorded = (MADE_BY_THIS_SEARCH if disk_zone is None else None), chosen.placed or chosen.home
 
+    raw = read_stack_file(chosen.stack, project_root())
+    every = {(at.zone, at.capacity): at for at in every_place(raw, chosen.stack, project_root())}  # parsed once
+
     def attempt(place: Place) -> tuple[int, list[str]]:
         nonlocal checked, recorded
         moving = move and movable and place.zone != disk_zone
         placed = Place(place.zone, place.capacity, disk_zone if moving else stranded)
         pinned = bool(chosen.fallback or chosen.placed or placed.moved_from)
-        raw = {**read_stack_file(chosen.stack, project_root()), **({PLACED: placed.to_json()} if pinned else {})}
-        at, declared, _ = offline.run(raw, chosen.stack)  # the program's own settings there, parsed once
+        there = every[place.zone, str(place.capacity)]
+        at = dataclasses.replace(there, placed=placed) if pinned else there
+        at, declared, _ = offline.run({**raw, **({PLACED: placed.to_json()} if pinned else {})}, chosen.stack, at=at)
         last["settings"] = at
         now = stack.state_resources(chosen.stack) if last["tried"] else resources  # as the attempt before left it
         last["tried"] = True

@@ -300,9 +300,16 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     With `lenient`, placeholders and a missing public key file do not stop the parse: they
     are kept in `Settings.pending` so an offline plan can show what is still to set.
     """
+    every = every_place(raw, stack, root, lenient=lenient)
+    return next((at for at in every if at.placed and at.placed.same(Place(at.zone, at.capacity))), every[0])
+
+
+def every_place(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> tuple[Settings, ...]:
+    """The stack's settings at each of its places (tpu-grpo:fallback), in its order, each checked as the stack's own
+    place would be: parsed once for a whole search, which takes the place of each attempt from here."""
     fallback = raw.get(FALLBACK)
     if fallback is None or fallback == "":
-        return _parse(raw, stack, root, lenient=lenient)
+        return (_parse(raw, stack, root, lenient=lenient),)
     try:
         places = KEY[FALLBACK].parse(fallback)
     except Refused as problem:
@@ -310,6 +317,7 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     home = Place(str(raw.get("gcp:zone") or ""), str(raw.get(f"{PROJECT}:capacity") or DEFAULT_CAPACITY))
     candidates = (home, *(Place(place.zone, place.capacity or home.capacity) for place in places))
     own = _parse(_at(raw, home, candidates), stack, root, lenient=lenient)
+    every = [own]
     for index, place in enumerate(candidates[1:]):
         if any(place.same(earlier) for earlier in candidates[: index + 1]):
             raise SettingsError(
@@ -323,14 +331,12 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
                 f"a zone of {home.region}, or pulumi config rm --path '{FALLBACK}[{index}]'",
             )
         try:
-            _parse(_at(raw, place, candidates), stack, root, lenient=lenient)
+            every.append(_parse(_at(raw, place, candidates), stack, root, lenient=lenient))
         except SettingsError as error:
             raise SettingsError(
                 f"{FALLBACK}[{index}]", str(place), f"cannot be tried: there, {error.key} {error.problem}", error.fix
             ) from None
-    chosen = next((place for place in candidates if own.placed and own.placed.same(place)), home)
-    at = own if chosen is home else _parse(_at(raw, chosen, candidates), stack, root, lenient=lenient)
-    return replace(at, fallback=candidates[1:], own_place=home)
+    return tuple(replace(at, fallback=candidates[1:], own_place=home) for at in every)
 
 
 def at_place(raw: Mapping[str, Any], stack: str, root: Path, place: Place, *, lenient: bool = False) -> Settings:
