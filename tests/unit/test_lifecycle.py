@@ -133,6 +133,10 @@ class StackLife(RuleBasedStateMachine):
         self.runs = 0
         self.asked = True  # a setting changed since the last up: a VM replaced for it was asked for
         self.running_replaced: list[str] = []
+        self.unnamed: list[str] = []  # billed resources a failed up left in the state and did not name
+        self.recorded_without_chips: list[str] = []  # places written to the stack file where no VM came
+        self.placed_before = None
+        self.user_values = dict(self.values)  # the stack file as the user last wrote it
 
     # ------------------------------------------------------------------ what the user does
 
@@ -158,6 +162,7 @@ class StackLife(RuleBasedStateMachine):
 
     def edit(self, key: str, value: str | None) -> None:
         self.asked = True
+        self.placed_before = self.values.get(PLACED)
         if key == "capacity":
             for name in ("tpu-grpo:capacity", "tpu-grpo:reservation", "tpu-grpo:maxRunHours"):
                 self.values.pop(name, None)
@@ -171,6 +176,7 @@ class StackLife(RuleBasedStateMachine):
             self.values.pop(key, None)
         else:
             self.values[key] = value
+        self.user_values = {k: v for k, v in self.values.items() if k != PLACED}
 
     def declared(self, values: dict | None = None) -> list | None:
         """The program on the stack file as it is now (or on `values`), or None where tpu-grpo refuses the settings
@@ -269,12 +275,24 @@ class StackLife(RuleBasedStateMachine):
             (search, "read_stack_file", lambda name, root: dict(self.values)),
             (search, "updating", lambda name: contextlib.nullcontext()),
         ):
+            said: list[str] = []
+            billed_before = self.billed_in_state()
             try:
-                outcome = search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=lambda line: None)
+                outcome = search.find_chips(chosen, yes=True, move=move, keep_data=keep_data, say=said.append)
             except UserError:
                 return  # refused: a grant it declares would go, or runs only the disk holds
         if outcome.code == 0:
             self.asked = False  # the stack now is what its file says
+        else:  # what an up that got no VM made and the state keeps is named, with what removes it
+            left = next((line for line in said if line.startswith("left by the search")), "")
+            made = self.billed_in_state() - billed_before
+            if not any(kind == replacements.INSTANCE for kind, _ in made):
+                self.unnamed += [f"{kind} {name}" for kind, name in made if kind.rsplit(":", 1)[-1] not in left]
+        placed = self.values.get(PLACED)
+        vm_shape = not self.values.get("tpu-grpo:slice")  # a slice's place is its pools'
+        if vm_shape and placed and placed != self.placed_before and self.vm_zone() != placed["zone"]:
+            self.recorded_without_chips.append(str(placed))
+        self.placed_before = placed
 
     @rule(place=st.sampled_from(PLACES), out=st.booleans())
     def google_runs_out_of_chips(self, place, out):
@@ -388,6 +406,24 @@ class StackLife(RuleBasedStateMachine):
         for entry in self.engine.state.values():
             if entry.type in IAM_TYPES:
                 assert self.cloud.binding(entry.type, entry.inputs) in self.cloud.bindings, entry.name
+
+    def billed_in_state(self) -> set[tuple[str, str]]:
+        return {key for key in self.engine.state if key[0] in (replacements.DISK, replacements.INSTANCE)}
+
+    def vm_zone(self) -> str | None:
+        vm = next((e for e in self.engine.state.values() if e.type == replacements.INSTANCE), None)
+        return vm.inputs["zone"] if vm else None
+
+    @invariant()
+    def nothing_billed_is_left_unnamed(self):
+        """A failed `up` names what it made and left (a data disk billed while it exists), with what removes it."""
+        assert not self.unnamed, self.unnamed
+
+    @invariant()
+    def the_stack_file_changes_only_as_asked(self):
+        """Only the user's edits change the stack file, and `up` records a place only where it got chips."""
+        assert {k: v for k, v in self.values.items() if k != PLACED} == self.user_values
+        assert not self.recorded_without_chips, self.recorded_without_chips
 
     @invariant()
     def a_running_vm_is_never_replaced_by_a_search(self):

@@ -464,3 +464,18 @@ def test_a_search_parses_the_settings_once_whatever_its_attempts(spot_stack, clo
         ("us-east5-a", "spot"),
         ("us-east5-b", "spot"),
     ]
+
+
+def test_what_a_search_left_beside_an_older_disk_is_named_without_a_forced_down(stack_dir, stack_values):
+    """A new vmName's search got no chips and left its empty disk beside the older one, which may hold runs:
+    `down --force` would delete that one too, so the line names what was left and offers no --force."""
+    from tpu_grpo.config.settings import parse
+
+    at = parse({k: v for k, v in stack_values.items() if v is not None}, "dev", stack_dir)
+    disk = "gcp:compute/disk:Disk"
+    older = {"urn": f"urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost${disk}::tpu-grpo-data", "type": disk}
+    new = {"urn": f"urn:pulumi:dev::tpu-grpo::tpu-grpo:index:TpuHost${disk}::tpu-other-data", "type": disk}
+    said = search.left_behind(at, [older], [older, new])
+    assert said is not None and said.startswith("left by the search in us-east5-b: Disk (the data disk costs $")
+    assert "--force" not in said and "checking the runs of its older disk first" in said
+    assert search.left_behind(at, [older], [older]) is None

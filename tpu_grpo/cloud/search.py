@@ -315,12 +315,12 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
     # sticks to the place the last one found (the dearest, maybe) once nothing of the stack is there
     places = [running] if running else order(chosen.candidates, disk_zone)
     attempts = search(places, attempt, say if chosen.fallback else lambda line: None)
+    if attempts and attempts[-1].refusal is not None:  # with or without a fallback
+        left = left_behind(last["settings"], resources, stack.state_resources(chosen.stack))
+        if left:
+            say(left)
     if chosen.fallback:
         record_search(chosen, attempts)
-        if attempts and attempts[-1].refusal is not None and disk_zone is None:
-            left = left_behind(last["settings"], resources, stack.state_resources(chosen.stack))
-            if left:
-                say(left)
         if attempts and attempts[-1].refusal is None and len(attempts) > 1:
             say(f"the VM is in {attempts[-1].place.zone} ({attempts[-1].place.capacity}), recorded as {PLACED}")
     return Outcome(last["code"], last["messages"], last["settings"], attempts)
@@ -345,6 +345,11 @@ def left_behind(at: Settings, before: list[dict], after: list[dict]) -> str | No
         if disk and any(r["type"] == DISK for r in made)
         else ""
     )
+    if any(resource["type"] == DISK for resource in before):  # --force would delete that older disk too
+        return (
+            f"left by the search in {at.zone}: {names} ({paid}the rest is free); they stay until `uv run invoke up` "
+            "gets chips, or `uv run invoke down` removes the stack (checking the runs of its older disk first)"
+        )
     return (
         f"left by the search in {at.zone}: {names} ({paid}the rest is free); remove them: uv run invoke down --force "
         "(this search made the disk: it holds nothing), or run `uv run invoke up` again later"
