@@ -209,6 +209,9 @@ def test_plan_and_up_say_a_zone_change_deletes_the_data_disk(stack_dir, stack_va
     )
     plan = json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)
     assert disk in plan["replaces"] and not any("stays" in line for line in plan["replaces"])
+    shown = invoke("plan", cwd=stack_dir, env={**env, "COLUMNS": "400"}).stdout.splitlines()
+    said = shown.index(f"replaces: {disk}")  # offline, the plan says whose answer it is: an estimate
+    assert shown[said - 1] == "an estimate from the provider's rules; `invoke up` decides on Pulumi's own preview:"
     up = invoke("up", "--yes", "--stack", "dev", cwd=stack_dir, env=env)
     assert up.returncode == 1, up.stderr
     assert f"replaces: {disk}" in up.stdout
