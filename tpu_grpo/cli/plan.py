@@ -196,11 +196,12 @@ def places(chosen: Settings, raw: dict, root) -> list[dict[str, Any]]:
     """The stack's places to get chips, in the order `invoke up` tries them (tpu_grpo/cloud/search.py), each with
     its price, the quota or reservation it draws on, and what moving the data disk there costs."""
     from tpu_grpo.cloud.search import order
-    from tpu_grpo.config.settings import at_place
+    from tpu_grpo.config.settings import every_place
 
+    every = {(at.zone, at.capacity): at for at in every_place(raw, chosen.stack, root, lenient=True)}  # parsed once
     found = []
     for place in order(chosen.candidates, chosen.zone):
-        at = at_place(raw, chosen.stack, root, place, lenient=True)
+        at = every[place.zone, str(place.capacity)]
         moves = not chosen.tpu_slice and place.zone != chosen.zone
         found.append(
             {

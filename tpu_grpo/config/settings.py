@@ -339,11 +339,6 @@ def every_place(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool
     return tuple(replace(at, fallback=candidates[1:], own_place=home) for at in every)
 
 
-def at_place(raw: Mapping[str, Any], stack: str, root: Path, place: Place, *, lenient: bool = False) -> Settings:
-    """The stack's settings were its chips at `place` (one of its candidates): as `invoke up` records it."""
-    return parse({**raw, PLACED: place.to_json()}, stack, root, lenient=lenient)
-
-
 #: The settings only some capacities take (rules.check_capacity refuses them elsewhere).
 _TAKEN_BY = {
     f"{PROJECT}:reservation": lambda row: row.needs_reservation,
