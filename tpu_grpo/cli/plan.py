@@ -198,7 +198,7 @@ def places(chosen: Settings, raw: dict, root) -> list[dict[str, Any]]:
     from tpu_grpo.cloud.search import order
     from tpu_grpo.config.settings import every_place
 
-    every = {(at.zone, at.capacity): at for at in every_place(raw, chosen.stack, root, lenient=True)}  # parsed once
+    every = every_place(raw, chosen.stack, root, lenient=True)  # parsed once
     found = []
     for place in order(chosen.candidates, chosen.zone):
         at = every[place.zone, str(place.capacity)]

@@ -257,7 +257,7 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
     checked, recorded = (MADE_BY_THIS_SEARCH if disk_zone is None else None), chosen.placed or chosen.home
 
     raw = read_stack_file(chosen.stack, project_root())
-    every = {(at.zone, at.capacity): at for at in every_place(raw, chosen.stack, project_root())}  # parsed once
+    every = every_place(raw, chosen.stack, project_root())  # parsed once
 
     def attempt(place: Place) -> tuple[int, list[str]]:
         nonlocal checked, recorded

@@ -573,14 +573,11 @@ def up(
         planned = _preview(stack, replace, env, "--save-plan", str(plan))  # its errors reach this terminal too
         if planned.returncode:
             return planned.returncode, diagnosed(planned.stdout) or [f"pulumi preview exited {planned.returncode}"]
-        now = {
-            (c.type, c.name, c.action)
-            for c in replacements.from_steps(digest_of(planned.stdout).get("steps") or [], declared or [])
-        }
-        if checked is not None and now != {(c.type, c.name, c.action) for c in checked}:
+        now = _what_goes(replacements.from_steps(digest_of(planned.stdout).get("steps") or [], declared or []))
+        if checked is not None and now != _what_goes(checked):
             return 1, [
-                f"{UPDATE_CHANGED}: it now replaces or deletes {sorted(now) or 'nothing'}, checked "
-                f"{sorted((c.type, c.name, c.action) for c in checked) or 'nothing'}; nothing was changed"
+                f"{UPDATE_CHANGED}: it now replaces or deletes {now or 'nothing'}, checked "
+                f"{_what_goes(checked) or 'nothing'}; nothing was changed"
             ]
         code = run_pulumi(
             ["pulumi", "up", "--stack", stack, "--plan", str(plan), *replace, *agreed, "--event-log", str(event_log)],
@@ -589,6 +586,11 @@ def up(
             env=env,
         )
         return code, error_messages(event_log) if code else []
+
+
+def _what_goes(changes: list[replacements.Change]) -> list[tuple[str, str, str]]:
+    """What an update replaces or deletes, each (type, name, action), in one order to compare and to say."""
+    return sorted({(c.type, c.name, c.action) for c in changes})
 
 
 #: The update the plan would run is not the one tpu-grpo's checks saw: the state or the stack file changed between.

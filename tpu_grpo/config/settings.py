@@ -301,15 +301,19 @@ def parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fal
     are kept in `Settings.pending` so an offline plan can show what is still to set.
     """
     every = every_place(raw, stack, root, lenient=lenient)
-    return next((at for at in every if at.placed and at.placed.same(Place(at.zone, at.capacity))), every[0])
+    own = next(iter(every.values()))
+    return every.get((own.placed.zone, str(own.placed.capacity)), own) if own.placed else own
 
 
-def every_place(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False) -> tuple[Settings, ...]:
-    """The stack's settings at each of its places (tpu-grpo:fallback), in its order, each checked as the stack's own
-    place would be: parsed once for a whole search, which takes the place of each attempt from here."""
+def every_place(
+    raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = False
+) -> dict[tuple[str, str], Settings]:
+    """The stack's settings at each of its places (tpu-grpo:fallback) by (zone, capacity), in its order, each checked
+    as the stack's own place would be: parsed once for a whole search, which takes each attempt's place from here."""
     fallback = raw.get(FALLBACK)
     if fallback is None or fallback == "":
-        return (_parse(raw, stack, root, lenient=lenient),)
+        own = _parse(raw, stack, root, lenient=lenient)
+        return {(own.zone, own.capacity): own}
     try:
         places = KEY[FALLBACK].parse(fallback)
     except Refused as problem:
@@ -336,7 +340,7 @@ def every_place(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool
             raise SettingsError(
                 f"{FALLBACK}[{index}]", str(place), f"cannot be tried: there, {error.key} {error.problem}", error.fix
             ) from None
-    return tuple(replace(at, fallback=candidates[1:], own_place=home) for at in every)
+    return {(at.zone, at.capacity): replace(at, fallback=candidates[1:], own_place=home) for at in every}
 
 
 #: The settings only some capacities take (rules.check_capacity refuses them elsewhere).
