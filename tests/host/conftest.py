@@ -201,13 +201,15 @@ class WorkloadHost:
             preexec_fn=ctrl_c_as_in_a_terminal,  # its Ctrl-C tests send SIGINT
         )
 
-    def give_hub_client(self, client: Path) -> None:
-        """Put huggingface_hub (the hub_client fixture) into the host's MaxText venv (a copy in the home, named by
-        a .pth)."""
+    def give_client(self, client: Path) -> None:
+        """Put a library MaxText's extra brings on a real VM (the hub_client, storage_client fixtures) into the host's
+        MaxText venv (a copy in the home, named by a .pth)."""
         host = self.host
-        shutil.copytree(client, host.user.home / "hub-client")
-        host.own(host.user.home / "hub-client")
-        made = host.run_as_user("echo $HOME/hub-client > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/hub.pth")
+        shutil.copytree(client, host.user.home / client.name)
+        host.own(host.user.home / client.name)
+        made = host.run_as_user(
+            f"echo $HOME/{client.name} > $(ls -d ~/maxtext_venv/lib/python3.*/site-packages)/{client.name}.pth"
+        )
         assert made.returncode == 0, made.stderr
 
     def processes(self) -> list[str]:
@@ -241,14 +243,13 @@ def prepare_workload(host: TestHost) -> WorkloadHost:
     return workload
 
 
-@pytest.fixture(scope="session")
-def hub_client() -> Path:
-    """huggingface_hub for the test hosts' MaxText venv, at the laptop's version (the MaxText extra brings
-    it on a real VM), installed once into a folder of the test cache. Without hf_xet: the stand-in Hub
-    (tests/doubles/hub.py) speaks LFS, which huggingface_hub uses when hf_xet is missing."""
+def client_for_the_host(name: str, leave_out: str = "") -> Path:
+    """A library for the test hosts' MaxText venv, at the laptop's version (the MaxText extra brings it on a real
+    VM), installed once into a folder of the test cache; `leave_out`: a glob of its dependencies to remove."""
     from importlib.metadata import version
 
     def install(folder: Path) -> None:
+        python = f"{rootfs.python312_bin()}/python3.12"
         subprocess.run(
             [
                 "uv",
@@ -256,17 +257,30 @@ def hub_client() -> Path:
                 "install",
                 "--quiet",
                 "--python",
-                f"{rootfs.python312_bin()}/python3.12",
+                python,
                 "--target",
                 str(folder),
-                f"huggingface_hub=={version('huggingface_hub')}",
+                f"{name}=={version(name)}",
             ],
             check=True,
         )
-        for path in folder.glob("hf_xet*"):
+        for path in folder.glob(leave_out) if leave_out else ():
             shutil.rmtree(path)
 
-    return built_once(rootfs.CACHE / f"hub-client-{version('huggingface_hub')}", install)
+    return built_once(rootfs.CACHE / f"{name}-{version(name)}", install)
+
+
+@pytest.fixture(scope="session")
+def hub_client() -> Path:
+    """huggingface_hub without hf_xet: the stand-in Hub (tests/doubles/hub.py) speaks LFS, which huggingface_hub uses
+    when hf_xet is missing."""
+    return client_for_the_host("huggingface_hub", leave_out="hf_xet*")
+
+
+@pytest.fixture(scope="session")
+def storage_client() -> Path:
+    """google-cloud-storage, with which the host looks at a bucket (remote/folder_children.py)."""
+    return client_for_the_host("google-cloud-storage")
 
 
 @pytest.fixture

@@ -228,3 +228,46 @@ def test_status_on_a_stacks_vm_says_what_an_idle_stop_means_for_its_capacity(
     assert (idle["idle_minutes"], idle["after_stop"]) == (30, after_stop), err
     out, err = invoke_on_stack(host, cloud, spot_project, "status").communicate(timeout=300)
     assert f"at the earliest; then {after_stop}" in " ".join(out.split()), err
+
+
+def test_a_pipeline_left_by_its_laptop_keeps_the_vm_up_to_its_last_step_then_the_vm_stops(idle_host):
+    """The on-demand default (the /dev/shm store, an idle stop): the laptop gone just after the start, the check run
+    again and again as the timer would, each time as if the VM had been idle for an hour, never fires while the chain
+    has a step left (between its steps too), and fires once it has ended, the model saved on the data disk by then."""
+    host, root, _ = idle_host
+    host.control(line_delay_s=0.002)
+    laptop = host.popen("pipeline", "--run-name", "alone", "--batches", "8", *FAST)
+    wait_for(lambda: any(host.host.user.home.glob("tpu-grpo/jobs/*-convert")), what="the chain's first step")
+    laptop.kill()
+    laptop.communicate()
+    [chain] = host.host.user.home.glob("tpu-grpo/jobs/*-pipeline")
+    checks = 0
+    while fired(root) == 0:
+        assert run_check(host, 3600).returncode == 0
+        checked = time.time()
+        checks += 1
+    ended = chain / "exit_code"  # the chain's wrapper writes it, then lets the TPU's lock go
+    assert ended.exists() and ended.stat().st_mtime <= checked, "fired while the chain had a step left"
+    assert ended.read_text().strip() == "0" and checks > 10
+    saved = host.host.user.home / "tpu-grpo/models/alone"
+    assert (saved / "SHA256SUMS").is_file() and (saved / "config.json").is_file()
+    assert any((host.host.user.home / "tpu-grpo/runs/alone/tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_a_training_alone_on_dev_shm_is_refused_where_the_vm_stops_itself(idle_host):
+    """Its checkpoints would go with the idle stop, nothing having saved them: refused before it starts, with the
+    pipeline (which saves first) as the fix; once the VM never stops itself, the same training starts."""
+    host, root, _ = idle_host
+    assert host.invoke("convert").returncode == 0
+    jobs = sorted((host.host.user.home / "tpu-grpo/jobs").iterdir())
+    refused = host.invoke("train", "--batches", "2")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr == (
+        "error: a training alone keeps its checkpoints in /dev/shm, and this VM powers itself off 1 idle minutes "
+        "after its last job, which empties it; fix: uv run invoke pipeline (it exports and saves the model on the "
+        "data disk before the VM can stop), or set tpu-grpo:checkpointStore disk\n"
+    )
+    assert sorted((host.host.user.home / "tpu-grpo/jobs").iterdir()) == jobs and len(host.records()) == 1
+    off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
+    assert off.returncode == 0, off.stderr
+    assert host.invoke("train", "--batches", "2").returncode == 0

@@ -43,7 +43,7 @@ def _with_evals(host, pre: int, post: int) -> None:
 
 def test_publish_uploads_the_saved_model_with_its_card_and_a_rerun_sends_nothing(workload_host, hub_client, tmp_path):
     host = workload_host
-    host.give_hub_client(hub_client)
+    host.give_client(hub_client)
     _with_evals(host, pre=1, post=3)
     trained = host.invoke("pipeline", "--batches", "4", "--run-name", "pub", "--set", "rl.num_generations=4", *FAST)
     assert trained.returncode == 0, trained.stdout + trained.stderr
@@ -128,7 +128,7 @@ def test_a_file_is_reported_uploaded_only_once_the_hubs_commit_holds_it(workload
     """Small files (the card, config.json, the tokenizer's) travel in the commit itself: when the Hub refuses the
     commit, no file is reported uploaded (sent ones are said sent), and the run again uploads them all."""
     host = workload_host
-    host.give_hub_client(hub_client)
+    host.give_client(hub_client)
     trained = host.invoke("pipeline", "--batches", "4", "--run-name", "pub2", *FAST)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     with HubServer() as hub:

@@ -40,3 +40,31 @@ def test_the_fix_printed_for_a_command_after_a_double_dash_runs_it_as_pasted(mak
     done = subprocess.run(["bash", "-c", fix], cwd=ROOT, env=host.env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"pasted from {host.user.name}"
+
+
+def test_a_script_longer_than_one_argument_runs_whole(make_host):
+    """Linux takes no argument over 128 KiB (MAX_ARG_STRLEN), and sshd hands the login shell the command as one: a
+    pipeline's chain, its steps' scripts inside, can be longer. hosts.run_script sends such a script as a file, which
+    runs whole, every line of it, its exit code the script's, and is gone after."""
+    import fabric
+
+    from tpu_grpo.host import hosts
+
+    host = make_host(disk_mb=0)
+    connection = fabric.Connection(
+        "127.0.0.1", user=host.user.name, port=host.vm.port, connect_kwargs={"key_filename": str(host.key)}
+    )
+    connection.client.load_host_keys(str(host.state / "known_hosts"))
+    connection.open()
+    lines = [f"echo {number} 'a line with quotes: '\"'\"'x'\"'\"' {'.' * 40}'" for number in range(4000)]
+    script = "set -e\ncount=0\n" + "\n".join(f"{line} > /dev/null; count=$((count + 1))" for line in lines)
+    script += "\ncat <<'END'\na heredoc\nEND\necho \"$count\"\nexit 3\n"
+    assert len(hosts.bash_command(script).encode()) > hosts.LONGEST_ARGUMENT
+    try:
+        done = hosts.run_script(connection, script)
+        assert (done.exited, done.stdout) == (3, "a heredoc\n4000\n"), done.stderr
+        short = hosts.run_script(connection, "echo short; exit 4")
+        assert (short.exited, short.stdout) == (4, "short\n")
+        assert not list(host.user.home.glob(".tpu-grpo-script-*"))
+    finally:
+        connection.close()

@@ -66,16 +66,21 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     assert_same_as_tutorial({r["module"]: r for r in records}, theirs)
     # The export carries the tokenizer the run trained with (the Instruct one), not the base model's.
     assert host.records("tokenizers") == [{"from_pretrained": "meta-llama/Llama-3.1-8B-Instruct"}]
-    # Detached: each step runs in a session of its own, led by its job's wrapper (the `pid` file).
-    pids = [int((folder / "pid").read_text()) for folder in job_dirs(host)]
+    # One job on the host ran the steps in order, each step a job of its own, all of them detached: each runs in a
+    # session of its own, led by its job's wrapper (the `pid` file).
+    chain, *dirs = job_dirs(host)
+    assert [d.name.rsplit("-", 1)[-1] for d in (chain, *dirs)] == ["pipeline", "convert", "train", "export", "save"]
+    pids = [int((folder / "pid").read_text()) for folder in dirs[:3]]
     assert [(record["sid"], record["pgid"]) for record in records] == [(pid, pid) for pid in pids]
+    assert len({int((folder / "pid").read_text()) for folder in (chain, *dirs)}) == 5
 
     # Job folders hold the command that ran, the log, the pid and the exit code.
-    dirs = job_dirs(host)
-    assert [d.name.rsplit("-", 1)[-1] for d in dirs] == ["convert", "train", "export"]
-    for folder in dirs:
+    for folder in (chain, *dirs):
         assert (folder / "exit_code").read_text().strip() == "0"
+        assert json.loads((folder / "job.json").read_text()).get("chain", chain.name) == chain.name
+    for folder in dirs[:3]:
         assert re.search(r"^python3 -m? ?maxtext\.", (folder / "command.sh").read_text(), re.M)  # the training's: `-`
+    assert "saved: " in (dirs[3] / "log").read_text()
     train_log = (dirs[1] / "log").read_bytes()
     assert train_log.count(b"] Train step ") == 4 and b"Train step 50 training loss" in train_log
 
@@ -89,15 +94,17 @@ def test_pipeline_runs_end_to_end_then_fetch_metrics_and_down(workload_host, tmp
     again = host.invoke("pipeline", "--batches", "50", *FAST)
     assert again.returncode == 0, again.stderr
     assert all(f"{step}: done (done before)" in again.stdout for step in ("convert", "train", "export", "save"))
-    assert len(host.records()) == 4 and len(job_dirs(host)) == 3  # the export's report among them
+    assert len(host.records()) == 4 and len(job_dirs(host)) == 5  # the export's report among them
 
     status = json.loads(host.invoke("status", "--json").stdout)
     assert list(status) == ["where", "jobs", "progress", "idle_stop", "tpu", "slice", "compile_cache"]
     assert status["slice"] is None
     assert [(job["step"], job["state"], job["exit_code"]) for job in status["jobs"]] == [
+        ("pipeline", "finished", 0),
         ("convert", "finished", 0),
         ("train", "finished", 0),
         ("export", "finished", 0),
+        ("save", "finished", 0),
     ]
     assert status["progress"]["step"] == 50 and status["progress"]["run"] == run_name
     # the training started cold, and wrote the compile cache that the stack's next training starts warm from
@@ -243,7 +250,7 @@ def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
         ("convert", "done", None),
         ("train", "ran", 0),
         ("export", "ran", 0),
-        ("save", "ran", None),
+        ("save", "ran", 0),  # a job on the host too
     ]
     assert outcome["saved"] == f"~/tpu-grpo/models/{outcome['run']}"
     assert modules(host.records()) == [
@@ -255,18 +262,35 @@ def test_a_failed_step_keeps_its_exit_code_and_the_rerun_resumes(workload_host):
     ]
 
 
-def test_killing_the_pipeline_during_training_then_rerunning_skips_convert(workload_host):
+def test_a_pipeline_whose_laptop_goes_away_mid_training_converts_trains_exports_and_saves_by_itself(
+    workload_host, tmp_path
+):
+    """The laptop's invoke killed during training, and with it every SSH connection it had: the host goes on with
+    the export and the save by itself; a fetch later brings the model home, and the same pipeline finds it done."""
     host = workload_host
     host.control(line_delay_s=0.004)
     pipeline = host.popen("pipeline", "--batches", "8", *FAST)
     wait_for(lambda: len(host.records()) == 2, what="the training to start")
     pipeline.kill()
     pipeline.communicate()
+    sessions = lambda: host.host.on_host("pgrep", "-u", host.host.user.name, "-f", "^sshd").stdout  # noqa: E731
+    wait_for(lambda: sessions() == "", what="the laptop's SSH connections to end")
+    assert modules(host.records()) == ["to_maxtext", "train_rl"]  # still training as the laptop went
+
+    run_name = next(a for a in host.records()[1]["argv"] if a.startswith("run_name=")).removeprefix("run_name=")
+    saved = host.host.user.home / "tpu-grpo/models" / run_name
+    wait_for(lambda: (saved / "SHA256SUMS").exists(), 60, "the host to export and save the model by itself")
+    wait_for(lambda: not any("chain" in process for process in host.processes()), 10, "the chain to end")
+    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
+
+    fetched = host.invoke("fetch", "--run", run_name, "--to", str(tmp_path / "model"))
+    assert fetched.returncode == 0, fetched.stderr
+    for name in os.listdir(FIXTURES / "hf-export"):
+        assert sha256(tmp_path / "model" / name) == sha256(FIXTURES / "hf-export" / name)
     rerun = host.invoke("pipeline", "--batches", "8", *FAST)
     assert rerun.returncode == 0, rerun.stderr
-    assert "convert: done (done before)" in rerun.stdout
-    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
-    assert "train: GRPO step 8/8" in rerun.stdout
+    assert all(f"{step}: done (done before)" in rerun.stdout for step in ("convert", "train", "export", "save"))
+    assert len(host.records()) == 4
 
 
 def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_path):
@@ -597,14 +621,15 @@ def bucket_store(stack_dir, bucket) -> Path:
 
 
 def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_the_bucket(
-    make_workload_host, bucket_store, bucket, storage_emulator, tmp_path
+    make_workload_host, bucket_store, bucket, storage_emulator, storage_client, tmp_path
 ):
     """MaxText writes the converted checkpoint, the checkpoints and the events to gs:// (here a local
-    emulator, which the host's jobs and this laptop both reach); tpu-grpo reads the bucket from the
-    laptop to know what is done, where training stands and what the run's metrics are."""
+    emulator, which the host's jobs and this laptop both reach); the host reads the bucket (with the client MaxText's
+    venv has) to know what is done, and the laptop where training stands and what the run's metrics are."""
     from google.cloud import storage
 
     host = make_workload_host(env={"STORAGE_EMULATOR_HOST": storage_emulator})
+    host.give_client(storage_client)
     host.control(line_delay_s=0.01)
     laptop = {"STORAGE_EMULATOR_HOST": storage_emulator}
     store = "runs/llama3.1-8b-Instruct"
@@ -634,7 +659,8 @@ def test_a_run_in_a_bucket_survives_losing_the_vm_and_its_metrics_are_read_from_
     ]
     trained = host.records()[2]
     assert trained["env"]["BASE_OUTPUT_DIRECTORY"] == f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train/"
-    assert re.search(rb"restored checkpoint \d from gs://", (job_dirs(host)[-2] / "log").read_bytes())
+    resumed_training = [job for job in job_dirs(host) if job.name.endswith("-train")][-1]
+    assert re.search(rb"restored checkpoint \d from gs://", (resumed_training / "log").read_bytes())
     steps = {name.split("/")[6] for name in names() if name.startswith(f"{store}/post-train/cloud/checkpoints/actor/")}
     assert steps == {"6", "8"}  # checkpointsToKeep
     saved = host.host.user.home / "tpu-grpo/models/cloud"

@@ -343,23 +343,37 @@ def test_a_dropped_link_asks_the_cloud_whether_the_vm_is_lost(stack_dir, cloud, 
 
 
 def test_a_failed_step_ends_the_pipeline_with_the_last_lines_of_its_log(stack_dir, cloud, reached, monkeypatch):
-    """Through `invoke pipeline`: the training exits 3, and the task fails with the error that names its job and exit
-    and quotes its log's last lines; nothing after it runs."""
+    """Through `invoke pipeline`: the host's chain says the training exited 3 and ends, and the task fails with the
+    error that names its job and exit and quotes its log's last lines; the steps after it were never followed."""
     from tpu_grpo.jobs import pipeline, vm_jobs, watch
 
     _, env = cloud
-    started = []
+    followed = []
     monkeypatch.setattr(pipeline, "scored", lambda connection, run: run)
     monkeypatch.setattr(pipeline, "probe", lambda connection, run: pipeline.Probed())
     monkeypatch.setattr(pipeline, "running_jobs", lambda connection, run: {})
     monkeypatch.setattr(pipeline, "preflight", lambda connection, run, need_gb, check_tpu: None)
     monkeypatch.setattr(pipeline, "write_record", lambda connection, run: None)
-    monkeypatch.setattr(pipeline, "start_step", lambda connection, run, step: started.append(step) or f"job-{step}")
-    monkeypatch.setattr(watch, "follow", lambda session, job, step, *_: 3 if step == "train" else 0)
+    monkeypatch.setattr(pipeline, "start_chain", lambda connection, run, keep: "job-chain")
+    said = b"".join(
+        f"tpu-grpo pipeline: {line}\n".encode()
+        for line in ("convert job job-convert", "convert exit 0", "train job job-train", "train exit 3")
+    )
+
+    def chain(session, job, on_bytes, *_, **__):
+        assert job == "job-chain"
+        on_bytes(said[:30])  # a line cut in two by the stream
+        on_bytes(said[30:])
+        return 3
+
+    monkeypatch.setattr(vm_jobs, "follow", chain)
+    monkeypatch.setattr(
+        watch, "follow", lambda session, job, step, *_: followed.append(step) or (3 if step == "train" else 0)
+    )
     log = "\n".join(f"traceback line {number}" for number in range(1, 41)).encode()
     monkeypatch.setattr(vm_jobs, "read_log", lambda connection, job_id: log if job_id == "job-train" else b"")
     result = invoke("pipeline", "--run-name", "durable", cwd=stack_dir, env=env)
-    assert result.returncode == 1 and started == ["convert", "train"]
+    assert result.returncode == 1 and followed == ["convert", "train"]
     assert "train failed (job job-train, exit 3); last lines of its log:\n  traceback line 26\n" in result.stderr
     assert "  traceback line 40\n" in result.stderr and "traceback line 25\n" not in result.stderr
 

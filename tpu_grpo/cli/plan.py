@@ -259,7 +259,13 @@ def cost_note(settings) -> str:
         else "it never powers itself off (tpu-grpo:idleStopMinutes is 0)"
     )
     waits = f" {obtained.waits}" if obtained.waits else ""
-    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}"
+    alone = (
+        " A training alone (`invoke train`) is refused: the stop would empty /dev/shm, its checkpoints with it; "
+        "`invoke pipeline` saves the model on the data disk before the VM can stop."
+        if settings.idle_stop_minutes and settings.store.name == "shm"
+        else ""
+    )
+    return f"{when}. {idle[0].upper()}{idle[1:]}. After a stop, {obtained.after_stop}.{waits}{alone}"
 
 
 def job_scripts(settings: Settings) -> list[dict[str, str]]:

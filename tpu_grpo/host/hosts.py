@@ -16,6 +16,7 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,9 +348,24 @@ def run(connection, command: str, **kwargs):
     return result
 
 
+#: Linux's longest single argument (MAX_ARG_STRLEN, 32 pages): sshd hands the command to the login shell as one.
+LONGEST_ARGUMENT = 32 * 4096
+
+
 def run_script(connection, script: str, become: bool = False):
-    """Run a bash script on the host and return its result, whatever its exit code (the caller judges it)."""
-    return run(connection, bash_command(script, become), hide=True, warn=True, in_stream=False)
+    """Run a bash script on the host and return its result, whatever its exit code (the caller judges it). A script
+    too long for one argument (a pipeline's chain, its steps inside) goes over SFTP to a file only the user reads,
+    which bash runs and then removes (Invoke feeds a command's standard input a byte at a time)."""
+    command = bash_command(script, become)
+    if len(command.encode()) < LONGEST_ARGUMENT:
+        return run(connection, command, hide=True, warn=True, in_stream=False)
+    sftp = connection.sftp()
+    path = sftp.normalize(f".tpu-grpo-script-{uuid.uuid4().hex}.sh")
+    with sftp.open(path, "w") as file:
+        file.chmod(0o600)
+        file.write(script)
+    ran = f'bash {path}; code=$?; rm -f {path}; exit "$code"'
+    return run(connection, bash_command(ran, become), hide=True, warn=True, in_stream=False)
 
 
 #: How often a lease of work in flight is touched (the idle stop counts one touched in the last 3 minutes).

@@ -398,7 +398,10 @@ def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, 
         ("TPU_CHIPS_PER_HOST_BOUNDS", machine["TPU_CHIPS_PER_HOST_BOUNDS"]),
         ("TPU_HOST_BOUNDS", machine["TPU_HOST_BOUNDS"]),
     ]
-    step_dir = "$NUM_BATCHES" if run.export_step == run.batches else str(run.export_step)
+    # the tutorial's $NUM_BATCHES for the last checkpoint, unless scores chose it: a chosen step is a number, whichever
+    # (pipeline.chain_data renders a stand-in step, which the host replaces with the one its training's scores chose)
+    last = run.export_step == run.batches and run.scored_step is None
+    step_dir = "$NUM_BATCHES" if last else str(run.export_step)
     export = [
         ("HF_EXPORT", SLICE_EXPORT if in_slice else "/dev/shm/$MODEL_NAME/hf-trained/"),
         ("HF_MODEL_NAME", _q(run.export_model)),

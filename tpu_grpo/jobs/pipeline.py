@@ -1,7 +1,8 @@
-"""convert -> train -> export -> save on one host, each step a detached job that is recorded
-when it succeeds, so a re-run skips what is done (a converted checkpoint serves every run)
-and resumes after a failure or a killed laptop. A preflight checks the host first, in one
-round trip, so a missing token or a full disk fails in seconds, not after an hour of TPU.
+"""convert -> train -> export -> save on one host, run by the host itself as one detached job (a chain: remote/chain.py)
+whose every step is a job of its own, recorded when it succeeds: a re-run skips what is done (a converted checkpoint
+serves every run) and resumes after a failure, and a closed laptop stops nothing, nor keeps the chips waiting for the
+next step. A preflight checks the host first, in one round trip, so a missing token or a full disk fails in seconds,
+not after an hour of TPU; the laptop then follows the chain's steps.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import base64
 import hashlib
 import json
 import re
-import time
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -18,7 +19,7 @@ from tpu_grpo.catalog import release, stores
 from tpu_grpo.config import host_paths, settings, values
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
-from tpu_grpo.jobs import maxtext, progress, vm_jobs
+from tpu_grpo.jobs import maxtext, progress, vm_jobs, watch
 
 PIPELINE = ("convert", "train", "export", "save")
 MODELS = f"{vm_jobs.ROOT}/models"
@@ -116,20 +117,26 @@ def output_test(run: maxtext.Run, step: str) -> str:
     """A bash test that holds when the step's result is on the host and belongs to these inputs."""
     paths = maxtext.paths(run)
     record = f"{vm_jobs.DONE}/{record_key(run, step)}"
-    if step in ("convert", "train"):  # a bucket's folders are looked at from the laptop (probe)
+    if step in ("convert", "train"):
         # a training's last checkpoint, which the checkpoint manager keeps whatever it deletes
         folder = paths["checkpoint"] if step == "convert" else f"{paths['checkpoints']}/{run.train_steps}/model_params"
-        return f"[ -f {record} ]" + ("" if in_bucket(run) else f" && [ -d {folder} ]")
+        return f"[ -f {record} ] && " + (bucket_holds(folder) if in_bucket(run) else f"[ -d {folder} ]")
     if step == "export":  # /dev/shm/.../hf-trained holds the newest export only
         return (
             f'[ -f {record} ] && [ "$(ls -t {vm_jobs.DONE}/export-* | head -1)" = {record} ] '
             f"&& [ -f {paths['hf_export']}config.json ]"
         )
-    wanted = base64.b64encode(identity(run, "export").encode()).decode()
     return (
         f"[ -f {saved_dir(run.name)}/SHA256SUMS ] "
-        f'&& [ "$(base64 -w0 {saved_record(run.name)} 2>/dev/null)" = {wanted} ]'
+        f'&& [ "$(cat {saved_record(run.name)} 2>/dev/null)" = {shlex.quote(identity(run, "export"))} ]'
     )
+
+
+def bucket_holds(folder: str) -> str:
+    """A bash test that holds when a gs:// folder is in its bucket, asked with MaxText's own client on the host."""
+    parent, name = folder.rstrip("/").rsplit("/", 1)
+    listing = remote.run("folder_children", {"folder": parent}, python=f"{host_paths.VENV}/bin/python3")
+    return f'[ -n "$( ({listing}\n) 2>/dev/null | grep -x {name})" ]'
 
 
 def in_bucket(run: maxtext.Run) -> bool:
@@ -224,13 +231,7 @@ class Probe(facts.Fact):
 
 
 def probe(connection, run: maxtext.Run) -> Probed:
-    """Probe, and for a run in a bucket, the steps whose output the bucket holds."""
-    probed = Probe.read(connection, run.to_record())
-    if in_bucket(run):
-        for step, key in (("convert", "checkpoint"), ("train", "post_train")):
-            if step in probed.done and not gcs.exists(maxtext.paths(run)[key]):
-                probed.done.discard(step)
-    return probed
+    return Probe.read(connection, run.to_record())
 
 
 def preflight_script(run: maxtext.Run, need_gb: dict[str, float], check_tpu: bool) -> str:
@@ -323,12 +324,13 @@ def start_step(connection, run: maxtext.Run, step: str) -> str:
 
 
 def running_jobs(connection, run: maxtext.Run) -> dict[str, vm_jobs.Job]:
-    """This run's steps that have a job running now (a pipeline re-run attaches to them)."""
-    keys = {record_key(run, step): step for step in maxtext.STEPS}
+    """This run's chain ("pipeline"), or its steps started alone, that have a job running now (a pipeline re-run
+    attaches to them)."""
+    keys = {record_key(run, step): step for step in maxtext.STEPS} | {chain_meta(run)["key"]: "pipeline"}
     return {
         keys[job.meta.get("key", "")]: job
         for job in vm_jobs.list_jobs(connection)
-        if job.state == "running" and job.meta.get("key") in keys
+        if job.state == "running" and job.meta.get("key") in keys and ("chain" not in job.meta)
     }
 
 
@@ -341,37 +343,34 @@ def failure(connection, job_id: str, step: str, code: int) -> PipelineError:
     )
 
 
-def _copy(connection, source: str, destination: str, replace: bool = False) -> None:
-    result = hosts.run_script(connection, artifacts.save_script(source, destination, replace))
-    if result.exited != 0:
-        raise PipelineError(f"save to {destination} failed: {(result.stderr or result.stdout).strip()}")
-
-
-def save(connection, run: maxtext.Run, keep_checkpoint: bool = False, replace: bool = True) -> str:
-    """Copy from /dev/shm to the data disk, each folder with checksums: the exported model,
-    the run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint
-    of the exported step (to train on from it; a bucket store keeps both itself); then record
-    what the model was exported with.
-    `replace=False` keeps a model already saved with these inputs; returns where the model is."""
-    started = time.time()
+def save_script(run: maxtext.Run, keep_checkpoint: bool, replace: bool) -> str:
+    """The save step's job: copy from /dev/shm to the data disk, each folder with checksums, the exported model, the
+    run's TensorBoard events (for `invoke metrics` later) and, if asked, the checkpoint of the exported step (to train
+    on from it; a bucket store keeps both itself); then record what the model was exported with and when it was
+    saved. `replace=False` keeps a model already saved with these inputs."""
     paths = maxtext.paths(run)
-    destination = saved_dir(run.name)
-    _copy(connection, paths["hf_export"], destination, replace)
+    copies = [(paths["hf_export"], saved_dir(run.name), replace)]
     if not in_bucket(run):  # a bucket keeps the run's events and checkpoints itself
-        _copy(connection, f"{paths['run']}/tensorboard", f"{run_archive(run.name)}/tensorboard", replace)
-    if keep_checkpoint and not in_bucket(run):
-        _copy(
-            connection,
-            f"{paths['checkpoints']}/{run.export_step}",
-            f"{run_archive(run.name)}/checkpoints/actor/{run.export_step}",
+        copies.append((f"{paths['run']}/tensorboard", f"{run_archive(run.name)}/tensorboard", replace))
+        if keep_checkpoint:
+            kept = f"checkpoints/actor/{run.export_step}"
+            copies.append((f"{paths['run']}/{kept}", f"{run_archive(run.name)}/{kept}", False))
+    record, saved_at = saved_record(run.name), f"{run_archive(run.name)}/saved-at.json"
+    return (
+        "\n".join(
+            [
+                f"# tpu-grpo save: the model of run {run.name} to the data disk",
+                "set -euo pipefail",
+                "started=$(date +%s.%N)",
+                *(f"(\n{artifacts.save_script(*copy).rstrip()}\n)" for copy in copies),
+                f"mkdir -p {run_archive(run.name)}",
+                f"printf %s {shlex.quote(identity(run, 'export'))} > {record}.tmp && mv {record}.tmp {record}",
+                f'printf \'{{"run": "%s", "started": %s, "finished": %s}}\' {run.name} "$started" '
+                f'"$(date +%s.%N)" > {saved_at}.tmp && mv {saved_at}.tmp {saved_at}',
+            ]
         )
-    hosts.write_text(connection, saved_record(run.name), identity(run, "export"))
-    hosts.write_text(
-        connection,
-        f"{run_archive(run.name)}/saved-at.json",
-        json.dumps({"run": run.name, "started": started, "finished": time.time()}),
+        + "\n"
     )
-    return destination
 
 
 def write_record(connection, run: maxtext.Run) -> None:
@@ -398,6 +397,134 @@ def named_pipeline(connection, run: maxtext.Run, new_name: str) -> maxtext.Run:
     return run.named(resumable_run(probe(connection, run.named(new_name)).pipelines, run.named(new_name)) or new_name)
 
 
+#: The stand-in step of a chain's "best" export and save (remote/chain.py), which the host replaces with the step the
+#: training's scores chose: larger than any run's train steps (maxtext.MAX_BATCHES), so it means nothing else.
+SENTINEL = 987_654_321_123
+#: A chain's line for one of its steps (remote/chain.py's `say`).
+CHAIN_LINE = re.compile(r"tpu-grpo pipeline: (?P<step>\w+) (?P<what>done|skipped|job|exit)(?: (?P<detail>\S+))?")
+
+
+def chain_step(run: maxtext.Run, step: str, keep_checkpoint: bool = False) -> dict:
+    """One step as remote/chain.py runs it: its job's command and job.json, its done-record and done-test; a save
+    asked to keep the checkpoint runs even when done, keeping the model it saved before (`when_done`)."""
+    again = save_script(run, keep_checkpoint, replace=False) if step == "save" and keep_checkpoint else ""
+    return {
+        "name": step,
+        "script": save_script(run, keep_checkpoint, replace=True) if step == "save" else maxtext.script(run, step),
+        "meta": job_meta(run, step),
+        "record": "" if step == "save" else record_key(run, step),
+        "test": output_test(run, step),
+        "when_done": again,
+    }
+
+
+def checkpoints_listing(run: maxtext.Run) -> str:
+    """Bash that prints the names in the run's checkpoint folders (checkpoint_steps, as the host reads them)."""
+    where = maxtext.paths(run)
+    if in_bucket(run):
+        return remote.run("folder_children", {"folder": where["checkpoints"]}, python=f"{host_paths.VENV}/bin/python3")
+    return Checkpoints.script(where["checkpoints"], *([where["kept"]] if maxtext.kept_here(run) else []))
+
+
+def chain_data(run: maxtext.Run, keep_checkpoint: bool) -> dict:
+    """What remote/chain.py is given: every step of the run, the export and save for the last checkpoint and, unless
+    the export's step is fixed (--step, --last), for the stand-in of the best scored one, and how to choose it."""
+    run = replace(run, scored_step=None)
+    exported = {"last": [chain_step(run, step, keep_checkpoint) for step in ("export", "save")]}
+    if not (run.step or run.last):
+        best = replace(run, scored_step=SENTINEL)
+        exported["best"] = [chain_step(best, step, keep_checkpoint) for step in ("export", "save")]
+    return {
+        "jobs": vm_jobs.JOBS,
+        "done": vm_jobs.DONE,
+        "root": vm_jobs.ROOT,
+        "wrapper": remote.text("job_wrapper", ".sh"),
+        "sentinel": SENTINEL,
+        "steps": [chain_step(run, step) for step in ("convert", "train")],
+        "variants": exported,
+        "choose": {
+            "list": checkpoints_listing(run),
+            "run": run.name,
+            "iterations": run.iterations,
+            "prefix": progress.ABSL_PREFIX.pattern,
+            "pattern": progress.EVAL.pattern,
+            "field": progress.EVAL_FIELD.pattern,
+            "keys": list(progress.EVAL_KEYS),
+        },
+    }
+
+
+def chain_script(run: maxtext.Run, keep_checkpoint: bool) -> str:
+    """The chain's job: its data written beside it, then remote/chain.py, in MaxText's venv, runs the steps."""
+    data = json.dumps(chain_data(run, keep_checkpoint), sort_keys=True)
+    return "\n".join(
+        [
+            f"# tpu-grpo pipeline of run {run.name}: convert -> train -> export -> save, each step a job of its own",
+            "set -euo pipefail",
+            'here=$(dirname "$0")',
+            "cat > \"$here/chain.json\" <<'TPU_GRPO_CHAIN_DATA'",
+            data,
+            "TPU_GRPO_CHAIN_DATA",
+            remote.run("chain", python=f"{host_paths.VENV}/bin/python3", command_line='"$here/chain.json"'),
+        ]
+    )
+
+
+def chain_meta(run: maxtext.Run) -> dict:
+    return {"step": "pipeline", "run": run.name, "key": f"pipeline-{run.name}", "inputs": pipeline_inputs(run)}
+
+
+def start_chain(connection, run: maxtext.Run, keep_checkpoint: bool) -> str:
+    """Start the run's chain as one detached job, refused when the TPU is busy and when the run name was trained
+    with other inputs (its claim, under the TPU's lock); returns its job id."""
+    job_id = vm_jobs.new_id("pipeline")
+    claim = (trained_record(run.name), identity(run, "train"))
+    try:
+        vm_jobs.start(connection, job_id, chain_script(run, keep_checkpoint), chain_meta(run), claim=claim)
+    except vm_jobs.ClaimTaken as taken:
+        raise name_taken(run, "trained", taken.found, claim[1]) from None
+    return job_id
+
+
+def follow_chain(
+    session: vm_jobs.Session,
+    run_name: str,
+    chain: str,
+    follow: Callable[[str, str], int],
+    on_step: Callable[[StepOutcome], None],
+) -> Outcome:
+    """Follow the chain's lines to its end, each step's job through `follow` (job id, step) as it starts; a failed
+    step's error names its log's last lines."""
+    outcome = Outcome(run_name, session.host.name)
+    pending = [b""]
+
+    def on_bytes(data: bytes) -> None:
+        *lines, pending[0] = (pending[0] + data).split(b"\n")
+        for line in lines:
+            said = CHAIN_LINE.fullmatch(line.decode(errors="replace").strip())
+            if said is None or said["what"] == "exit":
+                continue
+            step = said["step"]
+            if said["what"] == "job":
+                code = follow(said["detail"], step)
+                detail = saved_dir(run_name) if step == "save" else ""
+                outcome.steps.append(StepOutcome(step, "ran" if code == 0 else "failed", said["detail"], code, detail))
+            else:
+                why = "done before" if said["what"] == "done" else "a later step is done"
+                outcome.steps.append(StepOutcome(step, said["what"], detail=why))
+            on_step(outcome.steps[-1])
+
+    code = vm_jobs.follow(session, chain, on_bytes)
+    failed = [step for step in outcome.steps if step.state == "failed"]
+    if failed:
+        raise failure(session.connection, failed[-1].job or chain, failed[-1].name, failed[-1].exit_code or code)
+    if code != 0:
+        raise failure(session.connection, chain, "the pipeline", code)
+    if any(step.name == "save" and step.state == "ran" for step in outcome.steps):
+        outcome.saved = saved_dir(run_name)
+    return outcome
+
+
 def run_pipeline(
     session: vm_jobs.Session,
     run: maxtext.Run,
@@ -407,50 +534,35 @@ def run_pipeline(
     on_step: Callable[[StepOutcome], None] = lambda step: None,
     keep_checkpoint: bool = False,
 ) -> Outcome:
-    """Bring the run to `save`, skipping done steps; `follow(job_id, step)` streams a job to its exit code.
-    A run name that was trained or saved with other inputs is refused before anything starts. The run is named
-    (named_pipeline)."""
-    run = scored(session.connection, run)  # a finished training's best checkpoint is what its export converts
+    """Bring the run to `save` by its chain, skipping done steps; `follow(job_id, step)` streams a job to its exit
+    code. A run name that was trained or saved with other inputs is refused before anything starts; a chain of the
+    run that runs already is followed, and a step of it started alone is followed to its end first. The run is
+    named (named_pipeline)."""
+    run = scored(session.connection, run)  # what a done export and save were made of (the chain chooses again)
     probed = probe(session.connection, run)
     probed.check_name(run)
     done = probed.done
-    saved_before = "save" in done
     if keep_checkpoint:  # save again: what it saved before is verified and kept, the checkpoint added
         done.discard("save")
-    outcome = Outcome(run.name, session.host.name)
     last_done = max((PIPELINE.index(step) for step in done), default=-1)
     attach = running_jobs(session.connection, run)
-    if last_done < len(PIPELINE) - 1 and not attach:
-        preflight(session.connection, run, need_gb, check_tpu=last_done < PIPELINE.index("export"))
-    write_record(session.connection, run)
-    for number, step in enumerate(PIPELINE):
-        if number <= last_done:
-            outcome.steps.append(
-                StepOutcome(
-                    step,
-                    "done" if step in done else "skipped",
-                    detail="done before" if step in done else "a later step is done",
-                )
-            )
-        elif step == "save":
-            outcome.saved = save(session.connection, run, keep_checkpoint, replace=not saved_before)
-            outcome.steps.append(StepOutcome(step, "ran", detail=outcome.saved))
-        else:
-            if step == "export":  # the training just finished: its scores choose the checkpoint
-                run = scored(session.connection, run)
-            job = attach.get(step)
-            job_id = job.id if job else start_step(session.connection, run, step)
-            code = follow(job_id, step)
-            outcome.steps.append(
-                StepOutcome(
-                    step, "ran" if code == 0 else "failed", job_id, code, "attached to the running job" if job else ""
-                )
-            )
-            if code != 0:
-                on_step(outcome.steps[-1])
-                raise failure(session.connection, job_id, step, code)
-        on_step(outcome.steps[-1])
-    return outcome
+    chain = attach.pop("pipeline", None)
+    if chain is None and last_done == len(PIPELINE) - 1:
+        outcome = Outcome(run.name, session.host.name)
+        for step in PIPELINE:
+            state, why = ("done", "done before") if step in done else ("skipped", "a later step is done")
+            outcome.steps.append(StepOutcome(step, state, detail=why))
+            on_step(outcome.steps[-1])
+        return outcome
+    if chain is None:
+        for step, job in attach.items():  # a step started alone (invoke train): the chain starts after it
+            if (code := follow(job.id, step)) != 0:
+                raise failure(session.connection, job.id, step, code)
+        if not attach:
+            preflight(session.connection, run, need_gb, check_tpu=last_done < PIPELINE.index("export"))
+        write_record(session.connection, run)
+    chain_id = chain.id if chain else start_chain(session.connection, run, keep_checkpoint)
+    return follow_chain(session, run.name, chain_id, follow, on_step)
 
 
 def build_run(
@@ -561,7 +673,21 @@ def require_converted(connection, run: maxtext.Run) -> None:
 
 
 def start_checked(connection, run: maxtext.Run, step: str) -> str:
-    """Start one step on its own, after checking its input is there (nothing starts otherwise)."""
+    """Start one step on its own, after checking its input is there (nothing starts otherwise), and that an idle stop
+    cannot take what it makes before anything saves it."""
     if step == "train":
         require_converted(connection, run)
+        refuse_unsaved_training(connection, run)
     return start_step(connection, run, step)
+
+
+def refuse_unsaved_training(connection, run: maxtext.Run) -> None:
+    """A training alone keeps its checkpoints in /dev/shm, which an idle stop empties (it powers the VM off an idle
+    while after the training, whether or not anyone exported it); a pipeline saves the model first."""
+    if run.store.name != "shm" or not (idle := watch.IdleStop.read(connection)):
+        return
+    raise maxtext.CommandError(
+        f"a training alone keeps its checkpoints in /dev/shm, and this VM powers itself off {idle['idle_minutes']} "
+        "idle minutes after its last job, which empties it; fix: uv run invoke pipeline (it exports and saves the "
+        "model on the data disk before the VM can stop), or set tpu-grpo:checkpointStore disk"
+    )

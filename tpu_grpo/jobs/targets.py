@@ -10,10 +10,11 @@ Nothing connects before it is used: a target of a dry run asks neither the host 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 
@@ -207,10 +208,47 @@ class VmTarget:
         return vm_jobs.find(vm_jobs.list_jobs(self.session.connection), job)
 
     def follow(self, job: str | None, console: Console, verbose: bool) -> int:
-        from tpu_grpo.jobs import watch
+        """The job to its end; a pipeline's chain (named, or the one whose step runs now when none is named) to its
+        last step, each step as it starts (a failed step raises its error)."""
+        from tpu_grpo.jobs import pipeline, watch
 
         found = self._job(job)
-        return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
+        chain = found.id if found.step == "pipeline" else None if job else found.meta.get("chain")
+        if chain is None:
+            return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
+        with self._detaching(console):
+            pipeline.follow_chain(
+                self.session, found.run, chain, self._step_follow(console, verbose), print_step(console)
+            )
+        return 0
+
+    @contextmanager
+    def _detaching(self, console: Console):
+        """Ctrl-C while a chain is followed between its steps: the chain goes on, and how to come back is said."""
+        from tpu_grpo.config import errors
+
+        try:
+            yield
+        except KeyboardInterrupt:
+            console.print(
+                f"\ndetached: the pipeline keeps running on {self.session.host.name}; reattach: uv run invoke logs "
+                "--follow (or the same pipeline command); stop it: uv run invoke cancel"
+            )
+            raise errors.Detached() from None
+
+    def _step_follow(self, console: Console, verbose: bool, total: int | None = None):
+        """How a chain's step is followed: with its progress view; Ctrl-C detaches from the whole chain."""
+        from tpu_grpo.config import errors
+        from tpu_grpo.jobs import watch
+
+        def follow(job: str, step: str) -> int:
+            steps = total if total is not None else self._job(job).meta.get("total_steps")
+            code = watch.follow(self.session, job, step, console, steps if step == "train" else None, verbose)
+            if code == errors.INTERRUPTED:
+                raise errors.Detached()
+            return code
+
+        return follow
 
     def read_log(self, job: str | None) -> Iterable[bytes]:
         from tpu_grpo.jobs import vm_jobs
@@ -223,8 +261,23 @@ class VmTarget:
         found = self._job(job)
         if found.state != "running":
             return f"job {found.id} is not running ({found.state}); nothing to cancel"
-        vm_jobs.cancel(self.session.connection, found)
-        return f"cancelled job {found.id} ({found.step} of run {found.run}); the TPU is free"
+        chain = found.id if found.step == "pipeline" else found.meta.get("chain")
+        said = [f"job {found.id} ({found.step} of run {found.run})"]
+        if chain is not None:  # the chain first, so that it starts no next step; then the step it runs
+            connection = self.session.connection
+            running = {each.id: each for each in vm_jobs.list_jobs(connection) if each.state == "running"}
+            if chain in running:
+                vm_jobs.cancel(connection, running[chain])
+            steps = [each for each in vm_jobs.list_jobs(connection) if each.meta.get("chain") == chain]
+            for step in steps:
+                if step.state == "running":
+                    vm_jobs.cancel(connection, step)
+            said = [f"the pipeline of run {found.run} (job {chain})"] + [
+                f"its {step.step} (job {step.id})" for step in steps if step.state == "running"
+            ]
+        else:
+            vm_jobs.cancel(self.session.connection, found)
+        return f"cancelled {' and '.join(said)}; the TPU is free"
 
     def status(self) -> Status:
         from tpu_grpo.host import chips
@@ -246,19 +299,12 @@ class VmTarget:
         """Preflight first. With `recover` N, up to N lost VMs are brought back (`invoke up`, provisioning with
         `provisioning`, the same pipeline again: tpu_grpo/jobs/recovery.py), and a dropped link asks the cloud
         whether the VM is gone."""
-        from tpu_grpo.config import errors
-        from tpu_grpo.jobs import maxtext, pipeline, recovery, watch
+        from tpu_grpo.jobs import maxtext, pipeline, recovery
 
         chosen = self.settings if options.recover else None
         verbose = options.verbose
         new_name = maxtext.timestamp_run_name()  # a new run's, if it is not named and continues no earlier pipeline
         total = pipeline.job_meta(run.named(new_name), "train").get("total_steps")
-
-        def report(step):
-            if step.state in ("done", "skipped"):
-                console.print(f"{step.name}: {step.state} ({step.detail})")
-            elif step.name == "save":
-                console.print(f"save: model copied to {step.detail} on the data disk")
 
         def attempt():
             nonlocal run
@@ -266,19 +312,12 @@ class VmTarget:
             run = pipeline.named_pipeline(session.connection, run, new_name)  # each attempt after, the same run
             if chosen:  # a dropped link asks the cloud whether the VM is gone
                 session.vm_gone = lambda: recovery.gone(chosen)
-
-            def follow(job, step):
-                code = watch.follow(session, job, step, console, total if step == "train" else None, verbose)
-                if code == errors.INTERRUPTED:
-                    raise errors.Detached()
-                return code
-
             return pipeline.run_pipeline(
                 session,
                 run,
                 need_gb=options.need_gb,
-                follow=follow,
-                on_step=report,
+                follow=self._step_follow(console, verbose, total),
+                on_step=print_step(console),
                 keep_checkpoint=options.keep_checkpoint,
             )
 
@@ -293,18 +332,19 @@ class VmTarget:
             )
             return recovery.where_training_stands(self.fresh_session().connection, run.named(new_name))
 
-        outcome = (
-            attempt()
-            if chosen is None
-            else recovery.keep_going(
-                attempt,
-                chosen,
-                bring_back,
-                options.recover,
-                lambda: recovery.RecoveryLog.of(run.run_name or new_name),
-                console.print,
+        with self._detaching(console):
+            outcome = (
+                attempt()
+                if chosen is None
+                else recovery.keep_going(
+                    attempt,
+                    chosen,
+                    bring_back,
+                    options.recover,
+                    lambda: recovery.RecoveryLog.of(run.run_name or new_name),
+                    console.print,
+                )
             )
-        )
         where = f"{outcome.saved} on {outcome.host}" if outcome.saved else f"an earlier run on {outcome.host}"
         return Finished(0, outcome.run, where, outcome.to_json())
 
@@ -419,6 +459,18 @@ class SliceTarget:
 
     def stack_settings(self) -> Settings:
         return self.settings
+
+
+def print_step(console: Console) -> Callable[[Any], None]:
+    """How a pipeline's step that did not run (done, or skipped), or its save, is said."""
+
+    def report(step) -> None:
+        if step.state in ("done", "skipped"):
+            console.print(f"{step.name}: {step.state} ({step.detail})")
+        elif step.name == "save" and step.state == "ran":
+            console.print(f"save: model copied to {step.detail} on the data disk")
+
+    return report
 
 
 def pick(where: Where) -> Target:
