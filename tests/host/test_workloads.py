@@ -293,6 +293,47 @@ def test_a_pipeline_whose_laptop_goes_away_mid_training_converts_trains_exports_
     assert len(host.records()) == 4
 
 
+def test_status_logs_and_cancel_see_a_pipeline_and_its_current_step(workload_host):
+    """A pipeline left by its laptop: status lists it running beside its training; `logs --follow` follows it, each
+    step as it comes, to its end; and on a second one, cancel stops the pipeline and its step together, leaving the
+    TPU free and no step after it."""
+    host = workload_host
+    host.control(line_delay_s=0.004)
+    laptop = host.popen("pipeline", "--run-name", "watched", "--batches", "8", *FAST)
+    wait_for(lambda: len(host.records()) == 2, what="the training to start")
+    laptop.kill()
+    laptop.communicate()
+    status = json.loads(host.invoke("status", "--json").stdout)
+    assert [(job["step"], job["state"]) for job in status["jobs"]] == [
+        ("pipeline", "running"),
+        ("convert", "finished"),
+        ("train", "running"),
+    ]
+    followed = host.invoke("logs", "--follow")
+    assert followed.returncode == 0, followed.stderr
+    assert "train: GRPO step 8/8" in followed.stdout and "save: model copied to ~/tpu-grpo/models/watched" in (
+        followed.stdout
+    )
+    assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
+
+    host.control(hold_s=120)
+    laptop = host.popen("pipeline", "--run-name", "stopped", "--batches", "8", *FAST)
+    wait_for(lambda: len(host.records()) == 5, what="the second training to start")
+    laptop.kill()
+    laptop.communicate()
+    cancelled = host.invoke("cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith("cancelled the pipeline of run stopped (job ") and "and its train (job " in (
+        cancelled.stdout
+    )
+    wait_for(lambda: not [p for p in host.processes() if "maxtext" in p or "run.sh" in p or "chain" in p], 10, "none")
+    jobs = json.loads(host.invoke("status", "--json").stdout)["jobs"]
+    assert [(job["step"], job["state"]) for job in jobs[-2:]] == [("pipeline", "cancelled"), ("train", "cancelled")]
+    assert len(host.records()) == 5  # no export after it
+    host.control()
+    assert host.invoke("train", "--run-name", "after", "--batches", "2").returncode == 0  # the TPU is free
+
+
 def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_path):
     host = workload_host
     chained = host.chain(("convert",), ("train", "--batches", "4"))  # a finished step lets the next one run
