@@ -171,3 +171,39 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
         assert any(line.startswith(f"{progress.REPORT_LINE} 2 on test examples 8 to 12") for line in best_exported)
         assert any("kept/2/model_params" in line for line in best_exported)
         assert (host.path(maxtext.paths(longer)["hf_export"]) / "config.json").is_file()
+
+
+def test_a_vms_pipeline_runs_every_step_by_the_hosts_own_chain(make_host, tmp_path):
+    """The chain `invoke pipeline` starts on a VM (its job's command.sh, run as job_wrapper.sh runs it) converts,
+    trains, exports and saves under MaxText itself, each step a job with its log and exit code: the export's
+    checkpoint is the one the host chose from MaxText's own evaluation lines (2: the stand-in rollout's 0% everywhere
+    makes the earlier the best), kept from Orbax's deletion, and the saved model is on the data disk with its sums."""
+    model = next(model for model, placement in stack.placements(TESTED) if placement == "vm")
+    host = make_host(TESTED[model])
+    chosen = stack.stack(model, "vm")
+    run = stack.run(chosen, host.family, host.data, in_slice=False)
+    host.keep_compile_caches(maxtext.compile_cache_root(run))
+    folder = host.home / "tpu-grpo/jobs/20261207-000000.000-pipeline"
+    folder.mkdir(parents=True)
+    (folder / "command.sh").write_text(pipeline.chain_script(run, keep_checkpoint=False))
+    done = host.run(f"bash {folder}/command.sh", stack.chips_as_devices(chosen.chips), timeout=1800)
+    assert done.returncode == 0, tail(done)
+    said = [line.split()[2:4] for line in done.stdout.splitlines() if line.startswith("tpu-grpo pipeline:")]
+    assert said == [[step, what] for step in ("convert", "train", "export", "save") for what in ("job", "exit")]
+    jobs = sorted(path for path in folder.parent.iterdir() if path != folder)
+    assert [path.name.rsplit("-", 1)[1] for path in jobs] == ["convert", "train", "export", "save"]
+    assert all((path / "exit_code").read_text() == "0\n" for path in jobs), tail_lines(
+        (jobs[-1] / "log").read_text().splitlines()
+    )
+    exported = (jobs[2] / "log").read_text()
+    assert "tpu-grpo: exports checkpoint 2, the best scored of those in the store" in exported
+    assert "kept/2/model_params" in exported
+    assert json.loads((jobs[2] / "job.json").read_text())["inputs"]["step"] == 2
+    assert (
+        host.home / "tpu-grpo/done" / pipeline.record_key(dataclasses.replace(run, scored_step=2), "export")
+    ).exists()
+    saved = host.path(pipeline.saved_dir(run.name))
+    assert (saved / "SHA256SUMS").is_file() and json.loads((saved / "config.json").read_text())["architectures"] == [
+        host.family.architecture
+    ]
+    assert json.loads(host.path(pipeline.saved_record(run.name)).read_text())["step"] == 2
