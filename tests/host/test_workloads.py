@@ -222,7 +222,8 @@ def test_ctrl_c_detaches_and_the_job_goes_on(workload_host, task):
     train.send_signal(signal.SIGINT)
     out, err = train.communicate(timeout=30)
     assert train.returncode == 130, err
-    assert "detached: job " in out and "reattach: uv run invoke logs" in out and "error" not in err
+    # a job's words, or a pipeline's when the Ctrl-C comes between its lines
+    assert "\ndetached: " in out and "reattach: uv run invoke logs" in out and "error" not in err
     status = json.loads(host.invoke("status", "--json").stdout)
     assert status["jobs"][-1]["state"] == "running"
 
@@ -314,6 +315,8 @@ def test_status_logs_and_cancel_see_a_pipeline_and_its_current_step(workload_hos
     assert "train: GRPO step 8/8" in followed.stdout and "save: model copied to ~/tpu-grpo/models/watched" in (
         followed.stdout
     )
+    assert re.search(r"^convert: job \S+-convert ended before this follow, exit 0$", followed.stdout, re.M)
+    assert "convert: compile cache" not in followed.stdout  # said, not replayed
     assert modules(host.records()) == ["to_maxtext", "train_rl", "report", "to_huggingface"]
 
     host.control(hold_s=120)

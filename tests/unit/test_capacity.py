@@ -264,7 +264,14 @@ def test_plan_shows_each_capacity_its_gcloud_and_price(stack_dir, stack_values, 
     scripts = invoke("plan", "--scripts", cwd=stack_dir).stdout
     assert plan["cost"]["quota"] == CAPACITIES[capacity].quota and f"quota: {plan['cost']['quota']}" in scripts
     waits = f" {CAPACITIES[capacity].waits}" if CAPACITIES[capacity].waits else ""
-    assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.{waits}")
+    # on-demand's defaults, /dev/shm and an idle stop, which would take a training no pipeline saved
+    alone = (
+        " A training alone (`invoke train`) is refused: the stop would empty /dev/shm, its checkpoints with it; "
+        "`invoke pipeline` saves the model on the data disk before the VM can stop."
+        if capacity == "on-demand"
+        else ""
+    )
+    assert plan["cost"]["note"].endswith(f"After a stop, {CAPACITIES[capacity].after_stop}.{waits}{alone}")
     assert ("waits for capacity up to its valid-for duration (Google: at most two hours" in plan["cost"]["note"]) == (
         capacity == "flex-start"
     )

@@ -257,7 +257,8 @@ def test_dry_run_prints_each_steps_script_without_connecting(stack_dir):
     run = maxtext.Run(**{**RUN.__dict__, "batches": 7, "run_name": "r1"})
     for step in maxtext.STEPS:
         assert maxtext.script(run, step) in result.stdout
-    assert "# save: copy /dev/shm/llama3.1-8b-Instruct/hf-trained/ to ~/tpu-grpo/models/r1" in result.stdout
+    assert "# tpu-grpo save: the model of run r1 to the data disk\n" in result.stdout
+    assert "SRC=/dev/shm/llama3.1-8b-Instruct/hf-trained\nDEST='~/tpu-grpo/models/r1'\n" in result.stdout
 
 
 def test_plan_includes_the_scripts(stack_dir):

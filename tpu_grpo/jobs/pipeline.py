@@ -400,6 +400,8 @@ def named_pipeline(connection, run: maxtext.Run, new_name: str) -> maxtext.Run:
 #: The stand-in step of a chain's "best" export and save (remote/chain.py), which the host replaces with the step the
 #: training's scores chose: larger than any run's train steps (maxtext.MAX_BATCHES), so it means nothing else.
 SENTINEL = 987_654_321_123
+#: What a chain's step that had ended before the laptop followed the chain is said to be (not replayed).
+ENDED_BEFORE = "ended before this follow"
 #: A chain's line for one of its steps (remote/chain.py's `say`).
 CHAIN_LINE = re.compile(r"tpu-grpo pipeline: (?P<step>\w+) (?P<what>done|skipped|job|exit)(?: (?P<detail>\S+))?")
 
@@ -493,10 +495,16 @@ def follow_chain(
     follow: Callable[[str, str], int],
     on_step: Callable[[StepOutcome], None],
 ) -> Outcome:
-    """Follow the chain's lines to its end, each step's job through `follow` (job id, step) as it starts; a failed
-    step's error names its log's last lines."""
+    """Follow the chain's lines to its end, each step's job through `follow` (job id, step) as it starts (a step that
+    had ended before this follow began is said, not replayed); a failed step's error names its log's last lines."""
     outcome = Outcome(run_name, session.host.name)
     pending = [b""]
+    so_far = vm_jobs.read_log(session.connection, chain).decode(errors="replace").splitlines()
+    ended = {
+        said["step"]: int(said["detail"])
+        for line in so_far
+        if (said := CHAIN_LINE.fullmatch(line.strip())) and said["what"] == "exit"
+    }
 
     def on_bytes(data: bytes) -> None:
         *lines, pending[0] = (pending[0] + data).split(b"\n")
@@ -506,8 +514,8 @@ def follow_chain(
                 continue
             step = said["step"]
             if said["what"] == "job":
-                code = follow(said["detail"], step)
-                detail = saved_dir(run_name) if step == "save" else ""
+                code = ended[step] if step in ended else follow(said["detail"], step)
+                detail = saved_dir(run_name) if step == "save" else ENDED_BEFORE if step in ended else ""
                 outcome.steps.append(StepOutcome(step, "ran" if code == 0 else "failed", said["detail"], code, detail))
             else:
                 why = "done before" if said["what"] == "done" else "a later step is done"

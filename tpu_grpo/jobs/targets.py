@@ -177,20 +177,19 @@ class VmTarget:
         return maxtext.script(run, step)
 
     def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
-        """A run not named is shown as a new one's: which earlier pipeline it continues is known once the host is
-        asked."""
+        """Each step's script, as the host's chain runs them in order (a run not named is shown as a new one's: which
+        earlier pipeline it continues is known once the host is asked); the export's, for the last checkpoint."""
         from tpu_grpo.jobs import maxtext, pipeline
 
         run = run.named(maxtext.timestamp_run_name())
-        save = (
-            f"copy {maxtext.paths(run)['hf_export']} to {pipeline.saved_dir(run.name)} on the data disk, "
-            f"with SHA256SUMS; the run's TensorBoard events{' and last checkpoint' if keep_checkpoint else ''} to "
-            f"{pipeline.run_archive(run.name)}"
+        steps = [pipeline.chain_step(run, step, keep_checkpoint) for step in pipeline.PIPELINE]
+        note = (
+            "# the host runs these in order, each a job of its own; the export converts the checkpoint the training's "
+            "evaluations scored best, known once it has ended (shown here with its last)\n"
         )
-        scripts = [{"step": step, "script": maxtext.script(run, step)} for step in maxtext.STEPS]
         return (
-            {"run": run.name, "steps": [*scripts, {"step": "save", "description": save}]},
-            "".join(f"{entry['script']}\n" for entry in scripts) + f"# save: {save}\n",
+            {"run": run.name, "steps": [{"step": step["name"], "script": step["script"]} for step in steps]},
+            note + "".join(f"{step['script']}\n" for step in steps),
         )
 
     def start(self, run: Run, step: str) -> Started:
@@ -213,7 +212,8 @@ class VmTarget:
         from tpu_grpo.jobs import pipeline, watch
 
         found = self._job(job)
-        chain = found.id if found.step == "pipeline" else None if job else found.meta.get("chain")
+        running = found.state == "running"  # a step of a chain that runs: the chain to its end
+        chain = found.id if found.step == "pipeline" else None if job or not running else found.meta.get("chain")
         if chain is None:
             return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
         with self._detaching(console):
@@ -462,11 +462,15 @@ class SliceTarget:
 
 
 def print_step(console: Console) -> Callable[[Any], None]:
-    """How a pipeline's step that did not run (done, or skipped), or its save, is said."""
+    """How a pipeline's step that did not run (done, or skipped) or ended before the follow began, or its save, is
+    said."""
+    from tpu_grpo.jobs import pipeline
 
     def report(step) -> None:
         if step.state in ("done", "skipped"):
             console.print(f"{step.name}: {step.state} ({step.detail})")
+        elif step.detail == pipeline.ENDED_BEFORE:
+            console.print(f"{step.name}: job {step.job} {step.detail}, exit {step.exit_code}")
         elif step.name == "save" and step.state == "ran":
             console.print(f"save: model copied to {step.detail} on the data disk")
 
