@@ -212,8 +212,11 @@ class VmTarget:
         from tpu_grpo.jobs import pipeline, watch
 
         found = self._job(job)
-        running = found.state == "running"  # a step of a chain that runs: the chain to its end
-        chain = found.id if found.step == "pipeline" else None if job or not running else found.meta.get("chain")
+        chain = None
+        if found.step == "pipeline":
+            chain = found.id
+        elif job is None and found.state == "running":  # the step a chain runs now: the chain, to its end
+            chain = found.meta.get("chain")
         if chain is None:
             return watch.follow(self.session, found.id, found.step, console, found.meta.get("total_steps"), verbose)
         with self._detaching(console):
