@@ -132,15 +132,19 @@ def output_test(run: maxtext.Run, step: str) -> str:
     )
 
 
+def children_on_host(folder: str) -> str:
+    """Bash that prints a gs:// folder's children, a name a line, with MaxText's own client on the host."""
+    return remote.run("folder_children", {"folder": folder}, python=f"{host_paths.VENV}/bin/python3")
+
+
 def bucket_holds(folder: str) -> str:
-    """A bash test that holds when a gs:// folder is in its bucket, asked with MaxText's own client on the host."""
+    """A bash test that holds when a gs:// folder is in its bucket, asked on the host."""
     parent, name = folder.rstrip("/").rsplit("/", 1)
-    listing = remote.run("folder_children", {"folder": parent}, python=f"{host_paths.VENV}/bin/python3")
-    return f'[ -n "$( ({listing}\n) 2>/dev/null | grep -x {name})" ]'
+    return f'[ -n "$( ({children_on_host(parent)}\n) 2>/dev/null | grep -x {name})" ]'
 
 
 def in_bucket(run: maxtext.Run) -> bool:
-    """Whether the run's checkpoints live in a gs:// store, which tpu-grpo reads from the laptop."""
+    """Whether the run's checkpoints live in a gs:// store (the laptop reads its checkpoints and events there too)."""
     return run.store.name == "gs"
 
 
@@ -330,7 +334,7 @@ def running_jobs(connection, run: maxtext.Run) -> dict[str, vm_jobs.Job]:
     return {
         keys[job.meta.get("key", "")]: job
         for job in vm_jobs.list_jobs(connection)
-        if job.state == "running" and job.meta.get("key") in keys and ("chain" not in job.meta)
+        if job.state == "running" and job.meta.get("key") in keys and "chain" not in job.meta
     }
 
 
@@ -424,7 +428,7 @@ def checkpoints_listing(run: maxtext.Run) -> str:
     """Bash that prints the names in the run's checkpoint folders (checkpoint_steps, as the host reads them)."""
     where = maxtext.paths(run)
     if in_bucket(run):
-        return remote.run("folder_children", {"folder": where["checkpoints"]}, python=f"{host_paths.VENV}/bin/python3")
+        return children_on_host(where["checkpoints"])
     return Checkpoints.script(where["checkpoints"], *([where["kept"]] if maxtext.kept_here(run) else []))
 
 
@@ -488,6 +492,15 @@ def start_chain(connection, run: maxtext.Run, keep_checkpoint: bool) -> str:
     return job_id
 
 
+def not_run(step: str, done: bool) -> StepOutcome:
+    """A step the pipeline skips: done before, or before a later step that is done."""
+    return (
+        StepOutcome(step, "done", detail="done before")
+        if done
+        else StepOutcome(step, "skipped", detail="a later step is done")
+    )
+
+
 def follow_chain(
     session: vm_jobs.Session,
     run_name: str,
@@ -518,8 +531,7 @@ def follow_chain(
                 detail = saved_dir(run_name) if step == "save" else ENDED_BEFORE if step in ended else ""
                 outcome.steps.append(StepOutcome(step, "ran" if code == 0 else "failed", said["detail"], code, detail))
             else:
-                why = "done before" if said["what"] == "done" else "a later step is done"
-                outcome.steps.append(StepOutcome(step, said["what"], detail=why))
+                outcome.steps.append(not_run(step, done=said["what"] == "done"))
             on_step(outcome.steps[-1])
 
     code = vm_jobs.follow(session, chain, on_bytes)
@@ -558,8 +570,7 @@ def run_pipeline(
     if chain is None and last_done == len(PIPELINE) - 1:
         outcome = Outcome(run.name, session.host.name)
         for step in PIPELINE:
-            state, why = ("done", "done before") if step in done else ("skipped", "a later step is done")
-            outcome.steps.append(StepOutcome(step, state, detail=why))
+            outcome.steps.append(not_run(step, done=step in done))
             on_step(outcome.steps[-1])
         return outcome
     if chain is None:

@@ -265,21 +265,19 @@ class VmTarget:
         if found.state != "running":
             return f"job {found.id} is not running ({found.state}); nothing to cancel"
         chain = found.id if found.step == "pipeline" else found.meta.get("chain")
-        said = [f"job {found.id} ({found.step} of run {found.run})"]
-        if chain is not None:  # the chain first, so that it starts no next step; then the step it runs
-            connection = self.session.connection
-            running = {each.id: each for each in vm_jobs.list_jobs(connection) if each.state == "running"}
-            if chain in running:
-                vm_jobs.cancel(connection, running[chain])
-            steps = [each for each in vm_jobs.list_jobs(connection) if each.meta.get("chain") == chain]
-            for step in steps:
-                if step.state == "running":
-                    vm_jobs.cancel(connection, step)
-            said = [f"the pipeline of run {found.run} (job {chain})"] + [
-                f"its {step.step} (job {step.id})" for step in steps if step.state == "running"
-            ]
-        else:
-            vm_jobs.cancel(self.session.connection, found)
+        connection = self.session.connection
+        if chain is None:
+            vm_jobs.cancel(connection, found)
+            return f"cancelled job {found.id} ({found.step} of run {found.run}); the TPU is free"
+        # the chain first, so that it starts no next step; then the step it runs, listed once the chain is gone
+        for each in vm_jobs.list_jobs(connection):
+            if each.id == chain and each.state == "running":
+                vm_jobs.cancel(connection, each)
+        steps = [each for each in vm_jobs.list_jobs(connection) if each.meta.get("chain") == chain]
+        running = [step for step in steps if step.state == "running"]
+        for step in running:
+            vm_jobs.cancel(connection, step)
+        said = [f"the pipeline of run {found.run} (job {chain})", *(f"its {s.step} (job {s.id})" for s in running)]
         return f"cancelled {' and '.join(said)}; the TPU is free"
 
     def status(self) -> Status:

@@ -95,12 +95,13 @@ def trainings(jobs: str, run: str) -> list[str]:
     return found
 
 
-def read(path: str, default: str = "") -> str:
+def read(path: str) -> str:
+    """A file's text, or nothing when it is not there (yet)."""
     try:
         with open(path, errors="replace") as file:
             return file.read()
     except OSError:
-        return default
+        return ""
 
 
 def chosen(given: dict) -> int | None:
