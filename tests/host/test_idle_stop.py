@@ -268,6 +268,11 @@ def test_a_training_alone_on_dev_shm_is_refused_where_the_vm_stops_itself(idle_h
         "data disk before the VM can stop), or set tpu-grpo:checkpointStore disk\n"
     )
     assert sorted((host.host.user.home / "tpu-grpo/jobs").iterdir()) == jobs and len(host.records()) == 1
+    fix = refused.stderr.split("fix: uv run invoke ")[1].split(" (")[0]  # the first fix, as printed
+    assert fix == "pipeline"
+    fixed = host.invoke(*fix.split(), *FAST)  # the test host's small disks: the preflight's room, as elsewhere
+    assert fixed.returncode == 0, fixed.stderr
+    assert (host.host.user.home / "tpu-grpo/models").is_dir() and "save: model copied to" in fixed.stdout
     off = host.host.invoke("provision", "--tags", "idle", "--json", "--var", "idle_stop_minutes=0")
     assert off.returncode == 0, off.stderr
     assert host.invoke("train", "--batches", "2").returncode == 0
