@@ -35,7 +35,14 @@ from infra.common import (
 from infra.tpu_host import SCOPES
 from tpu_grpo.catalog import images
 from tpu_grpo.catalog.accelerators import CPU_MACHINE_TYPE, CPU_POOL, HOST_MACHINE_TYPE
-from tpu_grpo.catalog.release import JOBSET_CHART, JOBSET_NAMESPACE, JOBSET_VERSION
+from tpu_grpo.catalog.release import (
+    JOBS_NAMESPACE,
+    JOBSET_CHART,
+    JOBSET_NAMESPACE,
+    JOBSET_VERSION,
+    PIPELINE_ACCOUNT,
+    PIPELINE_RULES,
+)
 from tpu_grpo.config.kubeconfig import kubeconfig
 from tpu_grpo.config.settings import Settings
 
@@ -181,6 +188,7 @@ class TpuSlice(pulumi.ComponentResource):
             create_namespace=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.cpu_pool]),
         )
+        self.declare_pipeline_account(name, provider)
         self.outputs = {
             "name": self.cluster.name,
             "zone": settings.zone,
@@ -199,6 +207,27 @@ class TpuSlice(pulumi.ComponentResource):
             "jobset_version": JOBSET_VERSION,
         }
         self.register_outputs(self.outputs)
+
+    def declare_pipeline_account(self, name: str, provider: k8s.Provider) -> None:
+        """The service account a pipeline's driver Job runs as, and the Role that lets it create, follow and delete
+        the steps' JobSets and read their pods' logs, in the jobs' namespace and nowhere else."""
+        opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.jobset])
+        metadata: Any = {"name": PIPELINE_ACCOUNT, "namespace": JOBS_NAMESPACE, "labels": {"app": "tpu-grpo"}}
+        account = k8s.core.v1.ServiceAccount(f"{name}-pipeline-account", metadata=metadata, opts=opts)
+        role = k8s.rbac.v1.Role(
+            f"{name}-pipeline-role", metadata=metadata, rules=cast(Any, list(PIPELINE_RULES)), opts=opts
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-pipeline-binding",
+            metadata=metadata,
+            role_ref=k8s.rbac.v1.RoleRefArgs(
+                api_group="rbac.authorization.k8s.io", kind="Role", name=role.metadata["name"]
+            ),
+            subjects=[
+                k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=account.metadata["name"], namespace=JOBS_NAMESPACE)
+            ],
+            opts=opts,
+        )
 
 
 def gcloud_node_pool_command(settings: Settings, index: int = 0) -> list[str]:

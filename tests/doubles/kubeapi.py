@@ -10,6 +10,14 @@ while `follow=true`. A JobSet is checked against JobSet v0.10.1's CRD schema, st
 server's strict field validation does. What the JobSet controller and the kubelet would do is a
 scenario the test picks: pods that run the recorded MaxText log to an exit code, a worker that
 crashes, pods that cannot be scheduled or cannot pull their image.
+
+A batch/v1 Job (a pipeline's driver) is run for real, as the Job controller and the kubelet would: one pod, labelled
+`batch.kubernetes.io/job-name` and `job-name` as the Job controller labels its pods (Kubernetes' "Jobs" page, "Job
+labels"), created only when the Job's service account exists (the controller's pod creation is refused otherwise),
+whose container's command runs here as a process: the ConfigMaps it mounts written to a folder that stands in its
+mount path, `python3` this interpreter (the image's is MaxText's venv; both have the Cloud Storage client), and the
+API's address given as TPU_GRPO_KUBE_API (a pod reaches kubernetes.default.svc). Its output is the pod's log; its exit
+code the container's, and the Job's condition Complete or Failed (batch/v1 JobCondition). Deleting the Job ends it.
 """
 
 from __future__ import annotations
@@ -18,7 +26,11 @@ import copy
 import functools
 import gzip
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -33,7 +45,10 @@ import yaml
 DATA = Path(__file__).parent.parent / "data"
 JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets(?:/(?P<name>[^/]+))?")
 PODS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?P<log>/log)?)?")
-OBJECTS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>secrets|configmaps)(?:/(?P<name>[^/]+))?")
+OBJECTS = re.compile(
+    r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>secrets|configmaps|serviceaccounts)(?:/(?P<name>[^/]+))?"
+)
+JOBS = re.compile(r"/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs(?:/(?P<name>[^/]+))?")
 
 
 def strict(schema: dict) -> dict:
@@ -68,6 +83,13 @@ def jobset_validator() -> jsonschema.Draft7Validator:
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def made(body: dict, namespace: str) -> None:
+    """What the API server sets on an object it creates."""
+    body["metadata"].update(
+        {"namespace": namespace, "uid": str(uuid.uuid4()), "resourceVersion": "1", "creationTimestamp": now()}
+    )
 
 
 def status_body(code: int, reason: str, message: str) -> dict:
@@ -117,6 +139,12 @@ class KubeAPI:
         self.pods: dict[str, dict] = {}
         self.secrets: dict[str, dict] = {}
         self.configmaps: dict[str, dict] = {}
+        self.serviceaccounts: dict[str, dict] = {}
+        self.jobs: dict[str, dict] = {}  # batch/v1 Jobs
+        self.created: list[tuple[str, list[str]]] = []  # each JobSet created, and those that had not ended then
+        self.processes: dict[str, subprocess.Popen] = {}  # a Job's running container, by the Job's name
+        #: What a Job's container finds in its environment besides the API's address (the bucket's emulator).
+        self.pod_env: dict[str, str] = {}
         self.logs: dict[str, list[str]] = {}
         self.requests: list[str] = []  # method and path with query, as received
         self.scenario = Scenario()
@@ -126,6 +154,9 @@ class KubeAPI:
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # close: within 0.05 s
 
     def close(self):
+        for process in list(self.processes.values()):
+            process.kill()
+            process.wait()
         self.server.shutdown()
 
     def kubeconfig(self, path: Path) -> Path:
@@ -196,7 +227,7 @@ class KubeAPI:
                 return
             code = self.scenario.exit_code
             for pod in self.pods.values():
-                if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] != name:
+                if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") != name:
                     continue
                 pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
                 for container in pod["status"].get("containerStatuses", []):
@@ -225,7 +256,7 @@ class KubeAPI:
                 for pod_name in [
                     pod_name
                     for pod_name, pod in self.pods.items()
-                    if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name
+                    if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
                 ]:
                     del self.pods[pod_name]
 
@@ -281,6 +312,7 @@ class KubeAPI:
                     (JOBSETS, api.jobset_request),
                     (PODS, api.pod_request),
                     (OBJECTS, api.object_request),
+                    (JOBS, api.job_request),
                 ):
                     found = pattern.fullmatch(url.path)
                     if found:
@@ -324,15 +356,10 @@ class KubeAPI:
                         409, status_body(409, "AlreadyExists", f'jobsets.jobset.x-k8s.io "{name}" already exists')
                     )
                     return
-                body["metadata"].update(
-                    {
-                        "namespace": found["ns"],
-                        "uid": str(uuid.uuid4()),
-                        "resourceVersion": "1",
-                        "creationTimestamp": now(),
-                    }
-                )
+                made(body, found["ns"])
                 body["status"] = {"restarts": 0}
+                running = [other for other, made in self.jobsets.items() if "terminalState" not in made["status"]]
+                self.created.append((name, running))
                 self.jobsets[name] = body
                 self._start(body)
             http._send(201, body)
@@ -354,7 +381,9 @@ class KubeAPI:
             with self.lock:
                 gone = self.jobsets.pop(name)
                 for pod in [
-                    p for p, v in self.pods.items() if v["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == name
+                    p
+                    for p, v in self.pods.items()
+                    if v["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
                 ]:
                     del self.pods[pod]
             http._send(200, gone)
@@ -385,15 +414,15 @@ class KubeAPI:
         http.send_header("Content-Type", "text/plain")
         http.send_header("Transfer-Encoding", "chunked")
         http.end_headers()
-        for line in self.logs.get(name, []):
+        for line in list(self.logs.get(name, [])):
             data = (line + "\n").encode()
             http.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             http.wfile.flush()
             if self.scenario.line_delay:
                 time.sleep(self.scenario.line_delay)
         http.wfile.write(b"0\r\n\r\n")
-        jobset = self.pods[name]["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]
-        if query.get("follow") == "true":
+        jobset = self.pods[name]["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name")
+        if jobset and query.get("follow") == "true":
             self._finish(jobset)
 
     def object_request(self, http, method: str, found: dict, query: dict) -> None:
@@ -416,6 +445,105 @@ class KubeAPI:
             http._send(200, store[name])
         else:
             http._send(200, store[name])
+
+    def job_request(self, http, method: str, found: dict, query: dict) -> None:
+        """batch/v1 Jobs: create (and run), read, list, delete (ending its process)."""
+        name = found["name"]
+        if method == "POST":
+            body = http._body()
+            with self.lock:
+                name = body["metadata"]["name"]
+                if name in self.jobs:
+                    http._send(409, status_body(409, "AlreadyExists", f'jobs.batch "{name}" already exists'))
+                    return
+                made(body, found["ns"])
+                body["status"] = {}
+                self.jobs[name] = body
+            http._send(201, body)
+            self._run_job(body)
+            return
+        if method == "GET" and name is None:
+            items = [job for job in self.jobs.values() if _selected(job, query.get("labelSelector"))]
+            http._send(200, {"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": items})
+            return
+        if name not in self.jobs:
+            http._send(404, status_body(404, "NotFound", f'jobs.batch "{name}" not found'))
+            return
+        if method == "GET":
+            http._send(200, self.jobs[name])
+        elif method == "DELETE":
+            process = self.processes.pop(name, None)
+            if process:
+                process.terminate()
+                process.wait()
+            with self.lock:
+                gone = self.jobs.pop(name)
+                for pod in [p for p, v in self.pods.items() if v["metadata"]["labels"].get("job-name") == name]:
+                    del self.pods[pod]
+            http._send(200, gone)
+
+    def _run_job(self, job: dict) -> None:
+        """The Job controller's pod and the kubelet's container, as the module's docstring says."""
+        name, spec = job["metadata"]["name"], job["spec"]["template"]["spec"]
+        if spec.get("serviceAccountName", "default") not in self.serviceaccounts:
+            return  # the controller's pod creation is refused: the Job has no pod
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-x{uuid.uuid4().hex[:5]}",
+                "namespace": "default",
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": now(),
+                "labels": {
+                    **job["spec"]["template"]["metadata"].get("labels", {}),
+                    "batch.kubernetes.io/job-name": name,
+                    "job-name": name,
+                },
+            },
+            "spec": copy.deepcopy(spec),
+            "status": {"phase": "Running"},
+        }
+        [container] = spec["containers"]
+        folder = tempfile.mkdtemp(prefix="kubelet-")
+        command = [sys.executable if part == "python3" else part for part in container["command"]]
+        for mount in container.get("volumeMounts", []):
+            [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+            where = os.path.join(folder, mount["name"])
+            os.makedirs(where)
+            for key, text in self.configmaps[volume["configMap"]["name"]]["data"].items():
+                Path(where, key).write_text(text)
+            command = [part.replace(mount["mountPath"], where) for part in command]
+        pod_name = pod["metadata"]["name"]
+        self.pods[pod_name] = pod
+        self.logs[pod_name] = []
+        path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
+        env = {**os.environ, **self.pod_env, "PATH": path, "TPU_GRPO_KUBE_API": self.url}
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=folder
+        )
+        self.processes[name] = process
+        job["status"] = {"active": 1, "startTime": now()}
+
+        def kubelet() -> None:
+            assert process.stdout
+            for line in process.stdout:
+                self.logs[pod_name].append(line.decode(errors="replace").rstrip("\n"))
+            code = process.wait()
+            with self.lock:
+                pod["status"] = {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "containerStatuses": [
+                        {"name": container["name"], "state": {"terminated": {"exitCode": code, "finishedAt": now()}}}
+                    ],
+                }
+                kind = "Complete" if code == 0 else "Failed"
+                job["status"] = {
+                    "succeeded" if code == 0 else "failed": 1,
+                    "conditions": [{"type": kind, "status": "True", "lastTransitionTime": now()}],
+                }
+
+        threading.Thread(target=kubelet, daemon=True).start()
 
 
 def _containers(pod: dict) -> list[dict]:

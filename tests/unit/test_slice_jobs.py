@@ -8,13 +8,18 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.doubles import kubeapi
-from tests.support import FIXTURES, TEST_TOKEN, invoke
+from tests.support import FIXTURES, ROOT, TEST_TOKEN, invoke, task_environment
+from tpu_grpo.catalog.release import PIPELINE_ACCOUNT
 from tpu_grpo.cloud import jobset
 
 SLICE = {"tpu-grpo:slice": "v6e-16", "tpu-grpo:usePathways": "true"}
@@ -42,6 +47,8 @@ def slice_stack(stack_dir, stack_values, bucket, storage_emulator, kube, home):
         "TPU_GRPO_STATE": str(stack_dir / "state"),
     }
     kube.configmaps["tpu-grpo-image"] = {"metadata": {"name": "tpu-grpo-image"}, "data": {"image": IMAGE}}
+    kube.serviceaccounts[PIPELINE_ACCOUNT] = {"metadata": {"name": PIPELINE_ACCOUNT}}  # as `invoke up` declares it
+    kube.pod_env = {"STORAGE_EMULATOR_HOST": storage_emulator}
     return stack_dir, env, bucket
 
 
@@ -275,13 +282,15 @@ def test_pipeline_runs_the_three_steps_in_order_and_skips_what_the_bucket_holds(
     )
     result = run_task(slice_stack, "pipeline", "--run-name", "gsm8k-5", "--batches", "4", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "convert: skipped (gs://" in result.stderr and "run gsm8k-5 is complete" in result.stderr
+    print(result.stderr)
+    assert "convert: done (its output is in the bucket)" in result.stderr
+    assert "run gsm8k-5 is complete" in result.stderr
     assert [j["metadata"]["labels"][jobset.STEP_LABEL] for j in kube.jobsets.values()] == ["train", "export"]
     assert json.loads(result.stdout) == {
         "run": "gsm8k-5",
         "model": f"gs://{bucket}/runs/llama3.1-8b-Instruct/post-train//gsm8k-5/hf-trained/",
         "steps": [
-            {"step": "convert", "state": "skipped", "job": None},
+            {"step": "convert", "state": "done", "job": None},
             {"step": "train", "state": "finished", "job": jobset.job_name("train", "gsm8k-5"), "exit_code": 0},
             {"step": "export", "state": "finished", "job": jobset.job_name("export", "gsm8k-5"), "exit_code": 0},
         ],
@@ -491,7 +500,10 @@ def test_a_failed_slice_job_that_left_no_exit_code_still_fails_and_stops_the_pip
     assert result.returncode == 1, result.stdout + result.stderr
     assert set(kube.jobsets) == {jobset.job_name("convert", "gsm8k-15")}  # no training, no export after it
     found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
-    assert [(job["step"], job["state"], job["exit_code"]) for job in found] == [("convert", "failed", 1)]
+    assert sorted((job["step"], job["state"], job["exit_code"]) for job in found) == [
+        ("convert", "failed", 1),
+        ("pipeline", "failed", 1),
+    ]
 
 
 def test_status_and_cancel_on_a_slice_see_only_tpu_grpos_jobsets(slice_stack, kube):
@@ -627,3 +639,170 @@ def test_status_on_a_slice_says_whether_the_next_training_starts_warm_from_the_b
     assert (
         f"next training of the stack's settings: starts warm (2 compiled programs, 0.0 MB) from gs://{bucket}" in shown
     )
+
+
+def driver_of(kube, run: str) -> tuple[dict, dict]:
+    """A pipeline's driver Job as the cluster got it, and the data its ConfigMap gave it."""
+    name = jobset.job_name("pipeline", run)
+    return kube.jobs[name], json.loads(kube.configmaps[name]["data"]["chain.json"])
+
+
+def laptop_pipeline(slice_stack, run: str) -> subprocess.Popen:
+    """`invoke pipeline` as a process of its own, as a laptop runs it (to be killed)."""
+    folder, env, _ = slice_stack
+    return subprocess.Popen(
+        [sys.executable, "-m", "invoke", "-r", str(ROOT), "pipeline", "--run-name", run, "--batches", "4"],
+        cwd=folder,
+        env=task_environment(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_for(condition, what: str, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return found
+
+
+def test_a_slices_pipeline_is_one_driver_job_that_creates_each_steps_jobset_after_the_one_before(slice_stack, kube):
+    """The chain as manifests: a batch Job on the CPU pool, as the stack's service account, running chain.py from its
+    ConfigMap; its steps are the JobSets `pipeline --dry-run` prints, in order; the cluster saw each created only once
+    the one before had ended."""
+    kube.scenario = kubeapi.Scenario(log=TRAIN_LOG[:30])
+    result = run_task(slice_stack, "pipeline", "--run-name", "ordered", "--batches", "4", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    job, data = driver_of(kube, "ordered")
+    name = jobset.job_name("pipeline", "ordered")
+    labels = {jobset.RUN_LABEL: "ordered", jobset.STEP_LABEL: "pipeline"}
+    assert job["metadata"]["labels"] == labels
+    assert job["spec"] == {
+        "backoffLimit": 0,
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "serviceAccountName": "tpu-grpo-pipeline",
+                "nodeSelector": {"cloud.google.com/gke-nodepool": "cpu-np"},
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "driver",
+                        "image": IMAGE,
+                        "imagePullPolicy": "Always",
+                        "command": ["python3", "/tpu-grpo/chain.py", "/tpu-grpo/chain.json"],
+                        "resources": {"limits": {"cpu": "1", "memory": "2G"}},
+                        "volumeMounts": [{"name": "chain", "mountPath": "/tpu-grpo", "readOnly": True}],
+                    }
+                ],
+                "volumes": [{"name": "chain", "configMap": {"name": name}}],
+            },
+        },
+    }
+    shipped = kube.configmaps[name]["data"]["chain.py"]
+    assert shipped == (Path(__file__).parents[2] / "tpu_grpo/host/remote/chain.py").read_text()
+    dry = json.loads(
+        run_task(slice_stack, "pipeline", "--run-name", "ordered", "--batches", "4", "--dry-run", "--json").stdout
+    )
+    printed = {step["step"]: step["jobset"] for step in dry["steps"]}
+    assert [step["name"] for step in data["steps"]] == ["convert", "train"]
+    assert [step["manifest"] for step in data["steps"]] == [printed["convert"], printed["train"]]
+    assert data["variants"]["last"][0]["manifest"] == printed["export"]
+    assert [name for name, _ in kube.created] == [
+        jobset.job_name(step, "ordered") for step in ("convert", "train", "export")
+    ]
+    assert all(running == [] for _, running in kube.created), kube.created  # each after the one before had ended
+    [driver] = [
+        each
+        for each in json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+        if each["step"] == "pipeline"
+    ]
+    assert (driver["id"], driver["state"], driver["exit_code"]) == (name, "finished", 0)
+    lines = run_task(slice_stack, "logs", "--job", name).stdout.splitlines()
+    assert lines == [
+        f"tpu-grpo pipeline: convert job {jobset.job_name('convert', 'ordered')}",
+        "tpu-grpo pipeline: convert exit 0",
+        f"tpu-grpo pipeline: train job {jobset.job_name('train', 'ordered')}",
+        "tpu-grpo pipeline: train exit 0",
+        f"tpu-grpo pipeline: export job {jobset.job_name('export', 'ordered')}",
+        "tpu-grpo pipeline: export exit 0",
+    ]
+
+
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_the_drivers_export_of_a_chosen_step_is_the_jobset_the_laptop_renders_for_it(stack_values, bucket, iterations):
+    from infra import offline
+    from tpu_grpo.host.remote import chain
+    from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
+
+    values = {**stack_values, **SLICE, "tpu-grpo:checkpointStore": f"gs://{bucket}/runs"}
+    settings = offline.run(values, "dev")[0]
+    run = maxtext.Run.of(settings.training, batches=50, run_name="peak")
+    run = replace(run, sets={**run.sets, "train": {**run.sets.get("train", {}), "rl.num_iterations": str(iterations)}})
+    data = json.loads(json.dumps(slice_jobs.chain_data(settings, run)))
+    steps = range(run.checkpoint_period, run.train_steps + 1, run.checkpoint_period)
+    assert run.train_steps in steps and len(steps) > 2
+    for step in steps:
+        [export] = chain.variant(data, step)
+        wanted = slice_jobs.manifest(settings, replace(run, scored_step=step), "export")
+        assert export["manifest"] == json.loads(json.dumps(wanted)), step
+    [last] = chain.variant(data, None)
+    assert last["manifest"] == json.loads(json.dumps(slice_jobs.manifest(settings, run, "export")))
+    assert str(pipeline.SENTINEL) not in json.dumps(last)
+
+
+def test_a_slices_pipeline_goes_on_without_the_laptop_and_exports_the_best_scored_checkpoint(slice_stack, kube):
+    """The laptop's invoke is killed while the training runs: the driver trains to the end, chooses the checkpoint
+    the evaluations scored best (2 of 2 and 4) and exports it; status, logs and a later follow see it all."""
+    bucket = slice_stack[2]
+    kube.scenario = kubeapi.Scenario(
+        log=peaked(TRAIN_LOG, {"pre": 5.0, 2: 50.0, 4: 25.0, "post": 20.0}), line_delay=0.002
+    )
+    checkpoints_in_bucket(bucket, "alone", 2)
+    laptop = laptop_pipeline(slice_stack, "alone")
+    train = jobset.job_name("train", "alone")
+    wait_for(
+        lambda: train in kube.jobsets and any(kube.logs.get(pod) for pod in kube.pods if pod.startswith(train)),
+        "the training started",
+    )
+    laptop.kill()
+    laptop.wait()
+    assert "terminalState" not in kube.jobsets[train]["status"]  # killed while it trained
+    checkpoints_in_bucket(bucket, "alone", 4)  # as the training writes its last
+    name = jobset.job_name("pipeline", "alone")
+    wait_for(lambda: kube.jobs[name]["status"].get("conditions"), "the driver ended")
+    assert kube.jobs[name]["status"]["conditions"][0]["type"] == "Complete"
+    assert "exports checkpoint 2, the best scored of those in the store" in export_script(kube, "alone")
+    assert kube.jobsets[jobset.job_name("export", "alone")]["status"]["terminalState"] == "Completed"
+    followed = run_task(slice_stack, "logs", "--job", name, "--follow")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "convert finished" in followed.stdout and "export finished" in followed.stdout
+    again = run_task(slice_stack, "pipeline", "--run-name", "alone", "--batches", "4")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "convert: skipped (a later step is done)\ntrain: done (its output is in the bucket)\n" in again.stdout
+    assert "export finished" in again.stdout  # no JobSet writes the bucket here: only the training's checkpoints are
+
+
+def test_cancel_stops_a_slices_pipeline_and_the_step_it_waits_for(slice_stack, kube):
+    kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
+    laptop = laptop_pipeline(slice_stack, "stopped")
+    convert, name = jobset.job_name("convert", "stopped"), jobset.job_name("pipeline", "stopped")
+    wait_for(lambda: convert in kube.jobsets, "the conversion was created")
+    laptop.kill()
+    laptop.wait()
+    found = json.loads(run_task(slice_stack, "status", "--json").stdout)["jobs"]
+    assert sorted((job["step"], job["state"]) for job in found) == [("convert", "pending"), ("pipeline", "running")]
+    process = kube.processes[name]
+    cancelled = run_task(slice_stack, "cancel")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"cancelled {name}, {convert}")
+    assert kube.jobs == {} and kube.jobsets == {} and process.poll() is not None
+
+
+def test_a_cluster_without_the_drivers_service_account_is_told_to_run_up(slice_stack, kube):
+    kube.serviceaccounts.clear()  # a stack made before its pipelines ran in the cluster
+    refused = run_task(slice_stack, "pipeline", "--run-name", "old", "--batches", "4")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().endswith("a stack made before pipelines ran in the cluster); fix: uv run invoke up")
+    assert kube.jobs == {} and kube.jobsets == {}

@@ -143,6 +143,28 @@ def test_every_shape_and_capacity_declares_its_cluster_pools_and_jobset(stack_va
         "namespace": "jobset-system",
         "createNamespace": True,
     }
+    # the pipeline driver's account, allowed to run and follow JobSets in the jobs' namespace and nothing more
+    metadata = {"name": "tpu-grpo-pipeline", "namespace": "default", "labels": {"app": "tpu-grpo"}}
+    [account] = by_type["kubernetes:core/v1:ServiceAccount"]
+    assert account.inputs == {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
+    [role] = by_type["kubernetes:rbac.authorization.k8s.io/v1:Role"]
+    assert role.inputs == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata,
+        "rules": [
+            {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "delete"]},
+            {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+        ],
+    }
+    [binding] = by_type["kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"]
+    assert binding.inputs == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tpu-grpo-pipeline"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tpu-grpo-pipeline", "namespace": "default"}],
+    }
     [provider] = by_type["pulumi:providers:kubernetes"]
     assert "command: gke-gcloud-auth-plugin" in provider.inputs["kubeconfig"]
     [bucket] = by_type["gcp:storage/bucket:Bucket"]

@@ -23,6 +23,14 @@ PATHWAYS_TAG = f"jax-{JAX_VERSION}"
 JOBSET_VERSION = "0.10.1"
 JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
 JOBSET_NAMESPACE = "jobset-system"
+#: The namespace a slice's jobs run in, and the service account a slice's pipeline driver runs as (a Job on the CPU pool
+#: that creates each step's JobSet in turn: tpu_grpo/host/remote/chain.py), with what its Role lets it do.
+JOBS_NAMESPACE = "default"
+PIPELINE_ACCOUNT = "tpu-grpo-pipeline"
+PIPELINE_RULES = (
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "delete"]},
+    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+)
 _SPEC = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==(?P<version>\S+)")
 
 

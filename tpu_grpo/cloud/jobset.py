@@ -6,13 +6,15 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tpu_grpo.catalog import images
+from tpu_grpo.catalog import images, release
 from tpu_grpo.catalog.accelerators import CHIPS_PER_HOST, CPU_POD_MEMORY_GB, CPU_POOL, GKE_ACCELERATOR, Accelerator
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"  # of JobSet's release (release.JOBSET_VERSION)
 
 #: The user container's name (xpk's default docker name) and the ports of Pathways' parts (xpk's).
 CONTAINER = "jax-tpu"
+#: The pipeline driver's container (driver).
+DRIVER_CONTAINER = "driver"
 PROXY_PORT, RESOURCE_MANAGER_PORT, WORKER_PORT = 29000, 29001, 29005
 COORDINATOR = "metadata.labels['jobset.sigs.k8s.io/coordinator']"
 #: The Secret holding the Hugging Face token; pods read it as HF_TOKEN (never a command line).
@@ -256,6 +258,43 @@ def cpu(name: str, step: str, run_name: str, image: str, script: str) -> dict:
                 }
             ],
             "suspend": False,
+        },
+    }
+
+
+#: Where the driver's ConfigMap (its program and the pipeline's data) is mounted.
+CHAIN_MOUNT = "/tpu-grpo"
+
+
+def driver(name: str, run_name: str, image: str) -> dict:
+    """The Job that runs a slice's pipeline (tpu_grpo/host/remote/chain.py) on the CPU pool, as the service account
+    whose Role lets it create and follow JobSets: its program and data from the ConfigMap of its name. It runs once:
+    a lost driver is started again by the next `invoke pipeline`, which skips what is done."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(name, "pipeline", run_name),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {RUN_LABEL: run_name, STEP_LABEL: "pipeline"}},
+                "spec": {
+                    "serviceAccountName": release.PIPELINE_ACCOUNT,
+                    "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": DRIVER_CONTAINER,
+                            "image": image,
+                            "imagePullPolicy": "Always",
+                            "command": ["python3", f"{CHAIN_MOUNT}/chain.py", f"{CHAIN_MOUNT}/chain.json"],
+                            "resources": {"limits": {"cpu": "1", "memory": "2G"}},
+                            "volumeMounts": [{"name": "chain", "mountPath": CHAIN_MOUNT, "readOnly": True}],
+                        }
+                    ],
+                    "volumes": [{"name": "chain", "configMap": {"name": name}}],
+                },
+            },
         },
     }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from tpu_grpo.catalog.release import JOBS_NAMESPACE, PIPELINE_ACCOUNT
 from tpu_grpo.cloud.jobset import API_VERSION, RUN_LABEL, TOKEN_KEY, TOKEN_SECRET
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.kubeconfig import kubeconfig
@@ -21,7 +22,7 @@ from tpu_grpo.config.kubeconfig import kubeconfig
 #: get-credentials` writes it: the kubeconfig holds no token.
 #: A kubeconfig to use instead of the one made from the stack's outputs (a cluster reached another way).
 KUBECONFIG_ENV = "TPU_GRPO_KUBECONFIG"
-NAMESPACE = "default"
+NAMESPACE = JOBS_NAMESPACE
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "jobsets"
 #: The ConfigMap in which `invoke image` records the image it pushed.
@@ -102,6 +103,7 @@ class Cluster:
 
         self.api = new_client_from_config_dict(config)
         self.core = client.CoreV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.namespace = namespace
         self.server = self.api.configuration.host
@@ -236,6 +238,53 @@ class Cluster:
             ) from None
         finally:
             response.release_conn()
+
+    # -- a pipeline's driver: a Job, its ConfigMap, its service account
+    def has_pipeline_account(self) -> bool:
+        return self._call(self.core.read_namespaced_service_account, PIPELINE_ACCOUNT, self.namespace) is not None
+
+    def driver(self, name: str) -> dict | None:
+        return self._call(self.batch.read_namespaced_job, name, self.namespace)
+
+    def drivers(self) -> list[dict]:
+        """tpu-grpo's pipeline drivers (Jobs with its run label), oldest first."""
+        listed = self._call(self.batch.list_namespaced_job, self.namespace, label_selector=RUN_LABEL)
+        return sorted((listed or {}).get("items", []), key=lambda item: item["metadata"].get("creationTimestamp", ""))
+
+    def driver_pods(self, name: str) -> list[dict]:
+        listed = self._call(
+            self.core.list_namespaced_pod, self.namespace, label_selector=f"batch.kubernetes.io/job-name={name}"
+        )
+        return (listed or {}).get("items", [])
+
+    def start_driver(self, manifest: dict, files: dict[str, str]) -> None:
+        """The driver's ConfigMap of `files` (its program and data, replaced when there), then its Job."""
+        name = manifest["metadata"]["name"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": manifest["metadata"]["labels"]},
+            "data": files,
+        }
+        if self._call(self.core.read_namespaced_config_map, name, self.namespace) is None:
+            self._call(self.core.create_namespaced_config_map, self.namespace, body)
+        else:
+            self._call(self.core.replace_namespaced_config_map, name, self.namespace, body)
+        self._call(
+            self.batch.create_namespaced_job,
+            self.namespace,
+            manifest,
+            what=f"job {name}",
+            absent=(),
+            refused={409: f"job {name} exists already on the cluster; fix: uv run invoke status"},
+        )
+
+    def delete_driver(self, name: str) -> bool:
+        """Delete a driver Job and (in the foreground) its pod; False when there was none."""
+        return (
+            self._call(self.batch.delete_namespaced_job, name, self.namespace, propagation_policy="Foreground")
+            is not None
+        )
 
     # -- the post-training image `invoke image` pushed
     def image_record(self) -> dict:

@@ -132,15 +132,19 @@ def output_test(run: maxtext.Run, step: str) -> str:
     )
 
 
-def children_on_host(folder: str) -> str:
-    """Bash that prints a gs:// folder's children, a name a line, with MaxText's own client on the host."""
-    return remote.run("folder_children", {"folder": folder}, python=f"{host_paths.VENV}/bin/python3")
+#: MaxText's Python on the host; in the post-training image, the first on PATH (a slice's pods).
+HOST_PYTHON = f"{host_paths.VENV}/bin/python3"
 
 
-def bucket_holds(folder: str) -> str:
-    """A bash test that holds when a gs:// folder is in its bucket, asked on the host."""
+def children_on_host(folder: str, python: str = HOST_PYTHON) -> str:
+    """Bash that prints a gs:// folder's children, a name a line, with MaxText's own client (on the host, or a pod)."""
+    return remote.run("folder_children", {"folder": folder}, python=python)
+
+
+def bucket_holds(folder: str, python: str = HOST_PYTHON) -> str:
+    """A bash test that holds when a gs:// folder is in its bucket, asked on the host (or in a pod)."""
     parent, name = folder.rstrip("/").rsplit("/", 1)
-    return f'[ -n "$( ({children_on_host(parent)}\n) 2>/dev/null | grep -x {name})" ]'
+    return f'[ -n "$( ({children_on_host(parent, python)}\n) 2>/dev/null | grep -x {name})" ]'
 
 
 def in_bucket(run: maxtext.Run) -> bool:
@@ -448,15 +452,21 @@ def chain_data(run: maxtext.Run, keep_checkpoint: bool) -> dict:
         "sentinel": SENTINEL,
         "steps": [chain_step(run, step) for step in ("convert", "train")],
         "variants": exported,
-        "choose": {
-            "list": checkpoints_listing(run),
-            "run": run.name,
-            "iterations": run.iterations,
-            "prefix": progress.ABSL_PREFIX.pattern,
-            "pattern": progress.EVAL.pattern,
-            "field": progress.EVAL_FIELD.pattern,
-            "keys": list(progress.EVAL_KEYS),
-        },
+        "choose": choosing(run, checkpoints_listing(run)),
+    }
+
+
+def choosing(run: maxtext.Run, listing: str) -> dict:
+    """How remote/chain.py chooses the export's checkpoint: `listing`, bash that prints the names in the run's
+    checkpoint folders, and how its training's log is read (progress.py's patterns)."""
+    return {
+        "list": listing,
+        "run": run.name,
+        "iterations": run.iterations,
+        "prefix": progress.ABSL_PREFIX.pattern,
+        "pattern": progress.EVAL.pattern,
+        "field": progress.EVAL_FIELD.pattern,
+        "keys": list(progress.EVAL_KEYS),
     }
 
 
@@ -471,7 +481,7 @@ def chain_script(run: maxtext.Run, keep_checkpoint: bool) -> str:
             "cat > \"$here/chain.json\" <<'TPU_GRPO_CHAIN_DATA'",
             data,
             "TPU_GRPO_CHAIN_DATA",
-            remote.run("chain", python=f"{host_paths.VENV}/bin/python3", command_line='"$here/chain.json"'),
+            remote.run("chain", python=HOST_PYTHON, command_line='"$here/chain.json"'),
         ]
     )
 

@@ -1,7 +1,10 @@
 """A step on a multi-host slice: rendered as a JobSet, created through the Kubernetes API, followed by
 its head's log (the same progress view as on one VM), ended by the JobSet's own status, cancelled by
 deleting it. What keeps a slice's job from running (no capacity, an image that cannot be pulled, a
-crashed worker) is said in one line with what to do."""
+crashed worker) is said in one line with what to do.
+
+A pipeline is run by the cluster itself: a driver Job on the CPU pool runs remote/chain.py, the VM's chain, which
+creates each step's JobSet once the one before has completed; the laptop starts it and follows its lines."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from rich.console import Console
 from tpu_grpo.catalog import images, release
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import jobset
-from tpu_grpo.cloud.kube import Cluster, ClusterError
+from tpu_grpo.cloud.kube import NAMESPACE, Cluster, ClusterError
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
@@ -213,83 +216,219 @@ def put_token(cluster: Cluster, needed: bool) -> None:
         )
 
 
-def start(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str) -> str:
-    """Create the step's JobSet (an ended one of the same name replaced); its name."""
-    wanted = manifest(settings, run, step)
+def ready(cluster: Cluster, settings: Settings, run: maxtext.Run) -> None:
+    """What a run's jobs need on the cluster before one is created: the image pushed, the token (a gated model's)."""
     image = images.post_training_image(settings.project, settings.region)
     if cluster.image_record().get("image") != image:
         raise maxtext.CommandError(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
     put_token(cluster, needed=run.row.gated)
-    name = wanted["metadata"]["name"]
+
+
+def refuse_running(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str) -> None:
+    """Refuse to start a step of a run whose JobSet of that step has not ended."""
+    name = jobset.job_name(step, run.name)
     before = cluster.jobset(name)
-    if before is not None:
-        if describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
-            raise maxtext.CommandError(
-                f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
-                f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
-                f"(uv run invoke cancel --job {name})"
-            )
-        _replace_ended(cluster, name)
+    if before is not None and describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
+        raise maxtext.CommandError(
+            f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
+            f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
+            f"(uv run invoke cancel --job {name})"
+        )
+
+
+def start(cluster: Cluster, settings: Settings, run: maxtext.Run, step: str) -> str:
+    """Create the step's JobSet (an ended one of the same name replaced); its name."""
+    wanted = manifest(settings, run, step)
+    ready(cluster, settings, run)
+    refuse_running(cluster, settings, run, step)
+    name = wanted["metadata"]["name"]
+    if cluster.delete(name):  # ended: a step run again
+        _wait_gone(cluster.jobset, name)
     cluster.create(wanted)
     return name
 
 
-def launch(
-    cluster: Cluster, settings: Settings, run: maxtext.Run, step: str, console: Console, verbose: bool = False
-) -> int:
-    """Create the step's JobSet and follow it to its end; returns its exit code."""
-    name = start(cluster, settings, run, step)
-    where = f"slice {settings.slice}" if step == "train" else "the slice's CPU host"
-    console.print(f"{step}: job {name} created on {where} (cluster {settings.vm_name})")
-    return follow(
-        cluster, name, step, console, settings.capacity, run.train_steps if step == "train" else None, verbose
-    )
-
-
-def _replace_ended(cluster: Cluster, name: str, timeout_s: float = 120.0) -> None:
-    """Delete an ended JobSet of the same name (a step run again), and wait until the API has let it go."""
-    cluster.delete(name)
+def _wait_gone(read, name: str, timeout_s: float = 120.0) -> None:
+    """Wait until the API has let a deleted object go (`read` returns None)."""
     deadline = time.monotonic() + timeout_s
-    while cluster.jobset(name) is not None:
+    while read(name) is not None:
         if time.monotonic() > deadline:
             raise ClusterError(f"job {name} is still being deleted after {timeout_s:.0f} s; fix: try again shortly")
         time.sleep(POLL_SECONDS)
 
 
+#: A pipeline's driver as status and cancel name its step.
+CHAIN = "pipeline"
+#: What a step the driver did not run is said to be.
+NOT_RUN = {"done": "its output is in the bucket", "skipped": "a later step is done"}
+LOG_TAIL_LINES = 15
+
+
+def driver_name(run: maxtext.Run) -> str:
+    return jobset.job_name(CHAIN, run.name)
+
+
+def chain_step(settings: Settings, run: maxtext.Run, step: str, output: str | None) -> dict:
+    """One step as the driver (remote/chain.py) runs it: its JobSet, and a test that holds when its output is in the
+    bucket (the export has none: it runs each time)."""
+    from tpu_grpo.jobs import pipeline
+
+    test = pipeline.bucket_holds(output, python="python3") if output else "false"
+    return {"name": step, "manifest": manifest(settings, run, step), "test": test, "record": "", "when_done": ""}
+
+
+def chain_data(settings: Settings, run: maxtext.Run) -> dict:
+    """What the driver is given: convert and train, each skipped when its output is in the bucket; the export of the
+    last checkpoint and, unless its step is fixed (--step, --last), of the stand-in for the best scored one
+    (pipeline.SENTINEL), which the driver chooses by the training's head log and the checkpoints in the bucket."""
+    from tpu_grpo.jobs import pipeline
+
+    run = dataclasses.replace(run, scored_step=None)
+    paths = maxtext.paths(run)
+    exported = {"last": [chain_step(settings, run, "export", None)]}
+    if not (run.step or run.last):
+        best = dataclasses.replace(run, scored_step=pipeline.SENTINEL)
+        exported["best"] = [chain_step(settings, best, "export", None)]
+    return {
+        "cluster": {"namespace": NAMESPACE, "poll": POLL_SECONDS},
+        "sentinel": pipeline.SENTINEL,
+        "steps": [
+            chain_step(settings, run, "convert", paths["checkpoint"]),
+            chain_step(settings, run, "train", paths["post_train"]),
+        ],
+        "variants": exported,
+        "choose": {
+            **pipeline.choosing(run, pipeline.children_on_host(paths["checkpoints"], python="python3")),
+            "training": jobset.job_name("train", run.name),
+        },
+    }
+
+
+def start_chain(cluster: Cluster, settings: Settings, run: maxtext.Run) -> str:
+    """Create the run's driver (an ended one of its name replaced), after every check a step's start makes: each
+    step's JobSet renders, the image was pushed, the token is there, and no step of the run is on the cluster."""
+    from tpu_grpo.host import remote
+
+    data = chain_data(settings, run)
+    ready(cluster, settings, run)
+    if not cluster.has_pipeline_account():
+        raise ClusterError(
+            f"the cluster has no service account {release.PIPELINE_ACCOUNT}, which a pipeline's driver runs as (a "
+            "stack made before pipelines ran in the cluster); fix: uv run invoke up"
+        )
+    for step in maxtext.STEPS:
+        refuse_running(cluster, settings, run, step)
+    name = driver_name(run)
+    if cluster.delete_driver(name):  # ended (a running one is followed instead: SliceTarget.pipeline)
+        _wait_gone(cluster.driver, name)
+    image = images.post_training_image(settings.project, settings.region)
+    files = {"chain.py": remote.text("chain"), "chain.json": json.dumps(data, sort_keys=True)}
+    cluster.start_driver(jobset.driver(name, run.name, image), files)
+    return name
+
+
+def _driver_state(found: dict, pods: list[dict]) -> SliceJob:
+    """A driver's state from its Job's conditions (Complete, Failed), its exit code its container's."""
+    meta, status = found["metadata"], found.get("status", {})
+    conditions = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
+    ended = [
+        container["state"]["terminated"].get("exitCode")
+        for pod in pods
+        for container in pod.get("status", {}).get("containerStatuses", [])
+        if container.get("state", {}).get("terminated")
+    ]
+    if "Complete" in conditions:
+        state, exit_code = "finished", 0
+    elif "Failed" in conditions:
+        state, exit_code = "failed", next((code for code in ended if code), 1)
+    else:
+        running = any(pod.get("status", {}).get("phase") == "Running" for pod in pods)
+        state, exit_code = ("running" if running else "pending"), None
+    labels = meta.get("labels", {})
+    return SliceJob(
+        meta["name"],
+        CHAIN,
+        labels.get(jobset.RUN_LABEL, "?"),
+        state,
+        exit_code,
+        meta.get("creationTimestamp", ""),
+        None,
+    )
+
+
+def drivers_on(cluster: Cluster) -> list[SliceJob]:
+    return [_driver_state(found, cluster.driver_pods(found["metadata"]["name"])) for found in cluster.drivers()]
+
+
+def driver_log(cluster: Cluster, name: str) -> bytes:
+    """The driver's lines so far."""
+    pods = cluster.driver_pods(name)
+    return b"".join(cluster.log(pods[0]["metadata"]["name"], jobset.DRIVER_CONTAINER)) if pods else b""
+
+
+def follow_chain(
+    cluster: Cluster, name: str, console: Console, capacity: str, total_steps: int | None = None, verbose: bool = False
+) -> tuple[int, list[dict]]:
+    """Follow a driver to its end: each step's JobSet as its line names it (pipeline.CHAIN_LINE) through `follow`, a
+    step it did not run said. Its exit code (errors.INTERRUPTED on Ctrl-C: it runs on) and what happened, by step."""
+    from tpu_grpo.jobs import pipeline
+
+    steps: list[dict] = []
+    handled, lines = 0, []
+    try:
+        while (found := cluster.driver(name)) is not None:
+            job = _driver_state(found, cluster.driver_pods(name))
+            lines = driver_log(cluster, name).decode(errors="replace").split("\n")[:-1]  # whole lines only
+            for line in lines[handled:]:
+                said = pipeline.CHAIN_LINE.fullmatch(line.strip())
+                if said is None or said["what"] == "exit":
+                    continue
+                step, what = said["step"], said["what"]
+                if what != "job":
+                    console.print(f"{step}: {what} ({NOT_RUN[what]})")
+                    steps.append({"step": step, "state": what, "job": None})
+                    continue
+                total = None
+                if step == "train":  # the run's, else its JobSet's own (a follow that did not start the chain)
+                    made = cluster.jobset(said["detail"])
+                    total = total_steps or (_state(made, [], capacity).total_steps if made else None)
+                code = follow(cluster, said["detail"], step, console, capacity, total, verbose, detach=False)
+                state = "finished" if code == 0 else "failed"
+                steps.append({"step": step, "state": state, "job": said["detail"], "exit_code": code})
+            handled = len(lines)
+            if job.exit_code is not None:
+                if job.exit_code and not any(step["state"] == "failed" for step in steps):
+                    console.print(f"the pipeline's driver {name} failed (exit {job.exit_code}); the end of its log:")
+                    console.print("\n".join(lines[-LOG_TAIL_LINES:]), markup=False, highlight=False)
+                return job.exit_code, steps
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        console.print(
+            f"\ndetached: the pipeline keeps running on the cluster (job {name}); reattach: uv run invoke logs "
+            f"--job {name} --follow; stop it: uv run invoke cancel --job {name}"
+        )
+        return INTERRUPTED, steps
+    console.print(f"the pipeline's driver {name} is gone from the cluster (cancelled?)")
+    return INTERRUPTED, steps
+
+
 def pipeline(
     cluster: Cluster, settings: Settings, run: maxtext.Run, console: Console, verbose: bool = False
 ) -> tuple[int, dict]:
-    """convert -> train -> export on the slice, each a JobSet followed to its end; a step whose output is in
-    the bucket already is skipped (the conversion, a finished training), so a re-run goes on where it stopped.
-    Returns the exit code and what happened, step by step."""
-    from tpu_grpo.host import gcs
-    from tpu_grpo.jobs import pipeline
-
-    for step in maxtext.STEPS:
-        manifest(settings, run, step)  # every step's input checked before the first is created
-    paths = maxtext.paths(run)
-    model = f"{paths['run_export']}/"
-    outcome: dict = {"run": run.name, "steps": [], "model": None}
-    for step, output in (("convert", paths["checkpoint"]), ("train", paths["post_train"]), ("export", None)):
-        if output and gcs.exists(output):
-            console.print(f"{step}: skipped ({output} is in the store)")
-            outcome["steps"].append({"step": step, "state": "skipped", "job": None})
-            continue
-        if step == "export":
-            run = scored(cluster, run, pipeline.checkpoint_steps(None, run))
-        code = launch(cluster, settings, run, step, console, verbose=verbose)
-        outcome["steps"].append(
-            {
-                "step": step,
-                "state": "finished" if code == 0 else "failed",
-                "job": jobset.job_name(step, run.name),
-                "exit_code": code,
-            }
+    """The run's pipeline by its driver on the cluster, which runs convert -> train -> export without this laptop
+    (started, or followed when it runs already); the exit code and what happened, step by step."""
+    name = driver_name(run)
+    if any(job.name == name and job.state in ("pending", "running") for job in drivers_on(cluster)):
+        console.print(f"pipeline: run {run.name}'s driver {name} runs already on the cluster; following it")
+    else:
+        start_chain(cluster, settings, run)
+        console.print(
+            f"pipeline: job {name} created on the slice's CPU host (cluster {settings.vm_name}); it runs the steps "
+            "in order, this laptop open or not"
         )
-        if code:
-            return code, outcome
-    outcome["model"] = model
-    return 0, outcome
+    code, steps = follow_chain(cluster, name, console, settings.capacity, run.train_steps, verbose)
+    model = f"{maxtext.paths(run)['run_export']}/" if code == 0 else None
+    return code, {"run": run.name, "steps": steps, "model": model}
 
 
 def follow(
@@ -300,12 +439,15 @@ def follow(
     capacity: str,
     total_steps: int | None = None,
     verbose: bool = False,
+    detach: bool = True,
 ) -> int:
     """Follow a JobSet to its end: its script's log through the progress view, its trouble said once
-    each; the exit code is the JobSet's verdict."""
+    each; the exit code is the JobSet's verdict. Ctrl-C detaches (said here), or, not `detach`, is the caller's."""
     try:
         return _follow(cluster, name, step, console, capacity, total_steps, verbose)
     except KeyboardInterrupt:
+        if not detach:
+            raise
         console.print(
             f"\ndetached: job {name} keeps running on the cluster; reattach: uv run invoke logs --job {name} "
             f"--follow; stop it: uv run invoke cancel --job {name}"
@@ -357,12 +499,20 @@ def jobs_on(cluster: Cluster, capacity: str) -> list[SliceJob]:
 
 
 def status(cluster: Cluster, capacity: str) -> list[JobRecord]:
-    return [job.record() for job in jobs_on(cluster, capacity)]
+    """Every job of tpu-grpo's on the cluster, its pipelines' drivers among them, oldest first."""
+    found = jobs_on(cluster, capacity) + drivers_on(cluster)
+    return [job.record() for job in sorted(found, key=lambda job: job.created)]
 
 
 def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
-    """Delete the named JobSet of tpu-grpo's, else every one of them still pending or running; the names deleted.
-    Another JobSet in the cluster is never touched."""
+    """Delete the named job of tpu-grpo's (a driver: it and the steps of its run still pending or running), else every
+    one of them still pending or running, the drivers first, which then start no next step; the names deleted.
+    Another JobSet or Job in the cluster is never touched."""
+    drivers = drivers_on(cluster)
+    if name in {driver.name for driver in drivers}:
+        [run] = [driver.run for driver in drivers if driver.name == name]
+        cluster.delete_driver(name)
+        return [name, *_delete_running(cluster, capacity, lambda job: job.run == run)]
     if name:
         ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
         if name not in ours or not cluster.delete(name):
@@ -370,15 +520,22 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
                 f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke status"
             )
         return [name]
-    running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running")]
+    stopped = [driver.name for driver in drivers if driver.state in ("pending", "running")]
+    for driver in stopped:
+        cluster.delete_driver(driver)
+    return stopped + _delete_running(cluster, capacity, lambda job: True)
+
+
+def _delete_running(cluster: Cluster, capacity: str, chosen) -> list[str]:
+    running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running") and chosen(job)]
     for job in running:
         cluster.delete(job)
     return running
 
 
 def find(cluster: Cluster, name: str | None, capacity: str) -> SliceJob:
-    """The named job, else the running one, else the newest."""
-    found = jobs_on(cluster, capacity)
+    """The named job, else the running one, else the newest (a pipeline's driver among them)."""
+    found = sorted(jobs_on(cluster, capacity) + drivers_on(cluster), key=lambda job: job.created)
     if name:
         chosen = next((job for job in found if job.name == name), None)
         if chosen is None:

@@ -378,18 +378,24 @@ class SliceTarget:
         return jobset.to_yaml([slice_jobs.manifest(self.settings, run, step)])
 
     def pipeline_dry_run(self, run: Run, keep_checkpoint: bool) -> tuple[dict, str]:
-        """Each step's JobSet (a slice's pipeline not named is a new run)."""
+        """Each step's JobSet, as the cluster's driver creates them in order (a slice's pipeline not named is a new
+        run); the export's, for the last checkpoint."""
         from tpu_grpo.cloud import jobset
         from tpu_grpo.jobs import maxtext, slice_jobs
 
         run = run.named(maxtext.timestamp_run_name())
         manifests = [slice_jobs.manifest(self.settings, run, step) for step in maxtext.STEPS]
+        note = (
+            f"# the driver Job {slice_jobs.driver_name(run)} creates these in order, each once the one before has "
+            "completed; the export converts the checkpoint the training's evaluations scored best, known once it has "
+            "ended (shown here with its last)\n"
+        )
         return (
             {
                 "run": run.name,
                 "steps": [{"step": step, "jobset": manifest} for step, manifest in zip(maxtext.STEPS, manifests)],
             },
-            jobset.to_yaml(manifests),
+            note + jobset.to_yaml(manifests),
         )
 
     def start(self, run: Run, step: str) -> Started:
@@ -407,17 +413,25 @@ class SliceTarget:
         return slice_jobs.find(self.cluster, job, self.settings.capacity)
 
     def follow(self, job: str | None, console: Console, verbose: bool) -> int:
+        """The job to its end; a pipeline's driver (named, or the one of the run whose step runs now when none is
+        named) to its last step, each step as it starts."""
         from tpu_grpo.jobs import slice_jobs
 
-        found = self._job(job)
-        return slice_jobs.follow(
-            self.cluster, found.name, found.step, console, self.settings.capacity, found.total_steps, verbose
-        )
+        found, capacity = self._job(job), self.settings.capacity
+        if job is None and found.step != slice_jobs.CHAIN:
+            chains = slice_jobs.drivers_on(self.cluster)
+            found = next((each for each in chains if each.run == found.run and each.state == "running"), found)
+        if found.step == slice_jobs.CHAIN:
+            return slice_jobs.follow_chain(self.cluster, found.name, console, capacity, verbose=verbose)[0]
+        return slice_jobs.follow(self.cluster, found.name, found.step, console, capacity, found.total_steps, verbose)
 
     def read_log(self, job: str | None) -> Iterable[bytes]:
         from tpu_grpo.jobs import slice_jobs
 
-        return slice_jobs.read_log(self.cluster, self._job(job).name)
+        found = self._job(job)
+        if found.step == slice_jobs.CHAIN:
+            return [slice_jobs.driver_log(self.cluster, found.name)]
+        return slice_jobs.read_log(self.cluster, found.name)
 
     def cancel(self, job: str | None) -> str:
         from tpu_grpo.jobs import slice_jobs
@@ -443,9 +457,9 @@ class SliceTarget:
         )
 
     def pipeline(self, run: Run, console: Console, options: PipelineOptions) -> Finished:
-        """A step whose output is in the bucket is skipped; no recovery of its own (a JobSet restarts its own pods,
-        check_recovery refuses --recover), no space check (the bucket holds the runs, the CPU pool's disk is sized
-        from the model)."""
+        """A driver Job on the cluster runs the steps (slice_jobs.pipeline); a step whose output is in the bucket is
+        skipped; no recovery of its own (a JobSet restarts its own pods, check_recovery refuses --recover), no space
+        check (the bucket holds the runs, the CPU pool's disk is sized from the model)."""
         from tpu_grpo.jobs import maxtext, slice_jobs
 
         run = run.named(maxtext.timestamp_run_name())

@@ -119,7 +119,7 @@ class SliceSource:
         settings, rows = self.settings, dict[str, RunRow]()
         # a run's steps in their order, so that its export's state is said after its training's
         records = sorted(
-            slice_jobs.status(self.target.cluster, settings.capacity),
+            (job for job in slice_jobs.status(self.target.cluster, settings.capacity) if job.step in maxtext.STEPS),
             key=lambda record: maxtext.STEPS.index(record.step),
         )
         for record in records:
