@@ -343,9 +343,10 @@ def test_export_of_a_missing_step_lists_the_steps_that_exist(workload_host, tmp_
     assert chained.returncode == 0, chained.stderr
     assert modules(host.records()) == ["to_maxtext", "train_rl"]
     missing = host.invoke("export", "--step", "3")
-    assert missing.returncode == 1
+    assert missing.returncode == 2  # bad input: nothing started
     # rl.yml's checkpoint_period 50: Orbax saved the first step and the last
-    assert missing.stderr.strip().endswith("has no checkpoint at step 3; it has: 1, 4; fix: --step 4")
+    assert "has no checkpoint at step 3 in /dev/shm/llama3.1-8b-Instruct/post-train//" in missing.stderr
+    assert missing.stderr.strip().endswith("/checkpoints/actor; it has: 1, 4; fix: --step 4")
     assert len(host.records()) == 2 and len(job_dirs(host)) == 2
     earlier = host.invoke("export", "--step", "1")
     assert earlier.returncode == 0, earlier.stderr
@@ -466,7 +467,7 @@ def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
         "fix: uv run invoke convert (or uv run invoke pipeline, which converts first)"
     )
     export = host.invoke("export")
-    assert export.returncode == 1
+    assert export.returncode == 2  # nothing to export: nothing started
     assert export.stderr.strip().startswith("error: no finished training for any run on this host; fix: ")
     assert host.records() == [] and job_dirs(host) == []
 

@@ -19,6 +19,7 @@ from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo.catalog import stores
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.config import settings
+from tpu_grpo.config.errors import BadFlag
 from tpu_grpo.jobs import maxtext, progress
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
@@ -200,7 +201,7 @@ def test_default_run_name_is_the_tutorials_timestamp():
     ],
 )
 def test_bad_set_is_refused(item, message):
-    with pytest.raises(maxtext.CommandError) as error:
+    with pytest.raises(BadFlag) as error:
         maxtext.parse_sets([item], "train")
     assert message in str(error.value)
 

@@ -13,7 +13,7 @@ from tests import tutorial
 from tests.support import FLEX, ON_DEMAND, SPOT, TEST_TOKEN
 from tests.tutorial import RUN, run_ours
 from tpu_grpo.catalog import stores
-from tpu_grpo.config.errors import SettingsError
+from tpu_grpo.config.errors import BadFlag, SettingsError
 from tpu_grpo.jobs import pipeline
 
 
@@ -224,5 +224,5 @@ def test_preflight_asks_for_the_space_the_model_and_store_need(model, store, kee
 def test_set_cannot_override_what_a_setting_owns(key):
     from tpu_grpo.jobs import maxtext
 
-    with pytest.raises(maxtext.CommandError, match=f"sets {key}, which comes from tpu-grpo:"):
+    with pytest.raises(BadFlag, match=f"sets {key}, which comes from tpu-grpo:"):
         maxtext.parse_sets([f"{key}=1"], "train")

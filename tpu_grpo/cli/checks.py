@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpu_grpo.config import laptop_paths, settings, stack_file
-from tpu_grpo.config.errors import SettingsError, UserError
+from tpu_grpo.config.errors import BadFlag, SettingsError, UserError
 from tpu_grpo.config.keys import PROJECT
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def check_pipeline(
     if recoveries:
         targets.pick(where).check_recovery()
     if var and not recoveries:
-        raise maxtext.CommandError(
+        raise BadFlag(
             f"--var {var[0]!r} is for the provisioning that --recover runs; fix: add "
             "--recover N, or provision with uv run invoke provision --var ..."
         )
@@ -174,13 +174,13 @@ def check_pipeline(
         require_token(book, book.steps, chosen, f"uv run invoke pipeline --recover {recover}")
         options = replace(options, provisioning=playbook.resolve(book, var, None, playbook.stack_values(chosen)))
         if not shutil.which("pulumi"):
-            raise maxtext.CommandError(
+            raise BadFlag(
                 f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "
                 "no pulumi on PATH; fix: install it (pulumi.com/docs/install), or run without "
                 "--recover"
             )
         if passphrase := passphrase_missing(chosen.stack):  # else a recovery waits at Pulumi's prompt
-            raise maxtext.CommandError(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
+            raise BadFlag(f"--recover {recover} brings a lost VM back with nobody there, and {passphrase}")
     return run, where, options
 
 
@@ -195,7 +195,7 @@ def check_publish(repo=None, run=None, **flags) -> Where:
     from tpu_grpo.results.publish import check_repo
 
     if not repo:
-        raise maxtext.CommandError("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
+        raise BadFlag("--repo is missing; fix: --repo OWNER/NAME, e.g. --repo your-name/Llama-3.1-8B-GRPO")
     check_repo(repo)
     stack_file.hub_endpoint()
     if run is not None:

@@ -95,7 +95,7 @@ def _text(value: object) -> str:
 
 
 class Cluster:
-    """The JobSets, pods, logs and the token Secret of one namespace."""
+    """The JobSets, the pipelines' driver Jobs, pods, logs and the token Secret of one namespace."""
 
     def __init__(self, config: dict, namespace: str = NAMESPACE):
         from kubernetes import client

@@ -18,6 +18,15 @@ class UserError(Exception):
     exit_code = 2
 
 
+class BadFlag(UserError, ValueError):
+    """A flag's value refused before anything is done: one line naming the value and the fix."""
+
+
+class NotReady(UserError):
+    """What a task needs is not there yet, or is busy (nothing trained, a job still running, no token, an image not
+    pushed): one line saying what to do first; nothing was done."""
+
+
 class Detached(UserError):
     """Ctrl-C while following a job: the job goes on, and what to do was said already (no line of its own)."""
 

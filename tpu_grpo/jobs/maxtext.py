@@ -28,7 +28,7 @@ from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
 from tpu_grpo.config import values
-from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.errors import BadFlag
 from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
 from tpu_grpo.config.keys import MAX_BATCHES
 from tpu_grpo.config.settings import Training
@@ -119,10 +119,6 @@ POD_TOKEN_CHECK = (
     '[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
     'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }'
 )
-
-
-class CommandError(UserError, ValueError):
-    """Bad input for a command line; one line naming the value and the fix."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +314,7 @@ def timestamp_run_name(now: float | None = None) -> str:
 def check_run_name(name: str, flag: str = "--run-name") -> str:
     values.flag(flag, name, values.name, "gsm8k-50")
     if name.endswith(RESERVED_SUFFIX):
-        raise CommandError(
+        raise BadFlag(
             f"{flag} {name!r} ends in {RESERVED_SUFFIX}, which marks a save still being written; "
             f"fix: e.g. {flag} {name.removesuffix(RESERVED_SUFFIX)}-2"
         )
@@ -343,28 +339,28 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
         if not colon:
             step, key = default_step or "train", head
         if step not in STEPS:
-            raise CommandError(
+            raise BadFlag(
                 f"--set {item!r} names step {step!r}; fix: one of {', '.join(STEPS)}, "
                 "e.g. --set train:learning_rate=1e-6"
             )
         if default_step and step != default_step:
-            raise CommandError(
+            raise BadFlag(
                 f"--set {item!r} is for {step}, but this task runs {default_step}; fix: pass it to "
                 f"`invoke {step}`, or to `invoke pipeline` as --set {step}:{key}=..."
             )
         if not equals or not _SET_KEY.fullmatch(key) or not value:
-            raise CommandError(
+            raise BadFlag(
                 f"--set {item!r} is not KEY=VALUE (a MaxText key, a value); fix: e.g. --set rl.num_generations=4"
             )
         if key in OWNED_KEYS:
-            raise CommandError(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
+            raise BadFlag(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
         if key in COUNT_KEYS:
             try:
                 COUNT_KEYS[key](value)
             except values.Refused as problem:
-                raise CommandError(f"--set {item!r}: {key} {problem}; fix: e.g. --set {key}=1") from None
+                raise BadFlag(f"--set {item!r}: {key} {problem}; fix: e.g. --set {key}=1") from None
         if key in sets.get(step, {}):  # as a flag given twice is refused, not the last one kept
-            raise CommandError(f"--set {item!r} sets {step}'s {key} again; fix: give it once")
+            raise BadFlag(f"--set {item!r} sets {step}'s {key} again; fix: give it once")
         sets.setdefault(step, {})[key] = value
     return sets
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from tpu_grpo.catalog import release, stores
 from tpu_grpo.config import host_paths, settings, values
-from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.errors import BadFlag, NotReady, UserError
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
 from tpu_grpo.jobs import maxtext, progress, vm_jobs, watch
 
@@ -299,7 +299,7 @@ def parse_need_gb(text: str | None, run: maxtext.Run) -> dict[str, float]:
             raise values.Refused("is not SHM_GB,DATA_GB (two numbers)")
         shm, data = (gigabytes(part) for part in parts)
     except values.Refused as problem:
-        raise maxtext.CommandError(f"--need-gb {text!r} {problem}; fix: e.g. --need-gb 120,36") from None
+        raise BadFlag(f"--need-gb {text!r} {problem}; fix: e.g. --need-gb 120,36") from None
     return {"shm": shm, "data": data}
 
 
@@ -649,19 +649,27 @@ def _trained_as(meta: dict, asked: maxtext.Run) -> maxtext.Run:
     )
 
 
+def training_lines(connection, run_name: str, jobs: list[vm_jobs.Job] | None = None) -> list[str]:
+    """The log lines of a run's trainings on the host (among `jobs`, else all), oldest first: a resumed training's
+    attempts all count."""
+    return [
+        line
+        for job in (vm_jobs.list_jobs(connection) if jobs is None else jobs)
+        if job.step == "train" and job.run == run_name
+        for line in vm_jobs.read_log(connection, job.id).decode(errors="replace").splitlines()
+    ]
+
+
 def scored(connection, run: maxtext.Run) -> maxtext.Run:
     """The run with its best scored checkpoint (progress.best over its trainings' intermediate evaluations and the
     checkpoints in its store) when the export's step is not chosen (`--step`, `--last`) and a training of it
     finished; else the run as it is (its export then takes the last checkpoint)."""
     if run.step or run.last or run.run_name is None:
         return run
-    trainings = [job for job in vm_jobs.list_jobs(connection) if job.step == "train" and job.run == run.run_name]
-    if not any(job.state == "finished" and job.exit_code == 0 for job in trainings):
+    jobs = vm_jobs.list_jobs(connection)
+    if not any(job.step == "train" and job.run == run.run_name and job.exit_code == 0 for job in jobs):
         return run
-    lines = [
-        line for job in trainings for line in vm_jobs.read_log(connection, job.id).decode(errors="replace").splitlines()
-    ]
-    return best_of(run, lines, checkpoint_steps(connection, run))
+    return best_of(run, training_lines(connection, run.run_name, jobs), checkpoint_steps(connection, run))
 
 
 def best_of(run: maxtext.Run, lines: list[str], checkpoints: list[int]) -> maxtext.Run:
@@ -671,25 +679,49 @@ def best_of(run: maxtext.Run, lines: list[str], checkpoints: list[int]) -> maxte
     return replace(run, scored_step=progress.scored_step(found, run.iterations)) if found and found.step else run
 
 
-def for_export(connection, run: maxtext.Run) -> maxtext.Run:
-    """The run to export (the named one, else the newest trained), checked to have the checkpoint asked for: its best
-    scored one unless `--step` or `--last` says otherwise (scored)."""
-    trained = [meta for meta in trained_runs(connection) if run.run_name in (None, meta["run"])]
-    if not trained:
+def export_choice(
+    run: maxtext.Run,
+    trained: list[tuple[str, maxtext.Run | None]],
+    lines: Callable[[str], list[str]],
+    steps_of: Callable[[maxtext.Run], list[int]],
+    where: str,
+) -> maxtext.Run:
+    """The run an export converts, on either target: the one named, else the newest whose training finished
+    (`trained`: each such run's name and run, None when its record predates whole records), at the step asked
+    (`--step`, `--last`), else at the one its trainings' log `lines` score best among `steps_of` it (best_of), else
+    its last; refused, nothing started, when that checkpoint is not in its store."""
+    found = [(name, made) for name, made in trained if run.run_name in (None, name)]
+    if not found:
         which = "any run" if run.run_name is None else f"run {run.run_name!r}"
-        raise PipelineError(
-            f"no finished training for {which} on this host; fix: uv run invoke train --batches 50 "
-            "(or name a trained run: uv run invoke status)"
+        raise NotReady(
+            f"no finished training for {which} {where}; fix: uv run invoke train --batches 50 (or name a trained "
+            "run: uv run invoke status)"
         )
-    run = scored(connection, run.export_of(_trained_as(trained[-1], run)))
-    steps = checkpoint_steps(connection, run)
+    name, made = found[-1]
+    run = run.export_of(made) if made else replace(run, run_name=name)
+    steps = steps_of(run)
+    if made is None and steps:  # its batches unknown: its newest checkpoint is its last
+        run = replace(run, step=run.step or steps[-1])
+    elif not (run.step or run.last):
+        run = best_of(run, lines(run.name), steps)
     if run.export_step not in steps:
-        raise PipelineError(
-            f"run {run.name} has no checkpoint at step {run.export_step}; it has: "
-            f"{', '.join(map(str, steps)) or 'none (was /dev/shm cleared by a restart?)'}; "
-            f"fix: --step {steps[-1] if steps else 'N'}"
+        cleared = " (was /dev/shm cleared by a restart?)" if run.store.name == "shm" else ""
+        raise BadFlag(
+            f"run {run.name} has no checkpoint at step {run.export_step} in {maxtext.paths(run)['checkpoints']}; it "
+            f"has: {', '.join(map(str, steps)) or 'none' + cleared}; fix: --step {steps[-1] if steps else 'N'}"
         )
     return run
+
+
+def for_export(connection, run: maxtext.Run) -> maxtext.Run:
+    """The run to export on the host (export_choice), from its training jobs' records and logs."""
+    return export_choice(
+        run,
+        [(meta["run"], _trained_as(meta, run)) for meta in trained_runs(connection)],
+        lambda name: training_lines(connection, name),
+        lambda chosen: checkpoint_steps(connection, chosen),
+        "on this host",
+    )
 
 
 def require_converted(connection, run: maxtext.Run) -> None:
@@ -715,7 +747,7 @@ def refuse_unsaved_training(connection, run: maxtext.Run) -> None:
     while after the training, whether or not anyone exported it); a pipeline saves the model first."""
     if run.store.name != "shm" or not (idle := watch.IdleStop.read(connection)):
         return
-    raise maxtext.CommandError(
+    raise NotReady(
         f"a training alone keeps its checkpoints in /dev/shm, and this VM powers itself off {idle['idle_minutes']} "
         "idle minutes after its last job, which empties it; fix: uv run invoke pipeline (it exports and saves the "
         "model on the data disk before the VM can stop), or set tpu-grpo:checkpointStore disk"

@@ -20,7 +20,7 @@ from tpu_grpo.catalog import images, release
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import jobset
 from tpu_grpo.cloud.kube import NAMESPACE, Cluster, ClusterError
-from tpu_grpo.config.errors import INTERRUPTED
+from tpu_grpo.config.errors import INTERRUPTED, BadFlag, NotReady
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs import maxtext, watch
@@ -72,7 +72,7 @@ def slice_shape(settings: Settings) -> str:
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     """The JobSet of one step: training under Pathways on the slice, conversion and export on the CPU pool."""
     if not _LABEL_VALUE.fullmatch(run.name):
-        raise maxtext.CommandError(
+        raise BadFlag(
             f"--run-name {run.name!r} cannot label a slice's jobs (Kubernetes labels: at most "
             "63 characters, starting and ending with a letter or digit); fix: e.g. "
             "--run-name gsm8k-1"
@@ -210,7 +210,7 @@ def put_token(cluster: Cluster, needed: bool) -> None:
     if token:
         cluster.put_token(token)
     elif needed and not cluster.has_token():
-        raise maxtext.CommandError(
+        raise NotReady(
             "no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
             f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline"
         )
@@ -220,7 +220,7 @@ def ready(cluster: Cluster, settings: Settings, run: maxtext.Run) -> None:
     """What a run's jobs need on the cluster before one is created: the image pushed, the token (a gated model's)."""
     image = images.post_training_image(settings.project, settings.region)
     if cluster.image_record().get("image") != image:
-        raise maxtext.CommandError(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
+        raise NotReady(f"the cluster has no record of {image} being pushed; fix: uv run invoke image")
     put_token(cluster, needed=run.row.gated)
 
 
@@ -229,7 +229,7 @@ def refuse_running(cluster: Cluster, settings: Settings, run: maxtext.Run, step:
     name = jobset.job_name(step, run.name)
     before = cluster.jobset(name)
     if before is not None and describe(cluster, before, settings.capacity).state not in ("finished", "failed"):
-        raise maxtext.CommandError(
+        raise NotReady(
             f"job {name} ({step} of run {run.name}) is still on the cluster; fix: "
             f"wait for it (uv run invoke logs --job {name} --follow) or cancel it "
             f"(uv run invoke cancel --job {name})"
@@ -516,9 +516,7 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
     if name:
         ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
         if name not in ours or not cluster.delete(name):
-            raise maxtext.CommandError(
-                f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke status"
-            )
+            raise BadFlag(f"--job {name!r} is no job of tpu-grpo's on the cluster; fix: uv run invoke status")
         return [name]
     stopped = [driver.name for driver in drivers if driver.state in ("pending", "running")]
     for driver in stopped:
@@ -539,10 +537,10 @@ def find(cluster: Cluster, name: str | None, capacity: str) -> SliceJob:
     if name:
         chosen = next((job for job in found if job.name == name), None)
         if chosen is None:
-            raise maxtext.CommandError(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
+            raise BadFlag(f"--job {name!r} is no job on the cluster; fix: uv run invoke status")
         return chosen
     if not found:
-        raise maxtext.CommandError("no jobs on the cluster yet; fix: uv run invoke pipeline --batches 50")
+        raise NotReady("no jobs on the cluster yet; fix: uv run invoke pipeline --batches 50")
     return next((job for job in reversed(found) if job.state == "running"), found[-1])
 
 
@@ -553,39 +551,22 @@ def read_log(cluster: Cluster, name: str):
 
 
 def for_export(cluster: Cluster, run: maxtext.Run, capacity: str) -> maxtext.Run:
-    """The run to export (the named one, else the newest whose training finished on the cluster), at the checkpoint
-    asked for (default: the best scored in the bucket, as on one VM: pipeline.best_of), checked to be there."""
+    """The run to export on the cluster (pipeline.export_choice), from its training JobSets' records and the
+    training's log; its checkpoints are the bucket's."""
     from tpu_grpo.jobs import pipeline
 
     trained = [
-        job
+        (job.run, maxtext.Run.from_record(job.trained) if job.trained else None)
         for job in jobs_on(cluster, capacity)
-        if job.step == "train" and job.state == "finished" and run.run_name in (None, job.run)
+        if job.step == "train" and job.state == "finished"
     ]
-    if not trained:
-        which = "any run" if run.run_name is None else f"run {run.run_name!r}"
-        raise maxtext.CommandError(
-            f"no finished training for {which} on the cluster; fix: uv run invoke train "
-            "--batches 50 (or name a trained run: uv run invoke status)"
-        )
-    record = trained[-1].trained
-    run = (
-        run.export_of(maxtext.Run.from_record(record))
-        if record  # a JobSet made before records: its name only
-        else dataclasses.replace(run, run_name=trained[-1].run)
+    return pipeline.export_choice(
+        run,
+        trained,
+        lambda name: train_log(cluster, name).decode(errors="replace").splitlines(),
+        lambda chosen: pipeline.checkpoint_steps(None, chosen),
+        "on the cluster",
     )
-    steps = pipeline.checkpoint_steps(None, run)  # in the bucket, read from here
-    if not record and steps:  # its batches unknown: its newest checkpoint is its last
-        run = dataclasses.replace(run, step=run.step or steps[-1])
-    else:
-        run = scored(cluster, run, steps)
-    if run.export_step not in steps:
-        raise maxtext.CommandError(
-            f"run {run.name} has no checkpoint at step {run.export_step} in "
-            f"{maxtext.paths(run)['checkpoints']}; it has: "
-            f"{', '.join(map(str, steps)) or 'none'}; fix: --step {steps[-1] if steps else 'N'}"
-        )
-    return run
 
 
 def progress_of(cluster: Cluster, records: list[JobRecord]) -> dict | None:
@@ -606,21 +587,11 @@ def trained(cluster: Cluster, run: str, capacity: str) -> maxtext.Run | None:
     return maxtext.Run.from_record(records[-1]) if records and records[-1] else None
 
 
-def scored(cluster: Cluster, run: maxtext.Run, checkpoints: list[int]) -> maxtext.Run:
-    """The run with its best scored checkpoint among those in the bucket, read from its training's log, unless
-    `--step` or `--last` chose one."""
-    from tpu_grpo.jobs import pipeline
-
-    if run.step or run.last:
-        return run
-    return pipeline.best_of(run, train_log(cluster, run.name).decode(errors="replace").splitlines(), checkpoints)
-
-
 def newest_run(cluster: Cluster, step: str, capacity: str) -> str:
     """The run of the newest job of `step` that finished on the cluster."""
     done = [job for job in jobs_on(cluster, capacity) if job.step == step and job.state == "finished"]
     if not done:
-        raise maxtext.CommandError(
+        raise NotReady(
             f"no finished {step} job on the cluster; fix: name the run (--run RUN), or run "
             f"it: uv run invoke pipeline --batches 50"
         )

@@ -15,7 +15,8 @@ variables that `shell` sets (each quoted here; a path keeps its `~`, which the s
     compile_cache.py    a step's compile cache, named by versions and settings, warm or cold (tpu_grpo/jobs/maxtext.py)
     run_module.py       the training's module, run as `python3 -m` runs it, ending once done (tpu_grpo/jobs/maxtext.py)
     keep_best.py        the training's output passed through, keeping its best scored checkpoint (jobs/maxtext.py)
-    chain.py            a pipeline's steps run in order by the host, each a job (tpu_grpo/jobs/pipeline.py's chain)
+    chain.py            a pipeline's steps run in order by the host, each a job (jobs/pipeline.py's chain), or
+                        by a slice's driver Job, each a JobSet (jobs/slice_jobs.py)
     preflight.sh        what keeps the host from running a run (tpu_grpo/jobs/pipeline.py's Preflight)
     jobs.sh             every job on the host and its state (tpu_grpo/jobs/vm_jobs.py's Jobs)
     start_job.sh        a job started detached under the TPU's lock, job_wrapper.sh its run.sh (jobs/vm_jobs.py)
