@@ -467,7 +467,7 @@ def test_a_step_without_its_input_is_refused_and_starts_nothing(workload_host):
         "fix: uv run invoke convert (or uv run invoke pipeline, which converts first)"
     )
     export = host.invoke("export")
-    assert export.returncode == 2  # nothing to export: nothing started
+    assert export.returncode == 1  # the host lacks a trained run: nothing started
     assert export.stderr.strip().startswith("error: no finished training for any run on this host; fix: ")
     assert host.records() == [] and job_dirs(host) == []
 

@@ -168,7 +168,7 @@ def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
 
 def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):
     kube.scenario = kubeapi.Scenario()
-    assert run_task(slice_stack, "export").returncode == 2  # nothing trained yet
+    assert run_task(slice_stack, "export").returncode == 1  # nothing trained yet: the cluster lacks it
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-4").returncode == 0
     checkpoints_in_bucket(slice_stack[2], "gsm8k-4", 25, 50)
     result = run_task(slice_stack, "export")
@@ -313,7 +313,7 @@ def test_a_step_job_of_the_same_run_still_running_is_refused_and_dry_run_prints_
     kube.scenario = kubeapi.Scenario(unschedulable="0/1 nodes are available")
     assert run_task(slice_stack, "train", "--run-name", "gsm8k-6", "--detach").returncode == 0
     again = run_task(slice_stack, "train", "--run-name", "gsm8k-6", "--detach")
-    assert again.returncode == 2 and "is still on the cluster; fix: wait for it" in again.stderr
+    assert again.returncode == 1 and "is still on the cluster; fix: wait for it" in again.stderr  # busy
     requests = len(kube.requests)
     dry = run_task(slice_stack, "train", "--run-name", "gsm8k-7", "--dry-run")
     assert dry.returncode == 0 and len(kube.requests) == requests  # printed, nothing sent
@@ -399,7 +399,7 @@ def test_image_builds_pushes_and_records_the_image_that_jobs_then_run(slice_stac
     folder, _, _ = slice_stack
     del kube.configmaps["tpu-grpo-image"]
     refused = run_task(slice_stack, "train", "--run-name", "gsm8k-9")
-    assert refused.returncode == 2 and refused.stderr.strip() == (
+    assert refused.returncode == 1 and refused.stderr.strip() == (
         f"error: the cluster has no record of {IMAGE} being pushed; fix: uv run invoke image"
     )
     assert kube.jobsets == {}

@@ -286,6 +286,12 @@ def test_up_failure_without_a_known_error_keeps_pulumis_exit_code(stack_dir, pul
             "no capacity outside reservations",
         ),
         ("Quota 'TPUS_PER_PROJECT' exceeded. Limit: 0.0", "quota is too low"),
+        ("googleapi: Error 403: QUOTA_EXCEEDED", "quota is too low"),  # the search's words for a quota are up's too
+        (
+            'unable to delete resource "urn:pulumi:dev::tpu-grpo::gcp:compute/disk:Disk::tpu-grpo-data"\n'
+            "as it is currently marked for protection",
+            "so Pulumi's engine refused: undo the change to the stack file",
+        ),
     ],
 )
 def test_known_compute_engine_errors_are_explained(message, meaning):

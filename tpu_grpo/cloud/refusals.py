@@ -12,7 +12,13 @@ source, never from memory:
   rules out a zone on a stockout, a region on a regional quota, every place on a global quota or a permission
   error, and the zone on an error it does not know; its comments quote the TPU API's codes 8 and 9.
 - RESERVATION: Compute Engine's refusals of a reservation-bound VM seen by tpu-grpo, with what to do about each
-  (RESERVATION_ERRORS, which `up` explains: tpu_grpo/cloud/stack.py).
+  (RESERVATION_ERRORS).
+- PULUMI-ENGINE: the engine's refusal to delete or replace a protected resource (pkg/resource/deploy/
+  step_generator.go: "unable to replace resource %q\nas it is currently marked for protection"; step.go's
+  DeleteStep: "unable to delete resource %q\nas it is currently marked for protection").
+
+A marker with a `fix` is also what a failed `up` explains (tpu_grpo/cloud/stack.py's explain): one list of Google's and
+Pulumi's words, read by the search and by `up` alike.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class Marker:
     rules_out: str
     text: str  # found in Google's message as it is
     source: str  # one of the module docstring's names
+    fix: str = ""  # what a failed `up` says to do about it, where the kind alone does not say
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Refusal:
     rules_out: str
     message: str
     marker: str = ""  # the words of Google's that classified it
+    fix: str = ""  # its marker's
 
     @property
     def said(self) -> str:
@@ -109,6 +117,17 @@ RESERVATION_ERRORS = (
     ),
 )
 
+#: What to do about any of the quota markers.
+QUOTA_FIX = "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"
+#: Pulumi's engine refusing to lose what tpu-grpo protects (PULUMI-ENGINE), and what to do.
+PROTECTED = "as it is currently marked for protection"
+PROTECTED_FIX = (
+    "the update would delete or replace what tpu-grpo protects (the data disk, or a moved disk's snapshot while it is "
+    "the only copy) and none of its checks released it, so Pulumi's engine refused: undo the change to the stack "
+    "file, or fetch the runs the disk holds (`uv run invoke fetch`) and run `uv run invoke up` again, which releases "
+    "the disk once nothing is only on it"
+)
+
 MARKERS = (
     Marker(STOCKOUT, ZONE, "ZONE_RESOURCE_POOL_EXHAUSTED", "GCE-RESOURCE"),  # and ..._WITH_DETAILS
     Marker(STOCKOUT, ZONE, "does not have enough resources available to fulfill the request", "GCE-RESOURCE"),
@@ -121,21 +140,23 @@ MARKERS = (
     # another (Compute Engine's "Reservations of Compute Engine zonal resources"); but another project's is so anywhere
     Marker(RESERVATION, ZONE, "Insufficient reserved capacity", "SKYPILOT"),  # the TPU API's code 9
     *(
-        Marker(RESERVATION, CAPACITY if "same project" in text else ZONE, text, "RESERVATION")
-        for text, _ in RESERVATION_ERRORS
+        Marker(RESERVATION, CAPACITY if "same project" in text else ZONE, text, "RESERVATION", fix)
+        for text, fix in RESERVATION_ERRORS
     ),
-    Marker(QUOTA, EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT"),  # a global quota: no region has room
-    Marker(QUOTA, ZONE, "PerProjectPerZone", "SKYPILOT"),  # a TPU quota of one zone, by its name
-    Marker(QUOTA, REGION, "QUOTA_EXCEEDED", "SKYPILOT"),
-    Marker(QUOTA, REGION, "' exceeded.  Limit:", "SKYPILOT"),
-    Marker(QUOTA, REGION, "' exhausted. Limit", "SKYPILOT"),
-    Marker(QUOTA, REGION, "quotaExceeded", "SKYPILOT"),
-    Marker(QUOTA, REGION, "Insufficient quota to satisfy the request", "GKE-TPU"),
+    Marker(QUOTA, EVERYWHERE, "_ALL_REGIONS' exceeded", "SKYPILOT", QUOTA_FIX),  # a global quota: no region has room
+    Marker(QUOTA, ZONE, "PerProjectPerZone", "SKYPILOT", QUOTA_FIX),  # a TPU quota of one zone, by its name
+    Marker(QUOTA, REGION, "QUOTA_EXCEEDED", "SKYPILOT", QUOTA_FIX),
+    Marker(QUOTA, REGION, "' exceeded.  Limit:", "SKYPILOT", QUOTA_FIX),
+    Marker(QUOTA, REGION, "' exhausted. Limit", "SKYPILOT", QUOTA_FIX),
+    Marker(QUOTA, REGION, "quotaExceeded", "SKYPILOT", QUOTA_FIX),
+    Marker(QUOTA, REGION, "Insufficient quota to satisfy the request", "GKE-TPU", QUOTA_FIX),
     Marker(PERMISSION, EVERYWHERE, "IAM_PERMISSION_DENIED", "SKYPILOT"),
     Marker(PERMISSION, EVERYWHERE, "Policy update access denied.", "SKYPILOT"),
     Marker(PERMISSION, ZONE, "is not found or access is unauthorized", "SKYPILOT"),  # a location not open to you
     Marker(INVALID, ZONE, "does not exist in zone", "GKE-POOLS"),  # a machine type that zone has not
     Marker(INVALID, EVERYWHERE, "Requested disk size cannot be smaller than the image size", "SKYPILOT"),
+    # not Google's: nothing in another place would differ, as for any error no marker knows
+    Marker(UNKNOWN, EVERYWHERE, PROTECTED, "PULUMI-ENGINE", PROTECTED_FIX),
 )
 
 
@@ -147,5 +168,5 @@ def classify(message: str) -> Refusal:
     flat = " ".join(message.split())  # Google's pages quote "exceeded.  Limit:" with one space or two
     for marker in MARKERS:
         if " ".join(marker.text.split()) in flat:
-            return Refusal(marker.kind, marker.rules_out, message, marker.text)
+            return Refusal(marker.kind, marker.rules_out, message, marker.text, marker.fix)
     return Refusal(UNKNOWN, EVERYWHERE, message)

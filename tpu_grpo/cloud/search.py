@@ -28,6 +28,7 @@ from tpu_grpo.cloud.refusals import (
     EVERYWHERE,
     MEANINGS,
     PERMISSION,
+    PROTECTED,
     REGION,
     UNKNOWN,
     ZONE,
@@ -279,7 +280,7 @@ def _search_for_chips(chosen: Settings, *, yes: bool, move: bool, keep_data, say
             )
         replace = ["--replace", stopped[0]] if stopped else []
         code, changes, errors = stack.engine_changes(at, declared, replace, env)
-        if code and not any(stack.PROTECTED in error for error in errors):  # the cloud refused already
+        if code and not any(PROTECTED in error for error in errors):  # the cloud refused already
             last.update(code=code, messages=errors)
             return code, errors
         for change in changes:

@@ -23,7 +23,7 @@ from pathlib import Path
 from infra import replacements
 from tpu_grpo.catalog.capacity import CAPACITIES, DEFAULT, Capacity
 from tpu_grpo.catalog.stores import bucket_of
-from tpu_grpo.cloud.refusals import RESERVATION_ERRORS, STOCKOUT, classify
+from tpu_grpo.cloud.refusals import STOCKOUT, classify
 from tpu_grpo.config.errors import INTERRUPTED, UserError
 from tpu_grpo.config.kubeconfig import AUTH_PLUGIN
 from tpu_grpo.config.settings import Settings
@@ -66,26 +66,6 @@ OUTSIDE_STATE = ("timeout while waiting for state to become", "alreadyExists", "
 #: `if env.DebugCommands.Value()`); otherwise the CLI refuses it as an unknown flag. Pulumi's Automation API sets
 #: it for the same reason.
 EVENT_LOG_ENV = {"PULUMI_DEBUG_COMMANDS": "true"}
-
-#: What Pulumi's engine says when an update or destroy would delete or replace a protected resource (pkg/resource/
-#: deploy/step_generator.go: "unable to replace resource %q\nas it is currently marked for protection"; step.go's
-#: DeleteStep: "unable to delete resource %q\nas it is currently marked for protection").
-PROTECTED = "as it is currently marked for protection"
-
-#: Compute Engine errors seen when creating a VM, and what to do about them: a reservation's (refusals.py), a quota;
-#: and the engine's refusal to lose what tpu-grpo protects.
-KNOWN_ERRORS = (
-    *RESERVATION_ERRORS,
-    ("Quota", "a project quota is too low for this VM or its disks: raise it under IAM & Admin > Quotas"),
-    (
-        PROTECTED,
-        "the update would delete or replace what tpu-grpo protects (the data disk, or a moved disk's snapshot while "
-        "it is the only copy) and none of its checks released it, so Pulumi's engine refused: undo the change to "
-        "the stack file, or fetch the runs the disk holds (`uv run invoke fetch`) and run `uv run invoke up` again, "
-        "which releases the disk once nothing is only on it",
-    ),
-)
-
 
 #: What a 409 names: the Compute API's "The resource 'PATH' already exists", GKE's "Already exists: PATH.".
 ALREADY_EXISTS = re.compile(r"The resource '(?P<path>[^']+)' already exists|Already exists: (?P<gke>\S+?)\.?,")
@@ -187,9 +167,8 @@ def explain(messages: list[str], obtained: Capacity = CAPACITIES[DEFAULT]) -> li
     what it means for the capacity `obtained`, whichever of Google's messages says so."""
     found = []
     for message in messages:
-        meaning = next((meaning for marker, meaning in KNOWN_ERRORS if marker in message), None)
-        if meaning is None and classify(message).kind == STOCKOUT:  # each of Google's words for it (refusals.py)
-            meaning = obtained.no_capacity
+        refusal = classify(message)  # each of Google's words for it (refusals.py)
+        meaning = refusal.fix or (obtained.no_capacity if refusal.kind == STOCKOUT else None)
         if meaning and meaning not in found:
             found.append(meaning)
     return found
@@ -608,12 +587,13 @@ def require_cli() -> None:
 
 
 def kept(declared: list) -> list[str]:
-    """What `pulumi destroy` leaves of what the program declares (retained on delete), a line each."""
-    return [
+    """What `pulumi destroy` leaves of what the program declares (retained on delete), a line each, in one order
+    (the program registers its resources in no fixed order)."""
+    return sorted(
         f"{r.type.rsplit(':', 1)[-1]} {r.name}: {KEPT.get(r.type, 'kept')}"
         for r in declared
         if r.options.retain_on_delete
-    ]
+    )
 
 
 def unmarked_retained(resources: list[dict]) -> list[str]:

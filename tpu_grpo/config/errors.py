@@ -23,8 +23,10 @@ class BadFlag(UserError, ValueError):
 
 
 class NotReady(UserError):
-    """What a task needs is not there yet, or is busy (nothing trained, a job still running, no token, an image not
-    pushed): one line saying what to do first; nothing was done."""
+    """The command was right, but where it runs lacks what its step needs, or is busy (nothing trained yet, a job
+    still running, an image not pushed): one line saying what to do first; nothing was started."""
+
+    exit_code = 1
 
 
 class Detached(UserError):

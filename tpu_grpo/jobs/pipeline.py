@@ -747,7 +747,7 @@ def refuse_unsaved_training(connection, run: maxtext.Run) -> None:
     while after the training, whether or not anyone exported it); a pipeline saves the model first."""
     if run.store.name != "shm" or not (idle := watch.IdleStop.read(connection)):
         return
-    raise NotReady(
+    raise UserError(
         f"a training alone keeps its checkpoints in /dev/shm, and this VM powers itself off {idle['idle_minutes']} "
         "idle minutes after its last job, which empties it; fix: uv run invoke pipeline (it exports and saves the "
         "model on the data disk before the VM can stop), or set tpu-grpo:checkpointStore disk"

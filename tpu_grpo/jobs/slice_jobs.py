@@ -20,7 +20,7 @@ from tpu_grpo.catalog import images, release
 from tpu_grpo.catalog.capacity import CAPACITIES
 from tpu_grpo.cloud import jobset
 from tpu_grpo.cloud.kube import NAMESPACE, Cluster, ClusterError
-from tpu_grpo.config.errors import INTERRUPTED, BadFlag, NotReady
+from tpu_grpo.config.errors import INTERRUPTED, BadFlag, NotReady, UserError
 from tpu_grpo.config.printing import styled
 from tpu_grpo.config.settings import Settings
 from tpu_grpo.jobs import maxtext, watch
@@ -210,7 +210,7 @@ def put_token(cluster: Cluster, needed: bool) -> None:
     if token:
         cluster.put_token(token)
     elif needed and not cluster.has_token():
-        raise NotReady(
+        raise UserError(
             "no Hugging Face token for the slice's pods: HF_TOKEN is not set and the cluster "
             f"has no Secret {jobset.TOKEN_SECRET}; fix: HF_TOKEN=hf_... uv run invoke pipeline"
         )
