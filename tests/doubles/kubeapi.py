@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,7 @@ class KubeAPI:
         self.jobs: dict[str, dict] = {}  # batch/v1 Jobs
         self.created: list[tuple[str, list[str]]] = []  # each JobSet created, and those that had not ended then
         self.processes: dict[str, subprocess.Popen] = {}  # a Job's running container, by the Job's name
+        self.folders: list[str] = []  # the kubelet's stand-ins of mounted volumes, removed on close
         #: What a Job's container finds in its environment besides the API's address (the bucket's emulator).
         self.pod_env: dict[str, str] = {}
         self.logs: dict[str, list[str]] = {}
@@ -158,6 +160,8 @@ class KubeAPI:
             process.kill()
             process.wait()
         self.server.shutdown()
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def kubeconfig(self, path: Path) -> Path:
         path.write_text(
@@ -506,6 +510,7 @@ class KubeAPI:
         }
         [container] = spec["containers"]
         folder = tempfile.mkdtemp(prefix="kubelet-")
+        self.folders.append(folder)
         command = [sys.executable if part == "python3" else part for part in container["command"]]
         for mount in container.get("volumeMounts", []):
             [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
