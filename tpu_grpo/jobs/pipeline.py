@@ -437,29 +437,32 @@ def checkpoints_listing(run: maxtext.Run) -> str:
 
 
 def chain_data(run: maxtext.Run, keep_checkpoint: bool) -> dict:
-    """What remote/chain.py is given: every step of the run, the export and save for the last checkpoint and, unless
-    the export's step is fixed (--step, --last), for the stand-in of the best scored one, and how to choose it."""
+    """What remote/chain.py is given on the host: every step of the run as a job, the export and save chosen as
+    `exports` says."""
     run = replace(run, scored_step=None)
-    exported = {"last": [chain_step(run, step, keep_checkpoint) for step in ("export", "save")]}
-    if not (run.step or run.last):
-        best = replace(run, scored_step=SENTINEL)
-        exported["best"] = [chain_step(best, step, keep_checkpoint) for step in ("export", "save")]
     return {
         "jobs": vm_jobs.JOBS,
         "done": vm_jobs.DONE,
         "root": vm_jobs.ROOT,
         "wrapper": remote.text("job_wrapper", ".sh"),
-        "sentinel": SENTINEL,
         "steps": [chain_step(run, step) for step in ("convert", "train")],
-        "variants": exported,
-        "choose": choosing(run, checkpoints_listing(run)),
+        **exports(
+            run,
+            lambda chosen: [chain_step(chosen, step, keep_checkpoint) for step in ("export", "save")],
+            checkpoints_listing(run),
+        ),
     }
 
 
-def choosing(run: maxtext.Run, listing: str) -> dict:
-    """How remote/chain.py chooses the export's checkpoint: `listing`, bash that prints the names in the run's
-    checkpoint folders, and how its training's log is read (progress.py's patterns)."""
-    return {
+def exports(run: maxtext.Run, render: Callable[[maxtext.Run], list[dict]], listing: str) -> dict:
+    """How remote/chain.py chooses the export, on either target: the steps from the export on, rendered by `render` for
+    the last checkpoint and, unless the export's step is fixed (--step, --last), for the stand-in of the best scored
+    one (SENTINEL); `listing`, bash that prints the names in the run's checkpoint folders; and how its training's log
+    is read (progress.py's patterns). `run` has no scored step."""
+    variants = {"last": render(run)}
+    if not (run.step or run.last):
+        variants["best"] = render(replace(run, scored_step=SENTINEL))
+    choose = {
         "list": listing,
         "run": run.name,
         "iterations": run.iterations,
@@ -468,6 +471,7 @@ def choosing(run: maxtext.Run, listing: str) -> dict:
         "field": progress.EVAL_FIELD.pattern,
         "keys": list(progress.EVAL_KEYS),
     }
+    return {"sentinel": SENTINEL, "variants": variants, "choose": choose}
 
 
 def chain_script(run: maxtext.Run, keep_checkpoint: bool) -> str:

@@ -278,30 +278,23 @@ def chain_step(settings: Settings, run: maxtext.Run, step: str, output: str | No
 
 
 def chain_data(settings: Settings, run: maxtext.Run) -> dict:
-    """What the driver is given: convert and train, each skipped when its output is in the bucket; the export of the
-    last checkpoint and, unless its step is fixed (--step, --last), of the stand-in for the best scored one
-    (pipeline.SENTINEL), which the driver chooses by the training's head log and the checkpoints in the bucket."""
+    """What the driver is given: convert and train, each skipped when its output is in the bucket, and the export
+    chosen as pipeline.exports says, by the training's head log and the checkpoints in the bucket."""
     from tpu_grpo.jobs import pipeline
 
     run = dataclasses.replace(run, scored_step=None)
     paths = maxtext.paths(run)
-    exported = {"last": [chain_step(settings, run, "export", None)]}
-    if not (run.step or run.last):
-        best = dataclasses.replace(run, scored_step=pipeline.SENTINEL)
-        exported["best"] = [chain_step(settings, best, "export", None)]
-    return {
+    listing = pipeline.children_on_host(paths["checkpoints"], python="python3")
+    data = {
         "cluster": {"namespace": NAMESPACE, "poll": POLL_SECONDS},
-        "sentinel": pipeline.SENTINEL,
         "steps": [
             chain_step(settings, run, "convert", paths["checkpoint"]),
             chain_step(settings, run, "train", paths["post_train"]),
         ],
-        "variants": exported,
-        "choose": {
-            **pipeline.choosing(run, pipeline.children_on_host(paths["checkpoints"], python="python3")),
-            "training": jobset.job_name("train", run.name),
-        },
+        **pipeline.exports(run, lambda chosen: [chain_step(settings, chosen, "export", None)], listing),
     }
+    data["choose"]["training"] = jobset.job_name("train", run.name)
+    return data
 
 
 def start_chain(cluster: Cluster, settings: Settings, run: maxtext.Run) -> str:
@@ -360,9 +353,9 @@ def drivers_on(cluster: Cluster) -> list[SliceJob]:
     return [_driver_state(found, cluster.driver_pods(found["metadata"]["name"])) for found in cluster.drivers()]
 
 
-def driver_log(cluster: Cluster, name: str) -> bytes:
-    """The driver's lines so far."""
-    pods = cluster.driver_pods(name)
+def driver_log(cluster: Cluster, name: str, pods: list[dict] | None = None) -> bytes:
+    """The driver's lines so far (from its `pods`, when listed already)."""
+    pods = cluster.driver_pods(name) if pods is None else pods
     return b"".join(cluster.log(pods[0]["metadata"]["name"], jobset.DRIVER_CONTAINER)) if pods else b""
 
 
@@ -377,8 +370,9 @@ def follow_chain(
     handled, lines = 0, []
     try:
         while (found := cluster.driver(name)) is not None:
-            job = _driver_state(found, cluster.driver_pods(name))
-            lines = driver_log(cluster, name).decode(errors="replace").split("\n")[:-1]  # whole lines only
+            pods = cluster.driver_pods(name)
+            job = _driver_state(found, pods)
+            lines = driver_log(cluster, name, pods).decode(errors="replace").split("\n")[:-1]  # whole lines only
             for line in lines[handled:]:
                 said = pipeline.CHAIN_LINE.fullmatch(line.strip())
                 if said is None or said["what"] == "exit":
@@ -418,7 +412,8 @@ def pipeline(
     """The run's pipeline by its driver on the cluster, which runs convert -> train -> export without this laptop
     (started, or followed when it runs already); the exit code and what happened, step by step."""
     name = driver_name(run)
-    if any(job.name == name and job.state in ("pending", "running") for job in drivers_on(cluster)):
+    found = cluster.driver(name)
+    if found and _driver_state(found, cluster.driver_pods(name)).state in ("pending", "running"):
         console.print(f"pipeline: run {run.name}'s driver {name} runs already on the cluster; following it")
     else:
         start_chain(cluster, settings, run)
@@ -512,7 +507,7 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
     if name in {driver.name for driver in drivers}:
         [run] = [driver.run for driver in drivers if driver.name == name]
         cluster.delete_driver(name)
-        return [name, *_delete_running(cluster, capacity, lambda job: job.run == run)]
+        return [name, *_delete_running(cluster, capacity, run)]
     if name:
         ours = {found["metadata"]["name"] for found in cluster.jobsets()}  # tpu-grpo's, by their run label
         if name not in ours or not cluster.delete(name):
@@ -521,11 +516,14 @@ def cancel(cluster: Cluster, name: str | None, capacity: str) -> list[str]:
     stopped = [driver.name for driver in drivers if driver.state in ("pending", "running")]
     for driver in stopped:
         cluster.delete_driver(driver)
-    return stopped + _delete_running(cluster, capacity, lambda job: True)
+    return stopped + _delete_running(cluster, capacity)
 
 
-def _delete_running(cluster: Cluster, capacity: str, chosen) -> list[str]:
-    running = [job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running") and chosen(job)]
+def _delete_running(cluster: Cluster, capacity: str, run: str | None = None) -> list[str]:
+    """Delete the JobSets still pending or running (of `run`, else all of tpu-grpo's); their names."""
+    running = [
+        job.name for job in jobs_on(cluster, capacity) if job.state in ("pending", "running") and run in (None, job.run)
+    ]
     for job in running:
         cluster.delete(job)
     return running

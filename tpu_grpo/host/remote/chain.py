@@ -257,7 +257,7 @@ class Slice:
         return "" if response is None else response.read().decode(errors="replace")
 
     @staticmethod
-    def verdict(found: dict, pod: dict | None) -> "int | None":
+    def verdict(found: dict, pod: dict | None) -> int | None:
         """An ended JobSet's exit code (its script's, else 1 for a failure), or None while it runs."""
         ended = {c["type"] for c in found.get("status", {}).get("conditions", []) if c.get("status") == "True"}
         if "Completed" in ended:
