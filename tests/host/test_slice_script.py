@@ -35,7 +35,15 @@ def test_a_sigterm_to_a_slice_pods_script_reaches_maxtext(tmp_path, bucket):
         "STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"],
     }
     pod = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", "bash", "-c", maxtext.script(run, "convert", in_slice=True)],
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "bash",
+            "-c",
+            maxtext.script(run, "convert", maxtext.Placement(pod=True)),
+        ],
         env=env,
     )
     try:

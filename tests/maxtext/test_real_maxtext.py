@@ -58,7 +58,7 @@ def test_a_stack_converts_trains_resumes_and_exports(make_host, request, tmp_pat
     run = stack.run(chosen, host.family, host.data, in_slice)
     where = maxtext.paths(run)
     bucket = stack.bucket_environment(request.getfixturevalue("storage_emulator")) if in_slice else {}
-    root = maxtext.compile_cache_root(run, in_slice)
+    root = (maxtext.Placement(pod=True) if in_slice else maxtext.VM).compile_cache_root(run)
     cached = host.keep_bucket_compile_caches(root, model) if in_slice else host.keep_compile_caches(root)
 
     def step(name: str, of: maxtext.Run) -> list[str]:
@@ -182,7 +182,7 @@ def test_a_vms_pipeline_runs_every_step_by_the_hosts_own_chain(make_host, tmp_pa
     host = make_host(TESTED[model])
     chosen = stack.stack(model, "vm")
     run = stack.run(chosen, host.family, host.data, in_slice=False)
-    host.keep_compile_caches(maxtext.compile_cache_root(run))
+    host.keep_compile_caches(maxtext.VM.compile_cache_root(run))
     folder = host.home / "tpu-grpo/jobs/20261207-000000.000-pipeline"
     folder.mkdir(parents=True)
     (folder / "command.sh").write_text(pipeline.chain_script(run, keep_checkpoint=False))

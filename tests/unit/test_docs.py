@@ -418,12 +418,16 @@ def task_functions() -> list:
 
 
 def _tasks_with(flag: str) -> set[str]:
-    """The tasks whose body takes `flag` (Invoke's argument name), read from their signatures."""
-    import inspect
+    """The tasks that take `flag` (Invoke's argument name), read from their flags records."""
+    import dataclasses
 
     import tasks
 
-    return {name for name in tasks.ns.task_names if flag in inspect.signature(tasks.ns.tasks[name].body).parameters}
+    return {
+        name
+        for name in tasks.ns.task_names
+        if flag in {each.name for each in dataclasses.fields(tasks.ns.tasks[name].flags)}
+    }
 
 
 def test_the_references_json_list_is_every_task_that_takes_json():
@@ -602,7 +606,7 @@ def test_the_timeline_sample_is_what_timeline_prints():
 def test_a_dry_run_said_to_print_json_is_one_of_a_task_that_takes_json():
     """slices.md said `--dry-run --json` of train, convert and export, which take no --json: each `TASK ... --dry-run
     --json` the pages name is a task with --json."""
-    takes_json = {node.name for node in task_functions() if "json_" in [arg.arg for arg in node.args.args]}
+    takes_json = _tasks_with("json_")
     said = {task for page in PAGES for task in re.findall(r"`(\w+) --dry-run --json`", page.read_text())}
     assert said and said <= takes_json, said - takes_json
     assert not re.search(r"(?<!\w )`--dry-run --json`", " ".join(page.read_text() for page in PAGES))

@@ -10,7 +10,7 @@ A fixed seed and budget here; a larger one with `TPU_GRPO_FUZZ_EXAMPLES=20000 uv
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import ipaddress
 import json
 import os
@@ -39,13 +39,12 @@ from tpu_grpo.config.secrets import MAX_SAID
 EXAMPLES = int(os.environ.get("TPU_GRPO_FUZZ_EXAMPLES", "0"))
 #: Flags a run of the generator must leave alone: they make a task serve, wait or act for real.
 NOT_FUZZED = {"tensorboard": {"once"}, "logs": {"follow"}}
-#: Each task's flags, from its body's signature (name -> takes no value), not from Invoke's get_arguments, which
-#: pops the help texts it reads, leaving `--help` without them for the rest of the session.
+#: Each task's flags, from its flags record (name -> takes no value).
 TASKS = {
     name: [
-        (flag, parameter.default is False)
-        for flag, parameter in list(inspect.signature(tasks.ns.tasks[name].body).parameters.items())[1:]
-        if flag not in NOT_FUZZED.get(name, set())
+        (each.name, each.default is False)
+        for each in dataclasses.fields(tasks.ns.tasks[name].flags)
+        if each.name not in NOT_FUZZED.get(name, set())
     ]
     for name in tasks.ns.task_names
 }

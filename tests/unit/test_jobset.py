@@ -210,7 +210,7 @@ def test_a_slice_runs_the_one_vm_argv_without_what_describes_one_vm(stack_dir, s
     # a VM's export first scores its checkpoint on the report examples (a train_rl on the TPU), which a slice's CPU
     # pod cannot
     vm_exports, vm_argv, vm_other = _parts(maxtext.script(dataclasses.replace(run, report_batches=0), step))
-    exports, argv, other = _parts(maxtext.script(run, step, in_slice=True, slice_shape="v6e-16x1"))
+    exports, argv, other = _parts(maxtext.script(run, step, maxtext.Placement(pod=True, slice_shape="v6e-16x1")))
     # The exports: the one VM's, less those that describe one VM's chips to libtpu, and the export into the
     # run's folder in the bucket rather than a pod's /dev/shm.
     expected = {

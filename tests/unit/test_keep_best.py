@@ -101,7 +101,7 @@ def test_the_steps_an_export_can_convert_include_the_kept_one(tmp_path):
 def test_the_train_script_pipes_the_training_through_the_keeper_on_one_vm_only():
     train = maxtext.script(RUN, "train")
     assert "2>&1 | TPU_GRPO_INPUT=" in train and 'python3 "$keeper"' in train
-    assert "keep_best" not in maxtext.script(RUN, "train", in_slice=True)
+    assert "keep_best" not in maxtext.script(RUN, "train", maxtext.Placement(pod=True))
     export = maxtext.script(RUN, "export")
     kept = '"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/kept/50/model_params"'
     assert f'[ -d "$POST_TRAIN_PATH" ] || [ ! -d {kept} ] || POST_TRAIN_PATH={kept}' in export

@@ -20,6 +20,7 @@ from tpu_grpo.catalog import stores
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.config import settings
 from tpu_grpo.config.errors import BadFlag
+from tpu_grpo.config.keys import KEYS
 from tpu_grpo.jobs import maxtext, progress
 
 #: Variables our scripts set that the tutorial does not, each on purpose (see maxtext.py).
@@ -207,6 +208,18 @@ def test_bad_set_is_refused(item, message):
 
 
 @pytest.mark.parametrize(
+    "setting, owned",
+    [(key.name, owned) for key in KEYS for owned in key.maxtext if owned not in ("num_batches",)],  # --batches' own
+)
+def test_set_refuses_each_maxtext_key_a_setting_declares_its_own(setting, owned):
+    """A setting that decides a MaxText key (keys.Key.maxtext) is what `--set` of that key is sent to, in every step."""
+    for step in maxtext.STEPS:
+        with pytest.raises(BadFlag) as error:
+            maxtext.parse_sets([f"{step}:{owned}=1"], None)
+        assert f"sets {owned}, which comes from " in str(error.value) and setting in str(error.value)
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (
@@ -380,9 +393,9 @@ def test_a_compile_cache_is_named_by_what_fixes_the_compiled_programs():
     assert name(RUN, "train", "v6e-16x2").startswith("v6e-16x2/") and name(RUN, "export", "v6e-16x2").startswith(
         "cpu-pool/"
     )
-    assert maxtext.compile_cache_root(RUN) == "~/tpu-grpo/compile-cache"  # the data disk's
+    assert maxtext.VM.compile_cache_root(RUN) == "~/tpu-grpo/compile-cache"  # the data disk's
     bucket = dataclasses.replace(RUN, store=stores.store_for("gs://b/runs"))
-    assert maxtext.compile_cache_root(bucket, in_slice=True) == "gs://b/runs/compile-cache"
+    assert maxtext.Placement(pod=True).compile_cache_root(bucket) == "gs://b/runs/compile-cache"
 
 
 def test_every_step_compiles_into_its_cache_and_runs_on_when_there_is_none(tmp_path):

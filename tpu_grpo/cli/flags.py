@@ -10,6 +10,7 @@ task's flags first, then hands them to an executor: ours (named in `invoke.yaml`
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import os
 import re
@@ -17,8 +18,8 @@ import shlex
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, TypeVar
+from dataclasses import field, fields
+from typing import Any
 
 from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
@@ -35,32 +36,42 @@ from tpu_grpo.config.values import Refused
 SHORT_FLAGS = {"json_": "j", "verbose": "v", "batches": "b", "stack": "s"}
 
 
-#: The running task's check and what it returned: its flags' checked values (flags.checked()).
-_CHECKED: ContextVar[tuple[Callable[..., Any] | None, Any]] = ContextVar("checked")
-T = TypeVar("T")
+class Flags:
+    """A task's flags, declared once: a frozen dataclass whose every field is one flag (its name, its default, its
+    help through `flag`), and whose `check` turns them into what the task's body receives beside them. The checks of
+    every task of the command line run before the first task acts (CheckingExecutor)."""
+
+    def check(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} declares no check")
+
+
+def flag(help: str, default: Any = None, repeatable: bool = False) -> Any:
+    """One flag of a Flags record: its help (a repeatable flag's begins with the value's form, which Invoke does not
+    show) and its default."""
+    return field(default=default, metadata={"help": help, "repeatable": repeatable})
 
 
 class FlagTask(Task):
-    """An Invoke task with the project's short flags (no automatic ones) and a `check` of its flags
-    that runs, for every task of the command line, before the first of them acts. What the check returns
-    reaches the task's body through `checked()`, so nothing is checked twice."""
+    """An Invoke task whose flags are a Flags record (Invoke reads a task's flags from `argspec`, which this returns
+    from the record), with the project's short flags and none made up. Its body is called as body(context, flags,
+    checked): the record and what its check returned before any task of the command line ran."""
 
-    def __init__(self, body: Callable, check: Callable[..., Any] | None = None, **kwargs: Any):
-        super().__init__(body, auto_shortflags=False, **kwargs)
-        self.check = check
+    def __init__(self, body: Callable, flags: type[Flags], **kwargs: Any):
+        self.flags = flags
+        repeatable = [each.name for each in fields(flags) if each.metadata["repeatable"]]  # type: ignore[arg-type]
+        super().__init__(body, auto_shortflags=False, iterable=repeatable, **kwargs)
         self.checked_values: list[Any] = []  # one per call of this task on the command line, in order
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.checked_values:
-            value = self.checked_values.pop(0)
-        else:  # called without the executor (another task's body): its check runs here
-            with one_line_errors():
-                value = self.check(**kwargs) if self.check else None
-        token = _CHECKED.set((self.check, value))
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            _CHECKED.reset(token)
+    def argspec(self, body: Callable) -> inspect.Signature:
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        return inspect.Signature(
+            [inspect.Parameter(each.name, keyword, default=each.default) for each in fields(self.flags)]  # type: ignore[arg-type]
+        )
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list:
+        # Invoke's arg_opts pops each help text it reads: given anew, a second --help in one process still has them
+        self.help = {each.name: each.metadata["help"] for each in fields(self.flags)}  # type: ignore[arg-type]
+        return super().get_arguments(ignore_unknown_help)
 
     def arg_opts(self, name: str, default: Any, taken_names: set) -> dict:
         options = super().arg_opts(name, default, taken_names)
@@ -68,13 +79,16 @@ class FlagTask(Task):
             options["names"].append(SHORT_FLAGS[name])
         return options
 
+    def check(self, given: dict[str, Any]) -> Any:
+        """What the task's check returns for the flags `given`, or its one-line refusal."""
+        with one_line_errors():
+            return self.flags(**given).check()
 
-def checked(check: Callable[..., T]) -> T:
-    """The running task's checked flag values, typed as its `check` returns them: what that check returned before
-    any task of the command line ran. `check` must be the task's own (or what its partial wraps)."""
-    ran, value = _CHECKED.get()
-    assert check in (ran, getattr(ran, "func", None)), f"{check.__name__} is not the running task's check"
-    return value
+    def __call__(self, context: Any, **given: Any) -> Any:
+        # called without the executor (another task's body, a test): its check runs now
+        checked = self.checked_values.pop(0) if self.checked_values else self.check(given)
+        self.times_called += 1
+        return self.body(context, self.flags(**given), checked)
 
 
 task = functools.partial(invoke_task, klass=FlagTask)
@@ -203,8 +217,7 @@ class CheckingExecutor(Executor):
         self.place = one_place([task for task in tasks if not isinstance(task, str)])
         for call in self.normalize(tasks):
             if isinstance(call.task, FlagTask):
-                with one_line_errors():
-                    call.task.checked_values.append(call.task.check(**call.kwargs) if call.task.check else None)
+                call.task.checked_values.append(call.task.check(call.kwargs))
         with quiet_on_a_closed_pipe():
             return super().execute(*tasks)
 
@@ -278,35 +291,3 @@ def exit_on_failure(code: int) -> None:
     (`invoke up provision pipeline`: Invoke stops the whole chain at any Exit, even Exit(0))."""
     if code:
         raise Exit(code=code)
-
-
-#: The help of the flags several tasks share, written once. Invoke shows no value for a repeatable
-#: flag, so its help begins with the value's form.
-HELP = {
-    "host": "USER@ADDRESS[:PORT], repeatable: a host to act on (default: the stack's VM from `invoke up`)",
-    "identity": "private key for the host (default: your SSH agent and ~/.ssh keys; for the stack's VM, "
-    "the private half of sshPublicKeyPath)",
-    "stack": STACK_HELP,
-    "wait": "seconds to keep retrying a VM that refuses SSH because it is still booting (default 0)",
-    "var": "KEY=VALUE, repeatable: overrides a playbook variable (playbooks/host.yml's vars, docs/provisioning.md)",
-    "playbook": "playbook to apply (default: playbooks/host.yml)",
-    "json": "print the result as JSON (progress goes to stderr)",
-    "set": "KEY=VALUE, repeatable: adds or overrides a key on the MaxText command line "
-    "(in pipeline STEP:KEY=VALUE, STEP one of convert, train, export; default train)",
-    "dry_run": "print the exact remote script and exit, without connecting",
-    "detach": "start the job and return at once (follow it later with `invoke logs --follow`)",
-    "verbose": "show every log line, not only progress, evals and errors",
-    "run_name": "run name (default: the tutorial's timestamp, YYYY-MM-DD-HH-MM-SS in UTC)",
-    "batches": "GRPO batches, MaxText's num_batches (default: the stack's tpu-grpo:batches)",
-}
-
-
-HOST_FLAGS = ("host", "identity", "stack", "wait")
-
-
-def flag_help(*names: str, **extra: str) -> dict:
-    """The help of a task's flags: the shared wording for these names, plus its own."""
-    return {**{name: HELP[name] for name in names}, **extra}
-
-
-STEP_FLAGS = (*HOST_FLAGS, "set", "dry_run", "detach", "verbose")

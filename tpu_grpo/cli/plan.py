@@ -224,12 +224,10 @@ def compile_cache_note(settings) -> str:
     from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
 
     run = pipeline.build_run(settings)
-    shape = slice_jobs.slice_shape(settings) if settings.tpu_slice else ""
-    where = "the store's bucket" if shape else "the data disk"
-    folder = (
-        f"{maxtext.compile_cache_root(run, in_slice=bool(shape))}/MAXTEXT_JAX_LIBTPU_VERSIONS/"
-        f"{maxtext.compile_cache_name(run, 'train', shape)}"
-    )
+    at = slice_jobs.placement(settings) if settings.tpu_slice else maxtext.VM
+    where = "the store's bucket" if at.pod else "the data disk"
+    named = maxtext.compile_cache_name(run, "train", at.slice_shape)
+    folder = f"{at.compile_cache_root(run)}/MAXTEXT_JAX_LIBTPU_VERSIONS/{named}"
     return (
         f"compile cache: {folder}, on {where}. The first training of these settings compiles (a cold start); "
         "the next ones, a resumed run, a recovery and a VM created anew start warm, until a --set that changes "

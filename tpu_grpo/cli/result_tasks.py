@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import check_fetch, check_hosts, check_metrics, check_publish, check_tensorboard, check_vm
-from tpu_grpo.cli.flags import HOST_FLAGS, checked, flag_help, one_line_errors, task
+from tpu_grpo.cli.checks import Fetch, Fetching, Metrics, Plotting, Publish, Runs, Serving, Tensorboard, Timeline
+from tpu_grpo.cli.flags import one_line_errors, task
 from tpu_grpo.config import laptop_paths
 from tpu_grpo.config.errors import INTERRUPTED
 from tpu_grpo.config.printing import styled, terminal
 
+if TYPE_CHECKING:
+    from tpu_grpo.jobs.targets import Where
 
-@task(iterable=["host"], check=check_hosts, help=flag_help(*HOST_FLAGS, "json"))
-def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
+
+@task(flags=Runs)
+def runs(c, flags: Runs, where: Where):
     """Every run in one table, newest first: what it was given, how it scored, what it cost, where its model is.
 
     From the host and this laptop's fetched copies, whichever answer (--json says which did)."""
@@ -23,64 +27,42 @@ def runs(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo.results.runs import show
 
     with one_line_errors():
-        found, answered = sources.of(targets.pick(checked(check_hosts))).runs()
-    if json_:
+        found, answered = sources.of(targets.pick(where)).runs()
+    if flags.json_:
         print(json.dumps({"sources": answered, "runs": [row.to_json() for row in found]}, indent=2))
         return
     show(terminal(), found, answered)
 
 
-@task(
-    iterable=["host"],
-    check=check_fetch,
-    help=flag_help(
-        *HOST_FLAGS,
-        "json",
-        run="the run whose saved model to fetch (default: the newest saved)",
-        to="local folder (default: models/RUN)",
-    ),
-)
-def fetch(c, run=None, to=None, host=None, identity=None, stack=None, wait=None, json_=False):
+@task(flags=Fetch)
+def fetch(c, flags: Fetch, checked: Fetching):
     """Download a run's exported model to this laptop: with progress, resumable, checksums verified."""
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
     with one_line_errors():
-        destination, where = checked(check_fetch)
-        result = sources.of(targets.pick(where)).fetch(run, destination, terminal(stderr=json_))
-    if json_:
+        result = sources.of(targets.pick(checked.where)).fetch(
+            flags.run, checked.destination, terminal(stderr=flags.json_)
+        )
+    if flags.json_:
         print(json.dumps(result.to_json(), indent=2))
 
 
-@task(
-    iterable=["host"],
-    check=check_publish,
-    help=flag_help(
-        *HOST_FLAGS,
-        "json",
-        "verbose",
-        repo="OWNER/NAME: the Hugging Face model repository (created if missing)",
-        run="the run whose saved model to publish (default: the newest saved)",
-        public="make a new repository public (default: private)",
-    ),
-)
-def publish(
-    c, repo=None, run=None, public=False, host=None, identity=None, stack=None, wait=None, json_=False, verbose=False
-):
+@task(flags=Publish)
+def publish(c, flags: Publish, where: Where):
     """Upload a run's saved model to the Hugging Face Hub, with a model card; a re-run sends nothing twice."""
     from tpu_grpo.jobs import vm_jobs
     from tpu_grpo.results.publish import publish
 
-    console = terminal(stderr=json_)
+    console = terminal(stderr=flags.json_)
     with one_line_errors():
-        where = checked(check_publish)
         session = vm_jobs.session(where.flags, where.settings)
         try:
-            outcome = publish(session, run, repo, not public, console, verbose)
+            outcome = publish(session, flags.run, str(flags.repo), not flags.public, console, flags.verbose)
         except KeyboardInterrupt:
             console.print("\ndetached: the upload goes on on the host; reattach: uv run invoke logs --follow")
             raise Exit(code=INTERRUPTED) from None
-    if json_:
+    if flags.json_:
         print(json.dumps(outcome.to_json(), indent=2))
         return
     sent = (
@@ -100,95 +82,59 @@ def publish(
     )
 
 
-@task(
-    iterable=["host", "compare"],
-    check=check_metrics,
-    help=flag_help(
-        *HOST_FLAGS,
-        "json",
-        run="run name (default: the newest trained run)",
-        compare="RUN, repeatable: overlay two or more runs' reward, KL, completion length and eval accuracy in one PNG "
-        "(default --out .tpu-grpo/compare.png), the legend naming the inputs in which they differ",
-        out="PNG to write (default: .tpu-grpo/runs/RUN/metrics.png); an existing file only if tpu-grpo wrote it",
-        force="let --out overwrite any existing file",
-        events="read a local folder of TensorBoard events instead of the host's",
-        log="with --events: the training's log (train_rl's output), whose evaluations the plot shows",
-    ),
-)
-def metrics(
-    c,
-    run=None,
-    out=None,
-    events=None,
-    log=None,
-    force=False,
-    host=None,
-    identity=None,
-    stack=None,
-    wait=None,
-    json_=False,
-    compare=None,
-):
+@task(flags=Metrics)
+def metrics(c, flags: Metrics, checked: Plotting):
     """Reward, loss, KL and completion length per step (TensorBoard) and eval accuracy (log): table and PNG."""
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import retrieval, sources
     from tpu_grpo.results.metrics import best_eval, plot, table
 
     with one_line_errors():
-        path, where = checked(check_metrics)
-        if compare:  # the runs of the host (or cluster), one plot
-            source = sources.of(targets.pick(where))
-            found = [source.metrics(name, None)[0] for name in compare]
-            path = plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
-        elif events:  # a folder here: no host, no cluster
-            found, path = retrieval.metrics_of_events(run, events, log, path)
+        path, compare = checked.path, flags.compare
+        if flags.events:  # a folder here: no host, no cluster
+            one, path = retrieval.metrics_of_events(flags.run, flags.events, flags.log, path)
+            found = [one]
         else:
-            found, path = sources.of(targets.pick(where)).metrics(run, path)
-    if json_:
-        data = {"runs": [one.to_json() for one in found]} if compare else found.to_json()
+            assert checked.where is not None, "the host is checked unless --events names a folder"
+            source = sources.of(targets.pick(checked.where))
+            if compare:  # the runs of the host (or cluster), one plot
+                found = [source.metrics(name, None)[0] for name in compare]
+                path = plot(found, path or laptop_paths.state() / laptop_paths.COMPARE_PLOT)
+            else:
+                one, path = source.metrics(flags.run, path)
+                found = [one]
+    if flags.json_:
+        data = {"runs": [one.to_json() for one in found]} if compare else found[0].to_json()
         print(json.dumps({**data, "plot": str(path)}, indent=2))
         return
     console = terminal()
-    for one in found if compare else [found]:
+    for one in found:
         console.print(table(one))
         if best := best_eval(one):
             console.print(f"best: {best['accuracy']:g}% at step {best['step']} (marked `best` in the plot)")
     console.print(f"plot: {path}")
 
 
-@task(
-    iterable=["host"],
-    check=check_tensorboard,
-    help=flag_help(
-        *HOST_FLAGS,
-        "json",
-        run="one run to show (default: every run trained on the host, side by side)",
-        port="the port TensorBoard listens on, on 127.0.0.1 (default 6006)",
-        every="seconds between syncs of the events from the host (default 5)",
-        once="sync the events once and exit, without serving",
-    ),
-)
-def tensorboard(
-    c, run=None, port=None, every=None, once=False, host=None, identity=None, stack=None, wait=None, json_=False
-):
+@task(flags=Tensorboard)
+def tensorboard(c, flags: Tensorboard, checked: Serving):
     """TensorBoard on this laptop over the runs' events, synced from the host while they train; Ctrl-C stops it."""
     from tpu_grpo.host import hosts
     from tpu_grpo.jobs import vm_jobs
     from tpu_grpo.results import tensorboard_sync
 
-    console = terminal(stderr=json_)
+    console = terminal(stderr=flags.json_)
+    run, port_number, every_s, where = flags.run, checked.port, checked.every_s, checked.where
     with one_line_errors():
-        port_number, every_s, where = checked(check_tensorboard)
         session = vm_jobs.session(where.flags, where.settings)
         try:
             copied = tensorboard_sync.sync(session, run)
         except hosts.ConnectError as error:
             copied = dict.fromkeys(tensorboard_sync.local_runs(run, laptop_paths.state()), 0)
-            if once or not copied:
+            if flags.once or not copied:
                 raise
             console.print(f"the host does not answer ({error}); serving the events already here")
-    if once:
-        if json_:
+    if flags.once:
+        if flags.json_:
             print(
                 json.dumps(
                     {
@@ -219,8 +165,8 @@ def tensorboard(
         raise Exit(code=INTERRUPTED) from None
 
 
-@task(iterable=["host"], check=check_vm, help=flag_help(*HOST_FLAGS, "json"))
-def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
+@task(flags=Timeline)
+def timeline(c, flags: Timeline, where: Where):
     """Where the VM's hours went since it booted: a table and a chart.
 
     Each phase (the search for chips that made it, provisioning, download, jobs, training steps, evals, saves,
@@ -229,12 +175,11 @@ def timeline(c, host=None, identity=None, stack=None, wait=None, json_=False):
     from tpu_grpo.results.timeline import build, fetches, gather, plot, searches, show
 
     with one_line_errors():
-        where = checked(check_vm)
         session = vm_jobs.session(where.flags, where.settings)
         found = gather(session.connection)
     built = build(session.host.name, found, fetches(), searches(where.settings.stack if where.settings else None))
     png = plot(built, laptop_paths.state() / laptop_paths.TIMELINE_PLOT)
-    if json_:
+    if flags.json_:
         print(json.dumps({**built.to_json(), "chart": str(png)}, indent=2))
         return
     show(terminal(), built, png)

@@ -3,48 +3,44 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from invoke import Exit
 
-from tpu_grpo.cli.checks import check_down, check_hosts, check_image, check_settings
-from tpu_grpo.cli.flags import HOST_FLAGS, checked, exit_on_failure, flag_help, one_line_errors, task
+from tpu_grpo.cli.checks import Down, Image, OnHost, Plan, SettingsFlags, Up
+from tpu_grpo.cli.flags import exit_on_failure, one_line_errors, task
 from tpu_grpo.config import keys, stack_file
 from tpu_grpo.config.errors import INTERRUPTED, UserError
 from tpu_grpo.config.printing import terminal
 from tpu_grpo.config.settings import Settings
 
+if TYPE_CHECKING:
+    from tpu_grpo.jobs.targets import Where
 
-@task(
-    help=flag_help(
-        "stack",
-        json="print the plan as JSON",
-        scripts="show every resource's inputs, the gcloud command, the provisioning steps and the MaxText scripts",
-    ),
-    check=check_settings,
-)
-def plan(c, stack=None, json_=False, scripts=False):
+
+@task(flags=Plan)
+def plan(c, flags: Plan, chosen: Settings):
     """Show what `pulumi up` would create, what it costs and how a run goes (offline).
 
     One screen; --scripts adds every input and script. Exits 2 while a setting is still to set."""
     from tpu_grpo.cli.plan import build, render
 
     with one_line_errors():
-        result = build(stack)
-    if json_:
+        result = build(flags.stack)
+    if flags.json_:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, terminal(), scripts=scripts)
+        render(result, terminal(), scripts=flags.scripts)
     if result.pending:
         raise Exit(code=UserError.exit_code)
 
 
-@task(help=flag_help("stack", json="print the settings as JSON"), check=check_settings)
-def settings(c, stack=None, json_=False):
+@task(flags=SettingsFlags)
+def settings(c, flags: SettingsFlags, chosen: Settings):
     """List every stack setting with its value and meaning, after validating them all."""
-    chosen = checked(check_settings)
     with one_line_errors():
         values = stack_file.read_stack_file(chosen.stack, stack_file.project_root())
-    if json_:  # each key: what it comes to, and whence when the stack file does not set it (null: it does)
+    if flags.json_:  # each key: what it comes to, and whence when the stack file does not set it (null: it does)
 
         def shown(key: keys.Key) -> dict:
             if values.get(key.name) is not None:
@@ -74,16 +70,8 @@ def settings(c, stack=None, json_=False):
         console.print(f"warning: {warning}")
 
 
-@task(
-    help=flag_help(
-        "stack",
-        yes="go ahead without Pulumi's preview and question (for scripts)",
-        move_disk="when chips are found in another zone, move the data disk there (a snapshot, then a disk made "
-        "from it) instead of making it anew",
-    ),
-    check=check_settings,
-)
-def up(c, stack=None, yes=False, move_disk=False):
+@task(flags=Up)
+def up(c, flags: Up, chosen: Settings):
     """Create or update the TPU VM (or a slice's cluster) with `pulumi up`, after checking everything it needs.
 
     With tpu-grpo:fallback, the next place is tried when Google has no chips (docs/capacity.md). Refused while a
@@ -93,7 +81,6 @@ def up(c, stack=None, yes=False, move_disk=False):
     from tpu_grpo.jobs import targets
     from tpu_grpo.results import sources
 
-    chosen = checked(check_settings)
     missing = missing_for_up(chosen)
     if missing:
         lines = "\n".join(f"  - {item}" for item in missing)
@@ -119,7 +106,7 @@ def up(c, stack=None, yes=False, move_disk=False):
             unreachable = f"{moved} (the search tries it again), or run `uv run invoke up` once {chosen.here} has chips"
             unsaved = f"{moved}, or fetch them first (once the VM answers)"
         sources.keep_what_only_the_data_disk_holds(
-            sources.of(targets.pick(check_hosts(stack=stack))),
+            sources.of(targets.pick(OnHost(stack=flags.stack).where())),
             chosen.stack,
             "update",
             "the update deletes the data disk, and ",
@@ -131,8 +118,8 @@ def up(c, stack=None, yes=False, move_disk=False):
         try:
             outcome = find_chips(
                 chosen,
-                yes=yes,
-                move=move_disk,
+                yes=flags.yes,
+                move=flags.move_disk,
                 keep_data=keep_data,
                 say=lambda line: console.print(line, soft_wrap=True),
             )
@@ -147,42 +134,25 @@ def up(c, stack=None, yes=False, move_disk=False):
     exit_on_failure(outcome.code)
 
 
-@task(
-    check=check_image,
-    help=flag_help(
-        "stack",
-        builder="docker (a local Docker), cloud-build (gcloud builds submit) or auto (default: Docker when "
-        "its daemon answers, else Cloud Build)",
-        dry_run="print the Dockerfile and the commands, and exit",
-    ),
-)
-def image(c, stack=None, builder="auto", dry_run=False):
+@task(flags=Image)
+def image(c, flags: Image, chosen: Settings):
     """Build and push a slice's post-training image (MaxText and its post-training extra), tagged by MaxText version."""
     from tpu_grpo.jobs import targets
     from tpu_grpo.provision import image_build
 
     with one_line_errors():
-        chosen = checked(check_image)
-        if dry_run:
+        if flags.dry_run:
             print(image_build.dockerfile())
-            for command in image_build.commands(chosen, builder, "CONTEXT"):
+            for command in image_build.commands(chosen, flags.builder, "CONTEXT"):
                 print("$ " + " ".join(command))
             return
-        pushed = image_build.build(chosen, image_build.choose(builder))
+        pushed = image_build.build(chosen, image_build.choose(flags.builder))
         targets.SliceTarget(chosen).cluster.record_image(pushed)
     print(f"pushed {pushed}; the slice's jobs run it")
 
 
-@task(
-    iterable=["host"],
-    check=check_down,
-    help=flag_help(
-        *HOST_FLAGS,
-        force="destroy even if a trained model exists only on the VM: the data disk goes with it",
-        yes="go ahead without Pulumi's preview and question (for scripts)",
-    ),
-)
-def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=False):
+@task(flags=Down)
+def down(c, flags: Down, where: Where):
     """`pulumi destroy` the stack, refused while a trained model is not yet on this laptop.
 
     The VM and its disks go; a slice's runs are in its bucket, which the destroy keeps."""
@@ -192,23 +162,22 @@ def down(c, force=False, stack=None, host=None, identity=None, wait=None, yes=Fa
     from tpu_grpo.results import sources
 
     why = "--force: deleting what only the data disk holds was asked for"
+    chosen = where.stack_settings()
     with one_line_errors():
-        where = checked(check_down)
-        if not force:
+        if not flags.force:
             why = "every run it holds is fetched or published"
             sources.keep_what_only_the_data_disk_holds(
                 sources.of(targets.pick(where)),
-                where.settings.stack,
+                chosen.stack,
                 "destroy",
                 "",
                 "bring the VM back (`uv run invoke up`) and fetch the runs, or pass --force, which deletes the data "
                 "disk and the models on it",
                 "fetch them first, or pass --force, which deletes them with the VM's disks",
             )
-        chosen = where.settings
         console = terminal()
         with search.updating(chosen.stack):  # not while an `up` or a recovery of this laptop updates it
-            code = destroy(chosen.stack, why, yes=yes, say=lambda line: console.print(line, soft_wrap=True))
+            code = destroy(chosen.stack, why, yes=flags.yes, say=lambda line: console.print(line, soft_wrap=True))
             forgot = None if code else search.forget_place(chosen.stack)
         if forgot:
             console.print(forgot, soft_wrap=True)

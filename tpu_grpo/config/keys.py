@@ -91,6 +91,8 @@ class Key:
     #: What `invoke settings` shows for the key unset, and whence (the Settings -> (value, whence), or None), where
     #: another setting's row or MaxText decides it. None: the value parsed, the tutorial's where it has a default.
     unset: Callable[[Any], tuple[Any, str] | None] | None = None
+    #: The MaxText keys it decides, which `--set` then refuses (two values of one key would disagree).
+    maxtext: tuple[str, ...] = ()
     field: str = ""  # its field of Settings: `zone`, `boot_disk_gb` (from StackValues)
     kind: type = str  # the kind of value, from its field's type (from StackValues)
 
@@ -429,6 +431,7 @@ class StackValues:
         "v6e-16",
         rule=_one_of([ONE_VM, *SLICES], f"is not a slice ({ONE_VM}, the one VM, or " + ", ".join(SLICES) + ")"),
         unset=_one_vm_unless_a_slice,
+        maxtext=("chips_per_vm",),
     )
     num_slices: int = setting(
         f"{PROJECT}:numSlices",
@@ -450,6 +453,7 @@ class StackValues:
         vm_only=True,
         default="ct6e-standard-8t",
         rule=_one_of(MACHINES, "is not a known TPU machine type (" + ", ".join(MACHINES) + ")"),
+        maxtext=("chips_per_vm",),
     )
     checkpoint_store: str = setting(
         f"{PROJECT}:checkpointStore",
@@ -458,6 +462,7 @@ class StackValues:
         "disk",
         rule=_store,
         unset=_from_capacity("checkpoint_store"),
+        maxtext=("base_output_directory",),
     )
     bucket: bool = setting(
         f"{PROJECT}:bucket", "declare checkpointStore's bucket in this stack (default: it exists already)", "true"
@@ -470,6 +475,7 @@ class StackValues:
         rule=whole(1, MAX_STEPS, " steps"),
         default=str(CHECKPOINT_PERIOD),
         unset=_every_checkpoint_scored("checkpoint_period"),
+        maxtext=("checkpoint_period", "eval_interval"),
     )
     checkpoints_to_keep: int = setting(
         f"{PROJECT}:checkpointsToKeep",
@@ -479,6 +485,7 @@ class StackValues:
         rule=whole(1, 1000),
         default=str(CHECKPOINTS_TO_KEEP),
         unset=_every_checkpoint_scored("checkpoints_to_keep"),
+        maxtext=("max_num_checkpoints_to_keep",),
     )
     boot_disk_gb: int = setting(
         f"{PROJECT}:bootDiskGb",
@@ -584,12 +591,14 @@ class StackValues:
         rule=_one_of(
             MODELS, "is not a model MaxText 0.2.3 post-trains here (" + ", ".join(MODELS) + "; docs/models.md)"
         ),
+        maxtext=("model_name",),
     )
     export_model: str = setting(
         f"{PROJECT}:exportModel",
         "MaxText model name for the conversion back to Hugging Face: the model's own, "
         "or its export name (default: the model table's, llama3.1-8b for the tutorial's model)",
         "llama3.1-8b",
+        maxtext=("model_name",),
     )
     tokenizer: str | None = setting(
         f"{PROJECT}:tokenizer",
@@ -598,6 +607,7 @@ class StackValues:
         "meta-llama/Llama-3.1-8B-Instruct",
         rule=_HUB_ID,
         unset=lambda settings: (settings.model_row.training_tokenizer, "the model table's"),
+        maxtext=("tokenizer_path",),
     )
     dataset: str | None = setting(
         f"{PROJECT}:dataset",
@@ -606,6 +616,7 @@ class StackValues:
         "nvidia/OpenMathInstruct-2",
         rule=_HUB_ID,
         unset=_maxtext(lambda settings: DEFAULT_DATASET),
+        maxtext=("dataset_name", "eval_dataset_name"),
     )
     dataset_config: str | None = setting(
         f"{PROJECT}:datasetConfig",
@@ -614,6 +625,7 @@ class StackValues:
         "main",
         rule=_text_by(name),
         unset=_maxtext(lambda settings: DEFAULT_DATASET_CONFIG if settings.dataset in (None, DEFAULT_DATASET) else ""),
+        maxtext=("hf_name",),
     )
     loss_algo: str | None = setting(
         f"{PROJECT}:lossAlgo",
@@ -621,9 +633,15 @@ class StackValues:
         "gspo-token",
         rule=_one_of(LOSS_ALGOS, "is not a loss of MaxText 0.2.3 (" + ", ".join(LOSS_ALGOS) + ")"),
         unset=_maxtext(lambda settings: "grpo"),
+        maxtext=("rl.loss_algo",),
     )
     batches: int = setting(
-        f"{PROJECT}:batches", "GRPO batches per run (num_batches)", "50", default="50", rule=whole(1, MAX_BATCHES)
+        f"{PROJECT}:batches",
+        "GRPO batches per run (num_batches)",
+        "50",
+        default="50",
+        rule=whole(1, MAX_BATCHES),
+        maxtext=("num_batches",),
     )
     test_batches: int = setting(
         f"{PROJECT}:testBatches",
@@ -631,6 +649,7 @@ class StackValues:
         "10",
         default="10",
         rule=whole(1, MAX_BATCHES),
+        maxtext=("num_test_batches", "test_batch_start_index"),
     )
     report_batches: int = setting(
         f"{PROJECT}:reportBatches",
@@ -638,12 +657,17 @@ class StackValues:
         "10",
         default="10",
         rule=whole(0, MAX_BATCHES),
+        maxtext=("test_batch_start_index",),
     )
     use_pathways: bool = setting(
         f"{PROJECT}:usePathways", "run with Pathways (true) or McJAX (false)", "false", default="false"
     )
     lazy_load_tensors: bool = setting(
-        f"{PROJECT}:lazyLoadTensors", "lazy tensor loading in the Hugging Face conversion", "false", default="false"
+        f"{PROJECT}:lazyLoadTensors",
+        "lazy tensor loading in the Hugging Face conversion",
+        "false",
+        default="false",
+        maxtext=("lazy_load_tensors",),
     )
 
 

@@ -30,7 +30,7 @@ from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOIN
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import BadFlag
 from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
-from tpu_grpo.config.keys import MAX_BATCHES
+from tpu_grpo.config.keys import KEYS, MAX_BATCHES
 from tpu_grpo.config.settings import Training
 from tpu_grpo.host import remote
 from tpu_grpo.jobs.progress import EVAL, EVAL_FIELD, PRE_EVAL, REPORT_LINE, RESUMES, total_steps
@@ -41,27 +41,21 @@ MODULES = {
     "train": "maxtext.trainers.post_train.rl.train_rl",
     "export": "maxtext.checkpoint_conversion.to_huggingface",
 }
-#: Keys that have a flag or a stack setting of their own: `--set` would make the two disagree.
-OWNED_KEYS = {
+#: Keys that a flag or tpu-grpo itself gives: `--set` would make the two disagree.
+FLAG_KEYS = {
     "num_batches": "--batches",
     "run_name": "--run-name",
-    "model_name": "tpu-grpo:model / exportModel",
-    "tokenizer_path": "tpu-grpo:tokenizer",
-    "dataset_name": "tpu-grpo:dataset",
-    "hf_name": "tpu-grpo:datasetConfig",
-    "rl.loss_algo": "tpu-grpo:lossAlgo",
     "hf_access_token": "the host's token file (invoke provision --tags token)",
     "load_parameters_path": "--step (export) or the converted checkpoint (train)",
-    "base_output_directory": "tpu-grpo:checkpointStore",
-    "checkpoint_period": "tpu-grpo:checkpointPeriod",
-    "eval_interval": "tpu-grpo:checkpointPeriod (every checkpoint is scored)",
-    "max_num_checkpoints_to_keep": "tpu-grpo:checkpointsToKeep",
-    "num_test_batches": "tpu-grpo:testBatches",
-    "test_batch_start_index": "tpu-grpo:testBatches and reportBatches (docs/training.md, Two sets)",
-    "eval_dataset_name": "tpu-grpo:dataset",
-    "chips_per_vm": "tpu-grpo:machineType (or slice)",
     "jax_cache_dir": "the compile cache tpu-grpo keeps (docs/training.md, Warm starts)",
-    "lazy_load_tensors": "tpu-grpo:lazyLoadTensors",
+}
+#: Every key `--set` refuses, with what gives it: a flag, or the settings that declare it theirs (keys.Key.maxtext).
+OWNED_KEYS = {
+    **{
+        owned: " or ".join(key.name for key in KEYS if owned in key.maxtext)
+        for owned in sorted({owned for key in KEYS for owned in key.maxtext})
+    },
+    **FLAG_KEYS,
 }
 #: The GRPO settings a model card states, with MaxText 0.2.3's rl.yml defaults (a `--set` overrides them).
 GRPO_DEFAULTS = {
@@ -119,6 +113,60 @@ POD_TOKEN_CHECK = (
     '[ -n "${HF_TOKEN:-}" ] || { echo "no Hugging Face token in this pod (Secret tpu-grpo-hf-token); '
     'fix: HF_TOKEN=... uv run invoke pipeline" >&2; exit 1; }'
 )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a step's script runs, and all that differs there: on one VM, in MaxText's venv with the host's token file,
+    its compile caches on the data disk and MaxText in the foreground; or in a slice's pod (`pod`), in the
+    post-training image, which has MaxText on its PATH, the token from a Secret and no VM's files (no venv, token file
+    or downloaded model), whose environment says where Pathways is, whose compile caches are in the bucket, and whose
+    script is PID 1 of its container, so MaxText runs in the background under a SIGTERM trap. `slice_shape` names the
+    slice a pod's training compiles for (SLICE x NUMBER)."""
+
+    pod: bool = False
+    slice_shape: str = ""
+
+    def prologue(self, step: str, run: Run) -> list[str]:
+        return [
+            f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
+            "set -eo pipefail",
+            *([] if self.pod else [f"source {VENV}/bin/activate"]),
+            "set -u",
+            *token_lines(needed=run.row.gated, pod=self.pod),
+            "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
+        ]
+
+    def exports(self, run: Run, step: str) -> list[str]:
+        """The tutorial's exports up to the step (a pod's, without those that describe one VM's own chips)."""
+        return [
+            f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}"
+            for name, value in environment(run, step, self)
+            if not (self.pod and name in ONE_VM_ONLY)
+        ]
+
+    def keeps_best(self, run: Run) -> bool:
+        """Whether the training keeps its best scored checkpoint from the manager's deletion (remote/keep_best.py): on
+        one VM whose store is its own filesystem, where a hard link keeps it for nothing; a bucket keeps what Orbax
+        keeps."""
+        return not self.pod and run.store.name != "gs"
+
+    def compile_cache_root(self, run: Run) -> str:
+        """Where compile caches live: the data disk of one VM (a replaced VM gets the same disk), the store's bucket
+        for a slice (its pods keep nothing)."""
+        return f"{run.store.root}/compile-cache" if self.pod else COMPILE_CACHES
+
+    def supervised(self, command: list[str]) -> list[str]:
+        """The lines that run MaxText: as they are on a VM; in a pod, in the background, the TERM passed on to it."""
+        return [FORWARD_TERM, *command, *WAIT_CHILD] if self.pod else command
+
+    @property
+    def background(self) -> str:
+        return " &" if self.pod else ""
+
+
+#: The one VM (the tutorial's).
+VM = Placement()
 
 
 @dataclass(frozen=True)
@@ -369,7 +417,7 @@ def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, str]]:
+def environment(run: Run, step: str, at: Placement = VM) -> list[tuple[str, str]]:
     """The tutorial's exports up to this step, in its order, as (name, shell text of the value). In a
     slice's pod the export goes into the run's folder in the bucket: the pod's /dev/shm goes with it."""
     machine = run.machine.tpu_env()
@@ -399,14 +447,14 @@ def environment(run: Run, step: str, in_slice: bool = False) -> list[tuple[str, 
     last = run.export_step == run.batches and run.scored_step is None
     step_dir = "$NUM_BATCHES" if last else str(run.export_step)
     export = [
-        ("HF_EXPORT", SLICE_EXPORT if in_slice else "/dev/shm/$MODEL_NAME/hf-trained/"),
+        ("HF_EXPORT", SLICE_EXPORT if at.pod else "/dev/shm/$MODEL_NAME/hf-trained/"),
         ("HF_MODEL_NAME", _q(run.export_model)),
         ("POST_TRAIN_PATH", f"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/{step_dir}/model_params"),
     ]
     return {"convert": convert, "train": convert + train, "export": convert + train + export}[step]
 
 
-def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
+def overrides(run: Run, step: str, at: Placement = VM) -> dict[str, str]:
     """The step's `key=value` arguments (values as shell text), with the step's `--set`s applied last. In a slice's
     CPU pod the export runs as MaxText's convert_checkpoint.md runs to_huggingface on a CPU machine (`hardware=cpu
     skip_jax_distributed_system=true`): with base.yml's defaults it calls jax.distributed.initialize(), which no
@@ -446,7 +494,7 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
     mapping["jax_cache_dir"] = '"${COMPILE_CACHE?}"'  # compile_cache_lines
     if step == "convert" and run.row.eager_load_method:
         mapping["--eager_load_method"] = run.row.eager_load_method
-    if step == "export" and in_slice:
+    if step == "export" and at.pod:
         mapping.update(hardware="cpu", skip_jax_distributed_system="true")
     if step == "train":
         added = {**run.row.rollout_overrides(), **run.data_overrides()}
@@ -471,11 +519,11 @@ def overrides(run: Run, step: str, in_slice: bool = False) -> dict[str, str]:
     return mapping
 
 
-def token_lines(needed: bool, in_slice: bool = False) -> list[str]:
+def token_lines(needed: bool, pod: bool = False) -> list[str]:
     """Bash that puts the host's Hugging Face token into HF_TOKEN, read from its file: never a command line. A job
     that `needed` it (a gated model's: checks.require_token asks the laptop for it first) stops without it; another
     uses it if it is there. A slice's pod has HF_TOKEN from its Secret already, or not at all."""
-    if in_slice:
+    if pod:
         return [POD_TOKEN_CHECK] if needed else []
     exported = f"HF_TOKEN=$(cat {TOKEN_FILE}); export HF_TOKEN"
     if not needed:
@@ -564,20 +612,14 @@ def compile_cache_name(run: Run, step: str, slice_shape: str = "") -> str:
     return f"{where}/{run.model}/{step}-{digest}"
 
 
-def compile_cache_root(run: Run, in_slice: bool = False) -> str:
-    """Where compile caches live: the data disk of one VM (a replaced VM gets the same disk), the store's bucket for
-    a slice (its pods keep nothing)."""
-    return f"{run.store.root}/compile-cache" if in_slice else COMPILE_CACHES
-
-
-def compile_cache_lines(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -> list[str]:
+def compile_cache_lines(run: Run, step: str, at: Placement = VM) -> list[str]:
     """Bash that names and makes the step's compile cache and says whether this start is warm; MaxText's
     jax_cache_dir and (the trainer's rollout) tpu-inference's VLLM_XLA_CACHE_PATH both point there. If the cache
     cannot be had, the step runs on, compiling everything (MaxText's own ~/jax_cache)."""
     from tpu_grpo.host.remote.compile_cache import LINE
 
-    named = compile_cache_name(run, step, slice_shape)
-    make = remote.run("compile_cache", {"root": compile_cache_root(run, in_slice), "named": named, "mode": "make"})
+    named = compile_cache_name(run, step, at.slice_shape)
+    make = remote.run("compile_cache", {"root": at.compile_cache_root(run), "named": named, "mode": "make"})
     lines = [
         f"COMPILE_CACHE=$({make}\n) || {{ COMPILE_CACHE=$HOME/jax_cache; "
         f"echo '{LINE} unavailable: this start compiles everything' >&2; }}",
@@ -586,75 +628,93 @@ def compile_cache_lines(run: Run, step: str, in_slice: bool = False, slice_shape
     ]
     if step == "train":
         lines.append('export VLLM_XLA_CACHE_PATH="$COMPILE_CACHE"  # tpu-inference sets JAX\'s cache to it')
-    return lines if in_slice else [*lines, KEEP_EVERY_COMPILATION]
+    return lines if at.pod else [*lines, KEEP_EVERY_COMPILATION]
 
 
-def script(run: Run, step: str, in_slice: bool = False, slice_shape: str = "") -> str:
-    """The whole remote script of one step: what `--dry-run` prints and what the job runs. `in_slice`: the
-    script a slice's pod runs in the post-training image, which has MaxText on its PATH and no VM's files
-    (no venv, token file or downloaded model), and whose environment says where Pathways is; `slice_shape` names
-    the slice its compile cache is for (SLICE x NUMBER)."""
-    lines = [
-        f"# tpu-grpo {step}: the tutorial's section {STEPS.index(step) + 4}",
-        "set -eo pipefail",
-        *([] if in_slice else [f"source {VENV}/bin/activate"]),
-        "set -u",
-        *token_lines(needed=run.row.gated, in_slice=in_slice),
-        "export PYTHONUNBUFFERED=1  # log lines reach the job's log as they happen",
-    ]
-    for name, value in environment(run, step, in_slice):
-        if in_slice and name in ONE_VM_ONLY:
-            continue
-        lines.append(f"{name}={value}; export {name}" if value.startswith("$(") else f"export {name}={value}")
-    if step == "export" and kept_here(run, in_slice):
-        kept = f'"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{KEPT_FOLDER}/{run.export_step}/model_params"'
-        # the best scored checkpoint, kept from the manager's deletion (keeper_lines)
-        lines.append(f'[ -d "$POST_TRAIN_PATH" ] || [ ! -d {kept} ] || POST_TRAIN_PATH={kept}')
-    if step == "train":  # train_rl restores the run's newest checkpoint: say which, for the progress bar
-        newest = " | grep -E '^[0-9]+$' | sort -n | tail -1"
-        listing = (  # a bucket's steps: with its client, which `ls` is not
-            remote.run("folder_children", {"folder": paths(run)["checkpoints"]}, then=newest)
-            if run.store.name == "gs"
-            else f'ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"{newest}'
-        )
-        lines.append(f"newest=$( ({listing}\n) 2>/dev/null || true)")
-        lines.append(f'[ -z "$newest" ] || echo "{RESUMES} $newest"')
-    before, after = _restore_or_keep(run) if step == "convert" and run.store.name == "shm" else ([], [])
-    if step == "export":
-        after = trained_tokenizer(run)
-        before = [] if in_slice or not run.report_batches else report_lines(run)
-        lines.append(f'echo "tpu-grpo: exports checkpoint {run.export_step}, {export_reason(run)}"')  # in its log
-    arguments = [f"    {key}={value}" for key, value in overrides(run, step, in_slice).items()]
-    if step == "convert" and not in_slice:  # the model provisioning downloaded, when it did (else MaxText downloads it)
+def script(run: Run, step: str, at: Placement = VM) -> str:
+    """The whole remote script of one step: what `--dry-run` prints and what the job runs."""
+    return "\n".join(BUILDERS[step](run, at)) + "\n"
+
+
+def _call(run: Run, step: str, at: Placement, *more: str) -> str:
+    """`MODULE key=value ...`: the step's MaxText call, its arguments one a line."""
+    return " \\\n".join(
+        [MODULES[step], *(f"    {key}={value}" for key, value in overrides(run, step, at).items()), *more]
+    )
+
+
+def convert_script(run: Run, at: Placement) -> list[str]:
+    """The tutorial's section 4: on a VM, from the model provisioning downloaded when it did (else MaxText
+    downloads it), and into /dev/shm from the copy the data disk keeps of the same conversion."""
+    before, after = _restore_or_keep(run) if run.store.name == "shm" else ([], [])
+    more = []
+    if not at.pod:
         before = [
             f"hf_model_path={downloaded_model(run)}",
             '[ -f "$hf_model_path.complete" ] || hf_model_path=',
             *before,
         ]
-        arguments.append('    ${hf_model_path:+--hf_model_path="$hf_model_path"}')
-    call = " \\\n".join([MODULES[step], *arguments])
-    background = " &" if in_slice else ""
-    # the training through run_module, which ends the process MaxText's grading pool would keep from exiting
-    command = [f"python3 -m {call}{background}"]
-    if step == "train":
-        written, keeper = keeper_lines(run, in_slice)
-        piped = f" 2>&1 | {keeper}" if keeper else ""
-        command = [*written, remote.run("run_module", command_line=call, then=piped or background)]
-    if in_slice:
-        command = [FORWARD_TERM, *command, *WAIT_CHILD]
-    lines += [*before, *compile_cache_lines(run, step, in_slice, slice_shape), *command, *after]
-    return "\n".join(lines) + "\n"
+        more = ['    ${hf_model_path:+--hf_model_path="$hf_model_path"}']
+    command = [f"python3 -m {_call(run, 'convert', at, *more)}{at.background}"]
+    return [
+        *at.prologue("convert", run),
+        *at.exports(run, "convert"),
+        *before,
+        *compile_cache_lines(run, "convert", at),
+        *at.supervised(command),
+        *after,
+    ]
 
 
-def kept_here(run: Run, in_slice: bool = False) -> bool:
-    """Whether the training keeps its best scored checkpoint from the manager's deletion (remote/keep_best.py): on one
-    VM whose store is its own filesystem, where a hard link keeps it for nothing; a bucket keeps what Orbax keeps."""
-    return not in_slice and run.store.name != "gs"
+def train_script(run: Run, at: Placement) -> list[str]:
+    """The tutorial's section 5: through run_module, which ends the process MaxText's grading pool would keep from
+    exiting; it says which checkpoint train_rl resumes from (for the progress bar), and on a VM its output goes
+    through the keeper of the best scored checkpoint."""
+    newest = " | grep -E '^[0-9]+$' | sort -n | tail -1"
+    listing = (  # a bucket's steps: with its client, which `ls` is not
+        remote.run("folder_children", {"folder": paths(run)["checkpoints"]}, then=newest)
+        if run.store.name == "gs"
+        else f'ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"{newest}'
+    )
+    written, keeper = keeper_lines(run, at)
+    piped = f" 2>&1 | {keeper}" if keeper else ""
+    command = [*written, remote.run("run_module", command_line=_call(run, "train", at), then=piped or at.background)]
+    return [
+        *at.prologue("train", run),
+        *at.exports(run, "train"),
+        f"newest=$( ({listing}\n) 2>/dev/null || true)",
+        f'[ -z "$newest" ] || echo "{RESUMES} $newest"',
+        *compile_cache_lines(run, "train", at),
+        *at.supervised(command),
+    ]
 
 
-def keeper_lines(run: Run, in_slice: bool) -> tuple[list[str], str]:
+def export_script(run: Run, at: Placement) -> list[str]:
+    """The tutorial's section 6: the chosen checkpoint (the kept copy of the best scored one, where the manager
+    deleted it), scored once on the report examples on a VM, then the tokenizer the run trained with."""
+    kept = []
+    if at.keeps_best(run):  # the best scored checkpoint, kept from the manager's deletion (keeper_lines)
+        folder = f'"$BASE_OUTPUT_DIRECTORY/$RUN_NAME/{KEPT_FOLDER}/{run.export_step}/model_params"'
+        kept = [f'[ -d "$POST_TRAIN_PATH" ] || [ ! -d {folder} ] || POST_TRAIN_PATH={folder}']
+    command = [f"python3 -m {_call(run, 'export', at)}{at.background}"]
+    return [
+        *at.prologue("export", run),
+        *at.exports(run, "export"),
+        *kept,
+        f'echo "tpu-grpo: exports checkpoint {run.export_step}, {export_reason(run)}"',  # in its log
+        *([] if at.pod or not run.report_batches else report_lines(run)),
+        *compile_cache_lines(run, "export", at),
+        *at.supervised(command),
+        *trained_tokenizer(run),
+    ]
+
+
+BUILDERS = {"convert": convert_script, "train": train_script, "export": export_script}
+
+
+def keeper_lines(run: Run, at: Placement) -> tuple[list[str], str]:
     """(bash that writes the keeper, the command the training's output is piped into), or nothing to pipe into."""
-    if not kept_here(run, in_slice):
+    if not at.keeps_best(run):
         return [], ""
     where = paths(run)
     data = {

@@ -176,7 +176,7 @@ def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
     where = maxtext.paths(run)
     if in_bucket(run):
         return _steps(gcs.children(where["checkpoints"]))
-    return Checkpoints.read(connection, where["checkpoints"], *([where["kept"]] if maxtext.kept_here(run) else []))
+    return Checkpoints.read(connection, where["checkpoints"], *([where["kept"]] if maxtext.VM.keeps_best(run) else []))
 
 
 def probe_script(run: maxtext.Run) -> str:
@@ -433,7 +433,7 @@ def checkpoints_listing(run: maxtext.Run) -> str:
     where = maxtext.paths(run)
     if in_bucket(run):
         return children_on_host(where["checkpoints"])
-    return Checkpoints.script(where["checkpoints"], *([where["kept"]] if maxtext.kept_here(run) else []))
+    return Checkpoints.script(where["checkpoints"], *([where["kept"]] if maxtext.VM.keeps_best(run) else []))
 
 
 def chain_data(run: maxtext.Run, keep_checkpoint: bool) -> dict:

@@ -64,9 +64,9 @@ class SliceJob:
         )
 
 
-def slice_shape(settings: Settings) -> str:
-    """The slice as its compile cache names it: SHAPE x NUMBER (`v6e-16x2`)."""
-    return f"{settings.slice}x{settings.num_slices}"
+def placement(settings: Settings) -> maxtext.Placement:
+    """The slice's pods, their training compiled for SHAPE x NUMBER (`v6e-16x2`)."""
+    return maxtext.Placement(pod=True, slice_shape=f"{settings.slice}x{settings.num_slices}")
 
 
 def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
@@ -80,7 +80,7 @@ def manifest(settings: Settings, run: maxtext.Run, step: str) -> dict:
     name = jobset.job_name(step, run.name)
     image = images.post_training_image(settings.project, settings.region)
     assert settings.tpu_slice, "a slice's stack"
-    script = maxtext.script(run, step, in_slice=True, slice_shape=slice_shape(settings))
+    script = maxtext.script(run, step, placement(settings))
     if step != "train":
         return jobset.cpu(name, step, run.name, image, script)
     made = jobset.pathways(
@@ -613,8 +613,9 @@ def next_start(settings: Settings) -> dict | None:
     from tpu_grpo.host.remote.compile_cache import ENTRY
 
     run = maxtext.Run.of(settings.training)
-    root = maxtext.compile_cache_root(run, in_slice=True)
-    named = maxtext.compile_cache_name(run, "train", slice_shape(settings))
+    at = placement(settings)
+    root = at.compile_cache_root(run)
+    named = maxtext.compile_cache_name(run, "train", at.slice_shape)
     try:
         found = gcs.sizes(root)
     except gcs.StoreError:

@@ -34,7 +34,7 @@ class Where:
     settings: Settings | None = None
 
     def stack_settings(self) -> Settings:
-        """The stack's settings, for a task whose check read them (check_hosts' with_stack)."""
+        """The stack's settings, for a task whose check read them (OnHost.where's with_stack)."""
         assert self.settings is not None, "the task's check reads the stack (with_stack=True)"
         return self.settings
 

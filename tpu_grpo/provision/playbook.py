@@ -120,7 +120,7 @@ class Playbook:
 SECRET_SOURCES = {"hf_token": "the Hugging Face token (env HF_TOKEN, or the local HF token file)"}
 
 
-def load(path: Path | None = None) -> Playbook:
+def load(path: str | Path | None = None) -> Playbook:
     """Read and validate a playbook; any problem is a PlaybookError naming the file, line and step."""
     path = Path(path or PLAYBOOK)
     try:

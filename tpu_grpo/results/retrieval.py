@@ -303,7 +303,7 @@ def _plotted(found, out: Path | None):
     return found, metrics.plot(found, path)
 
 
-def metrics_of_events(run: str | None, events: Path, log: str | None, out: Path | None):
+def metrics_of_events(run: str | None, events: str, log: str | None, out: Path | None):
     """Load a run's metrics from a local folder of TensorBoard events (and its evaluations from a local log) and write
     its plot; returns (metrics, png path). The flags were checked by check_metrics_flags."""
     from tpu_grpo.results import metrics
