@@ -207,3 +207,17 @@ def test_a_vms_pipeline_runs_every_step_by_the_hosts_own_chain(make_host, tmp_pa
         host.family.architecture
     ]
     assert json.loads(host.path(pipeline.saved_record(run.name)).read_text())["step"] == 2
+
+
+def test_the_shipped_list_of_maxtexts_keys_is_the_installed_packages():
+    """`--set` refuses a key MaxText's config does not have (tpu_grpo/catalog/maxtext_keys.txt): the list is the one
+    tests/maxtext/config_keys.py reads from the installed MaxText now, and holds keys tpu-grpo's runs here pass."""
+    said = subprocess.run(
+        [str(VENV / "bin/python"), str(ROOT / "tests/maxtext/config_keys.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert said == (ROOT / "tpu_grpo/catalog/maxtext_keys.txt").read_text()
+    assert {"learning_rate", "rl.num_generations", "num_batches"} <= set(said.split())

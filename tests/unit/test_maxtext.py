@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from tests import tutorial
-from tests.support import TEST_TOKEN, invoke, this_python
+from tests.support import ROOT, TEST_TOKEN, invoke, this_python
 from tests.tutorial import RUN, assert_same_as_tutorial, job_home, run_ours
 from tpu_grpo.catalog import stores
 from tpu_grpo.catalog.accelerators import MACHINES
+from tpu_grpo.catalog.models import MODELS
 from tpu_grpo.config import settings
 from tpu_grpo.config.errors import BadFlag
 from tpu_grpo.config.keys import KEYS
@@ -205,6 +206,40 @@ def test_bad_set_is_refused(item, message):
     with pytest.raises(BadFlag) as error:
         maxtext.parse_sets([item], "train")
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "item, said",
+    [
+        ("Learning_Rate=1e-6", "has no config key 'Learning_Rate'; fix: did you mean learning_rate?"),
+        ("rl.num_generation=4", "has no config key 'rl.num_generation'; fix: did you mean rl.num_generations?"),
+        ("rl.bogus=1", "has no config key 'rl.bogus'"),
+        ("bogus_key=1", "has no config key 'bogus_key'; fix: a key of MaxText's config"),
+    ],
+)
+def test_a_key_maxtext_does_not_have_is_refused_with_the_nearest(item, said):
+    """MaxText's pyconfig refuses an unknown key once the job has started on the paid host (`'KEY' not in ...`); the
+    list of its keys (tpu_grpo/catalog/maxtext_keys.txt, held to the package by the MaxText tier) refuses it first."""
+    with pytest.raises(BadFlag) as error:
+        maxtext.parse_sets([item], "train")
+    assert said in str(error.value)
+
+
+def test_every_key_tpu_grpos_own_command_lines_pass_is_one_maxtext_has():
+    """Each key of the three steps' command lines, for every model, store and placement, is in MaxText's list: the
+    list is whole enough for what tpu-grpo itself sends."""
+    known = (ROOT / "tpu_grpo/catalog/maxtext_keys.txt").read_text().split()
+    passed = set(maxtext.GRPO_DEFAULTS) | set(maxtext.COUNT_KEYS)
+    for model in MODELS:
+        for store in ("/dev/shm", "gs://b/runs"):
+            run = dataclasses.replace(RUN, model=model, export_model=model, store=stores.store_for(store))
+            for step in maxtext.STEPS:
+                for at in (maxtext.VM, maxtext.Placement(pod=True)):
+                    passed |= {key for key in maxtext.overrides(run, step, at) if not key.startswith("--")}
+    assert len(passed) > 30 and passed - set(known) == set()
+    # what --set refuses as tpu-grpo's own: MaxText's keys, and to_maxtext's flag `--lazy_load_tensors`
+    assert set(maxtext.OWNED_KEYS) - set(known) == {"lazy_load_tensors"}
+    assert "--lazy_load_tensors" in maxtext.overrides(RUN, "convert")
 
 
 @pytest.mark.parametrize(

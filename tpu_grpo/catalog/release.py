@@ -12,10 +12,20 @@ the slice's image pins JAX_VERSION, so the images are Google's for that JAX. Max
 
 from __future__ import annotations
 
+import difflib
 import re
+from pathlib import Path
 
 MAXTEXT_VERSION = "0.2.3"
 MAXTEXT_SPEC = f"maxtext[tpu-post-train]=={MAXTEXT_VERSION}"
+#: Every key MaxText's config takes on a command line (`learning_rate`, `rl.num_generations`): its pyconfig refuses
+#: any other when the job starts. tests/maxtext/config_keys.py writes the list from the installed package, and the
+#: real-MaxText tier holds it to that package.
+MAXTEXT_KEYS = frozenset(
+    line
+    for line in (Path(__file__).parent / "maxtext_keys.txt").read_text().splitlines()
+    if line and not line.startswith("#")
+)
 JAX_VERSION = "0.10.1"
 PATHWAYS_TAG = f"jax-{JAX_VERSION}"
 #: JobSet, which a slice's cluster runs its steps with, and its Helm chart (JobSet's README: `helm install jobset
@@ -41,3 +51,10 @@ def other_maxtext(spec: str) -> str | None:
     if not match or re.sub(r"[-_.]+", "-", match["name"]).lower() != "maxtext":
         return None
     return None if match["version"] == MAXTEXT_VERSION else match["version"]
+
+
+def nearest_key(key: str) -> str | None:
+    """The MaxText key a mistyped one most likely meant: the same but for case, else the closest spelling."""
+    same = [known for known in sorted(MAXTEXT_KEYS) if known.lower() == key.lower()]
+    close = same or difflib.get_close_matches(key, sorted(MAXTEXT_KEYS), n=1)
+    return close[0] if close else None

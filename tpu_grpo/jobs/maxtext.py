@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
+from tpu_grpo.catalog.release import MAXTEXT_KEYS, MAXTEXT_VERSION, nearest_key
 from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import BadFlag
@@ -402,6 +403,14 @@ def parse_sets(items: list[str] | None, default_step: str | None) -> dict[str, d
             )
         if key in OWNED_KEYS:
             raise BadFlag(f"--set {item!r} sets {key}, which comes from {OWNED_KEYS[key]}; fix: use that instead")
+        if key not in MAXTEXT_KEYS:  # else the job's pyconfig refuses it once the paid host has started it
+            nearest = nearest_key(key)
+            fix = (
+                f"did you mean {nearest}? e.g. --set {nearest}=..."
+                if nearest
+                else "a key of MaxText's config (base.yml)"
+            )
+            raise BadFlag(f"--set {item!r}: MaxText {MAXTEXT_VERSION} has no config key {key!r}; fix: {fix}")
         if key in COUNT_KEYS:
             try:
                 COUNT_KEYS[key](value)
