@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent  # this venv's commands (invoke, uv's python)
 #: The MaxText tier's venv (tests/maxtext/install makes it).
 MAXTEXT_VENV = Path(os.environ.get("TPU_GRPO_MAXTEXT_VENV") or Path.home() / ".cache/tpu-grpo/maxtext-0.2.3")
 
-TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9Zr"  # a made-up token the tests scan every output for
+TEST_TOKEN = "hf_" + "T0kenNeverShown" + "x7Qp2Lm9ZrAbCdEfGhI"  # made up, of a token's form; no output may say it
 
 #: A stack's changes from the committed example (a reservation) to each other capacity.
 SPOT = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.doubles.pulumi_cli import PulumiCli
-from tests.support import FIXTURES, ROOT, fix_commands, invoke, unpasteable
+from tests.support import FIXTURES, ROOT, TEST_TOKEN, fix_commands, invoke, unpasteable
 
 TASKS = (
     "plan",
@@ -534,7 +534,7 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(stack_dir, stack
             cwd=stack_dir,
             env={
                 "TPU_GRPO_STATE": str(state),
-                "HF_TOKEN": "" if "token" in argv else "hf_secret",
+                "HF_TOKEN": "" if "token" in argv else TEST_TOKEN,
                 "HF_TOKEN_PATH": "latin1.token",
             },
         )

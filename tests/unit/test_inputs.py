@@ -482,3 +482,58 @@ def test_a_record_nested_deep_is_no_reason_for_runs_to_fail(stack_dir, tmp_path)
     env = {"TPU_GRPO_STATE": str(tmp_path / "state")}
     result = invoke("runs", "--json", "--host", "tpu@203.0.113.9", "--wait", "0", cwd=stack_dir, env=env)
     assert result.returncode == 0 and "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- round 6 (issue 82): the token checked for what it is
+
+REAL_FORM = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"  # hf_ and 34 letters, as the Hub issues them
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["hf_...", "hf_" + "a" * 20 + " " + "b" * 14, "a" * 37, f"{REAL_FORM}\n{REAL_FORM}", "e"],
+    ids=["placeholder", "space-inside", "no-prefix", "two-lines", "one-letter"],
+)
+def test_a_token_that_is_none_is_refused_before_provisioning_connects(stack_dir, token):
+    from tests.unit.test_cli_safety import Listener
+
+    listener = Listener()
+    try:
+        result = invoke("provision", "--host", f"tpu@127.0.0.1:{listener.port}", cwd=stack_dir, env={"HF_TOKEN": token})
+    finally:
+        listener.close()
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert (
+        "error: HF_TOKEN holds no Hugging Face token (" in result.stderr and "fix: copy a read token" in result.stderr
+    )
+    assert listener.accepted == 0 and (token not in result.stderr or token == "e")
+
+
+def test_a_token_file_an_editor_saved_with_a_bom_and_crlf_is_used_and_masked_as_used(stack_dir, tmp_path, monkeypatch):
+    """huggingface_hub drops line breaks and spaces (its _clean_token) and keeps a byte-order mark; tpu-grpo drops
+    that too, and masks the token it would send, not the file's bytes."""
+    (tmp_path / "token").write_bytes(b"\xef\xbb\xbf" + REAL_FORM.encode() + b"\r\n")
+    env = {"HF_TOKEN": "", "HF_TOKEN_PATH": str(tmp_path / "token")}
+    result = invoke("train", "--run-name", REAL_FORM, "--dry-run", "--host", "tpu@203.0.113.9", cwd=stack_dir, env=env)
+    assert result.returncode == 0 and "export RUN_NAME=***" in result.stdout, result.stderr
+    assert REAL_FORM not in result.stdout + result.stderr
+    from tpu_grpo.config import secrets
+
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert secrets.hub_token() == REAL_FORM  # what provisioning and a slice's Secret are given
+
+
+def test_a_one_letter_token_hides_no_letter_of_a_refusal(stack_dir):
+    result = invoke("train", "--batches", "0", "--host", "tpu@203.0.113.9", cwd=stack_dir, env={"HF_TOKEN": "e"})
+    assert result.returncode == 2 and "is not a whole number" in result.stderr and "***" not in result.stderr
+
+
+def test_a_token_path_that_names_a_folder_is_said_to_be_one(stack_dir, tmp_path):
+    result = invoke(
+        "provision", "--host", "tpu@203.0.113.9", cwd=stack_dir, env={"HF_TOKEN": "", "HF_TOKEN_PATH": str(tmp_path)}
+    )
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert (
+        f"the Hugging Face token file '{tmp_path}' (HF_TOKEN_PATH, else HF_HOME's `token`) is a folder" in result.stderr
+    )

@@ -409,10 +409,11 @@ def test_the_local_token_comes_from_env_then_the_hf_token_file(tmp_path, monkeyp
     monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     assert engine.local_secret("hf_token") is None
-    (tmp_path / "token").write_text("hf_fromfile\n")
-    assert engine.local_secret("hf_token") == "hf_fromfile"
-    monkeypatch.setenv("HF_TOKEN", "hf_fromenv")
-    assert engine.local_secret("hf_token") == "hf_fromenv"
+    from_file, from_env = "hf_" + "FromFile" * 5, "hf_" + "FromEnv" * 5
+    (tmp_path / "token").write_text(f"{from_file}\n")
+    assert engine.local_secret("hf_token") == from_file
+    monkeypatch.setenv("HF_TOKEN", from_env)
+    assert engine.local_secret("hf_token") == from_env
 
 
 def test_every_variable_has_help_and_a_valid_default():

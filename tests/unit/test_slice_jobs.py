@@ -455,6 +455,19 @@ def test_a_job_without_any_token_is_refused_before_it_is_created(slice_stack, ku
     assert kube.jobsets == {} and kube.secrets == {}
 
 
+@pytest.mark.parametrize("token", ["hf_...", "hf_" + "a" * 20 + " " + "b" * 14, "e"])
+def test_a_token_that_is_none_is_refused_before_the_cluster_is_asked(slice_stack, kube, token):
+    """The token goes to the cluster's Secret: the project's own placeholder, a token with a space inside, one letter
+    are no token, said as such before any request (a one-letter token hides no letter of the line)."""
+    for args in (("train", "--run-name", "gsm8k-12"), ("pipeline", "--run-name", "gsm8k-12")):
+        result = run_task(slice_stack, *args, env={"HF_TOKEN": token})
+        assert result.returncode == 2 and result.stderr.startswith("error: HF_TOKEN holds no Hugging Face token ("), (
+            result.stderr
+        )
+        assert len(result.stderr.splitlines()) == 1 and (token not in result.stderr or len(token) == 1)
+    assert kube.requests == [] and kube.jobsets == {} and kube.secrets == {}
+
+
 def test_a_public_models_job_runs_without_a_token(slice_stack, stack_values, bucket, kube):
     """Qwen's weights are public: with no token here and no Secret in the cluster, its job is created anyway, its
     pods read the Secret as optional and its script asks for no token (a gated model's is refused, above)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from tpu_grpo.catalog.models import DEFAULT_MODEL, MODELS
 from tpu_grpo.catalog.stores import default_need_text
 from tpu_grpo.cli.flags import Flags, flag
-from tpu_grpo.config import laptop_paths, settings, stack_file
+from tpu_grpo.config import laptop_paths, secrets, settings, stack_file
 from tpu_grpo.config.errors import BadFlag, SettingsError, UserError
 from tpu_grpo.config.keys import PROJECT
 
@@ -131,15 +131,19 @@ class Step(OnHost, Verbose):
         from tpu_grpo.jobs import pipeline
 
         where = self.where(with_stack=True)
+        chosen = where.stack_settings()
         run = pipeline.build_run(
-            where.stack_settings(),
-            batches=batches,
-            run_name=run_name,
-            sets=self.set_,
-            default_step=self.STEP,
-            step=step,
+            chosen, batches=batches, run_name=run_name, sets=self.set_, default_step=self.STEP, step=step
         )
+        sent_token(chosen, self.dry_run)
         return StepRun(run, where)
+
+
+def sent_token(chosen: settings.Settings, dry_run: bool) -> None:
+    """A slice's steps send this laptop's Hugging Face token to the cluster's Secret: one that is no token is refused
+    before anything connects."""
+    if chosen.tpu_slice and not dry_run:
+        secrets.hub_token()
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,7 @@ class Pipeline(OnHost, Verbose, Batches, Json):
         chosen = where.stack_settings()
         run = pipeline.build_run(chosen, batches=self.batches, run_name=self.run_name, sets=self.set_)
         need = pipeline.parse_need_gb(self.need_gb, run)
+        sent_token(chosen, self.dry_run)
         recover = self.recover
         recoveries = maxtext.check_count("--recover", recover, minimum=0, maximum=100) if recover is not None else 0
         if recoveries:

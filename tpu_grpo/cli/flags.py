@@ -27,8 +27,7 @@ from invoke import task as invoke_task
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
 from tpu_grpo.config.printing import without_token
-from tpu_grpo.config.secrets import conceal, hub_token
-from tpu_grpo.config.values import Refused
+from tpu_grpo.config.secrets import conceal, masked_token
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p
@@ -199,10 +198,7 @@ class CheckingExecutor(Executor):
         for stream in (sys.stdout, sys.stderr):  # PYTHONIOENCODING=ascii: a `?` for what it cannot say, no traceback
             if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
                 stream.reconfigure(errors="replace")
-        try:
-            token = hub_token()
-        except Refused:  # an unreadable token file: said by the task that needs the token
-            token = None
+        token = masked_token()
         sys.stdout, sys.stderr = without_token(sys.stdout, token), without_token(sys.stderr, token)
         remainder = getattr(self.core, "remainder", "")
         if remainder:  # Invoke keeps what follows `--` and hands it to no task: `ssh -- df -h` would drop `df -h`

@@ -37,8 +37,8 @@ class WithoutToken:
 
 
 def without_token(stream, token: str | None):
-    """`stream`, writing the token (when it is one: a few characters could be anything) as `***`."""
-    return WithoutToken(stream, token) if token and len(token) >= 8 else stream
+    """`stream`, writing the token (secrets.masked_token) as `***`."""
+    return WithoutToken(stream, token) if token else stream
 
 
 def terminal(stderr: bool = False):

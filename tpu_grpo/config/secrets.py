@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from tpu_grpo.config.errors import UserError
 from tpu_grpo.config.values import Refused, text_of
 
 #: The longest error line said whole; a longer one (a refused value of 200,000 characters) keeps its start and its
@@ -25,14 +26,62 @@ _UNSHOWN = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 PLACEHOLDERS = {"...", "hf_...", "THE_PASSPHRASE", "FILE"}
 
 
+#: A Hugging Face access token as the Hub issues them: `hf_` (a user's; `hf_oauth_` from a browser login) or
+#: `api_org_` (an organization's, older), then letters and digits. Secret scanners match a user's as `hf_` and 34
+#: letters (detect-secrets' HuggingFaceDetector, gitleaks' huggingface-access-token); 30 or more are taken here.
+TOKEN_FORM = re.compile(r"(hf_(oauth_)?|api_org_)[A-Za-z0-9]{30,}")
+#: Fewer characters are no token, and are never masked in output (a one-letter HF_TOKEN would hide every `e`).
+SHORTEST_TOKEN = 33
+
+
+def token_as_used() -> str | None:
+    """The Hugging Face token as it would be used: env HF_TOKEN, else its token file (hub_token_path), cleaned as
+    huggingface_hub cleans it (its _clean_token: line breaks dropped, spaces stripped) and of a byte-order mark an
+    editor wrote, whatever its form; a UserError when that file cannot be read as text."""
+    text = os.environ.get("HF_TOKEN", "")
+    if not _cleaned(text):
+        path = hub_token_path()
+        if path.is_dir():
+            raise UserError(
+                f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH, else HF_HOME's `token`) is a folder; fix: "
+                "name the file itself, e.g. HF_TOKEN_PATH=~/.cache/huggingface/token, or unset it"
+            )
+        if not path.is_file():
+            return None
+        try:
+            text = text_of(path)
+        except Refused as problem:
+            raise UserError(
+                f"the Hugging Face token file {str(path)!r} (HF_TOKEN_PATH) {problem}; fix: save the token in it "
+                "alone, as UTF-8 text (or set HF_TOKEN)"
+            ) from None
+    return _cleaned(text)
+
+
 def hub_token() -> str | None:
-    """The Hugging Face token as huggingface_hub finds it: env HF_TOKEN, else its token file (hub_token_path);
-    Refused when that file cannot be read as text."""
-    token = os.environ.get("HF_TOKEN", "").strip()
-    if token:
-        return token
-    path = hub_token_path()
-    return (text_of(path).strip() or None) if path.is_file() else None
+    """The Hugging Face token to send (token_as_used), refused when it is not one: a placeholder (hf_...), a token
+    with a space inside or without its prefix, two tokens on two lines."""
+    token = token_as_used()
+    if token is not None and not TOKEN_FORM.fullmatch(token):
+        whence = "HF_TOKEN" if _cleaned(os.environ.get("HF_TOKEN", "")) else f"the token file {str(hub_token_path())!r}"
+        raise UserError(
+            f"{whence} holds no Hugging Face token ({len(token)} characters, not hf_ and letters and digits); fix: "
+            "copy a read token whole from huggingface.co/settings/tokens into HF_TOKEN, or `uv run hf auth login`"
+        )
+    return token
+
+
+def masked_token() -> str | None:
+    """The token output never says: the one that would be used, when it is long enough to be one."""
+    try:
+        token = token_as_used()
+    except UserError:
+        return None
+    return token if token and len(token) >= SHORTEST_TOKEN else None
+
+
+def _cleaned(text: str) -> str | None:
+    return text.lstrip("\ufeff").replace("\r", "").replace("\n", "").strip() or None
 
 
 def hub_token_path() -> Path:
@@ -44,10 +93,7 @@ def hub_token_path() -> Path:
 def conceal(message: str) -> str:
     """An error line as a task prints it: no Hugging Face token in it (the one this laptop has, or any value of a
     secret's key), no character a terminal would act on, and at most MAX_SAID characters."""
-    try:
-        token = hub_token()
-    except Refused:
-        token = None
+    token = masked_token()
     if token:
         message = message.replace(token, "***")
     message = _UNSHOWN.sub(lambda found: repr(found[0])[1:-1], _without_secret_values(message))
