@@ -222,7 +222,7 @@ FILLED = {
     "YOUR_RESERVATION_NAME": "v6e-8-calendar",
     "YOUR_PUBLIC_IP": "203.0.113.7",
     "YOUR_BUCKET": "grpo-runs",
-    "hf_...": "hf_madeUpTokenForTests",
+    "hf_...": "hf_madeUpTokenForTestsAbCdEfGhIjKlMn",
 }
 
 

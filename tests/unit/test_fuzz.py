@@ -371,7 +371,8 @@ def test_every_setting_is_parsed_or_refused_in_one_line(project, key, value):
     try:
         settings_module.parse({**project.config, key: value}, "dev", project.folder, lenient=True)
     except SettingsError as error:
-        named = str(error).split("=", 1)[0]  # the key itself, or the key a rule between keys blames
+        # the key itself, the key a rule between keys blames, or a path into it (tpu-grpo:fallback[1].capacity)
+        named = re.split(r"[\[.]", str(error).split("=", 1)[0], maxsplit=1)[0]
         assert "\n" not in str(error) and named in {k.name for k in KEYS} and "; fix: " in str(error), str(error)
 
 

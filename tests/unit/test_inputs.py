@@ -537,3 +537,112 @@ def test_a_token_path_that_names_a_folder_is_said_to_be_one(stack_dir, tmp_path)
     assert (
         f"the Hugging Face token file '{tmp_path}' (HF_TOKEN_PATH, else HF_HOME's `token`) is a folder" in result.stderr
     )
+
+
+# ---------------------------------------------------------------- round 6 (issue 82): the rest
+
+
+def _frame(data: bytes) -> bytes:
+    """One TFRecord frame, as TensorBoard's writer frames a record: its length, its masked CRC-32C, the data, its."""
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+@pytest.mark.parametrize("kind", ["not-an-event", "a-folder", "a-dangling-link", "no-events"])
+def test_an_events_folder_that_holds_no_events_is_one_line(stack_dir, tmp_path, kind):
+    events = tmp_path / "tb"
+    events.mkdir()
+    name = events / "events.out.tfevents.1.host"
+    if kind == "not-an-event":
+        name.write_bytes(_frame(b"\xff\xff\xff not a protocol buffer"))
+    elif kind == "a-folder":
+        name.mkdir()
+    elif kind == "a-dangling-link":
+        name.symlink_to(tmp_path / "gone")
+    said = {
+        "not-an-event": "holds records that are no TensorBoard events; fix: ",
+        "a-folder": "is no file, where TensorBoard's events files are; fix: ",
+        "a-dangling-link": "is a link to nothing, where TensorBoard's events files are; fix: ",
+        "no-events": "no TensorBoard events files (events.out.tfevents.*): ",
+    }[kind]
+    result = invoke("metrics", "--events", str(events), cwd=stack_dir, env={"TPU_GRPO_STATE": str(tmp_path / "s")})
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert said in result.stderr and "fix: " in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_public_key_given_as_the_identity_is_refused_with_its_private_half(stack_dir, tmp_path):
+    public = tmp_path / "id_ed25519.pub"
+    public.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDc0dGVzdGtleWZvcnRwdWdycG8 me@laptop\n")
+    result = invoke("ssh", "--host", "tpu@203.0.113.9", "--identity", str(public), cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert f"is a public key (ssh-ed25519); fix: --identity {tmp_path / 'id_ed25519'}, its private half" in (
+        result.stderr
+    )
+
+
+def test_freeze_does_not_replace_a_file_it_did_not_write(stack_dir):
+    """`freeze --lock playbooks/host.yml` replaced the playbook; a lock it wrote is replaced, as `metrics --out`
+    replaces a plot of its own."""
+    (stack_dir / "host.yml").write_text("steps: []\n")
+    result = invoke("freeze", "--host", "tpu@203.0.113.9", "--lock", "host.yml", cwd=stack_dir)
+    assert result.returncode == 2 and "is a file `invoke freeze` did not write" in result.stderr, result.stderr
+    assert (stack_dir / "host.yml").read_text() == "steps: []\n"
+    (stack_dir / "old.lock").write_text("# tpu-grpo host lock: `invoke provision --locked` installs exactly this\n")
+    again = invoke("freeze", "--host", "tpu@203.0.113.9", "--wait", "0", "--lock", "old.lock", cwd=stack_dir)
+    assert "did not write" not in again.stderr
+
+
+@pytest.mark.parametrize("given", ["$HOME/x", "${HOME}/x", "%USERPROFILE%\\x", "~nouser/x"])
+def test_a_state_folder_no_shell_expanded_is_refused_and_nothing_is_made(stack_dir, given):
+    """As a .env file writes it, unexpanded: it made folders named `$HOME` in the checkout."""
+    result = invoke(
+        "train", "--run-name", "r", "--host", "tpu@203.0.113.9", cwd=stack_dir, env={"TPU_GRPO_STATE": given}
+    )
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert f"TPU_GRPO_STATE={given!r} holds a variable or home no shell expanded" in result.stderr
+    assert sorted(path.name for path in stack_dir.iterdir()) == ["Pulumi.dev.yaml", "Pulumi.yaml"]
+
+
+@pytest.mark.parametrize(
+    "args, meant",
+    [
+        (("fetch", "--run-name", "x"), "fetch has no flag --run-name; fix: --run, fetch's own"),
+        (("train", "--run", "x"), "train has no flag --run; fix: --run-name, train's own"),
+        (("pipeline", "--batch", "3"), "pipeline has no flag --batch; fix: --batches, pipeline's own"),
+        (("status", "--zzz"), "status has no flag --zzz; fix: its flags: uv run invoke status --help"),
+    ],
+)
+def test_a_flag_of_another_task_is_answered_with_this_tasks_own(stack_dir, args, meant):
+    """pipeline, train and export name a run with --run-name; fetch, metrics, publish and tensorboard with --run."""
+    result = invoke(*args, cwd=stack_dir)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {meant}"), result.stderr
+
+
+def test_a_stack_named_in_another_case_than_its_file_is_pointed_to_it(stack_dir):
+    (stack_dir / "Pulumi.r6.yaml").write_text((stack_dir / "Pulumi.dev.yaml").read_text())
+    result = invoke("settings", cwd=stack_dir, env={"TPU_GRPO_STACK": "R6"})
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "has no stack file Pulumi.R6.yaml; fix: TPU_GRPO_STACK=r6, the stack whose file is Pulumi.r6.yaml" in (
+        result.stderr
+    )
+
+
+def test_a_dry_run_of_a_recovering_pipeline_needs_no_pulumi(stack_dir):
+    """A dry run prints the scripts and brings no VM back: only a real run needs the Pulumi CLI (on no PATH here)."""
+    dry = invoke("pipeline", "--dry-run", "--recover", "2", cwd=stack_dir, env={"HF_TOKEN": TEST_TOKEN})
+    assert dry.returncode == 0 and "# tpu-grpo train" in dry.stdout, dry.stderr
+    real = invoke("pipeline", "--recover", "2", cwd=stack_dir, env={"HF_TOKEN": TEST_TOKEN})
+    assert real.returncode == 2 and "no pulumi on PATH" in real.stderr, real.stderr
+
+
+@pytest.mark.parametrize("host", ["a\nb", "u@" + "a" * 3000])
+def test_a_bad_host_beside_a_double_dash_is_said_first_on_one_line(stack_dir, host):
+    """The fix for `-- df` repeats the command line, host and all: a bad host is said before it, whole enough to read
+    (a 3,000-character host's fix was cut in the middle, never saying the host was wrong)."""
+    result = invoke("ssh", "--host", host, "--", "df", cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: --host ") and "no task reads what follows" not in result.stderr

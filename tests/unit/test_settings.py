@@ -328,6 +328,7 @@ KINDS_REFUSED = [
     ("tpu-grpo:checkpointStore", "gs://g00gle-runs/runs", "look-alike"),
     ("tpu-grpo:checkpointStore", "gs://a..b/runs", "is not a bucket name"),
     ("tpu-grpo:datasetConfig", {"secure": "AAABAJ5x"}, "is a Pulumi secret"),
+    ("tpu-grpo:fallback", {"secure": "AAABAJ5x"}, "is a Pulumi secret"),  # said "is not a list" (round 6)
 ]
 
 
@@ -475,16 +476,21 @@ def spot_stack(stack_values, **changes):
     [
         ([{"zone": "us-east5-a", "size": 8}], "holds 'size', which a place does not take (capacity, zone)"),
         ([{"capacity": "spot"}], "a place without its zone"),
-        ([{"zone": "east"}], "holds zone 'east', not a zone of the form region-letter"),
-        ([{"zone": "us-east5-a", "capacity": "cheap"}], "holds capacity 'cheap', not one of reservation, spot"),
-        ([], "is empty: leave it unset to try gcp:zone alone"),
-        ("east", "holds zone 'east', not a zone of the form region-letter"),
+        ([{"zone": "east"}], "[0].zone='east' is not a zone of the form region-letter"),
+        ([{"zone": "us-east5-a", "capacity": "cheap"}], "[0].capacity='cheap' is not one of reservation, spot"),
+        ([{"zone": "us-east5-a"}, {"zone": "us-east5-b", "capacity": ["spot"]}], "[1].capacity=['spot'] is not one"),
+        ([{"zone": ["us-east5-a"], "capacity": "spot"}], "[0].zone=['us-east5-a'] is not a zone of the form"),
+        ([], "=[] is empty: leave it unset to try gcp:zone alone"),
+        ("east", "[0].zone='east' is not a zone of the form region-letter"),
     ],
 )
 def test_a_fallback_entry_that_is_no_place_is_refused_with_what_is_wrong(stack_values, tmp_path, fallback, problem):
+    """The wrong part of an entry is named by its path as a user types it (`tpu-grpo:fallback[1].capacity`), with its
+    value and the command that sets it; a list where a name goes is refused as one (it was a TypeError)."""
     with pytest.raises(SettingsError) as refused:
         settings_module.parse(spot_stack(stack_values, **{"tpu-grpo:fallback": fallback}), "dev", tmp_path)
-    assert str(refused.value).startswith("tpu-grpo:fallback=") and problem in str(refused.value)
+    assert str(refused.value).startswith("tpu-grpo:fallback") and problem in str(refused.value)
+    assert "fix: " in str(refused.value)
 
 
 def test_each_fallback_place_is_checked_as_the_stacks_own_would_be(stack_values, tmp_path):
@@ -510,6 +516,21 @@ def test_each_fallback_place_is_checked_as_the_stacks_own_would_be(stack_values,
     )
     twice = refused(**{"tpu-grpo:fallback": [{"zone": "us-east5-a"}, {"zone": "us-east5-a", "capacity": "spot"}]})
     assert twice.startswith("tpu-grpo:fallback[1]='spot in us-east5-a' is listed twice")
+
+
+@pytest.mark.parametrize(
+    "placed, said",
+    [
+        (
+            '{"zone": "us-central1-b", "capacity": ["on-demand"]}',
+            "tpu-grpo:placed.capacity=['on-demand'] is not one of reservation",
+        ),
+    ],
+)
+def test_a_recorded_place_that_is_none_is_refused_by_its_part(stack_values, tmp_path, placed, said):
+    with pytest.raises(SettingsError) as refused:
+        settings_module.parse(spot_stack(stack_values, **{"tpu-grpo:placed": placed}), "dev", tmp_path)
+    assert str(refused.value).startswith(said)
 
 
 def test_the_recorded_place_is_the_stacks_place_while_it_is_one_of_its_places(stack_values, tmp_path):

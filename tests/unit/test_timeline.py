@@ -199,3 +199,26 @@ def test_only_the_stacks_own_searches_are_its_vms(tmp_path, monkeypatch):
         )
     assert [record["stack"] for record in timeline.searches("dev")] == ["dev"]
     assert timeline.searches(None) == []
+
+
+def test_damaged_laptop_records_say_nothing_rather_than_fail(tmp_path, monkeypatch):
+    """Records edited by hand or cut short (round 6: `{"attempts": [1]}`, `[{}]`, `"x"`, a fetch with `started` and no
+    `run`) are left out of the timeline, which is built from the rest."""
+    from tpu_grpo.config import laptop_paths
+
+    monkeypatch.setenv(laptop_paths.STATE_ENV, str(tmp_path))
+    good = {"place": {"zone": "us-east5-b", "capacity": "spot"}, "started": 100.0, "seconds": 5.0, "refusal": None}
+    damaged = [{"attempts": [1]}, {"attempts": [{}]}, {"attempts": [{**good, "started": True}]}, {"attempts": "x"}]
+    for number, record in enumerate([*damaged, {"attempts": [good]}]):
+        laptop_paths.write_record(tmp_path / "searches" / f"dev-{number}.json", {"stack": "dev", **record})
+    (tmp_path / "searches" / "dev-9.json").write_text('"x"')
+    laptop_paths.write_record(tmp_path / "fetched" / "a.json", {"started": 100.0, "finished": 200.0})
+    laptop_paths.write_record(tmp_path / "fetched" / "b.json", {"run": "r", "started": 100.0, "finished": 200.0})
+    searched, fetched = timeline.searches("dev"), timeline.fetches()
+    assert searched == [{"stack": "dev", "attempts": [good]}] and [record["run"] for record in fetched] == ["r"]
+    found = {"boot": 150.0, "now": 300.0, "provisioning": [], "downloads": [], "jobs": [], "saves": [], "logs": {}}
+    built = timeline.build("u@vm", found, fetched, searched)
+    assert [phase.label for phase in built.phases if phase.kind in ("fetch", "search")] == [
+        "chips: spot in us-east5-b, got chips",
+        "fetch r",
+    ]

@@ -41,7 +41,7 @@ def test_an_exported_passphrase_lets_up_and_a_recovery_go_ahead(stack_dir, cloud
         assert recover.returncode == 0, recover.stderr
     assert sum(call.startswith("up ") for call in cli.calls()) == 2
     for unset in ({}, {"PULUMI_CONFIG_PASSPHRASE_FILE": ""}):  # an empty file name: the CLI reads no file
-        refused = invoke("pipeline", "--recover", "1", "--dry-run", cwd=stack_dir, env={**env, **unset})
+        refused = invoke("pipeline", "--recover", "1", cwd=stack_dir, env={**env, **unset})  # a dry run needs none
         assert refused.returncode == 2 and "keeps its secrets under the passphrase" in refused.stderr
 
 

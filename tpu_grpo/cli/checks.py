@@ -412,6 +412,8 @@ class Pipeline(OnHost, Verbose, Batches, Json):
             options = replace(
                 options, provisioning=playbook.resolve(book, self.var, None, playbook.stack_values(chosen))
             )
+            if self.dry_run:  # prints the scripts: no VM is brought back, so no Pulumi CLI is needed yet
+                return PipelineRun(run, where, options)
             if not shutil.which("pulumi"):
                 raise BadFlag(
                     f"--recover {recover} brings a lost VM back with the Pulumi CLI, and there is "

@@ -9,6 +9,7 @@ task's flags first, then hands them to an executor: ours (named in `invoke.yaml`
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import io
@@ -200,6 +201,10 @@ class CheckingExecutor(Executor):
                 stream.reconfigure(errors="replace")
         token = masked_token()
         sys.stdout, sys.stderr = without_token(sys.stdout, token), without_token(sys.stderr, token)
+        self.place = one_place([task for task in tasks if not isinstance(task, str)])
+        for call in self.normalize(tasks):  # a bad flag is said first, before a fix that would repeat it
+            if isinstance(call.task, FlagTask):
+                call.task.checked_values.append(call.task.check(call.kwargs))
         remainder = getattr(self.core, "remainder", "")
         if remainder:  # Invoke keeps what follows `--` and hands it to no task: `ssh -- df -h` would drop `df -h`
             typed = conceal(remainder).replace("\n", "\\n")  # no secret's value, one line, cut when long
@@ -210,10 +215,6 @@ class CheckingExecutor(Executor):
                 ),
                 code=UserError.exit_code,
             )
-        self.place = one_place([task for task in tasks if not isinstance(task, str)])
-        for call in self.normalize(tasks):
-            if isinstance(call.task, FlagTask):
-                call.task.checked_values.append(call.task.check(call.kwargs))
         with quiet_on_a_closed_pipe():
             return super().execute(*tasks)
 
@@ -240,7 +241,13 @@ def parse_error_line(error: ParseError) -> str:
     unknown = re.fullmatch(r"No idea what '(.*)' is!", text)
     needs = re.fullmatch(r"Flag <Argument: (\w+).*> needed value and was not given one!", text)
     if unknown and unknown[1].startswith("-"):
-        return f"{task or 'invoke'} has no flag {unknown[1]}; fix: its flags: {where}"
+        typed = unknown[1].split("=", 1)[0]
+        flags = sorted(name for name in getattr(error.context, "flags", {}) if name.startswith("--"))
+        # a flag of the same stem first (`--run` for `--run-name`, and back), else the closest spelling
+        nearest = [name for name in flags if name.startswith(f"{typed}-") or typed.startswith(f"{name}-")][:1]
+        nearest = nearest or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
+        meant = f"{nearest[0]}, {task}'s own (all of its flags: {where})" if nearest else f"its flags: {where}"
+        return f"{task or 'invoke'} has no flag {unknown[1]}; fix: {meant}"
     if unknown:
         what = f"no flag or value of {task} (a flag given twice?)" if task else "no task"
         return f"{unknown[1]!r} is {what}; fix: {where}"

@@ -252,6 +252,9 @@ def _place_entry(value: Any, fields: set[str], where: str | None = None) -> Plac
     def fix(part: str, example: str) -> str | None:
         return f"pulumi config set --path '{where}.{part}' {example}" if where else None
 
+    def at(part: str) -> tuple[str, Any] | None:
+        return (f"{where}.{part}", entry[part]) if where else None
+
     is_zone = isinstance(value, str) and not value.strip().startswith("{") and "=" not in value
     entry = {"zone": value.strip()} if is_zone else _mapping(value)
     unknown = sorted(str(name) for name in entry if name not in fields)
@@ -261,15 +264,10 @@ def _place_entry(value: Any, fields: set[str], where: str | None = None) -> Plac
     if "zone" not in entry:
         raise Refused(f"holds {entry!r}, a place without its zone", fix("zone", "us-east5-a"))
     for part in ("zone", "movedFrom"):
-        if part in entry and not _ZONE.fullmatch(str(entry[part])):
-            raise Refused(
-                f"holds {part} {entry[part]!r}, not a zone of the form region-letter (us-east5-b)",
-                fix(part, "us-east5-a"),
-            )
-    if "capacity" in entry and entry["capacity"] not in CAPACITIES:
-        raise Refused(
-            f"holds capacity {entry['capacity']!r}, not one of " + ", ".join(CAPACITIES), fix("capacity", "spot")
-        )
+        if part in entry and not (isinstance(entry[part], str) and _ZONE.fullmatch(entry[part])):
+            raise Refused("is not a zone of the form region-letter (us-east5-b)", fix(part, "us-east5-a"), at(part))
+    if "capacity" in entry and (not isinstance(entry["capacity"], str) or entry["capacity"] not in CAPACITIES):
+        raise Refused("is not one of " + ", ".join(CAPACITIES), fix("capacity", "spot"), at("capacity"))
     return Place(str(entry["zone"]), entry.get("capacity"), entry.get("movedFrom"))
 
 
@@ -284,7 +282,7 @@ def _places(value: Any) -> tuple[Place, ...]:
 
 
 def _placed(value: Any) -> Place:
-    place = _place_entry(value, _PLACE_FIELDS)
+    place = _place_entry(value, _PLACE_FIELDS, f"{PROJECT}:placed")
     if place.capacity is None:
         raise Refused(f"holds {value!r}, a place without its capacity")
     return place

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from tpu_grpo.config import values
@@ -21,6 +22,13 @@ def writable_state() -> Path:
     """The state folder, checked before a task that writes in it acts: a folder (or one to make) this user can
     write in."""
     folder = state()
+    given = os.environ.get(STATE_ENV, "")
+    if re.search(r"\$|%\w+%", given) or str(folder).startswith("~"):  # `~` was expanded; `~nouser` is no one's
+        raise UserError(
+            f"{STATE_ENV}={given!r} holds a variable or home no shell expanded (a .env file is read as written), "
+            f"which would be a folder of that name here; fix: {STATE_ENV}=FOLDER, the folder itself (e.g. "
+            f"{STATE_ENV}=$HOME/tpu-grpo-state in a shell)"
+        )
     try:
         return values.new_folder(str(folder))
     except values.Refused as problem:

@@ -200,6 +200,17 @@ class Settings(StackValues):
         return round(self.chips * self.obtained.usd_per_chip_hour + extra, 2)
 
 
+def refuse_a_secret(key: Key, value: Any) -> None:
+    """A value Pulumi keeps encrypted (`--secret`) comes as {secure: ...}, which no rule of a setting reads."""
+    if isinstance(value, dict) and set(value) == {"secure"}:
+        raise SettingsError(
+            key.name,
+            "(a secret)",
+            "is a Pulumi secret (`--secret`), and tpu-grpo reads every setting in plain text",
+            f"pulumi config rm {key.name}, then {key.set_command()}",
+        )
+
+
 def refused(key: Key, value: Any, problem: Refused) -> SettingsError:
     """A value its key's rule refused, with the fix that mends it: the rule's own, else the key's set command; a
     `--path` into a value of another kind (a list key holding text) is refused by the CLI, so that one removes it
@@ -207,7 +218,8 @@ def refused(key: Key, value: Any, problem: Refused) -> SettingsError:
     fix = problem.fix or key.set_command()
     if key.kind in (list, dict) and not holds(value, key.kind) and not problem.fix:
         fix = f"pulumi config rm {key.name} && {fix}"
-    return SettingsError(key.name, value, str(problem), fix)
+    name, value = problem.at or (key.name, value)
+    return SettingsError(name, value, str(problem), fix)
 
 
 def holds(value: Any, kind: type) -> bool:
@@ -314,6 +326,7 @@ def every_place(
     if fallback is None or fallback == "":
         own = _parse(raw, stack, root, lenient=lenient)
         return {(own.zone, own.capacity): own}
+    refuse_a_secret(KEY[FALLBACK], fallback)
     try:
         places = KEY[FALLBACK].parse(fallback)
     except Refused as problem:
@@ -394,13 +407,7 @@ def _parse(raw: Mapping[str, Any], stack: str, root: Path, *, lenient: bool = Fa
                 raise SettingsError(key.name, None, "is not set", key.set_command())
             values[key.short] = {dict: {}, bool: False}.get(key.kind)  # an unset int or str: None
             continue
-        if isinstance(value, dict) and set(value) == {"secure"}:
-            raise SettingsError(
-                key.name,
-                "(a secret)",
-                "is a Pulumi secret (`--secret`), and tpu-grpo reads every setting in plain text",
-                f"pulumi config rm {key.name}, then {key.set_command()}",
-            )
+        refuse_a_secret(key, value)
         if _placeholders(value):
             error = SettingsError(key.name, value, "is still a placeholder", key.set_command())
             if not lenient:

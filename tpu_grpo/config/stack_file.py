@@ -191,5 +191,16 @@ def chosen_stack(flag: str | None, root: Path) -> str:
     blamed on whichever of them named it."""
     stack, said, other = stack_name(flag)
     if not stack_path(stack, root).is_file():
-        raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml", f"{new_stack(stack)} (or {other})")
+        # stack names are case-sensitive to Pulumi: Pulumi.r6.yaml is no file of stack R6, though it is what was meant
+        same = sorted(
+            path.name[len("Pulumi.") : -len(".yaml")]
+            for path in root.glob("Pulumi.*.yaml")
+            if path.name.lower() == f"pulumi.{stack}.yaml".lower()
+        )
+        if same:
+            meant = f"--stack {same[0]}" if said == "--stack" else f"{STACK_ENV}={same[0]}"
+            fix = f"{meant}, the stack whose file is {stack_path(same[0], root).name}"
+        else:
+            fix = new_stack(stack)
+        raise SettingsError(said, stack, f"has no stack file Pulumi.{stack}.yaml", f"{fix} (or {other})")
     return stack

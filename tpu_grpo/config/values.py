@@ -38,11 +38,13 @@ _BUCKET_PART = re.compile(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?")
 
 class Refused(ValueError):
     """What is wrong with a value, to follow its name: `is not a whole number from 1 to 100000`; with its own `fix`
-    (a command) where the key's usual one would not mend this value (an entry of a list, a name meant otherwise)."""
+    (a command) where the key's usual one would not mend this value (an entry of a list, a name meant otherwise),
+    and `at`, where the wrong part is an entry's (then said by its path, not the whole value)."""
 
-    def __init__(self, problem: str, fix: str | None = None):
+    def __init__(self, problem: str, fix: str | None = None, at: tuple[str, Any] | None = None):
         super().__init__(problem)
         self.fix = fix
+        self.at = at  # a part of the value that is wrong: its path as a user types it (KEY[2].capacity), its value
 
 
 class NotAFile(Refused):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tpu_grpo.config import host_paths, laptop_paths, settings, values
 from tpu_grpo.config.errors import UserError
+from tpu_grpo.config.keys import PUBLIC_KEY_TYPES
 
 # paramiko logs a failed connection with its traceback (Python's last-resort handler prints it on stderr);
 # tpu-grpo says each failure itself, in one line with the fix.
@@ -71,11 +72,19 @@ def identity_file(identity: str | None) -> Path | None:
     if identity is None:
         return None
     try:
-        return values.existing_file(identity)
-    except values.Refused as problem:
+        path = values.existing_file(identity)
+        with path.open("rb") as file:
+            first = file.read(64).split(b" ", 1)[0].decode("ascii", "replace")
+    except (values.Refused, OSError) as problem:
         raise HostError(
             f"--identity {identity!r} {problem}; fix: give the private key whose .pub is on the VM"
         ) from None
+    if first in PUBLIC_KEY_TYPES:  # ssh would offer nothing with it
+        private = identity.removesuffix(".pub") if identity.endswith(".pub") else "the key without .pub"
+        raise HostError(
+            f"--identity {identity!r} is a public key ({first}); fix: --identity {private}, its private half"
+        )
+    return path
 
 
 def parse(spec: str, identity: Path | None = None) -> Host:

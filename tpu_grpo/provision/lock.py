@@ -47,9 +47,27 @@ def read_lock(path: Path) -> Lock:
     return Lock(str(path), header.get("python", ""), header.get("uv", ""), "\n".join(lines))
 
 
+#: How a lock freeze wrote begins.
+HEADER = "# tpu-grpo host lock"
+
+
 def check_lock_path(text: str | None) -> Path:
-    """Where freeze writes the lock, checked before anything connects: a file in a folder this user may write."""
-    return values.flag("--lock", text, values.new_file, "playbooks/host.lock.txt") if text is not None else LOCK
+    """Where freeze writes the lock, checked before anything connects: a file in a folder this user may write, and,
+    when it is there, a lock freeze wrote (as `metrics --out` overwrites only a plot of its own)."""
+    if text is None:
+        return LOCK
+    path = values.flag("--lock", text, values.new_file, "playbooks/host.lock.txt")
+    if path.is_file() and not _begins_with_the_header(path):
+        raise PlaybookError(
+            f"--lock {text!r} is a file `invoke freeze` did not write, which the lock would replace; fix: --lock "
+            "playbooks/host.lock.txt, or another new file"
+        )
+    return path
+
+
+def _begins_with_the_header(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(len(HEADER)) == HEADER.encode()
 
 
 def write_lock(path: Path, text: str) -> tuple[Path, int]:
@@ -79,7 +97,7 @@ def freeze(connection, book: Playbook, values: dict, source: str) -> str:
     python, uv, *packages = result.stdout.strip().splitlines()
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return (
-        "# tpu-grpo host lock: `invoke provision --locked` installs exactly this with `uv pip sync`.\n"
+        f"{HEADER}: `invoke provision --locked` installs exactly this with `uv pip sync`.\n"
         f"# written by `invoke freeze` from {source} at {stamp}\n"
         f"# python: {python}\n# uv: {uv}\n" + "\n".join(sorted(packages, key=str.lower)) + "\n"
     )

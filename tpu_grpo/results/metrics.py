@@ -103,15 +103,22 @@ def _finite(value: Any) -> Any:
 
 
 def event_files(folder: Path) -> list[Path]:
-    """The events files in `folder`, or in its `tensorboard/` when given the run's folder."""
+    """The events files in `folder`, or in its `tensorboard/` when given the run's folder; one that is no file (a
+    folder of that name, a link to nothing) is refused by name."""
     folder = Path(folder)
     for candidate in (folder, folder / "tensorboard"):
         if candidate.is_dir() and (found := sorted(candidate.glob(EVENTS_GLOB))):
+            if odd := next((path for path in found if not path.is_file()), None):
+                what = "a link to nothing" if odd.is_symlink() and not odd.exists() else "no file"
+                raise MetricsError(
+                    f"{odd} is {what}, where TensorBoard's events files are; fix: copy the run's tensorboard folder "
+                    "again, or remove it"
+                )
             return found
     what = "no such folder" if not folder.is_dir() else f"no TensorBoard events files ({EVENTS_GLOB})"
     raise MetricsError(
-        f"{what}: {folder}; point at the run's base_output_directory/run_name/tensorboard "
-        "(copied from the VM), or run training with enable_tensorboard=true"
+        f"{what}: {folder}; fix: point --events at the run's base_output_directory/run_name/tensorboard (copied from "
+        "the VM), or run training with enable_tensorboard=true"
     )
 
 
@@ -147,13 +154,20 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
     Steps as written (no shifting); values at one step keep the order they were written in.
     """
+    from google.protobuf.message import DecodeError
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     collected: dict[str, list[tuple[int, float, float]]] = {}
     for path in event_files(folder):
         check_events_file(path)
         accumulator = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0})
-        accumulator.Reload()
+        try:
+            accumulator.Reload()
+        except DecodeError:  # whole TFRecord frames (check_events_file) that hold no Event
+            raise MetricsError(
+                f"{path} holds records that are no TensorBoard events; fix: copy it again from the run's tensorboard "
+                "folder, or remove it"
+            ) from None
         for tag in accumulator.Tags()[ea.SCALARS]:
             collected.setdefault(tag, []).extend((e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag))
     return {

@@ -44,10 +44,16 @@ def check_metrics_flags(
         raise metrics.MetricsError(
             f"--compare {twice!r} names the same run twice; fix: name each run once, e.g. --compare RUN1 --compare RUN2"
         )
-    if compare and (len(compare) < 2 or run is not None or events is not None):
+    if compare and len(compare) < 2:
         raise metrics.MetricsError(
-            f"--compare {' '.join(compare)!r} compares two or more runs of the host, and takes "
-            "no --run or --events; fix: e.g. --compare RUN1 --compare RUN2"
+            f"--compare {compare[0]!r} names one run, and a comparison takes two or more; fix: e.g. --compare "
+            f"{compare[0]} --compare RUN2"
+        )
+    if compare and (run is not None or events is not None):
+        given = "--run" if run is not None else "--events"
+        raise metrics.MetricsError(
+            f"--compare compares runs of the host, and {given} names one run (or a local folder); fix: leave out "
+            f"{given}, or --compare"
         )
     if events is not None:
         values.flag(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -208,23 +209,41 @@ def gather(connection) -> dict:
 
 
 def fetches() -> list[dict]:
-    """The laptop's fetch records that say when they ran."""
-    records = []
-    for path in laptop_paths.records("fetched"):
-        record = laptop_paths.read_record(path)
-        if "started" in record:
-            records.append(record)
-    return records
+    """The laptop's fetch records that say when they ran (a damaged one, edited or cut short, says nothing)."""
+    return [record for record in map(laptop_paths.read_record, laptop_paths.records("fetched")) if _a_fetch(record)]
 
 
 def searches(stack: str | None) -> list[dict]:
     """The laptop's records of `invoke up`'s searches for chips of this stack (tpu_grpo/cloud/search.py), oldest
-    first; none for a VM named by --host alone, which no stack's search is known to have made."""
+    first; none for a VM named by --host alone, which no stack's search is known to have made. A damaged record
+    (an attempt without its place, time or refusal) says nothing."""
     found = [laptop_paths.read_record(path) for path in laptop_paths.records("searches")]
     return sorted(
-        (record for record in found if record.get("attempts") and stack is not None and record.get("stack") == stack),
+        (record for record in found if stack is not None and record.get("stack") == stack and _a_search(record)),
         key=lambda r: r["attempts"][0]["started"],
     )
+
+
+def _a_fetch(record: dict) -> bool:
+    return isinstance(record.get("run"), str) and _time(record.get("started")) and _time(record.get("finished"))
+
+
+def _a_search(record: dict) -> bool:
+    attempts = record.get("attempts")
+    return isinstance(attempts, list) and bool(attempts) and all(map(_an_attempt, attempts))
+
+
+def _an_attempt(attempt: object) -> bool:
+    if not isinstance(attempt, dict) or not (_time(attempt.get("started")) and _time(attempt.get("seconds"))):
+        return False
+    place, refusal = attempt.get("place"), attempt.get("refusal")
+    named = isinstance(place, dict) and all(isinstance(place.get(key), str) for key in ("capacity", "zone"))
+    return named and (refusal is None or isinstance(refusal, dict) and isinstance(refusal.get("kind"), str))
+
+
+def _time(value: object) -> bool:
+    """A record's time or duration: a finite number (JSON's true is no time)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def build(host: str, found: dict, fetched: list[dict], searched: tuple[dict, ...] | list[dict] = ()) -> Timeline:
