@@ -376,6 +376,47 @@ def test_every_setting_is_parsed_or_refused_in_one_line(project, key, value):
         assert "\n" not in str(error) and named in {k.name for k in KEYS} and "; fix: " in str(error), str(error)
 
 
+#: A stack whose places any capacity may be tried at (spot's own, flex-start's run time): what a fallback takes.
+SPOT_FALLBACK = {"tpu-grpo:capacity": "spot", "tpu-grpo:reservation": None, "tpu-grpo:maxRunHours": "24"}
+
+
+def entries_of(key) -> st.SearchStrategy:
+    """A setting's entries as a stack file may hold them, drawn from its key's declared fields (keys.Key.entries): each
+    field missing, hostile, of another kind (a list, a number, a mapping) or a value the rule takes, and a field the
+    entry does not take; as YAML gives them and as JSON text (the CLI's --path writes, a program's config)."""
+    zones = st.sampled_from(["us-east5-a", "us-east5-b", "us-central1-b", "us-south1-ai1b", "europe-west4-a"])
+    valid = {"capacity": st.sampled_from(list(CAPACITIES)), "zone": zones, "movedFrom": zones}
+    wrong = st.one_of(
+        HOSTILE,
+        st.integers(),
+        st.booleans(),
+        st.none(),
+        st.lists(st.sampled_from(["spot", "us-east5-a"]), max_size=2),
+        st.dictionaries(st.sampled_from(["zone", "capacity"]), HOSTILE, max_size=1),
+    )
+    # every field a value the rule takes but one at most (or a field the entry does not take): the parse reaches it
+    optional = {field: valid[field] for field in key.entries if field != "zone"}
+    taken = st.fixed_dictionaries({"zone": valid["zone"]}, optional=optional)
+    spoilt = st.sampled_from([None, None, *key.entries, "size"])
+    entry = st.builds(lambda good, field, bad: {**good, **({field: bad} if field else {})}, taken, spoilt, wrong)
+    whole = st.lists(st.one_of(entry, entry, entry, HOSTILE), max_size=3) if key.kind is list else entry
+    return st.one_of(whole, whole.map(json.dumps))
+
+
+@fuzzed(1000)
+@given(data=st.data())
+def test_every_entry_of_a_setting_with_entries_is_parsed_or_refused_in_one_line(project, data):
+    """The fuzzer reaches each field of a setting's entries (tpu-grpo:fallback's places, tpu-grpo:placed) from the
+    schema: a new setting with entries is fuzzed the day it is declared. A refusal names the entry's path."""
+    key = data.draw(st.sampled_from([key for key in KEYS if key.entries]))
+    value = data.draw(entries_of(key))
+    try:
+        settings_module.parse({**project.config, **SPOT_FALLBACK, key.name: value}, "dev", project.folder, lenient=True)
+    except SettingsError as error:
+        named = re.split(r"[\[.]", str(error).split("=", 1)[0], maxsplit=1)[0]
+        assert "\n" not in str(error) and named in {k.name for k in KEYS} and "; fix: " in str(error), str(error)
+
+
 @fuzzed(50)
 @given(key=st.sampled_from([key.name for key in KEYS]), value=HOSTILE)
 def test_every_setting_through_the_tasks_keeps_the_contract(project, key, value):

@@ -646,3 +646,31 @@ def test_a_bad_host_beside_a_double_dash_is_said_first_on_one_line(stack_dir, ho
     result = invoke("ssh", "--host", host, "--", "df", cwd=stack_dir)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error: --host ") and "no task reads what follows" not in result.stderr
+
+
+def test_a_fallback_places_zone_warning_names_its_entry_and_a_place_is_warned_of_once(stack_dir, stack_values):
+    import json
+
+    flex = {"zone": "us-west1-c", "capacity": "flex-start"}
+    values = {**stack_values, **SPOT, "tpu-grpo:maxRunHours": "24", "tpu-grpo:fallback": [flex]}
+    write_config(stack_dir, {key: value for key, value in values.items() if value is not None})
+    said = json.loads(invoke("plan", "--json", cwd=stack_dir).stdout)
+    [warning] = [place["warning"] for place in said["places"] if place["warning"]]
+    assert warning.startswith("tpu-grpo:fallback[0].zone us-west1-c is not among the zones known to offer v6e flex")
+    assert warning.endswith("fix: pulumi config set --path 'tpu-grpo:fallback[0].zone' ZONE, one of those")
+    own = {**values, "tpu-grpo:capacity": "flex-start", "gcp:zone": "us-west4-a", "tpu-grpo:fallback": ["us-east5-a"]}
+    write_config(stack_dir, {key: value for key, value in own.items() if value is not None})
+    text = invoke("plan", cwd=stack_dir).stdout
+    assert " ".join(text.split()).count("us-west4-a is not among the zones") == 1, text
+
+
+def test_more_test_examples_than_gsm8ks_test_split_has_are_refused_before_a_plan(stack_dir, stack_values):
+    """GSM8K's test split has 1,319 rows: MaxText slices past its end without a word, scoring fewer examples."""
+    write_config(stack_dir, {**stack_values, "tpu-grpo:testBatches": "1000", "tpu-grpo:reportBatches": "400"})
+    result = invoke("plan", cwd=stack_dir)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    said = "tpu-grpo:testBatches=1000 and reportBatches 400 take 1400 test examples at 1 a batch, and GSM8K's test "
+    assert said in result.stderr
+    assert "fix: pulumi config set tpu-grpo:reportBatches 319 (or fewer testBatches)" in result.stderr
+    write_config(stack_dir, {**stack_values, "tpu-grpo:testBatches": "1000", "tpu-grpo:reportBatches": "319"})
+    assert invoke("plan", cwd=stack_dir).returncode == 0

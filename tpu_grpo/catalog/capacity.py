@@ -97,16 +97,18 @@ class Capacity:
     def needs_reservation(self) -> bool:
         return self.affinity == "SPECIFIC_RESERVATION"
 
-    def zone_warning(self, zone: str, gke: bool = False) -> str | None:
-        """One line when `zone` is not known to offer this capacity (on GKE: for a slice), or None."""
+    def zone_warning(self, zone: str, gke: bool = False, key: str = "gcp:zone") -> str | None:
+        """One line when `zone` is not known to offer this capacity (on GKE: for a slice), or None; `key` is where
+        the stack says the zone (a fallback entry's is `tpu-grpo:fallback[N].zone`)."""
         zones = self.gke_zones if gke else self.zones
         if not zones or zone in zones:
             return None
         whence = "GKE's flex-start page" if gke else "Google's Flex-start page and SkyPilot"
+        command = f"pulumi config set {key} ZONE" if key == "gcp:zone" else f"pulumi config set --path '{key}' ZONE"
         return (
-            f"gcp:zone {zone} is not among the zones known to offer v6e {self.name}{' on GKE' if gke else ''} "
+            f"{key} {zone} is not among the zones known to offer v6e {self.name}{' on GKE' if gke else ''} "
             f"({', '.join(zones)}: {whence}, read {PRICES_READ}); `pulumi up` may fail there with no capacity; "
-            "fix: pulumi config set gcp:zone ZONE, one of those"
+            f"fix: {command}, one of those"
         )
 
     @property

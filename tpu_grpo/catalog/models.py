@@ -216,4 +216,6 @@ DEFAULT_MODEL = "llama3.1-8b-Instruct"  # the tutorial's
 #: What MaxText 0.2.3's RL trains on by default (rl.yml: dataset_name, hf_name), and its losses (configs/types.py,
 #: rl.loss_algo).
 DEFAULT_DATASET, DEFAULT_DATASET_CONFIG = "openai/gsm8k", "main"
+#: The rows of GSM8K's test split (its dataset card: 7,473 train, 1,319 test), which the evaluations take in turn.
+DEFAULT_DATASET_TEST_ROWS = 1319
 LOSS_ALGOS = ("grpo", "gspo-token")

@@ -210,7 +210,8 @@ def places(chosen: Settings, raw: dict, root) -> list[dict[str, Any]]:
                 "usd_per_hour": at.usd_per_hour,
                 "draws_on": f"reservation {at.reservation}" if at.reservation else at.obtained.quota_in(place.region),
                 "here": place.same(chosen.here),
-                "warning": at.warnings[0] if at.warnings else None,
+                # the chosen place's is the plan's own warning, said once
+                "warning": at.warnings[0] if at.warnings and not place.same(chosen.here) else None,
                 "move_snapshot_usd_per_month": round(chosen.data_disk_gb * SNAPSHOT_USD_PER_GB_MONTH, 2)
                 if moves
                 else None,

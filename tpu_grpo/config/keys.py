@@ -93,6 +93,9 @@ class Key:
     unset: Callable[[Any], tuple[Any, str] | None] | None = None
     #: The MaxText keys it decides, which `--set` then refuses (two values of one key would disagree).
     maxtext: tuple[str, ...] = ()
+    #: The fields of each of its entries (a place's), which its rule checks one by one, each refusal naming the
+    #: entry's path, and which the fuzzer gives hostile values.
+    entries: tuple[str, ...] = ()
     field: str = ""  # its field of Settings: `zone`, `boot_disk_gb` (from StackValues)
     kind: type = str  # the kind of value, from its field's type (from StackValues)
 
@@ -241,7 +244,9 @@ class Place:
         }
 
 
-_PLACE_FIELDS = {"zone", "capacity", "movedFrom"}
+#: The fields of a place: a fallback entry's, and (with movedFrom) the recorded place's.
+FALLBACK_FIELDS = ("capacity", "zone")
+PLACED_FIELDS = (*FALLBACK_FIELDS, "movedFrom")
 
 
 def _place_entry(value: Any, fields: set[str], where: str | None = None) -> Place:
@@ -273,7 +278,7 @@ def _place_entry(value: Any, fields: set[str], where: str | None = None) -> Plac
 
 def _places(value: Any) -> tuple[Place, ...]:
     places = tuple(
-        _place_entry(entry, _PLACE_FIELDS - {"movedFrom"}, f"{PROJECT}:fallback[{number}]")
+        _place_entry(entry, set(FALLBACK_FIELDS), f"{PROJECT}:fallback[{number}]")
         for number, entry in enumerate(_list(value))
     )
     if not places:
@@ -282,7 +287,7 @@ def _places(value: Any) -> tuple[Place, ...]:
 
 
 def _placed(value: Any) -> Place:
-    place = _place_entry(value, _PLACE_FIELDS, f"{PROJECT}:placed")
+    place = _place_entry(value, set(PLACED_FIELDS), f"{PROJECT}:placed")
     if place.capacity is None:
         raise Refused(f"holds {value!r}, a place without its capacity")
     return place
@@ -388,12 +393,14 @@ class StackValues:
         "{zone, capacity} (capacity: the stack's when left out) (docs/capacity.md)",
         "zone=us-east5-a,capacity=spot",
         rule=_places,
+        entries=FALLBACK_FIELDS,
     )
     placed: Place | None = setting(
         f"{PROJECT}:placed",
         "where `invoke up` last got chips, of gcp:zone and fallback: written by `invoke up`, not by hand",
         """'{"zone": "us-east5-a", "capacity": "spot"}'""",
         rule=_placed,
+        entries=PLACED_FIELDS,
     )
     reservation: str | None = setting(
         f"{PROJECT}:reservation",

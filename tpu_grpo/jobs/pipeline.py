@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tpu_grpo.catalog import release, stores
+from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_TEST_ROWS
 from tpu_grpo.config import host_paths, settings, values
-from tpu_grpo.config.errors import BadFlag, NotReady, UserError
+from tpu_grpo.config.errors import BadFlag, NotReady, SettingsError, UserError
+from tpu_grpo.config.keys import PROJECT
 from tpu_grpo.host import artifacts, facts, gcs, hosts, remote
 from tpu_grpo.jobs import maxtext, progress, vm_jobs, watch
 
@@ -611,7 +613,7 @@ def build_run(
     `default_step`: the one step a step task runs (its `--set`s are that step's); None for the pipeline. A run not
     named is named by its start time for a conversion or a training; an export's or a pipeline's is resolved where
     it runs (Run.run_name)."""
-    return maxtext.Run.of(
+    run = maxtext.Run.of(
         chosen.training,
         batches=maxtext.check_count("--batches", batches) if batches is not None else chosen.batches,
         run_name=(
@@ -624,6 +626,17 @@ def build_run(
         sets=maxtext.parse_sets(sets, default_step),
         step=maxtext.check_count("--step", step) if step is not None else None,
     )
+    examples = run.report_examples.stop  # the choosing examples, then the report's
+    if (run.dataset or DEFAULT_DATASET) == DEFAULT_DATASET and examples > DEFAULT_DATASET_TEST_ROWS:
+        room = max(0, DEFAULT_DATASET_TEST_ROWS // run.eval_batch_size - run.test_batches)
+        raise SettingsError(
+            f"{PROJECT}:testBatches",
+            run.test_batches,
+            f"and reportBatches {run.report_batches} take {examples} test examples at {run.eval_batch_size} a batch, "
+            f"and GSM8K's test split has {DEFAULT_DATASET_TEST_ROWS} (MaxText would score fewer without a word)",
+            f"pulumi config set {PROJECT}:reportBatches {room} (or fewer testBatches)",
+        )
+    return run
 
 
 def trained_runs(connection) -> list[dict]:
