@@ -85,10 +85,14 @@ def test_a_bucket_store_answers_with_each_runs_steps_and_export_when_the_host_do
     client = storage.Client().bucket(bucket)
     for name in (
         "r1/checkpoints/actor/2/model_params/x",
+        "r1/checkpoints/actor/2/commit_success.txt",
         "r1/checkpoints/actor/4/model_params/x",
+        "r1/checkpoints/actor/4/commit_success.txt",
+        "r1/checkpoints/actor/6/model_params/x",  # a save into gs:// cut short (no commit_success.txt): no step
         "r1/hf-trained/config.json",
         "r1/tensorboard/events.out.tfevents.1",
         "r2/checkpoints/actor/1/x",
+        "r2/checkpoints/actor/1/commit_success.txt",
     ):
         client.blob(f"runs/llama3.1-8b-Instruct/post-train/{name}").upload_from_string(b"x")
 
@@ -147,6 +151,7 @@ def test_a_runs_steps_in_the_bucket_are_its_newest_checkpoint_as_a_number(bucket
     client = storage.Client().bucket(bucket)
     for step in (2, 10, 4):
         client.blob(f"runs/m/post-train/r1/checkpoints/actor/{step}/model_params/x").upload_from_string(b"x")
+        client.blob(f"runs/m/post-train/r1/checkpoints/actor/{step}/commit_success.txt").upload_from_string(b"x")
     [row] = runs.bucket_runs(f"gs://{bucket}/runs/m/post-train")
     assert (row.run, row.steps, row.state) == ("r1", 10, "trained")
 

@@ -161,9 +161,9 @@ def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
     from google.cloud import storage
 
     for step in steps:
-        storage.Client().bucket(bucket).blob(
-            f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}/model_params/_METADATA"
-        ).upload_from_string("{}")
+        folder = f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}"
+        storage.Client().bucket(bucket).blob(f"{folder}/model_params/_METADATA").upload_from_string("{}")
+        storage.Client().bucket(bucket).blob(f"{folder}/commit_success.txt").upload_from_string("committed")
 
 
 def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):

@@ -22,6 +22,11 @@ MAXTEXT_CHECKPOINTS_TO_KEEP = 10
 #: kept, and the best beside them (the keeper); a lost VM's run resumes at most 10 steps back.
 CHECKPOINT_PERIOD = 10
 CHECKPOINTS_TO_KEEP = 2
+#: The file Orbax writes last into a checkpoint's step folder on Cloud Storage, where it writes the folder in place
+#: (its CommitFileTemporaryPath, the default for gs:// paths: orbax/checkpoint/_src/path/atomicity_defaults.py); a
+#: step folder without it is a save cut short (a preempted slice). Elsewhere Orbax writes STEP.orbax-checkpoint-tmp-*
+#: and renames it: a folder named by its step alone is whole.
+COMMIT_FILE = "commit_success.txt"
 #: Room left over beside what a run writes, GB.
 MARGIN_GB = 4.0
 #: A Cloud Storage store: gs://BUCKET or gs://BUCKET/PREFIX (the bucket's name checked by values.bucket).

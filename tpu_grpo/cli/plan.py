@@ -422,13 +422,7 @@ def render(plan: Plan, console: Console, scripts: bool = False) -> None:
         minutes = item["minutes"]
         said = f"≈ {minutes} min, ≈ ${cost.usd_per_hour_total * minutes / 60:.2f}: " if minutes else ""
         console.print(Text(f"  {item['phase']}: {said}{item['what']}"))
-    if plan.pending:
-        console.print(
-            styled(
-                "[red]still to set: {} (above)[/]; then: uv run invoke plan", ", ".join(i["key"] for i in plan.pending)
-            )
-        )
-    else:
+    if not plan.pending:  # else the task's refusal says what is still to set, last
         console.print(styled("next: [bold]uv run invoke up[/] (then provision, pipeline and fetch: the README)"))
     if not scripts:
         console.print(

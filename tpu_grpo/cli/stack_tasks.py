@@ -32,7 +32,11 @@ def plan(c, flags: Plan, chosen: Settings):
     else:
         render(result, terminal(), scripts=flags.scripts)
     if result.pending:
-        raise Exit(code=UserError.exit_code)
+        still = ", ".join(item["key"] for item in result.pending)
+        raise Exit(
+            f"error: still to set before `pulumi up`: {still}; fix: the commands above, then uv run invoke plan",
+            code=UserError.exit_code,
+        )
 
 
 @task(flags=SettingsFlags)

@@ -53,6 +53,21 @@ def children(url: str) -> list[str]:
     return sorted(name[len(prefix) :].rstrip("/") for name in folders)
 
 
+def committed(url: str) -> list[str]:
+    """The folders right under the URL that Orbax finished writing (stores.COMMIT_FILE in each): a checkpoints folder's
+    whole steps."""
+    from tpu_grpo.catalog.stores import COMMIT_FILE
+
+    bucket, prefix = split(url)
+    try:
+        holder = _client().bucket(bucket)
+        return [name for name in children(url) if holder.blob(f"{prefix}{name}/{COMMIT_FILE}").exists()]
+    except StoreError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever the library raises: one line
+        raise StoreError(f"cannot read {url} ({error}); fix: gcloud auth application-default login") from None
+
+
 def sizes(url: str) -> dict[str, int]:
     """Every object under the URL, by its name below it, with its bytes (one listing, its pages read whole)."""
     blobs, _, prefix = _listing(url)

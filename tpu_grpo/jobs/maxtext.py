@@ -27,7 +27,13 @@ from dataclasses import dataclass, field, fields, replace
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.catalog.models import DEFAULT_DATASET, DEFAULT_DATASET_CONFIG, DEFAULT_MODEL, MODELS, Model
 from tpu_grpo.catalog.release import MAXTEXT_KEYS, MAXTEXT_VERSION, nearest_key
-from tpu_grpo.catalog.stores import MAXTEXT_CHECKPOINT_PERIOD, MAXTEXT_CHECKPOINTS_TO_KEEP, Store, store_for
+from tpu_grpo.catalog.stores import (
+    COMMIT_FILE,
+    MAXTEXT_CHECKPOINT_PERIOD,
+    MAXTEXT_CHECKPOINTS_TO_KEEP,
+    Store,
+    store_for,
+)
 from tpu_grpo.config import values
 from tpu_grpo.config.errors import BadFlag
 from tpu_grpo.config.host_paths import BASE_MODELS, COMPILE_CACHES, ROOT, TOKEN_FILE, VENV
@@ -681,7 +687,7 @@ def train_script(run: Run, at: Placement) -> list[str]:
     through the keeper of the best scored checkpoint."""
     newest = " | grep -E '^[0-9]+$' | sort -n | tail -1"
     listing = (  # a bucket's steps: with its client, which `ls` is not
-        remote.run("folder_children", {"folder": paths(run)["checkpoints"]}, then=newest)
+        remote.run("folder_children", {"folder": paths(run)["checkpoints"], "committed": COMMIT_FILE}, then=newest)
         if run.store.name == "gs"
         else f'ls -1 "$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor"{newest}'
     )

@@ -143,6 +143,11 @@ def children_on_host(folder: str, python: str = HOST_PYTHON) -> str:
     return remote.run("folder_children", {"folder": folder}, python=python)
 
 
+def steps_on_host(folder: str, python: str = HOST_PYTHON) -> str:
+    """Bash that prints the steps Orbax finished writing in a gs:// checkpoints folder (stores.COMMIT_FILE)."""
+    return remote.run("folder_children", {"folder": folder, "committed": stores.COMMIT_FILE}, python=python)
+
+
 def bucket_holds(folder: str, python: str = HOST_PYTHON) -> str:
     """A bash test that holds when a gs:// folder is in its bucket, asked on the host (or in a pod)."""
     parent, name = folder.rstrip("/").rsplit("/", 1)
@@ -177,7 +182,7 @@ def checkpoint_steps(connection, run: maxtext.Run) -> list[int]:
     deleted, kept (maxtext.keeper_lines)."""
     where = maxtext.paths(run)
     if in_bucket(run):
-        return _steps(gcs.children(where["checkpoints"]))
+        return _steps(gcs.committed(where["checkpoints"]))
     return Checkpoints.read(connection, where["checkpoints"], *([where["kept"]] if maxtext.VM.keeps_best(run) else []))
 
 
@@ -434,7 +439,7 @@ def checkpoints_listing(run: maxtext.Run) -> str:
     """Bash that prints the names in the run's checkpoint folders (checkpoint_steps, as the host reads them)."""
     where = maxtext.paths(run)
     if in_bucket(run):
-        return children_on_host(where["checkpoints"])
+        return steps_on_host(where["checkpoints"])
     return Checkpoints.script(where["checkpoints"], *([where["kept"]] if maxtext.VM.keeps_best(run) else []))
 
 

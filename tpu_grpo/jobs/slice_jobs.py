@@ -284,7 +284,7 @@ def chain_data(settings: Settings, run: maxtext.Run) -> dict:
 
     run = dataclasses.replace(run, scored_step=None)
     paths = maxtext.paths(run)
-    listing = pipeline.children_on_host(paths["checkpoints"], python="python3")
+    listing = pipeline.steps_on_host(paths["checkpoints"], python="python3")
     data = {
         "cluster": {"namespace": NAMESPACE, "poll": POLL_SECONDS},
         "steps": [

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from tpu_grpo.catalog.accelerators import MACHINES
 from tpu_grpo.catalog.capacity import CAPACITIES
+from tpu_grpo.catalog.stores import COMMIT_FILE
 from tpu_grpo.config import keys, laptop_paths
 from tpu_grpo.config.errors import UserError
 from tpu_grpo.host import facts
@@ -173,15 +174,15 @@ def add_laptops(rows: dict[str, RunRow], state: Path) -> None:
 
 
 def bucket_runs(folder: str) -> list[RunRow]:
-    """The runs in a gs:// store's post-train folder (one listing): each run's checkpoints (its steps, the newest)
-    and its export, where a slice's export writes it (RUN/hf-trained)."""
+    """The runs in a gs:// store's post-train folder (one listing): each run's checkpoints (the newest step Orbax
+    finished writing) and its export, where a slice's export writes it (RUN/hf-trained)."""
     from tpu_grpo.host import gcs
 
     rows: dict[str, RunRow] = {}
     for name in gcs.names(folder):
         run, _, rest = name.partition("/")
         row = rows.setdefault(run, RunRow(run, state="trained"))
-        if step := re.match(r"checkpoints/actor/([0-9]+)/", rest):
+        if step := re.fullmatch(rf"checkpoints/actor/([0-9]+)/{re.escape(COMMIT_FILE)}", rest):  # a whole save
             row.steps = max(row.steps or 0, int(step[1]))
         elif rest.startswith(f"{maxtext.EXPORT_FOLDER}/") and row.state != "exported":
             row.state, row.where = "exported", [f"bucket: {folder.rstrip('/')}/{run}/{maxtext.EXPORT_FOLDER}"]
