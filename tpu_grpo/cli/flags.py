@@ -28,7 +28,7 @@ from invoke import task as invoke_task
 from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
 from tpu_grpo.config.printing import without_token
-from tpu_grpo.config.secrets import conceal, masked_token
+from tpu_grpo.config.secrets import MAX_SAID, conceal, masked_token
 
 #: The only short flags, each with one meaning in every task. Invoke's own `-h` (help) must win,
 #: so no task flag takes `-h`, nor any other letter of Invoke's core flags (-c -d -D -e -f -F -l -p
@@ -164,10 +164,12 @@ def one_place(contexts) -> dict[str, Any]:
                 if name in context.args
             ]
             said = ", ".join(f"{task} --{name} {shown(value)}" for task, value in given.items())
+            apart = "; ".join(lines)
+            apart = f": {apart}" if len(said) + len(apart) < MAX_SAID // 2 else ""  # else the cut would take the fix
             raise Exit(
                 conceal(
                     f"error: the command line acts on two {name}s ({said}), and a chain acts on one; fix: give "
-                    f"--{name} once (it holds for every task of the line), or run them apart: " + "; ".join(lines)
+                    f"--{name} once (it holds for every task of the line), or run them apart{apart}"
                 ),
                 code=UserError.exit_code,
             )

@@ -41,7 +41,8 @@ class SettingsError(UserError, ValueError):
     def __init__(self, key: str, value: Any, problem: str, fix: str):
         self.key, self.value, self.problem, self.fix = key, value, problem, fix
         shown = "(missing)" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
-        super().__init__(f"{key}={shown}{not_ascii(value)} {problem}; fix: {fix}")
+        said = f"{key}={shown}{not_ascii(value)} {problem}; fix: {fix}"
+        super().__init__(said.replace("\r", "\\r").replace("\n", "\\n"))  # one line, whatever a value held
 
     def to_json(self) -> dict[str, str]:
         """As `plan --json` and `settings --json` list what is still to set."""

@@ -251,6 +251,12 @@ class GcsPath:
 
     is_dir = exists
 
+    def is_file(self) -> bool:
+        import urllib.parse
+
+        listed = self._api(f"/storage/v1/b/{self.bucket}/o?{urllib.parse.urlencode({'prefix': self.key})}")
+        return any(item["name"] == self.key for item in listed.get("items", []))
+
     def iterdir(self):
         listed = self._list(delimiter=True)
         names = [prefix.rstrip("/") for prefix in listed.get("prefixes", [])]
@@ -481,7 +487,10 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
             debug.append(rel)
 
     actor = run / "checkpoints" / "actor"
-    saved = sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) if actor.is_dir() else []
+    # Orbax restores a finalized step: in a bucket, one that holds its commit file
+    whole = [p for p in actor.iterdir() if p.name.isdigit()] if actor.is_dir() else []
+    whole = [p for p in whole if not isinstance(p, GcsPath) or (p / "commit_success.txt").is_file()]
+    saved = sorted(int(p.name) for p in whole)
     restored = saved[-1] if saved else 0
     if restored:  # train_rl restores the newest checkpoint and goes on after its step
         out.say(
@@ -500,8 +509,11 @@ def train_rl(args: dict[str, str], control: dict, out: Replayer) -> None:
         final = actor / str(step)
         recorded = max((k for k in by_step if map_step(k, num_batches) <= step), default=min(by_step))
         subtree = {rel: tree[f"checkpoints/actor/{recorded}/{rel}"] for rel in by_step[recorded] if rel}
-        if isinstance(final, GcsPath):  # objects appear whole; Orbax commits a bucket checkpoint last
-            write_tree(final, list(subtree), subtree)
+        if isinstance(final, GcsPath):  # Orbax writes a bucket's step in place and its commit file last
+            write_tree(
+                final, list(subtree), subtree
+            )  # (orbax/checkpoint/_src/path/atomicity.py, CommitFileTemporaryPath)
+            (final / "commit_success.txt").write_bytes(f"Checkpoint commit was successful to {final}".encode())
         else:
             tmp = actor / f"{final.name}.orbax-checkpoint-tmp"
             shutil.rmtree(tmp, ignore_errors=True)
