@@ -38,6 +38,13 @@ BASE_TEMPLATE_MARK = b"[the base model's template] "
 INPUTS = VENV.parent / f"{VENV.name}-inputs"
 
 
+def die_with_parent() -> None:
+    """In the child, before it runs: SIGKILL when the process that started it dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class Host:
     """A home laid out as `invoke provision` leaves a VM, for one model's tiny checkpoint."""
@@ -51,7 +58,7 @@ class Host:
         self, script: str, added: Mapping[str, str], in_slice: bool = False, timeout: int = 900
     ) -> subprocess.CompletedProcess:
         """The script as the job (or the pod) runs it, its environment and `added` (stack.script's), its output and
-        errors one stream as a job's log is: bash, in its own mounts with the host's /dev/shm, JAX on the CPU
+        errors one stream as a job's log is: bash, in its own mounts and PIDs with the host's /dev/shm, JAX on the CPU
         (stack.cpu_environment)."""
         env = {
             "HOME": str(self.home),
@@ -64,9 +71,15 @@ class Host:
             **added,
         }
         self.shm.mkdir(exist_ok=True)
+        # a PID namespace of its own, whose init unshare kills when it dies (--kill-child), and unshare dies with this
+        # worker (die_with_parent): a killed test run leaves no training running on, as its own session would
         command = [
             "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
             "--mount",
+            "--mount-proc",  # its /proc, whose PIDs are the namespace's (what getpid says inside it)
             "--propagation",
             "private",
             "bash",
@@ -82,6 +95,7 @@ class Host:
             env=env,
             cwd=self.home,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         ) as process:
             try:
                 stdout, _ = process.communicate(script, timeout=timeout)
