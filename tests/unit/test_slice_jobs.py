@@ -156,14 +156,16 @@ def test_a_pull_refused_to_the_nodes_is_told_from_a_missing_image(slice_stack, k
     assert "(ErrImagePull: rpc error: " in job["problem"] and job["problem"].endswith(f"; fix: {fix}")
 
 
-def checkpoints_in_bucket(bucket: str, run: str, *steps: int) -> None:
-    """What a training writes into the bucket (the stand-in cluster runs no MaxText): its checkpoints."""
+def checkpoints_in_bucket(bucket: str, run: str, *steps: int, committed: bool = True) -> None:
+    """What a training writes into the bucket (the stand-in cluster runs no MaxText): its checkpoints, each with the
+    file Orbax writes last into a bucket's step (`committed`), or cut short before it."""
     from google.cloud import storage
 
     for step in steps:
         folder = f"runs/llama3.1-8b-Instruct/post-train/{run}/checkpoints/actor/{step}"
         storage.Client().bucket(bucket).blob(f"{folder}/model_params/_METADATA").upload_from_string("{}")
-        storage.Client().bucket(bucket).blob(f"{folder}/commit_success.txt").upload_from_string("committed")
+        if committed:
+            storage.Client().bucket(bucket).blob(f"{folder}/commit_success.txt").upload_from_string("committed")
 
 
 def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trained_run(slice_stack, kube):
@@ -180,6 +182,20 @@ def test_convert_and_export_run_on_the_cpu_pool_and_export_takes_the_newest_trai
     assert "export RUN_NAME=gsm8k-4" in script
     assert "export HF_EXPORT=$BASE_OUTPUT_DIRECTORY$RUN_NAME/hf-trained/" in script  # no `//` in its object names
     assert "/checkpoints/actor/$NUM_BATCHES/model_params" in script  # the newest: 50, the stack's batches
+
+
+def test_an_export_of_a_save_cut_short_is_refused_and_nothing_is_created(slice_stack, kube):
+    """A spot slice preempted while Orbax wrote step 50 into the bucket: the step has its files but no commit file,
+    so the run's last checkpoint is not there, and the export says which are."""
+    kube.scenario = kubeapi.Scenario()
+    assert run_task(slice_stack, "train", "--run-name", "gsm8k-9").returncode == 0
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-9", 25)
+    checkpoints_in_bucket(slice_stack[2], "gsm8k-9", 50, committed=False)
+    result = run_task(slice_stack, "export")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "run gsm8k-9 has no checkpoint at step 50 in " in result.stderr
+    assert result.stderr.rstrip().endswith("it has: 25; fix: --step 25")
+    assert jobset.job_name("export", "gsm8k-9") not in kube.jobsets
 
 
 def test_a_slice_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_it_is_now(slice_stack, kube):
