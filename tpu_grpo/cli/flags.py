@@ -25,7 +25,6 @@ from typing import Any
 from invoke import Executor, Exit, ParseError, Program, Task
 from invoke import task as invoke_task
 
-from tpu_grpo.config import stack_file
 from tpu_grpo.config.errors import BROKEN_PIPE, UserError
 from tpu_grpo.config.printing import without_token
 from tpu_grpo.config.secrets import MAX_SAID, conceal, masked_token
@@ -287,8 +286,6 @@ Program.parse_cleanup = _cleanup_until_the_reader_goes  # type: ignore[method-as
 
 
 # ------------------------------------------------------------------ what the tasks share
-
-STACK_HELP = f"stack to use (default: ${stack_file.STACK_ENV} or '{stack_file.DEFAULT_STACK}')"
 
 
 def exit_on_failure(code: int) -> None:

@@ -186,11 +186,10 @@ class Settings(StackValues):
     def warnings(self) -> list[str]:
         """What is allowed but likely to fail: said by `invoke settings`, `plan` and `up`, never refused."""
         key = "gcp:zone"
-        for index, place in enumerate(self.fallback):  # a fallback place's is said by its entry, which the fix sets
-            if not self.here.same(self.home) and Place(place.zone, place.capacity or self.home.capacity).same(
-                self.here
-            ):
-                key = f"{FALLBACK}[{index}].zone"
+        if not self.here.same(self.home):  # a fallback place: said by its entry, which the fix sets
+            for index, place in enumerate(self.fallback):
+                if Place(place.zone, place.capacity or self.home.capacity).same(self.here):
+                    key = f"{FALLBACK}[{index}].zone"
         warning = self.obtained.zone_warning(self.zone, gke=bool(self.tpu_slice), key=key)
         return [warning] if warning else []
 

@@ -41,10 +41,14 @@ def _listing(url: str, **options) -> tuple[list, list[str], str]:
         blobs = _client().list_blobs(bucket, prefix=prefix, **options)
         return list(blobs), sorted(blobs.prefixes), prefix
     except Exception as error:  # noqa: BLE001 - whatever the library raises: one line
-        raise StoreError(
-            f"cannot list {url} ({error}); fix: gcloud auth application-default login, and check "
-            "that tpu-grpo:checkpointStore names a bucket you can read"
-        ) from None
+        raise _unreadable(url, error) from None
+
+
+def _unreadable(url: str, error: Exception) -> StoreError:
+    return StoreError(
+        f"cannot list {url} ({error}); fix: gcloud auth application-default login, and check "
+        "that tpu-grpo:checkpointStore names a bucket you can read"
+    )
 
 
 def children(url: str) -> list[str]:
@@ -55,17 +59,14 @@ def children(url: str) -> list[str]:
 
 def committed(url: str) -> list[str]:
     """The folders right under the URL that Orbax finished writing (stores.COMMIT_FILE in each): a checkpoints folder's
-    whole steps."""
+    whole steps, read as the host and a slice's driver read them (remote/folder_children.py)."""
     from tpu_grpo.catalog.stores import COMMIT_FILE
+    from tpu_grpo.host.remote import folder_children
 
-    bucket, prefix = split(url)
     try:
-        holder = _client().bucket(bucket)
-        return [name for name in children(url) if holder.blob(f"{prefix}{name}/{COMMIT_FILE}").exists()]
-    except StoreError:
-        raise
+        return sorted(folder_children.children(url, COMMIT_FILE))
     except Exception as error:  # noqa: BLE001 - whatever the library raises: one line
-        raise StoreError(f"cannot read {url} ({error}); fix: gcloud auth application-default login") from None
+        raise _unreadable(url, error) from None
 
 
 def sizes(url: str) -> dict[str, int]:
