@@ -86,23 +86,34 @@ class Host:
             "-c",
             f"mount --bind {self.shm} /dev/shm && exec bash -s",
         ]
-        with subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,  # one stream in the order written, as a job's log (job_wrapper.sh)
-            text=True,
-            env=env,
-            cwd=self.home,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        ) as process:
+        # the log in a file of the test's as it is written (what a hung or failed step said is there to read)
+        self.logs.mkdir(exist_ok=True)
+        log = self.logs / f"{len(list(self.logs.iterdir())):02d}.log"
+        with (
+            log.open("w+") as written,
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=written,
+                stderr=subprocess.STDOUT,  # one stream in the order written, as a job's log (job_wrapper.sh)
+                text=True,
+                env=env,
+                cwd=self.home,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            ) as process,
+        ):
             try:
-                stdout, _ = process.communicate(script, timeout=timeout)
+                process.communicate(script, timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)  # MaxText and its pools too, not the shell alone
                 raise
+            stdout = log.read_text()
         return subprocess.CompletedProcess(command, process.returncode, stdout, "")
+
+    @property
+    def logs(self) -> Path:
+        return self.home.parent / "logs"
 
     @property
     def rollout_log(self) -> Path:

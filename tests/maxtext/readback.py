@@ -1,9 +1,12 @@
 """What the real-MaxText tier reads back from MaxText's outputs, in the tier's venv (which has transformers, torch,
-safetensors and Orbax, as a host has them), printed as JSON:
+safetensors and Orbax, as a host has them), in one process a row (torch, transformers and Orbax import once):
 
-    python -m tests.maxtext.readback load EXPORT TRAINED_TOKENIZER   the export as transformers loads it
-    python -m tests.maxtext.readback learned START EXPORT ROLLOUT_LOG  what the training changed
-    python -m tests.maxtext.readback bytes STEP_FOLDER                what Orbax wrote per parameter
+    python -m tests.maxtext.readback '{"load": [EXPORT, TRAINED_TOKENIZER], "learned": [START, EXPORT, ROLLOUT_LOG],
+                                       "bytes": STEP_FOLDER, "digests": {NAME: MODEL_PARAMS_FOLDER, ...}}'
+
+prints each asked for under its key, as JSON: the export as transformers loads it, what the training changed, what
+Orbax wrote per parameter, and the digest of the weights in each folder (the stand-in rollout's, standin/
+sitecustomize.digest).
 """
 
 from __future__ import annotations
@@ -38,22 +41,23 @@ def load_export(folder: Path, trained_tokenizer: Path) -> dict:
 
 
 def learned(start: Path, export: Path, rollout_log: Path) -> dict:
-    """What the training changed: the export's weight matrices (as its class names them) that differ from the start's,
-    rounded as the export is, and those that do not (the class's weights the export leaves out aside; and the norms'
-    scales, which a few small steps need not move past bfloat16's rounding: Gemma's are stored as 1 + scale, where
-    bfloat16 steps by 1/128); and, over the prompts
-    the rollout answered both right and wrong, the mean of log p(right) - log p(wrong) under the start's model and the
-    export's: GRPO pushes it up."""
+    """What the training changed against the start it trained from, the checkpoint as MaxText's conversion holds it
+    (bfloat16): for each of the export's weight matrices (as its class names them), the fraction of its weights that
+    moved (the class's weights the export leaves out aside; and the norms' scales, which a few small steps need not
+    move past bfloat16's rounding: Gemma's are stored as 1 + scale, where bfloat16 steps by 1/128); and, over the
+    prompts the rollout answered both right and wrong, the mean of log p(right) - log p(wrong) under the start's model
+    and the export's: GRPO pushes it up."""
     import torch
     import transformers
 
     before = transformers.AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32)
+    before.load_state_dict({name: value.to(torch.bfloat16).float() for name, value in before.state_dict().items()})
     after, found = transformers.AutoModelForCausalLM.from_pretrained(
         export, torch_dtype=torch.float32, output_loading_info=True
     )
     start_weights = before.state_dict()
-    compared = {
-        name: bool((value != start_weights[name].to(torch.bfloat16).float()).any())
+    moved = {
+        name: float((value != start_weights[name]).float().mean())
         for name, value in after.state_dict().items()
         if value.dim() > 1 and name not in found["missing_keys"]
     }
@@ -75,8 +79,7 @@ def learned(start: Path, export: Path, rollout_log: Path) -> dict:
         return sum(log_p(prompt, right) - log_p(prompt, wrong) for prompt, right, wrong in pairs) / len(pairs)
 
     return {
-        "changed": sorted(name for name, differs in compared.items() if differs),
-        "unchanged": sorted(name for name, differs in compared.items() if not differs),
+        "moved": moved,
         "pairs": len(pairs),
         "margin_before": margin(before),
         "margin_after": margin(after),
@@ -108,11 +111,33 @@ def bytes_per_parameter(step_folder: str) -> dict[str, float]:
     return {part: nbytes / parameters for part, (nbytes, _) in found.items()}
 
 
+def digest(model_params: str) -> str:
+    """The digest of the weights Orbax wrote in a checkpoint's `model_params` (a folder or gs://), as the stand-in
+    rollout takes it of the weights it answers with (standin/sitecustomize.digest: the same sum, restored as numpy)."""
+    import math
+
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    folder = epath.Path(model_params)
+    tree = ocp.StandardCheckpointer().metadata(folder).item_metadata.tree
+    restored = ocp.PyTreeCheckpointer().restore(
+        folder, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    )
+    weights = [leaf for leaf in jax.tree.leaves(restored) if np.asarray(leaf).dtype.kind not in "iub"]
+    return repr(math.fsum(float(np.square(np.asarray(leaf, np.float64)).sum()) for leaf in weights))
+
+
 if __name__ == "__main__":
-    what, *paths = sys.argv[1:]
-    if what == "load":
-        print(json.dumps(load_export(Path(paths[0]), Path(paths[1]))))
-    elif what == "learned":
-        print(json.dumps(learned(*map(Path, paths))))
-    else:
-        print(json.dumps(bytes_per_parameter(paths[0])))
+    asked = json.loads(sys.argv[1])
+    said: dict = {}
+    if "load" in asked:
+        said["load"] = load_export(*map(Path, asked["load"]))
+    if "learned" in asked:
+        said["learned"] = learned(*map(Path, asked["learned"]))
+    if "bytes" in asked:
+        said["bytes"] = bytes_per_parameter(asked["bytes"])
+    said["digests"] = {name: digest(folder) for name, folder in asked.get("digests", {}).items()}
+    print(json.dumps(said))

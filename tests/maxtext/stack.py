@@ -31,17 +31,31 @@ from tpu_grpo.jobs import maxtext, pipeline, slice_jobs
 
 BATCHES, MORE_BATCHES = 4, 6
 RUN_NAME = "tier"
+#: What the stand-in rollout says in the job's log before each batch it answers: the digest of the weights it answers
+#: with (standin/sitecustomize.py; readback.digest takes the same of a checkpoint).
+WEIGHTS_LINE = "tier rollout: answers with weights"
 TOKEN = "hf_tier_token"
 
 
-def placements(models) -> list[tuple[str, str]]:
-    """(model, placement) for every placement a stack accepts: one VM where the model fits one, a slice always."""
+def placements(models, every: bool = False) -> list[tuple[str, str]]:
+    """(model, placement): one VM where the model fits one; a slice where it fits none, or where the export swaps the
+    tokenizer (the export name's for the one the run trained with: the slice's export brings it through the bucket),
+    since a slice runs the same scripts otherwise; `every`: a slice for every model too."""
     return [
         (model, placement)
         for placement in ("vm", "slice")
         for model in models
-        if placement == "slice" or MODELS[model].fits(ACCELERATORS[ONE_VM])
+        if (placement == "slice" and (every or swaps_tokenizer(model) or not fits_one_vm(model)))
+        or (placement == "vm" and fits_one_vm(model))
     ]
+
+
+def fits_one_vm(model: str) -> bool:
+    return MODELS[model].fits(ACCELERATORS[ONE_VM])
+
+
+def swaps_tokenizer(model: str) -> bool:
+    return MODELS[model].training_tokenizer != MODELS[MODELS[model].export_model].hf_id
 
 
 def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
@@ -81,7 +95,12 @@ def tier_sets(family: Family, data: Path, in_slice: bool) -> dict[str, dict[str,
             "batch_size": "4",  # 4 prompts x 2 generations: one sequence for each of the trainer's 8 devices
             "max_prefill_predict_length": "128",
             "max_target_length": "160",  # short sequences compile in seconds
-            "learning_rate": "1e-3",  # 4 steps at 3e-6 would not move a weight past bfloat16's rounding in the export
+            # 4 steps at 3e-6 would not move a weight past bfloat16's rounding in the export; at 2e-3 the rollout's
+            # greedy choice (standin/sitecustomize.py) turns right on a few more questions a checkpoint
+            "learning_rate": "2e-3",
+            # one grading process, spawned once: MaxText sizes its pool by the answers a call grades (one in an
+            # evaluation, a batch's in training) and spawns it anew at each change, seconds each on two cores
+            "math_verify_num_procs": "1",
         },
         # MaxText's export calls jax.distributed.initialize() for hardware=tpu (max_utils.
         # maybe_initialize_jax_distributed_system); on a TPU VM JAX's GceTpuCluster answers it from libtpu's chips and
@@ -144,8 +163,9 @@ def cpu_environment(family: Family) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": str(ROOT / "tests/maxtext/standin"),
         "TPU_GRPO_TINY_MODEL_NAME": family.model,
-        "HF_DATASETS_OFFLINE": "1",
-    }  # the rows are files: the datasets library asks the Hub nothing
+        "HF_DATASETS_OFFLINE": "1",  # the rows are files: the datasets library asks the Hub nothing
+        "TPU_GRPO_WEIGHTS_LINE": WEIGHTS_LINE,
+    }
 
 
 def bucket_environment(emulator: str) -> dict[str, str]:

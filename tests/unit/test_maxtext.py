@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -497,6 +498,38 @@ def test_the_training_ends_though_its_exit_handlers_hang(tmp_path, hangs, ending
     if hangs:
         with pytest.raises(subprocess.TimeoutExpired):  # the command line without it
             subprocess.run([sys.executable, "-m", "module"], cwd=tmp_path, timeout=run_module.GRACE_SECONDS + 5)
+
+
+def test_the_trainings_output_ends_though_a_pool_worker_outlives_it(tmp_path):
+    """A worker a torn-down pool spawned anew (MaxText 0.2.3's grading pool, run_module's docstring) waits forever,
+    holding the training's output: run_module ends it, so what reads the output (the keeper, the job's log) sees the
+    end; `python3 -m` leaves it running and the reader waiting."""
+    from tpu_grpo.host import remote
+
+    (tmp_path / "module.py").write_text(
+        "import multiprocessing, time\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.get_context('spawn').Process(target=time.sleep, args=(3600,)).start()\n"
+        "    print('trained', flush=True)\n"
+    )
+    piped = " | cat"  # the reader of the output, as the keeper is
+    done = subprocess.run(
+        ["bash", "-c", remote.run("run_module", command_line="module", python=sys.executable, then=piped)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == "trained\n", done.stderr
+    without = subprocess.Popen(  # the command line without it, in a session of its own to end after
+        f"{sys.executable} -m module{piped}", shell=True, cwd=tmp_path, stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            without.communicate(timeout=20)
+    finally:
+        os.killpg(without.pid, signal.SIGKILL)  # the worker too, which nothing else ends
+        without.communicate()
 
 
 @pytest.mark.parametrize(

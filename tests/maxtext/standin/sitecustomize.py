@@ -5,11 +5,15 @@ the PYTHONPATH of the scripts the tier runs, so Python imports this module at st
    install from GitHub commits, which these machines cannot fetch; train_rl imports them through tunix
    (tunix/generate/vllm_async_driver.py: `from vllm import envs`) and MaxText (integration/vllm). So `vllm` and
    `tpu_inference` import as empty stand-in modules, and the RL cluster's rollout engine ("vllm", or MaxText's
-   MaxTextVllmRollout) becomes MockRollout, with no simulated latency, whose completions are GSM8K's answer format
-   with the sum the question asks for on a prompt's first copy in a batch and one more on its others (a fixed rule
-   on the prompt): a group's rewards differ, so GRPO has advantages to learn from (MockRollout's own dummy words
-   score 0 everywhere, and nothing is learned). With TPU_GRPO_ROLLOUT_LOG, each prompt, completion and whether it
-   is right is appended to that file as a JSON line, for the tier to weigh what the training learned.
+   MaxTextVllmRollout) becomes MockRollout, with no simulated latency, answering with the weights it was last
+   given, as vLLM does: its own copy, replaced at each weight sync (tunix's MockRollout answers the trainer's model
+   and is never synced). Its completions are GSM8K's answer format with the sum the question asks for or one more:
+   on a prompt's first copy in a batch, the one the policy's greedy decoding takes (the likelier of the two tokens
+   where they part, by the forward pass tunix's own logps use), on its others the other. So a group's rewards
+   differ and GRPO has advantages to learn from, an evaluation's score is that of the weights it scored, and before
+   each batch it says the digest of those weights in the log (TPU_GRPO_WEIGHTS_LINE): the tier holds the keeper, the
+   export and the report to the weights each claims. With TPU_GRPO_ROLLOUT_LOG, each prompt, completion and whether
+   it is right is appended to that file as a JSON line, for the tier to weigh what the training learned.
    What the run hands vLLM is checked first, as vLLM and MaxText's vLLM plugin would use it (check_vllm_settings).
 2. The model is tiny: with TPU_GRPO_TINY_MODEL (a Hugging Face folder) and TPU_GRPO_TINY_MODEL_NAME (a MaxText
    model name), HF_MODEL_CONFIGS holds that folder's config for the name (and its base name, which to_maxtext
@@ -105,15 +109,31 @@ class _PostImport(importlib.abc.MetaPathFinder):
 QUESTION = re.compile(r"has (\d+) apples and buys (\d+) more")
 
 
-def answer(prompt: str, first: bool) -> str | None:
-    """A completion in rl.yml's format (reasoning_start_token ... solution_end_token): the right sum on a prompt's
-    first copy, one more on its others; None for a prompt that is not the tier's."""
+def answers(prompt: str) -> tuple[str, str] | None:
+    """The right and a wrong completion in rl.yml's format (reasoning_start_token ... solution_end_token): the sum the
+    question asks for, and one more, its working slipped. The two differ in one token of the working beside the number
+    (` =` or ` -`, one token each in the tier's tokenizer, so neither is longer): what GRPO rewards is then a habit that
+    carries to every question (a tiny random model learns no sums in a few steps), so the right answer grows likelier
+    with training, and the scores with it. None for a prompt that is not the tier's."""
     found = QUESTION.search(prompt)
     if not found:
         return None
     a, b = map(int, found.groups())
-    total = a + b if first else a + b + 1
-    return f"<reasoning>{a} + {b} = {total}</reasoning><answer>{total}</answer>"
+    return tuple(
+        f"<reasoning>{a} + {b} {sign} {total}</reasoning><answer>{total}</answer>"
+        for sign, total in (("=", a + b), ("-", a + b + 1))
+    )
+
+
+def digest(weights) -> str:
+    """The weights' sum of squares, exact whatever the order of the leaves (math.fsum of each leaf's float64 sum): the
+    same number from the rollout's copy and from a checkpoint Orbax restores (tests/maxtext/readback.py)."""
+    import math
+
+    import jax
+    import numpy as np
+
+    return repr(math.fsum(float(np.square(np.asarray(leaf, np.float64)).sum()) for leaf in jax.tree.leaves(weights)))
 
 
 #: The one architecture MaxText's vLLM plugin registers with tpu-inference (maxtext/integration/vllm/
@@ -127,12 +147,17 @@ def check_vllm_settings(rollout_config) -> None:
     `additional_config` through untouched (vllm/config/vllm.py); an `architectures` override must name a registered
     model; for MaxText's, its plugin makes a MaxText config of `additional_config["maxtext_config"]` over
     configs/inference/vllm.yml (adapter.generate_maxtext_config), which MaxText's pyconfig refuses with an unknown
-    key or model name. The same call here, before the rollout starts, refuses what vLLM's start on a TPU would."""
+    key or model name. The engine's model is `rollout_vllm_model_version`, which train_rl sets to its tokenizer_path
+    (tunix/rl/rollout/vllm_rollout.py: `"model": rollout_config.rollout_vllm_model_version`): vLLM reads that
+    repository's config.json from the Hub at its start, so a repository of a tokenizer alone fails there. The same
+    calls here, before the rollout starts, refuse what vLLM's start on a TPU would."""
     import jax
+    import transformers
     from maxtext.configs import pyconfig
     from maxtext.utils.globals import MAXTEXT_CONFIGS_DIR
 
     for config in rollout_config.values() if isinstance(rollout_config, dict) else [rollout_config]:
+        transformers.AutoConfig.from_pretrained(config.rollout_vllm_model_version)  # from HF_ENDPOINT, as vLLM reads it
         architectures = ((config.rollout_vllm_kwargs or {}).get("hf_overrides") or {}).get("architectures", [])
         if set(architectures) - {MAXTEXT_IN_VLLM}:
             raise ValueError(
@@ -157,25 +182,88 @@ def check_vllm_settings(rollout_config) -> None:
 def _mock_rollout(module):
     import dataclasses
 
+    import jax
+    import jax.numpy as jnp
     import numpy as np
+    from flax import nnx
+    from flax.linen import partitioning
+    from tunix.rl import common
     from tunix.rl.rollout.mock_rollout import MockRollout
 
     class AnsweringRollout(MockRollout):
+        """Answers with the policy it was last given, as vLLM does: a copy of the weights it starts with (the model it
+        is built on is the trainer's own, which the optimizer changes under it), replaced by each weight sync. A
+        prompt's first copy gets the policy's greedy choice between the right and the wrong answer (likelier); its
+        other copies, the other one, so a group's rewards differ and GRPO has something to learn."""
+
+        def __init__(self, *args, actor_mesh, axis_rules, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._mesh, self._axis_rules = actor_mesh, axis_rules
+            self._policy = nnx.clone(self._model)
+            self.update_params(nnx.state(self._model, nnx.Param))
+
+        def update_params(self, params, filter_types=None):
+            # a copy: the trainer may donate the buffers it was given (a device copy, allowed by sync_weights' guard)
+            nnx.update(self._policy, jax.tree.map(jnp.copy, params))
+            self._digest = None
+
+        def model(self):
+            # its own, as vLLM's rollout answers its sampler's: the learner syncs weights only into a model that is
+            # not the trainer's (rl_learner.should_sync_weights)
+            return self._policy
+
+        def likelier(self, prompts, max_prompt, max_tokens) -> list[bool]:
+            """For each of the tier's prompts, whether the policy prefers its right completion to its wrong one where a
+            greedy decoder chooses between them: the first token they differ in, after the same prefix (the sign)."""
+            if not prompts:
+                return []
+            pairs = [answers(prompt) for prompt in prompts]
+            pad = self.pad_id()
+            asked = np.full((2 * len(prompts), max_prompt), pad, np.int32)
+            said = np.full((2 * len(prompts), max_tokens), pad, np.int32)
+            for row, (prompt, completion) in enumerate((p, c) for p, pair in zip(prompts, pairs) for c in pair):
+                tokens = self._encode_text(prompt)[-max_prompt:]
+                asked[row, max_prompt - len(tokens) :] = tokens
+                tokens = self._encode_text(completion)[:max_tokens]
+                said[row, : len(tokens)] = tokens
+            graphdef, state = nnx.split(self._policy)
+            with self._mesh, partitioning.axis_rules(self._axis_rules):
+                logps = common.compute_per_token_logps(
+                    graphdef, state, jnp.asarray(asked), jnp.asarray(said), pad_id=pad, eos_id=self.eos_id()
+                )
+            logps = np.asarray(logps)
+            chosen = []
+            for right in range(0, len(said), 2):
+                differs = int(np.argmax(said[right] != said[right + 1]))
+                chosen.append(bool(logps[right, differs] > logps[right + 1, differs]))
+            return chosen
+
         def generate(self, prompts, rollout_config, **kwargs):
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             made = super().generate(prompts, rollout_config, **kwargs)
             texts, tokens = list(made.text), list(made.tokens)
+            max_tokens = max(1, rollout_config.max_tokens_to_generate)
+            asked = list(dict.fromkeys(p for p in prompts if answers(p)))
+            choice = dict(zip(asked, self.likelier(asked, rollout_config.max_prompt_length, max_tokens)))
+            if self._digest is None:
+                self._digest = digest(nnx.state(self._policy, nnx.Param))
+            sys.stderr.write(f"{os.environ['TPU_GRPO_WEIGHTS_LINE']} {self._digest}\n")
+            sys.stderr.flush()
+            right = []
             for i, prompt in enumerate(prompts):
-                text = answer(prompt, first=prompt not in prompts[:i])
-                encoded = self._encode_text(text) if text else None
-                if encoded is not None and len(encoded):
-                    texts[i], tokens[i] = text, encoded[: max(1, rollout_config.max_tokens_to_generate)]
+                if prompt not in choice:
+                    right.append(False)
+                    continue
+                first = prompt not in prompts[:i]
+                right.append(choice[prompt] == first)  # the greedy choice first, the other after
+                texts[i] = answers(prompt)[0 if right[-1] else 1]
+                tokens[i] = self._encode_text(texts[i])[:max_tokens]
             log = os.environ.get("TPU_GRPO_ROLLOUT_LOG")
             if log:
                 with open(log, "a") as file:
                     file.writelines(
-                        json.dumps({"prompt": p, "completion": t, "right": p not in prompts[:i]}) + "\n"
-                        for i, (p, t) in enumerate(zip(prompts, texts))
+                        json.dumps({"prompt": p, "completion": t, "right": r}) + "\n"
+                        for p, t, r in zip(prompts, texts, right)
                     )
             return dataclasses.replace(
                 made,
@@ -191,8 +279,13 @@ def _mock_rollout(module):
         engine = kwargs.get("rollout_engine", "vanilla")
         if engine == "vllm" or not isinstance(engine, str):
             check_vllm_settings(kwargs["rollout_config"])
+            # the forward pass of the trainer's model, under the trainer's mesh and sharding rules
             kwargs["rollout_engine"] = functools.partial(
-                AnsweringRollout, min_generation_time=0.0, max_generation_time=0.0
+                AnsweringRollout,
+                min_generation_time=0.0,
+                max_generation_time=0.0,
+                actor_mesh=kwargs["role_to_mesh"][module.Role.ACTOR],
+                axis_rules=(kwargs.get("role_to_logical_axis_rule") or {}).get(module.Role.ACTOR, ()),
             )
         init(self, *args, **kwargs)
 

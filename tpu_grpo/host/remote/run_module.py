@@ -7,10 +7,17 @@ trainer never exits, its job never ends and the TPU stays billed (seen in the re
 some questions wrong, and alone: a program that grades one such answer and returns hangs at exit). So once the
 module has returned (or raised), Python's exit handlers get GRACE_SECONDS to flush what they hold (TensorBoard's last
 events), then the process ends with the module's exit code.
+
+The pool is resized (torn down and spawned anew) whenever a call grades another number of answers than the last (an
+evaluation grades one, a training batch several), and a torn-down pool's worker handler can spawn a replacement that
+nobody ends: it waits on the queue's lock forever, holding the training's output, so what reads that output (the
+keeper, the job's log) never sees its end. So, last, the process ends every child it still has.
 """
 
+import atexit
 import os
 import runpy
+import signal
 import sys
 import threading
 import traceback
@@ -26,13 +33,27 @@ def exit_code(done: SystemExit) -> int:
     return 1
 
 
+def end_children() -> None:
+    """SIGKILL each process whose parent this one is (from /proc: the pool's workers are nobody else's)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                parent = int(file.read().rsplit(")", 1)[1].split()[1])  # after "PID (NAME)": state, parent
+            if entry.isdigit() and parent == os.getpid():
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or gone since
+
+
 def end(code: int) -> None:
+    end_children()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
 if __name__ == "__main__":
+    atexit.register(end_children)  # registered first, run last: after the module's own exit handlers
     module = sys.argv.pop(1)
     code = 0
     try:
