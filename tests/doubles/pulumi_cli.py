@@ -75,6 +75,14 @@ REFUSALS = {
 }
 
 
+#: An error no marker knows, from another resource of the same update, which the engine reports before the VM's
+#: refusal: Google's 409 for an operation already in progress, quoted in Pulumi's troubleshooting guide ("conflict").
+ANOTHER_RESOURCES_ERROR = (
+    "updating Subnetwork: googleapi: Error 409: Operation failed because another operation was already in "
+    "progress., operationInProgress"
+)
+
+
 def engine_error(message: str) -> str:
     """One error diagnostic of Pulumi's engine event log (--event-log), as `up` writes it."""
     return json.dumps({"sequence": 1, "timestamp": 1, "diagnosticEvent": {"message": message, "severity": "error"}})
@@ -130,13 +138,14 @@ class PulumiCli:
         (self.folder / "up-exit").write_text(str(code))
         (self.folder / "events.jsonl").write_text("\n".join(events))
 
-    def answer_at(self, zone: str, capacity: str, refusal: str) -> None:
+    def answer_at(self, zone: str, capacity: str, refusal: str, after: str | None = None) -> None:
         """From now on `up` at this place is refused with REFUSALS[refusal] (exit 255, the CLI's for a failed
-        update); every other place gets chips."""
+        update), after the error `after` where given; every other place gets chips."""
         path = self.folder / "places.json"
         answers = json.loads(path.read_text()) if path.is_file() else {}
         message = REFUSALS[refusal].format(zone=zone, region=zone.rsplit("-", 1)[0])
-        answers[f"{zone} {capacity}"] = {"code": 255, "events": [engine_error(message)]}
+        errors = [*([after] if after else []), message]
+        answers[f"{zone} {capacity}"] = {"code": 255, "events": [engine_error(each) for each in errors]}
         path.write_text(json.dumps(answers))
 
     def gets_chips_anywhere(self) -> None:

@@ -155,7 +155,9 @@ def test_a_transfer_in_flight_keeps_the_vm_up_until_its_lease_lapses(idle_host):
     """A fetch (a 70B model takes hours over a home line) and a provisioning run hold neither the TPU lock nor a
     terminal: each keeps a lease fresh on the host while it works (hosts.busy, over a connection without a terminal),
     and the idle stop waits, however long ago the VM was last busy otherwise. The lease goes when the work ends; a
-    laptop that went away leaves one that lapses after 3 minutes."""
+    laptop that went away leaves one that lapses after host_paths.LEASE_FRESH_MINUTES; one touched at its interval,
+    a touch lost, is fresh still (the interval and the window are one fact: change either and this fails)."""
+    from tpu_grpo.config import host_paths
     from tpu_grpo.host import hosts
 
     host, root, _ = idle_host
@@ -173,7 +175,11 @@ def test_a_transfer_in_flight_keeps_the_vm_up_until_its_lease_lapses(idle_host):
     gone = busy / "fetch-of-a-laptop-that-went-away"
     gone.touch()
     assert run_check(host, 3600).returncode == 0 and fired(root) == 1  # fresh: waits
-    os.utime(gone, (time.time() - 4 * 60,) * 2)
+    # the check runs every minute: a lease is read at most a minute after its last touch, two intervals if one touch
+    # was lost on the way
+    os.utime(gone, (time.time() - 2 * host_paths.LEASE_EVERY_S - 59,) * 2)
+    assert run_check(host, 3600).returncode == 0 and fired(root) == 1  # fresh: waits
+    os.utime(gone, (time.time() - host_paths.LEASE_FRESH_MINUTES * 60 - 60,) * 2)
     assert run_check(host, 3600).returncode == 0 and fired(root) == 2  # lapsed
 
 

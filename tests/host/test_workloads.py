@@ -533,6 +533,30 @@ def test_export_of_another_run_is_never_saved_as_this_runs_model(workload_host):
     assert (saved_with["batches"], saved_with["step"]) == (4, 4)
 
 
+def test_an_export_named_no_run_converts_the_newest_trained_one_and_one_with_no_checkpoint_left_is_refused(
+    workload_host,
+):
+    """`invoke export` with no run name exports the newest finished training's run (not the first); after a restart
+    emptied /dev/shm, the export is refused on the laptop with what happened and the fix, and nothing starts."""
+    host = workload_host
+    assert host.invoke("convert").returncode == 0
+    for name in ("older", "newer", "newest"):
+        assert host.invoke("train", "--run-name", name, "--batches", "4").returncode == 0
+    exported = host.invoke("export")
+    assert exported.returncode == 0, exported.stderr
+    [export] = [r for r in host.records() if r["module"].endswith("to_huggingface")]
+    assert "/post-train//newest/checkpoints/actor/4/" in export["env"]["POST_TRAIN_PATH"]
+    before = (len(host.records()), len(job_dirs(host)))
+    host.restart_empties_shm()
+    refused = host.invoke("export")
+    assert refused.returncode == 2, refused.stderr
+    assert (
+        refused.stderr.strip().endswith("it has: none (was /dev/shm cleared by a restart?); fix: --step N")
+        and "run newest has no checkpoint at step 4" in refused.stderr
+    )
+    assert (len(host.records()), len(job_dirs(host))) == before  # nothing started on the host
+
+
 def test_an_export_is_made_of_the_run_its_training_ran_not_of_the_stack_as_it_is_now(workload_host, stack_dir):
     """The stack's tokenizer changed after the training: the export still writes the one the run trained with into
     the model (from the training job's record), as a slice's does (tests/unit/test_slice_jobs.py)."""

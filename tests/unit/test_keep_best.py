@@ -4,13 +4,17 @@ the best scored checkpoint (progress.best's choice) is kept, hard-linked, whatev
 
 from __future__ import annotations
 
+import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.tutorial import RUN
+from tpu_grpo.catalog.stores import store_for
 from tpu_grpo.host import remote
 from tpu_grpo.jobs import maxtext, progress
 
@@ -118,3 +122,47 @@ def test_what_is_kept_is_what_progress_best_chooses(tmp_path_factory, scores, ke
     best = progress.best(events, range(1, len(scores) + 1))
     assert best is not None
     assert [p.name for p in (folder / "kept").iterdir()] == [str(best.step)]
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_a_disk_stores_keeper_keeps_the_train_step_its_best_evaluation_scored(tmp_path, iterations):
+    """The keeper as the train script writes it (maxtext.keeper_lines) for a run on the data disk (the `disk` store,
+    its folders under the home) with rl.num_iterations `iterations`: MaxText numbers an intermediate evaluation by its
+    batch N (its outer step) and the checkpoint of its weights by train step N x iterations, and that checkpoint is the
+    one kept; the outer step's number names older weights, or none, and the manager then deletes the best."""
+    run = replace(
+        RUN,
+        store=store_for("disk"),
+        batches=6,
+        checkpoint_period=2 * iterations,  # a checkpoint every 2 batches, each evaluated (Run.eval_interval)
+        checkpoints_to_keep=1,
+        sets={"train": {"rl.num_iterations": str(iterations)}},
+    )
+    written, command = maxtext.keeper_lines(run, maxtext.VM)
+    checkpoints, kept = (
+        Path(maxtext.paths(run)[name].replace("~", str(tmp_path), 1)) for name in ("checkpoints", "kept")
+    )
+    scores = {2: 25.0, 4: 75.0, 6: 50.0}  # batch -> accuracy: the best after batch 4, train step 4 x iterations
+    lines = []
+    for batch in range(1, run.batches + 1):
+        for step in range(1 + (batch - 1) * iterations, batch * iterations + 1):  # Orbax's, every checkpoint_period
+            if step % run.checkpoint_period == 0:
+                lines += [
+                    f"mkdir -p {checkpoints}/{step}/model_params && echo {step} > {checkpoints}/{step}/model_params/w",
+                    f"rm -rf {checkpoints}/{step - run.checkpoint_period}",  # checkpointsToKeep 1
+                ]
+        if batch % run.eval_interval == 0:
+            lines += [
+                f"echo '{eval_line(batch, scores[batch])}'",
+                f"until grep -q 'step={batch})' {tmp_path}/out; do sleep 0.01; done",
+            ]
+    script = (
+        f"set -eo pipefail\n{chr(10).join(written)}\n{{\n{chr(10).join(lines)}\n}} 2>&1 | {command} > {tmp_path}/out\n"
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in kept.iterdir()] == [str(4 * iterations)]
+    assert (kept / str(4 * iterations) / "model_params/w").read_text() == f"{4 * iterations}\n"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [str(6 * iterations)]  # what the manager kept

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.doubles.pulumi_cli import PulumiCli
+from tests.doubles.pulumi_cli import ANOTHER_RESOURCES_ERROR, PulumiCli
 from tests.support import invoke
 from tpu_grpo.cloud import search
 from tpu_grpo.config.keys import Place
@@ -71,6 +71,19 @@ def test_three_places_whose_first_two_are_out_of_chips_end_with_a_vm_in_the_thir
     assert ups(cli) == 4
     assert "on-demand in us-central1-b: got chips" in again.stdout
     assert "replaces:" not in again.stdout
+
+
+def test_a_stockout_reported_after_another_resources_error_moves_the_search_on(spot_stack, cloud):
+    """The engine reports every error of an update: one no marker knows (another resource's) before the VM's stockout
+    is still a stockout, and the search tries the next place rather than ending."""
+    stack_dir, _ = spot_stack
+    cli, env = cloud
+    cli.answer_at("us-east5-b", "spot", "stockout", after=ANOTHER_RESOURCES_ERROR)
+    result = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if line.startswith(("spot in", "on-demand in"))]
+    assert said[0].startswith("spot in us-east5-b: no chips there now (ZONE_RESOURCE_POOL_EXHAUSTED), ")
+    assert said[1].startswith("spot in us-east5-a: got chips, ") and ups(cli) == 2
 
 
 def test_a_regional_quota_rules_out_its_region_for_that_quota_only(spot_stack, cloud):

@@ -403,6 +403,21 @@ def test_bad_slice_settings_are_refused_before_anything_is_declared(stack_values
     assert "fix: " in str(refused.value)
 
 
+def test_a_slice_stack_shows_no_data_disk_and_no_data_disk_setting_applies(stack_dir, stack_values, home):
+    """A slice has no VM to attach a data disk to: `invoke settings` gives none of the data disk's settings a value
+    (not the disk store's IOPS and throughput either), and `plan` shows no data disk."""
+    import yaml
+
+    data_disk = ("tpu-grpo:dataDiskGb", "tpu-grpo:dataDiskIops", "tpu-grpo:dataDiskThroughputMibps")
+    values = {k: v for k, v in {**stack_values, **SLICE}.items() if v is not None and k not in data_disk}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    said = json.loads(invoke("settings", "--json", cwd=stack_dir, env=home).stdout)["settings"]
+    assert {key: said[key] for key in data_disk} == dict.fromkeys(data_disk, {"value": None, "default": "unset"})
+    plan = invoke("plan", cwd=stack_dir, env=home)
+    assert plan.returncode == 0, plan.stderr
+    assert "data disk" not in plan.stdout.lower()
+
+
 @pytest.mark.parametrize(
     "capacity, flags",
     [
@@ -505,6 +520,36 @@ def test_plan_and_up_say_which_change_replaces_a_slices_node_pools(stack_dir, st
     [said] = [said for said in up.stdout.splitlines() if said.startswith("replaces: NodePool tpu-grpo-np-0 (")]
     assert "placementPolicy.tpuTopology 4x4 -> 4x8" in said and "nodeConfig.spot (unset) -> True" in said
     assert "nodeConfig.reservationAffinity {" in said and said.endswith(line[line.index("): new TPU hosts") :])
+
+
+def test_plan_and_up_say_gke_recreates_the_nodes_of_a_pool_whose_machine_type_changes(
+    stack_dir, stack_values, tmp_path
+):
+    """A node pool's machine type is updated in place, and GKE applies it by making the pool's nodes anew (infra/
+    replacements.RECREATES_NODES): an upgrade over a stack whose CPU pool an earlier release made of another machine
+    type says so in `plan` and `up`, as what stops a job, not as nothing."""
+    import yaml
+
+    values = {k: v for k, v in {**stack_values, **SLICE}.items() if v is not None}
+    (stack_dir / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    cli = PulumiCli(tmp_path / "pulumi")
+    cli.deployed(values)
+    state = json.loads((cli.folder / "state.json").read_text())
+    [pool] = [r for r in state["deployment"]["resources"] if r["urn"].endswith("NodePool::tpu-grpo-cpu-np")]
+    pool["inputs"]["nodeConfig"]["machineType"] = "n2-standard-32"  # what the earlier release declared
+    (cli.folder / "state.json").write_text(json.dumps(state))
+    env = cli.env()
+    plugin = Path(env["PATH"].split(":")[0]) / "gke-gcloud-auth-plugin"
+    plugin.write_text("#!/bin/sh\nexit 0\n")
+    plugin.chmod(0o755)
+    said = (
+        "NodePool tpu-grpo-cpu-np (nodeConfig.machineType n2-standard-32 -> n2-standard-64): updated in place, and "
+        "GKE makes its nodes anew to apply it (a job running on them stops; the runs stay in the bucket)"
+    )
+    assert json.loads(invoke("plan", "--json", cwd=stack_dir, env=env).stdout)["replaces"] == [said]
+    up = invoke("up", "--yes", cwd=stack_dir, env=env)
+    assert up.returncode == 0, up.stderr
+    assert f"replaces: {said}" in up.stdout.splitlines()
 
 
 @pytest.mark.parametrize(

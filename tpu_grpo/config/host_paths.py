@@ -15,6 +15,10 @@ TPU_LOCK = f"{ROOT}/tpu.lock"  # held by a running job's processes: one TPU job 
 #: the last few minutes, so a laptop that went away lets its lease lapse. On the boot disk, beside ROOT: provisioning
 #: makes ROOT a link to the data disk while its own lease is held.
 BUSY = "~/.tpu-grpo-busy"
+#: The idle stop counts a lease touched in the last LEASE_FRESH_MINUTES (playbooks/host.yml's check); a lease is
+#: touched three times in that window (hosts.busy), so a touch lost to a slow link never lets work in flight lapse.
+LEASE_FRESH_MINUTES = 3
+LEASE_EVERY_S = LEASE_FRESH_MINUTES * 60 // 3
 IDLE_CONF = "/etc/tpu-grpo/idle.conf"  # the idle-stop timer's settings (playbooks/host.yml, "idle stop")
 
 
@@ -26,6 +30,7 @@ def playbook_values() -> dict[str, str]:
         "jobs_root": ROOT.removeprefix("~/"),
         "tpu_lock": TPU_LOCK.removeprefix("~/"),
         "busy": BUSY.removeprefix("~/"),
+        "lease_fresh_minutes": str(LEASE_FRESH_MINUTES),
         "idle_conf": IDLE_CONF,
         "base_models": BASE_MODELS.removeprefix("~/"),
     }

@@ -518,6 +518,7 @@ class StackValues:
         f"{DATA_DISK_IOPS[1]}; default: {STORES['disk'].disk_iops} for the disk store, which writes checkpoints "
         f"there, else the {DATA_DISK_IOPS[0]} Hyperdisk Balanced includes)",
         str(STORES["disk"].disk_iops),
+        vm_only=True,
         rule=whole(*DATA_DISK_IOPS, " IOPS, Hyperdisk Balanced's"),
         unset=_from_store("data_disk_iops"),
     )
@@ -528,6 +529,7 @@ class StackValues:
         f"{STORES['disk'].disk_throughput_mibps} for the disk store, a checkpoint of the 8B model in about 20 s, "
         f"else the {DATA_DISK_THROUGHPUT_MIBPS[0]} included)",
         str(STORES["disk"].disk_throughput_mibps),
+        vm_only=True,
         rule=whole(*DATA_DISK_THROUGHPUT_MIBPS, " MiB/s, Hyperdisk Balanced's"),
         unset=_from_store("data_disk_throughput_mibps"),
     )

@@ -377,15 +377,11 @@ def run_script(connection, script: str, become: bool = False):
     return run(connection, bash_command(ran, become), hide=True, warn=True, in_stream=False)
 
 
-#: How often a lease of work in flight is touched (the idle stop counts one touched in the last 3 minutes).
-LEASE_EVERY_S = 60
-
-
 @contextmanager
 def busy(connection, what: str):
     """Keep the VM from stopping itself while this laptop works on it without the TPU lock or a terminal (a fetch,
-    a provisioning run): a lease in host_paths.BUSY, touched every LEASE_EVERY_S on a thread of its own and removed
-    at the end. A laptop that goes away stops touching it, and the idle stop then counts from the last touch."""
+    a provisioning run): a lease in host_paths.BUSY, touched every host_paths.LEASE_EVERY_S on a thread of its own and
+    removed at the end. A laptop that goes away stops touching it, and the idle stop then counts from the last touch."""
     lease = f"{host_paths.BUSY}/{what}-{os.getpid()}-{threading.get_ident()}"
     done = threading.Event()
 
@@ -395,7 +391,7 @@ def busy(connection, what: str):
                 run_script(connection, f"mkdir -p {host_paths.BUSY} && touch {lease}")
             except Exception:  # noqa: BLE001 - a lost connection ends the lease; the work itself reports it
                 return
-            if done.wait(LEASE_EVERY_S):
+            if done.wait(host_paths.LEASE_EVERY_S):
                 return
 
     toucher = threading.Thread(target=touch, name=f"lease {what}", daemon=True)
