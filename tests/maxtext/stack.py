@@ -58,10 +58,15 @@ def swaps_tokenizer(model: str) -> bool:
     return MODELS[model].training_tokenizer != MODELS[MODELS[model].export_model].hf_id
 
 
+#: The one VM row whose checkpoints and runs are on the data disk (the `disk` store), the others' in /dev/shm (the
+#: stack's default): the keeper's hard links, the export's kept copy and the report on the disk's filesystem.
+ON_THE_DATA_DISK = "qwen2.5-7b"
+
+
 def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
     """The stack a user would write for this run: the shipped Pulumi.dev.yaml with the model and a short run (a
-    checkpoint every 2 steps, 3 kept, 1 on a VM); a slice's is the smallest slice that holds the model, with its runs in
-    gs://`bucket` and Pathways (which the settings require of a slice)."""
+    checkpoint every 2 steps, 3 kept, 1 on a VM, on the data disk for ON_THE_DATA_DISK); a slice's is the smallest
+    slice that holds the model, with its runs in gs://`bucket` and Pathways (which the settings require of a slice)."""
     raw = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     raw.update(
         {
@@ -74,6 +79,8 @@ def stack(model: str, placement: str, bucket: str | None = None) -> Settings:
             "tpu-grpo:checkpointsToKeep": 1 if placement == "vm" else 3,
         }
     )
+    if placement == "vm" and model == ON_THE_DATA_DISK:
+        raw["tpu-grpo:checkpointStore"] = "disk"
     if placement == "slice":
         smallest = next(shape.name for shape in SLICES.values() if MODELS[model].fits(shape))
         raw.update(
