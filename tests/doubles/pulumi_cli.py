@@ -76,7 +76,8 @@ REFUSALS = {
 
 
 #: An error no marker knows, from another resource of the same update, which the engine reports before the VM's
-#: refusal: Google's 409 for an operation already in progress, quoted in Pulumi's troubleshooting guide ("conflict").
+#: refusal: Google's 409 for an operation already in progress, as a Pulumi user's report quotes the provider's error
+#: (the case Pulumi's troubleshooting guide calls "conflict"; its message is Compute Engine's operationInProgress).
 ANOTHER_RESOURCES_ERROR = (
     "updating Subnetwork: googleapi: Error 409: Operation failed because another operation was already in "
     "progress., operationInProgress"

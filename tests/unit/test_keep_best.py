@@ -28,19 +28,21 @@ def eval_line(batch: int, accuracy: float) -> str:
     )
 
 
-def trainer(folder: Path, scores: list[float], keep: int, first: int = 1) -> str:
-    """Bash standing in for train_rl: each batch's checkpoint written (the oldest beyond `keep` deleted, as Orbax's
-    max_to_keep does), then its intermediate evaluation printed; the next batch starts once the keeper has passed
-    that line on (a real batch takes minutes: the keeper links a written checkpoint before it passes the line)."""
+def trainer(actor: Path, out: Path, scores: list[float], keep: int, first: int = 1, iterations: int = 1) -> str:
+    """Bash standing in for train_rl: each batch's checkpoint written at its last train step (batch x `iterations`,
+    rl.num_iterations; the oldest beyond `keep` deleted, as Orbax's max_to_keep does), then its intermediate
+    evaluation printed, numbered by its batch as MaxText numbers it; the next batch starts once the keeper has passed
+    that line on to `out` (a real batch takes minutes: the keeper links a written checkpoint before it passes the
+    line)."""
     lines = []
-    actor = folder / "actor"
     for batch, accuracy in enumerate(scores, start=first):
+        step = batch * iterations
         lines += [
-            f"mkdir -p {actor}/{batch}.tmp/model_params && echo {batch} > {actor}/{batch}.tmp/model_params/w",
-            f"mv {actor}/{batch}.tmp {actor}/{batch}",
-            f"rm -rf {actor}/{batch - keep}" if batch > keep else "true",
+            f"mkdir -p {actor}/{step}.tmp/model_params && echo {step} > {actor}/{step}.tmp/model_params/w",
+            f"mv {actor}/{step}.tmp {actor}/{step}",
+            f"rm -rf {actor}/{(batch - keep) * iterations}" if batch > keep else "true",
             f"echo '{eval_line(batch, accuracy)}'",
-            f"until grep -q 'step={batch})' {folder}/out; do sleep 0.01; done",
+            f"until grep -q 'step={batch})' {out}; do sleep 0.01; done",
         ]
     return "{\n" + "\n".join(lines) + "\necho 'RL Training Completed Successfully!'\n}"
 
@@ -57,7 +59,8 @@ def run_keeper(folder: Path, scores: list[float], keep: int = 1, first: int = 1)
         "field": progress.EVAL_FIELD.pattern,
     }
     written, command = remote.filter_into("keep_best", data, "keeper")
-    script = f"set -eo pipefail\n{written}\n{trainer(folder, scores, keep, first)} 2>&1 | {command} > {folder}/out\n"
+    bash = trainer(folder / "actor", folder / "out", scores, keep, first)
+    script = f"set -eo pipefail\n{written}\n{bash} 2>&1 | {command} > {folder}/out\n"
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     return subprocess.CompletedProcess(done.args, done.returncode, (folder / "out").read_text(), done.stderr)
 
@@ -130,11 +133,12 @@ def test_a_disk_stores_keeper_keeps_the_train_step_its_best_evaluation_scored(tm
     its folders under the home) with rl.num_iterations `iterations`: MaxText numbers an intermediate evaluation by its
     batch N (its outer step) and the checkpoint of its weights by train step N x iterations, and that checkpoint is the
     one kept; the outer step's number names older weights, or none, and the manager then deletes the best."""
+    scores = [25.0, 75.0, 50.0]  # the best after batch 2, train step 2 x iterations
     run = replace(
         RUN,
         store=store_for("disk"),
-        batches=6,
-        checkpoint_period=2 * iterations,  # a checkpoint every 2 batches, each evaluated (Run.eval_interval)
+        batches=len(scores),
+        checkpoint_period=iterations,  # a checkpoint every batch, each evaluated (Run.eval_interval)
         checkpoints_to_keep=1,
         sets={"train": {"rl.num_iterations": str(iterations)}},
     )
@@ -142,27 +146,12 @@ def test_a_disk_stores_keeper_keeps_the_train_step_its_best_evaluation_scored(tm
     checkpoints, kept = (
         Path(maxtext.paths(run)[name].replace("~", str(tmp_path), 1)) for name in ("checkpoints", "kept")
     )
-    scores = {2: 25.0, 4: 75.0, 6: 50.0}  # batch -> accuracy: the best after batch 4, train step 4 x iterations
-    lines = []
-    for batch in range(1, run.batches + 1):
-        for step in range(1 + (batch - 1) * iterations, batch * iterations + 1):  # Orbax's, every checkpoint_period
-            if step % run.checkpoint_period == 0:
-                lines += [
-                    f"mkdir -p {checkpoints}/{step}/model_params && echo {step} > {checkpoints}/{step}/model_params/w",
-                    f"rm -rf {checkpoints}/{step - run.checkpoint_period}",  # checkpointsToKeep 1
-                ]
-        if batch % run.eval_interval == 0:
-            lines += [
-                f"echo '{eval_line(batch, scores[batch])}'",
-                f"until grep -q 'step={batch})' {tmp_path}/out; do sleep 0.01; done",
-            ]
-    script = (
-        f"set -eo pipefail\n{chr(10).join(written)}\n{{\n{chr(10).join(lines)}\n}} 2>&1 | {command} > {tmp_path}/out\n"
-    )
+    bash = trainer(checkpoints, tmp_path / "out", scores, keep=1, iterations=iterations)
+    script = f"set -eo pipefail\n{chr(10).join(written)}\n{bash} 2>&1 | {command} > {tmp_path}/out\n"
     done = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)}
     )
     assert done.returncode == 0, done.stderr
-    assert [p.name for p in kept.iterdir()] == [str(4 * iterations)]
-    assert (kept / str(4 * iterations) / "model_params/w").read_text() == f"{4 * iterations}\n"
-    assert sorted(p.name for p in checkpoints.iterdir()) == [str(6 * iterations)]  # what the manager kept
+    assert [p.name for p in kept.iterdir()] == [str(2 * iterations)]
+    assert (kept / str(2 * iterations) / "model_params/w").read_text() == f"{2 * iterations}\n"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [str(3 * iterations)]  # what the manager kept

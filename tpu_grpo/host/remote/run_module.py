@@ -35,14 +35,14 @@ def exit_code(done: SystemExit) -> int:
 
 def end_children() -> None:
     """SIGKILL each process whose parent this one is (from /proc: the pool's workers are nobody else's)."""
-    for entry in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{entry}/stat") as file:
+            with open(f"/proc/{pid}/stat") as file:
                 parent = int(file.read().rsplit(")", 1)[1].split()[1])  # after "PID (NAME)": state, parent
-            if entry.isdigit() and parent == os.getpid():
-                os.kill(int(entry), signal.SIGKILL)
+            if parent == os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
         except (OSError, ValueError, IndexError):
-            continue  # not a process, or gone since
+            continue  # gone since
 
 
 def end(code: int) -> None:
